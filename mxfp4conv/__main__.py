@@ -1,0 +1,3 @@
+from mxfp4conv.cli import main
+
+main()

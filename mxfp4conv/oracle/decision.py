@@ -1,0 +1,103 @@
+"""The oracle's answer: which backend serves a checkpoint on a target, and what that means
+for the bytes (padding, layouts) and for the server (runtime environment).
+
+Pure data; produced by ``mxfp4conv.oracle.select.decide`` and consumed by ``plan``,
+``convert`` (which stamps it into the manifest), ``verify`` and the runtime loader.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Target:
+    """What the user asked for."""
+
+    arch: str  # canonical arch: gfx942, gfx950, gfx1250, sm90, sm100, sm120, cpu
+    tp: int = 1
+    ep: bool = False
+    act_quant: str = "auto"  # auto | bf16 | fp8 | mxfp4
+    aiter: bool = True  # False models a ROCm server without VLLM_ROCM_USE_AITER
+    backend: str | None = None  # forced backend (vLLM --moe-backend string or enum name)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    backend: str  # vLLM Mxfp4MoeBackend member name
+    selected: bool
+    reason: str  # why accepted or rejected; non-empty for every rejected candidate
+
+
+@dataclass(frozen=True)
+class LayoutRecipe:
+    """Names of the layout transforms (``mxfp4conv.shuffle.layouts``) per tensor kind."""
+
+    w13: str
+    w13_scale: str
+    w2: str
+    w2_scale: str
+    w13_bias: str = "identity"
+    w2_bias: str = "identity"
+    gate_up: str = "[gate; up]"  # convention of w13 rows before any transform
+
+    def as_dict(self) -> dict[str, str]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Decision:
+    arch: str
+    backend: str
+    activation: str
+    activation_params: dict[str, float]
+    act_quant: str  # resolved: bf16 | fp8 | mxfp4
+    tp: int
+    ep: bool
+    hidden: int
+    hidden_padded: int
+    intermediate: int  # global
+    intermediate_per_rank: int  # real (unpadded) per-rank intermediate
+    intermediate_per_rank_padded: int
+    num_experts: int
+    experts_per_rank: int
+    top_k: int
+    layout: LayoutRecipe
+    scale_pad_byte: int  # fill of padded scale rows/cols vLLM allocates: 0x00 Mxfp4, 0x01 Quark
+    runtime_env: dict[str, str]
+    gate_mode: str  # "separated" ([gate; up]) or "interleave" (16-row GU16) for AITER
+    is_shuffled: bool  # AITER layouts: the loader must tag weights is_shuffled = True
+    candidates: tuple[Candidate, ...]
+    notes: tuple[str, ...] = ()  # vLLM-bug notes, NVIDIA caveats, ...
+    options: dict[str, Any] = field(default_factory=dict)  # e.g. {"aiter": True}
+
+    def plan_json(self) -> dict[str, Any]:
+        """The object ``plan --json`` prints (see the interface spec)."""
+        return {
+            "arch": self.arch,
+            "backend": self.backend,
+            "activation": self.activation,
+            "activation_params": dict(self.activation_params),
+            "act_quant": self.act_quant,
+            "tp": self.tp,
+            "ep": self.ep,
+            "hidden": self.hidden,
+            "hidden_padded": self.hidden_padded,
+            "intermediate": self.intermediate,
+            "intermediate_per_rank": self.intermediate_per_rank,
+            "intermediate_per_rank_padded": self.intermediate_per_rank_padded,
+            "num_experts": self.num_experts,
+            "experts_per_rank": self.experts_per_rank,
+            "top_k": self.top_k,
+            "layout": self.layout.as_dict(),
+            "runtime_env": dict(self.runtime_env),
+            "gate_mode": self.gate_mode,
+            "is_shuffled": self.is_shuffled,
+            "scale_pad_byte": self.scale_pad_byte,
+            "candidates": [
+                {"backend": c.backend, "selected": c.selected, "reason": c.reason}
+                for c in self.candidates
+            ],
+            "notes": list(self.notes),
+        }
