@@ -1,0 +1,432 @@
+"""Checkpoint sources: a local directory or a Hugging Face hub repo, read lazily.
+
+A ``Source`` knows the config, the weight map (tensor name -> shard file, taken from the
+index exactly as written, never rebuilt) and, on demand, each shard's validated header.
+Tensor bytes are read one tensor at a time with ``pread`` from read-only descriptors.
+Nothing here ever writes into the source.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import threading
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+import torch
+
+from mxfp4conv.checkpoint import safetensors_io as st
+from mxfp4conv.errors import CheckpointError
+
+INDEX_NAME = "model.safetensors.index.json"
+SINGLE_NAME = "model.safetensors"
+CONFIG_NAME = "config.json"
+MANIFEST_NAME = "mxfp4conv.json"
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*(@[A-Za-z0-9._/-]+)?$")
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    dtype: str  # safetensors dtype string as stored
+    shape: tuple[int, ...]  # as in the header (F4: logical element shape)
+    shard: str  # file name relative to the root, exactly as in weight_map
+    begin: int  # absolute byte offsets in the shard file
+    end: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.end - self.begin
+
+
+class Source:
+    """A checkpoint to read. Build it with ``open_source``."""
+
+    def __init__(self, *, root: Path, spec: str, revision: str | None, config: dict,
+                 weight_map: dict[str, str], index_bytes: bytes | None, fetcher: "_Fetcher"):
+        self.root = root
+        self.spec = spec
+        self.revision = revision
+        self.config = config
+        self.weight_map = weight_map
+        self.index_bytes = index_bytes  # None for a single-file checkpoint
+        self._fetcher = fetcher
+        self._headers: dict[str, st.ShardHeader] = {}
+        self._fds: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    # ---- description -------------------------------------------------------------
+    @property
+    def is_hub(self) -> bool:
+        return self._fetcher.is_hub
+
+    def tensor_names(self) -> list[str]:
+        return sorted(self.weight_map)
+
+    def shards(self) -> list[str]:
+        """Shard file names as the index writes them, in first-seen order."""
+        return list(dict.fromkeys(self.weight_map.values()))
+
+    def header(self, shard: str) -> st.ShardHeader:
+        """The validated header of one shard (cached; on the hub, read with a range request)."""
+        with self._lock:
+            h = self._headers.get(shard)
+        if h is None:
+            h = self._fetcher.header(shard)
+            with self._lock:
+                self._headers[shard] = h
+        return h
+
+    def tensor_info(self, name: str) -> TensorInfo:
+        shard = self.weight_map.get(name)
+        if shard is None:
+            raise CheckpointError(f"{self.spec}: tensor {name!r} is not in the checkpoint's "
+                                  f"weight map. Check the tensor name or the index file.")
+        h = self.header(shard)
+        e = h.tensors.get(name)
+        if e is None:
+            raise CheckpointError(
+                f"{self.root / shard}: the index maps tensor {name!r} to this shard but its "
+                f"header does not contain it. The index and the shards disagree; download the "
+                f"checkpoint again or fix {INDEX_NAME}.")
+        return TensorInfo(name=name, dtype=e.dtype, shape=e.shape, shard=shard,
+                          begin=h.data_start + e.begin, end=h.data_start + e.end)
+
+    def fingerprint(self) -> str:
+        """sha256 of the index file, or of the single shard's header."""
+        if self.index_bytes is not None:
+            return hashlib.sha256(self.index_bytes).hexdigest()
+        return hashlib.sha256(self.header(self.shards()[0]).raw).hexdigest()
+
+    def sidecar_files(self) -> list[str]:
+        """Relative paths of every non-weight file (config, tokenizer, code, docs...)."""
+        return self._fetcher.sidecar_files(set(self.shards()))
+
+    def path(self, rel: str) -> Path:
+        """Local path of a file of the checkpoint (fetched from the hub if needed)."""
+        return self._fetcher.local_path(rel)
+
+    # ---- data ----------------------------------------------------------------------
+    def read_bytes(self, name: str) -> bytearray:
+        info = self.tensor_info(name)
+        return self.read_range(info.shard, info.begin, info.nbytes)
+
+    def read_range(self, shard: str, offset: int, n: int) -> bytearray:
+        """``n`` bytes at absolute ``offset`` of ``shard``."""
+        fd = self._fd(shard)
+        try:
+            return st.pread_exact(fd, offset, n)
+        except (EOFError, OSError) as exc:
+            raise CheckpointError(f"{self.root / shard}: reading {n} bytes at offset {offset} "
+                                  f"failed ({exc}); the shard changed or is truncated. Download "
+                                  f"or copy it again.") from None
+
+    def read_tensor(self, name: str) -> torch.Tensor:
+        """One tensor, raw, in the stored dtype (F8_E8M0 as uint8, F4 as packed uint8)."""
+        info = self.tensor_info(name)
+        return st.to_tensor(self.read_range(info.shard, info.begin, info.nbytes), info.dtype, info.shape)
+
+    def _fd(self, shard: str) -> int:
+        with self._lock:
+            fd = self._fds.get(shard)
+        if fd is not None:
+            return fd
+        local = self._fetcher.local_path(shard)
+        header = self.header(shard)
+        if self._fetcher.is_hub and header.file_size != local.stat().st_size:
+            raise CheckpointError(f"{local}: the downloaded shard is {local.stat().st_size} bytes "
+                                  f"but the hub header said {header.file_size}. Delete it from the "
+                                  f"cache and try again.")
+        fd = os.open(local, os.O_RDONLY)
+        with self._lock:
+            if shard in self._fds:
+                os.close(fd)
+                return self._fds[shard]
+            self._fds[shard] = fd
+        return fd
+
+    def close(self) -> None:
+        with self._lock:
+            fds, self._fds = self._fds, {}
+        for fd in fds.values():
+            os.close(fd)
+
+    def __enter__(self) -> "Source":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def __repr__(self) -> str:
+        return f"Source({self.spec!r}, {len(self.weight_map)} tensors in {len(self.shards())} shards)"
+
+
+# ---- fetchers: where the files come from ---------------------------------------------
+
+class _Fetcher:
+    is_hub = False
+
+    def local_path(self, rel: str) -> Path:
+        raise NotImplementedError
+
+    def header(self, shard: str) -> st.ShardHeader:
+        return st.read_header(self.local_path(shard))
+
+    def sidecar_files(self, shards: set[str]) -> list[str]:
+        raise NotImplementedError
+
+
+def _is_weight_file(rel: str, shards: set[str]) -> bool:
+    return rel in shards or rel.endswith(".safetensors") or rel.endswith(".safetensors.index.json")
+
+
+class _LocalFetcher(_Fetcher):
+    def __init__(self, root: Path):
+        self.root = root
+
+    def local_path(self, rel: str) -> Path:
+        return self.root / rel
+
+    def sidecar_files(self, shards: set[str]) -> list[str]:
+        out = []
+        for dirpath, dirnames, filenames in os.walk(self.root):
+            dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+            for f in sorted(filenames):
+                if f.startswith("."):
+                    continue
+                rel = (Path(dirpath) / f).relative_to(self.root).as_posix()
+                if not _is_weight_file(rel, shards):
+                    out.append(rel)
+        return out
+
+
+class _HubFetcher(_Fetcher):
+    is_hub = True
+
+    def __init__(self, repo_id: str, revision: str | None):
+        self.repo_id = repo_id
+        self.revision = revision  # resolved commit once known
+
+    def download(self, rel: str) -> Path:
+        from huggingface_hub import hf_hub_download
+
+        try:
+            return Path(hf_hub_download(self.repo_id, rel, revision=self.revision))
+        except Exception as exc:  # huggingface_hub raises many kinds; all mean "not available"
+            raise _hub_error(self.repo_id, self.revision, rel, exc) from None
+
+    def cached(self, rel: str) -> Path | None:
+        from huggingface_hub import try_to_load_from_cache
+
+        p = try_to_load_from_cache(self.repo_id, rel, revision=self.revision)
+        return Path(p) if isinstance(p, str) else None
+
+    def local_path(self, rel: str) -> Path:
+        return self.cached(rel) or self.download(rel)
+
+    def header(self, shard: str) -> st.ShardHeader:
+        cached = self.cached(shard)
+        if cached is not None or _offline():
+            return st.read_header(cached or self.download(shard))
+        return _remote_header(self.repo_id, self.revision, shard)
+
+    def sidecar_files(self, shards: set[str]) -> list[str]:
+        if _offline():
+            snap = self.cached(CONFIG_NAME)
+            files = [p.relative_to(snap.parent).as_posix() for p in snap.parent.rglob("*")
+                     if p.is_file()] if snap else []
+        else:
+            from huggingface_hub import list_repo_files
+
+            try:
+                files = list_repo_files(self.repo_id, revision=self.revision)
+            except Exception as exc:
+                raise _hub_error(self.repo_id, self.revision, "(file list)", exc) from None
+        return sorted(f for f in files if not _is_weight_file(f, shards)
+                      and not any(part.startswith(".") for part in f.split("/")))
+
+
+def _offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _hub_error(repo: str, revision: str | None, rel: str, exc: Exception) -> CheckpointError:
+    where = f"{repo}@{revision}" if revision else repo
+    if _offline():
+        hint = ("HF_HUB_OFFLINE is set and the file is not in the local cache; download it "
+                "first (unset HF_HUB_OFFLINE, or run `hf download` on a connected machine).")
+    else:
+        hint = ("Check the repo id and revision, your network, and that you are logged in "
+                "(`hf auth login`) for gated or private repos.")
+    return CheckpointError(f"hub repo {where}: cannot get {rel!r} ({type(exc).__name__}: "
+                           f"{' '.join(str(exc).split())[:300]}). {hint}")
+
+
+def _remote_header(repo: str, revision: str | None, shard: str) -> st.ShardHeader:
+    """Read a shard's header with HTTP range requests, without downloading the shard."""
+    from huggingface_hub import hf_hub_url
+    from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
+
+    url = hf_hub_url(repo, shard, revision=revision)
+    headers = build_hf_headers()
+    try:
+        r = get_session().get(url, headers={**headers, "range": "bytes=0-100007"}, timeout=30,
+                              follow_redirects=True)
+        hf_raise_for_status(r)
+        content = r.content
+        total = int(r.headers.get("content-range", "/0").rsplit("/", 1)[-1] or 0) or len(content)
+        if len(content) < 8:
+            raise CheckpointError(f"hub repo {repo}: {shard} is too short to be a safetensors "
+                                  f"file. The repo is damaged; report it to its owner.")
+        (n,) = __import__("struct").unpack("<Q", content[:8])
+        if n > st.MAX_HEADER_SIZE or 8 + n > total:
+            raise CheckpointError(f"hub repo {repo}: {shard} has an invalid safetensors header "
+                                  f"length ({n} bytes for a {total}-byte file). The repo is "
+                                  f"damaged or the file is not safetensors.")
+        if 8 + n <= len(content):
+            raw_json = content[8:8 + n]
+        else:
+            r = get_session().get(url, headers={**headers, "range": f"bytes=8-{n + 7}"}, timeout=60,
+                                  follow_redirects=True)
+            hf_raise_for_status(r)
+            raw_json = r.content
+    except CheckpointError:
+        raise
+    except Exception as exc:
+        raise _hub_error(repo, revision, shard, exc) from None
+    return st.parse_header(content[:8], raw_json, total, Path(f"{repo}/{shard}"))
+
+
+# ---- opening -------------------------------------------------------------------------
+
+def _load_json(path: Path, what: str) -> object:
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+        return raw, json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"{path}: the {what} is not valid JSON ({exc}). Fix or replace "
+                              f"the file.") from None
+    except OSError as exc:
+        raise CheckpointError(f"{path}: cannot read the {what} ({exc.strerror}).") from None
+
+
+def _check_shard_name(root: Path, shard: object, index_path: Path, *, local: bool) -> None:
+    fix = (f"Every weight_map value in {index_path.name} must be a file name inside the "
+           f"checkpoint directory; fix the index or download the checkpoint again.")
+    if not isinstance(shard, str) or not shard:
+        raise CheckpointError(f"{index_path}: weight_map value {shard!r} is not a file name. {fix}")
+    p = PurePosixPath(shard)
+    if p.is_absolute() or shard.startswith(("/", "\\")) or re.match(r"^[A-Za-z]:", shard) \
+            or ".." in p.parts or "\\" in shard:
+        raise CheckpointError(f"{index_path}: weight_map names shard {shard!r}, a path outside "
+                              f"the checkpoint directory. {fix}")
+    if not local:
+        return
+    full = root / shard
+    real = full.resolve()
+    if not real.is_relative_to(root.resolve()):  # ".." was refused above: a symlink did this
+        raise CheckpointError(f"{index_path}: shard {shard!r} is a symbolic link leading "
+                              f"outside the checkpoint directory (to {real}). Copy the real "
+                              f"file into the directory, or point at the directory that "
+                              f"holds it.")
+    if not full.is_file():
+        raise CheckpointError(f"{index_path}: weight_map names shard {shard!r} but "
+                              f"{full} does not exist. Download the missing shard, or fix the "
+                              f"index.")
+
+
+def _parse_index(index_path: Path, obj: object, root: Path, *, local: bool) -> dict[str, str]:
+    if not isinstance(obj, dict) or not isinstance(obj.get("weight_map"), dict):
+        raise CheckpointError(f"{index_path}: the index must be a JSON object with a "
+                              f"\"weight_map\" object (tensor name -> shard file). Fix or "
+                              f"replace the file.")
+    weight_map = obj["weight_map"]
+    for shard in dict.fromkeys(weight_map.values()):
+        _check_shard_name(root, shard, index_path, local=local)
+    return dict(weight_map)
+
+
+def _read_config(path: Path, where: str) -> dict:
+    if not path.is_file():
+        raise CheckpointError(f"{where}: no {CONFIG_NAME} found. A checkpoint directory needs "
+                              f"its config.json next to the safetensors files.")
+    _, cfg = _load_json(path, CONFIG_NAME)
+    if not isinstance(cfg, dict):
+        raise CheckpointError(f"{path}: config.json must hold a JSON object.")
+    return cfg
+
+
+def open_source(spec: str | os.PathLike) -> Source:
+    """Open a local checkpoint directory or a hub repo id ``org/name[@revision]``."""
+    text = os.fspath(spec)
+    path = Path(text).expanduser()
+    if path.exists():
+        return _open_local(path, text)
+    if _HUB_ID.match(text) and not text.startswith((".", "/", "~")):
+        return _open_hub(text)
+    raise CheckpointError(f"{text}: no such directory, and not a hub repo id of the form "
+                          f"org/name[@revision]. Pass a checkpoint directory or a hub repo id.")
+
+
+def _open_local(path: Path, spec: str) -> Source:
+    if not path.is_dir():
+        raise CheckpointError(f"{path}: not a directory. Pass the checkpoint directory (the one "
+                              f"holding config.json and the safetensors files).")
+    root = path.absolute()
+    config = _read_config(root / CONFIG_NAME, str(root))
+    fetcher = _LocalFetcher(root)
+    index_path = root / INDEX_NAME
+    if index_path.is_file():
+        raw, obj = _load_json(index_path, "safetensors index")
+        weight_map = _parse_index(index_path, obj, root, local=True)
+        return Source(root=root, spec=spec, revision=None, config=config, weight_map=weight_map,
+                      index_bytes=raw, fetcher=fetcher)
+    single = root / SINGLE_NAME
+    if single.is_file():
+        header = st.read_header(single)
+        src = Source(root=root, spec=spec, revision=None, config=config,
+                     weight_map={n: SINGLE_NAME for n in header.tensors}, index_bytes=None,
+                     fetcher=fetcher)
+        src._headers[SINGLE_NAME] = header
+        return src
+    raise CheckpointError(f"{root}: neither {INDEX_NAME} nor {SINGLE_NAME} found. Point at a "
+                          f"directory holding a safetensors checkpoint.")
+
+
+def _open_hub(spec: str) -> Source:
+    repo, _, revision = spec.partition("@")
+    fetcher = _HubFetcher(repo, revision or None)
+    config_path = fetcher.local_path(CONFIG_NAME)
+    # snapshots/<commit>/config.json: pin every later fetch to the resolved commit.
+    commit = config_path.parent.name
+    if re.fullmatch(r"[0-9a-f]{40}", commit):
+        fetcher.revision = commit
+    root = config_path.parent
+    config = _read_config(config_path, spec)
+    try:
+        index_path = fetcher.local_path(INDEX_NAME)
+    except CheckpointError as missing_index:
+        try:
+            header = fetcher.header(SINGLE_NAME)
+        except CheckpointError:
+            raise missing_index from None
+        src = Source(root=root, spec=spec, revision=fetcher.revision, config=config,
+                     weight_map={n: SINGLE_NAME for n in header.tensors}, index_bytes=None,
+                     fetcher=fetcher)
+        src._headers[SINGLE_NAME] = header
+        return src
+    raw, obj = _load_json(index_path, "safetensors index")
+    weight_map = _parse_index(index_path, obj, root, local=False)
+    return Source(root=root, spec=spec, revision=fetcher.revision, config=config,
+                  weight_map=weight_map, index_bytes=raw, fetcher=fetcher)
