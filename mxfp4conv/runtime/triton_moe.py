@@ -1,0 +1,207 @@
+"""Fused MXFP4 MoE forward in Triton (W4A16): the ``triton`` backend of ``fused_moe``.
+
+Steps (four launches): align (sort the (token, k) pairs by expert into padded blocks),
+GEMM1 (gate and up rows of w13 dequantised in registers, activation in the epilogue,
+intermediate written once in the activation dtype), GEMM2 (w2, top-k weight and bias
+applied, one row per (token, k) pair) and a deterministic sum over k. No float atomics.
+See ``triton_moe_kernels`` for the kernels themselves.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Mapping
+
+import torch
+import triton
+
+from mxfp4conv.errors import RuntimeInputError
+from mxfp4conv.runtime import triton_moe_kernels as K
+
+LAYOUTS = ("identity",)
+_ACT_IDS = {"silu": K.ACT_SILU, "situ": K.ACT_SITU, "swigluoai": K.ACT_SWIGLUOAI}
+_TL_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
+
+
+@dataclass(frozen=True)
+class MoEConfig:
+    """Tile sizes of both GEMMs (BLOCK_N: weight rows per program, BLOCK_T: pairs per block)."""
+
+    block_t: int = 16
+    block_n1: int = 64
+    block_n2: int = 128
+    block_k: int = 128
+    num_warps: int = 4
+    num_stages: int = 4
+
+
+def select_config(num_pairs: int, num_experts: int, hidden: int, inter: int) -> MoEConfig:
+    """Heuristic tiles: swap-AB with 16-pair blocks in decode, bigger token tiles in prefill,
+    and weight tiles small enough that both GEMMs launch a few waves over 132 SMs."""
+    per_expert = num_pairs / max(1, min(num_experts, num_pairs))
+    if per_expert <= 16:
+        block_t, warps, stages = 16, 4, 4
+    elif per_expert <= 32:
+        block_t, warps, stages = 32, 4, 4
+    elif per_expert <= 64:
+        block_t, warps, stages = 64, 4, 3
+    else:
+        block_t, warps, stages = 128, 8, 3
+    blocks = max(1, num_pairs // block_t + min(num_experts, num_pairs))
+    target = 4 * 132
+
+    def pick(n: int, sizes: tuple[int, ...]) -> int:
+        for bn in sizes:
+            if blocks * triton.cdiv(n, bn) >= target:
+                return bn
+        return sizes[-1]
+
+    return MoEConfig(block_t=block_t, block_n1=pick(inter, (64, 32, 16)),
+                     block_n2=pick(hidden, (128, 64, 32, 16)), num_warps=warps, num_stages=stages)
+
+
+def _param(params: Mapping[str, float], *names: str, default=None):
+    for n in names:
+        if params.get(n) is not None:
+            return float(params[n])
+    return default
+
+
+def _activation_args(name: str, params: Mapping[str, float] | None) -> dict:
+    params = dict(params or {})
+    if name not in _ACT_IDS:
+        raise RuntimeInputError(
+            f"The Triton MoE kernel does not support the activation {name!r}; it supports "
+            f"{', '.join(sorted(_ACT_IDS))}. Use backend='torch' or a supported activation."
+        )
+    args = dict(ACT=_ACT_IDS[name], HAS_LIMIT=False, HAS_LINEAR=False, p0=1.0, p1=1.0)
+    if name == "situ":
+        beta = _param(params, "beta", "situ_beta", "activation_situ_beta", default=1.0)
+        lin = _param(params, "linear_beta", "situ_linear_beta", "activation_situ_linear_beta")
+        args.update(p0=beta, p1=lin if lin is not None else 1.0, HAS_LINEAR=lin is not None and lin > 0)
+    elif name == "silu":
+        limit = _param(params, "swiglu_limit", "limit", "clamp_limit")
+        args.update(p1=limit if limit is not None else 1.0, HAS_LIMIT=limit is not None)
+    else:
+        args.update(p0=_param(params, "alpha", "swiglu_alpha", default=1.702),
+                    p1=_param(params, "limit", "swiglu_limit", default=7.0))
+    return args
+
+
+def _check_inputs(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias, layout):
+    def bad(msg: str):
+        raise RuntimeInputError(f"fused_moe_triton: {msg}")
+
+    if layout not in LAYOUTS:
+        bad(f"layout {layout!r} is not readable by the Triton kernel (readable: {', '.join(LAYOUTS)}); "
+            "convert the weights to the canonical layout first (the loader does this with the layout's inverse).")
+    if x.dim() != 2 or x.dtype not in _TL_DTYPES:
+        bad(f"x must be a 2-D bf16/fp16/fp32 tensor [T, H_pad], got {tuple(x.shape)} {x.dtype}.")
+    interp = os.environ.get("TRITON_INTERPRET") == "1"
+    if not interp and not x.is_cuda:
+        bad(f"x is on {x.device}; the Triton kernel needs CUDA tensors (or TRITON_INTERPRET=1).")
+    for name, t in (("w13", w13), ("w13_scale", w13_scale), ("w2", w2), ("w2_scale", w2_scale)):
+        if t.dtype != torch.uint8 or t.dim() != 3:
+            bad(f"{name} must be a 3-D uint8 tensor (raw MXFP4 bytes), got {tuple(t.shape)} {t.dtype}.")
+        if t.device != x.device:
+            bad(f"{name} is on {t.device} but x is on {x.device}.")
+    T, H = x.shape
+    E, two_i, hb = w13.shape
+    if two_i % 2 or hb * 2 != H:
+        bad(f"w13 {tuple(w13.shape)} does not match x {tuple(x.shape)}: expected [E, 2*I_pad, H_pad/2] "
+            f"with H_pad = {H}.")
+    i_pad = two_i // 2
+    if H % 32 or i_pad % 32:
+        bad(f"H_pad ({H}) and I_pad ({i_pad}) must be multiples of 32 (one e8m0 scale per 32 weights).")
+    if tuple(w13_scale.shape) != (E, two_i, H // 32):
+        bad(f"w13_scale {tuple(w13_scale.shape)} must be {(E, two_i, H // 32)}.")
+    if tuple(w2.shape) != (E, H, i_pad // 2):
+        bad(f"w2 {tuple(w2.shape)} must be {(E, H, i_pad // 2)} for w13 {tuple(w13.shape)}.")
+    if tuple(w2_scale.shape) != (E, H, i_pad // 32):
+        bad(f"w2_scale {tuple(w2_scale.shape)} must be {(E, H, i_pad // 32)}.")
+    if topk_ids.dim() != 2 or topk_ids.shape[0] != T or topk_ids.dtype not in (torch.int32, torch.int64):
+        bad(f"topk_ids must be int32/int64 [T={T}, k], got {tuple(topk_ids.shape)} {topk_ids.dtype}.")
+    if tuple(topk_weights.shape) != tuple(topk_ids.shape) or not topk_weights.is_floating_point():
+        bad(f"topk_weights must be a float tensor shaped like topk_ids {tuple(topk_ids.shape)}, "
+            f"got {tuple(topk_weights.shape)} {topk_weights.dtype}.")
+    for name, t, shape in (("w13_bias", w13_bias, (E, two_i)), ("w2_bias", w2_bias, (E, H))):
+        if t is not None and (tuple(t.shape) != shape or not t.is_floating_point()):
+            bad(f"{name} must be a float tensor {shape}, got {tuple(t.shape)} {t.dtype}.")
+    return T, H, E, i_pad
+
+
+def moe_align(topk_ids: torch.Tensor, num_experts: int, block_t: int):
+    """(sorted_ids, block_expert, num_post_pad) for the GEMM kernels; ids < 0 are skipped."""
+    ids = topk_ids.reshape(-1)
+    if not ids.is_contiguous():
+        ids = ids.contiguous()
+    num_pairs = ids.numel()
+    max_blocks = num_pairs // block_t + min(num_experts, num_pairs) + 1
+    dev = ids.device
+    sorted_ids = torch.empty(max_blocks * block_t, dtype=torch.int32, device=dev)
+    block_expert = torch.empty(max_blocks, dtype=torch.int32, device=dev)
+    scratch = torch.empty(2 * num_experts + 1, dtype=torch.int32, device=dev)
+    num_post_pad = scratch[2 * num_experts:]
+    K.moe_align_kernel[(1,)](
+        ids, sorted_ids, block_expert, num_post_pad, scratch[:num_experts], scratch[num_experts:2 * num_experts],
+        num_pairs, num_experts, max_blocks,
+        BLOCK_T=block_t, CHUNK=1024, E_POW2=triton.next_power_of_2(num_experts), num_warps=8,
+    )
+    return sorted_ids, block_expert, num_post_pad, max_blocks
+
+
+def fused_moe_triton(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, *, activation,
+                     activation_params, w13_bias=None, w2_bias=None, layout="identity",
+                     config: MoEConfig | None = None) -> torch.Tensor:
+    """sum_k topk_weights[:, k] * expert_k(x) with MXFP4 weights in the canonical 3-D layout.
+
+    x [T, H_pad] bf16/fp16/fp32 (zero-padded); w13 uint8 [E, 2*I_pad, H_pad/2] rows
+    [gate | up]; w13_scale [E, 2*I_pad, H_pad/32]; w2 [E, H_pad, I_pad/2]; w2_scale
+    [E, H_pad, I_pad/32]; topk_ids [T, k] local expert ids, -1 = not on this rank.
+    Returns [T, H_pad] in x's dtype.
+    """
+    T, H, E, i_pad = _check_inputs(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids,
+                                   w13_bias, w2_bias, layout)
+    act = _activation_args(activation, activation_params)
+    top_k = topk_ids.shape[1]
+    num_pairs = T * top_k
+    out = torch.empty_like(x)
+    if num_pairs == 0:
+        return out.zero_()
+    cfg = config or select_config(num_pairs, E, H, i_pad)
+    dtype = getattr(triton.language, _TL_DTYPES[x.dtype])
+    x = x.contiguous()
+    w13, w13_scale, w2, w2_scale = (t if t.stride(-1) == 1 else t.contiguous() for t in (w13, w13_scale, w2, w2_scale))
+    ids = topk_ids.contiguous()
+    tw = topk_weights.reshape(-1).contiguous()
+    sorted_ids, block_expert, num_post_pad, max_blocks = moe_align(ids, E, cfg.block_t)
+
+    inter = torch.empty(num_pairs, i_pad, dtype=x.dtype, device=x.device)
+    b13 = w13_bias.contiguous() if w13_bias is not None else w13_scale  # dummy pointer when absent
+    K.moe_gemm1_kernel[(max_blocks, triton.cdiv(i_pad, cfg.block_n1))](
+        x, w13, w13_scale, b13, inter, sorted_ids, block_expert, num_post_pad,
+        num_pairs, top_k, H, i_pad,
+        x.stride(0), w13.stride(0), w13.stride(1), w13_scale.stride(0), w13_scale.stride(1),
+        b13.stride(0), inter.stride(0),
+        act["p0"], act["p1"],
+        ACT=act["ACT"], HAS_LIMIT=act["HAS_LIMIT"], HAS_LINEAR=act["HAS_LINEAR"], HAS_BIAS=w13_bias is not None,
+        BLOCK_N=cfg.block_n1, BLOCK_T=cfg.block_t, BLOCK_K=cfg.block_k, DTYPE=dtype,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    pair_out = torch.empty(num_pairs, H, dtype=x.dtype, device=x.device)
+    b2 = w2_bias.contiguous() if w2_bias is not None else w2_scale
+    K.moe_gemm2_kernel[(max_blocks, triton.cdiv(H, cfg.block_n2))](
+        inter, w2, w2_scale, b2, tw, pair_out, sorted_ids, block_expert, num_post_pad,
+        num_pairs, i_pad, H,
+        inter.stride(0), w2.stride(0), w2.stride(1), w2_scale.stride(0), w2_scale.stride(1),
+        b2.stride(0), pair_out.stride(0),
+        HAS_BIAS=w2_bias is not None,
+        BLOCK_N=cfg.block_n2, BLOCK_T=cfg.block_t, BLOCK_K=cfg.block_k, DTYPE=dtype,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    block_h = min(1024, triton.next_power_of_2(H))
+    K.moe_sum_kernel[(T, triton.cdiv(H, block_h))](
+        pair_out, ids, out, H, top_k, E, pair_out.stride(0), out.stride(0), BLOCK_H=block_h, num_warps=4,
+    )
+    return out

@@ -1,0 +1,234 @@
+"""Triton kernels of the fused MXFP4 MoE (W4A16): align, GEMM1 + activation, GEMM2, top-k sum.
+
+Both GEMMs are "swap-AB": the weight tile is the left MMA operand (output features on the MMA
+M dimension) and the tokens of one expert block are the N dimension, so decode batches of one
+to a few tokens per expert still feed full MMA tiles from the weights. Weights stay MXFP4 in
+memory; each K step loads packed bytes and e8m0 scales and decodes them in registers.
+
+fp4 decode: the 3 magnitude bits of an e2m1 code placed at bits 9..11 of an fp16 give
+``2**(e-15) * (1 + m/2)`` (or the subnormal ``m * 2**-15`` when e == 0), i.e. the e2m1 value
+times ``2**-14`` in every case; the sign bit goes to bit 15. The ``2**14`` is folded into the
+e8m0 scale, so one multiply per weight finishes the decode.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+ACT_SILU = 0
+ACT_SITU = 1
+ACT_SWIGLUOAI = 2
+
+
+@triton.jit
+def _sigmoid(x):
+    return 1.0 / (1.0 + tl.exp(-x))
+
+
+@triton.jit
+def _tanh(x):
+    # exp overflow to inf gives exactly +-1 at the tails
+    return 1.0 - 2.0 / (tl.exp(2.0 * x) + 1.0)
+
+
+@triton.jit
+def _dequant(w_u8, s_u8, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DTYPE: tl.constexpr):
+    """[BLOCK_N, BLOCK_K//2] packed e2m1 + [BLOCK_N, BLOCK_K//32] e8m0 -> [BLOCK_N, BLOCK_K] DTYPE."""
+    w = w_u8.to(tl.int16)
+    lo = ((w & 0x7) << 9) | ((w & 0x8) << 12)
+    hi = ((w & 0x70) << 5) | ((w & 0x80) << 8)
+    v = tl.join(lo, hi).reshape(BLOCK_N, BLOCK_K // 32, 32)
+    v = v.to(tl.float16, bitcast=True).to(tl.float32)
+    s = s_u8.to(tl.int32)
+    scale = (s << 23).to(tl.float32, bitcast=True) * 16384.0
+    scale = tl.where(s == 255, float("nan"), scale)
+    v = v * scale[:, :, None]
+    return v.reshape(BLOCK_N, BLOCK_K).to(DTYPE)
+
+
+@triton.jit
+def moe_align_kernel(
+    topk_ids_ptr, sorted_ids_ptr, block_expert_ptr, num_post_pad_ptr, counts_ptr, cursor_ptr,
+    num_pairs, num_experts, max_blocks,
+    BLOCK_T: tl.constexpr, CHUNK: tl.constexpr, E_POW2: tl.constexpr,
+):
+    """One program: sort (token, k) pairs by expert into blocks of BLOCK_T, padding each expert.
+
+    sorted_ids[i] = pair index (t * top_k + j) or num_pairs for padding; block_expert[b] =
+    expert of block b or -1 past the end; num_post_pad = used length. The order of pairs inside
+    one expert's blocks depends on atomics, but each pair's result does not depend on its slot.
+    """
+    offs_e = tl.arange(0, E_POW2)
+    emask = offs_e < num_experts
+    tl.store(counts_ptr + offs_e, tl.zeros([E_POW2], tl.int32), mask=emask)
+    tl.debug_barrier()
+    for c in range(0, num_pairs, CHUNK):
+        offs = c + tl.arange(0, CHUNK)
+        ids = tl.load(topk_ids_ptr + offs, mask=offs < num_pairs, other=-1).to(tl.int32)
+        ok = (ids >= 0) & (ids < num_experts)
+        tl.atomic_add(counts_ptr + ids, tl.full([CHUNK], 1, tl.int32), mask=ok, sem="relaxed")
+    tl.debug_barrier()
+    counts = tl.load(counts_ptr + offs_e, mask=emask, other=0, volatile=True)
+    nblk = (counts + BLOCK_T - 1) // BLOCK_T
+    blk_end = tl.cumsum(nblk, axis=0)
+    blk_start = blk_end - nblk
+    total_blocks = tl.sum(nblk, axis=0)
+    tl.store(num_post_pad_ptr, total_blocks * BLOCK_T)
+    tl.store(cursor_ptr + offs_e, blk_start * BLOCK_T, mask=emask)
+    for b in range(0, max_blocks, CHUNK):
+        offs = b + tl.arange(0, CHUNK)
+        tl.store(block_expert_ptr + offs, tl.full([CHUNK], -1, tl.int32), mask=offs < max_blocks)
+    for b in range(0, total_blocks * BLOCK_T, CHUNK):
+        offs = b + tl.arange(0, CHUNK)
+        tl.store(sorted_ids_ptr + offs, tl.full([CHUNK], 0, tl.int32) + num_pairs,
+                 mask=offs < total_blocks * BLOCK_T)
+    tl.debug_barrier()
+    # block -> expert: every expert writes its own block range (at most max nblk iterations)
+    max_nblk = tl.max(nblk, axis=0)
+    for j in range(0, max_nblk):
+        tl.store(block_expert_ptr + blk_start + j, offs_e, mask=emask & (j < nblk))
+    for c in range(0, num_pairs, CHUNK):
+        offs = c + tl.arange(0, CHUNK)
+        ids = tl.load(topk_ids_ptr + offs, mask=offs < num_pairs, other=-1).to(tl.int32)
+        ok = (ids >= 0) & (ids < num_experts)
+        slot = tl.atomic_add(cursor_ptr + ids, tl.full([CHUNK], 1, tl.int32), mask=ok, sem="relaxed")
+        tl.store(sorted_ids_ptr + slot, offs, mask=ok)
+
+
+@triton.jit
+def moe_gemm1_kernel(
+    x_ptr, w_ptr, s_ptr, b_ptr, out_ptr,
+    sorted_ids_ptr, block_expert_ptr, num_post_pad_ptr,
+    num_pairs, top_k, K, I_pad,
+    stride_xt, stride_we, stride_wn, stride_se, stride_sn, stride_be, stride_ot,
+    p0, p1,
+    ACT: tl.constexpr, HAS_LIMIT: tl.constexpr, HAS_LINEAR: tl.constexpr, HAS_BIAS: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, DTYPE: tl.constexpr,
+):
+    """inter[pair, j] = act(gate_j . x, up_j . x) for rows j and I_pad + j of w13."""
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    if pid_m * BLOCK_T >= tl.load(num_post_pad_ptr):
+        return
+    e = tl.load(block_expert_ptr + pid_m).to(tl.int64)
+    if e < 0:
+        return
+    offs_t = pid_m * BLOCK_T + tl.arange(0, BLOCK_T)
+    pair = tl.load(sorted_ids_ptr + offs_t)
+    tmask = pair < num_pairs
+    tok = (pair // top_k).to(tl.int64)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    nmask = offs_n < I_pad
+    offs_kb = tl.arange(0, BLOCK_K // 2)
+    offs_ks = tl.arange(0, BLOCK_K // 32)
+    offs_k = tl.arange(0, BLOCK_K)
+    wg_ptr = w_ptr + e * stride_we + offs_n[:, None].to(tl.int64) * stride_wn + offs_kb[None, :]
+    wu_ptr = wg_ptr + I_pad * stride_wn
+    sg_ptr = s_ptr + e * stride_se + offs_n[:, None].to(tl.int64) * stride_sn + offs_ks[None, :]
+    su_ptr = sg_ptr + I_pad * stride_sn
+    xt_ptr = x_ptr + tok[None, :] * stride_xt + offs_k[:, None]
+    acc_g = tl.zeros([BLOCK_N, BLOCK_T], tl.float32)
+    acc_u = tl.zeros([BLOCK_N, BLOCK_T], tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        kbm = nmask[:, None] & (offs_kb[None, :] < (K - k0) // 2)
+        ksm = nmask[:, None] & (offs_ks[None, :] < (K - k0) // 32)
+        wg = tl.load(wg_ptr, mask=kbm, other=0)
+        wu = tl.load(wu_ptr, mask=kbm, other=0)
+        sg = tl.load(sg_ptr, mask=ksm, other=127)
+        su = tl.load(su_ptr, mask=ksm, other=127)
+        xt = tl.load(xt_ptr, mask=tmask[None, :] & (offs_k[:, None] < K - k0), other=0.0).to(DTYPE)
+        acc_g = tl.dot(_dequant(wg, sg, BLOCK_N, BLOCK_K, DTYPE), xt, acc_g)
+        acc_u = tl.dot(_dequant(wu, su, BLOCK_N, BLOCK_K, DTYPE), xt, acc_u)
+        wg_ptr += BLOCK_K // 2
+        wu_ptr += BLOCK_K // 2
+        sg_ptr += BLOCK_K // 32
+        su_ptr += BLOCK_K // 32
+        xt_ptr += BLOCK_K
+    if HAS_BIAS:
+        bg = tl.load(b_ptr + e * stride_be + offs_n, mask=nmask, other=0.0).to(tl.float32)
+        bu = tl.load(b_ptr + e * stride_be + I_pad + offs_n, mask=nmask, other=0.0).to(tl.float32)
+        acc_g += bg[:, None]
+        acc_u += bu[:, None]
+    g = acc_g
+    u = acc_u
+    if ACT == 1:  # situ: p0 = beta, p1 = linear_beta
+        h = p0 * _tanh(g / p0) * _sigmoid(g)
+        if HAS_LINEAR:
+            u = p1 * _tanh(u / p1)
+        h = h * u
+    elif ACT == 2:  # swigluoai: p0 = alpha, p1 = limit
+        g = tl.minimum(g, p1)
+        u = tl.minimum(tl.maximum(u, -p1), p1)
+        h = (u + 1.0) * g * _sigmoid(p0 * g)
+    else:  # silu, p1 = swiglu_limit when HAS_LIMIT
+        if HAS_LIMIT:
+            g = tl.minimum(g, p1)
+            u = tl.minimum(tl.maximum(u, -p1), p1)
+        h = g * _sigmoid(g) * u
+    out_ptrs = out_ptr + pair[None, :].to(tl.int64) * stride_ot + offs_n[:, None]
+    tl.store(out_ptrs, h.to(out_ptr.dtype.element_ty), mask=tmask[None, :] & nmask[:, None])
+
+
+@triton.jit
+def moe_gemm2_kernel(
+    a_ptr, w_ptr, s_ptr, b_ptr, tw_ptr, out_ptr,
+    sorted_ids_ptr, block_expert_ptr, num_post_pad_ptr,
+    num_pairs, K, N,
+    stride_at, stride_we, stride_wn, stride_se, stride_sn, stride_be, stride_ot,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, DTYPE: tl.constexpr,
+):
+    """pair_out[pair, n] = w_pair * (w2[e, n] . inter[pair] + b2[e, n])."""
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    if pid_m * BLOCK_T >= tl.load(num_post_pad_ptr):
+        return
+    e = tl.load(block_expert_ptr + pid_m).to(tl.int64)
+    if e < 0:
+        return
+    offs_t = pid_m * BLOCK_T + tl.arange(0, BLOCK_T)
+    pair = tl.load(sorted_ids_ptr + offs_t)
+    tmask = pair < num_pairs
+    pair64 = pair.to(tl.int64)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    nmask = offs_n < N
+    offs_kb = tl.arange(0, BLOCK_K // 2)
+    offs_ks = tl.arange(0, BLOCK_K // 32)
+    offs_k = tl.arange(0, BLOCK_K)
+    w_ptrs = w_ptr + e * stride_we + offs_n[:, None].to(tl.int64) * stride_wn + offs_kb[None, :]
+    s_ptrs = s_ptr + e * stride_se + offs_n[:, None].to(tl.int64) * stride_sn + offs_ks[None, :]
+    at_ptrs = a_ptr + pair64[None, :] * stride_at + offs_k[:, None]
+    acc = tl.zeros([BLOCK_N, BLOCK_T], tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        w = tl.load(w_ptrs, mask=nmask[:, None] & (offs_kb[None, :] < (K - k0) // 2), other=0)
+        s = tl.load(s_ptrs, mask=nmask[:, None] & (offs_ks[None, :] < (K - k0) // 32), other=127)
+        at = tl.load(at_ptrs, mask=tmask[None, :] & (offs_k[:, None] < K - k0), other=0.0).to(DTYPE)
+        acc = tl.dot(_dequant(w, s, BLOCK_N, BLOCK_K, DTYPE), at, acc)
+        w_ptrs += BLOCK_K // 2
+        s_ptrs += BLOCK_K // 32
+        at_ptrs += BLOCK_K
+    if HAS_BIAS:
+        b = tl.load(b_ptr + e * stride_be + offs_n, mask=nmask, other=0.0).to(tl.float32)
+        acc += b[:, None]
+    tw = tl.load(tw_ptr + pair, mask=tmask, other=0.0).to(tl.float32)
+    acc = acc * tw[None, :]
+    out_ptrs = out_ptr + pair64[None, :] * stride_ot + offs_n[:, None]
+    tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=tmask[None, :] & nmask[:, None])
+
+
+@triton.jit
+def moe_sum_kernel(
+    pair_ptr, ids_ptr, out_ptr, N, top_k, num_experts, stride_pt, stride_ot,
+    BLOCK_H: tl.constexpr,
+):
+    """out[t] = sum over k of pair_out[t * top_k + k], skipping ids outside [0, E) (never written)."""
+    t = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    hmask = offs < N
+    acc = tl.zeros([BLOCK_H], tl.float32)
+    for j in range(0, top_k):
+        eid = tl.load(ids_ptr + t * top_k + j + tl.zeros([BLOCK_H], tl.int32))
+        v = tl.load(pair_ptr + (t * top_k + j) * stride_pt + offs, mask=hmask & (eid >= 0) & (eid < num_experts), other=0.0)
+        acc += v.to(tl.float32)
+    tl.store(out_ptr + t * stride_ot + offs, acc.to(out_ptr.dtype.element_ty), mask=hmask)

@@ -1,0 +1,169 @@
+"""The Triton fused MoE kernels run on CPU through TRITON_INTERPRET=1 on tiny shapes.
+
+fp16 and fp32 only: bf16 tl.dot is broken in the interpreter. The reference is an
+independent float64 computation from the raw bytes (codec dequantiser, activations written
+out here), so a layout, decode, routing or reduction bug in the kernels shows up as error.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import pytest
+import torch
+
+triton = pytest.importorskip("triton")
+if os.environ.get("TRITON_INTERPRET") != "1":
+    if torch.cuda.is_available():
+        pytest.skip("CPU-interpreter tests; on a GPU benchmarks/gpu_check.py runs the kernels", allow_module_level=True)
+    raise RuntimeError("TRITON_INTERPRET=1 must be set before triton is imported (tests/conftest.py does it)")
+
+from mxfp4conv.codec import dequantize_mxfp4  # noqa: E402
+from mxfp4conv.errors import RuntimeInputError  # noqa: E402
+from mxfp4conv.runtime import triton_moe  # noqa: E402
+
+
+def _act64(name, params, g, u):
+    if name == "situ":
+        beta, lin = params.get("beta", 1.0), params.get("linear_beta")
+        gate = beta * torch.tanh(g / beta) * torch.sigmoid(g)
+        if lin is not None and lin > 0:
+            u = lin * torch.tanh(u / lin)
+        return gate * u
+    if name == "silu":
+        lim = params.get("swiglu_limit")
+        if lim is not None:
+            g, u = g.clamp(max=lim), u.clamp(-lim, lim)
+        return g * torch.sigmoid(g) * u
+    alpha, lim = params.get("alpha", 1.702), params.get("limit", 7.0)
+    g, u = g.clamp(max=lim), u.clamp(-lim, lim)
+    return (u + 1) * g * torch.sigmoid(alpha * g)
+
+
+def reference(x, w13, s13, w2, s2, tw, ids, act, params, b13=None, b2=None):
+    W13 = dequantize_mxfp4(w13, s13).double()
+    W2 = dequantize_mxfp4(w2, s2).double()
+    i_pad = W13.shape[1] // 2
+    out = torch.zeros(x.shape, dtype=torch.float64)
+    for t in range(x.shape[0]):
+        for j in range(ids.shape[1]):
+            e = int(ids[t, j])
+            if e < 0:
+                continue
+            h = W13[e] @ x[t].double() + (b13[e].double() if b13 is not None else 0)
+            a = _act64(act, params, h[:i_pad], h[i_pad:])
+            y = W2[e] @ a + (b2[e].double() if b2 is not None else 0)
+            out[t] += float(tw[t, j]) * y
+    return out
+
+
+def make_problem(seed, T, H, I, E, k, *, bias=False, ids=None):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(T, H, generator=g)
+    w13 = torch.randint(0, 256, (E, 2 * I, H // 2), generator=g, dtype=torch.uint8)
+    s13 = torch.randint(122, 128, (E, 2 * I, H // 32), generator=g, dtype=torch.uint8)
+    w2 = torch.randint(0, 256, (E, H, I // 2), generator=g, dtype=torch.uint8)
+    s2 = torch.randint(120, 126, (E, H, I // 32), generator=g, dtype=torch.uint8)
+    if ids is None:
+        ids = torch.stack([torch.randperm(E, generator=g)[:k] for _ in range(T)])
+    tw = torch.rand(ids.shape, generator=g)
+    b13 = torch.randn(E, 2 * I, generator=g) if bias else None
+    b2 = torch.randn(E, H, generator=g) if bias else None
+    return x, w13, s13, w2, s2, tw, ids, b13, b2
+
+
+def rel_err(out, ref):
+    return float((out.double() - ref).norm() / ref.norm())
+
+
+ACTS = [
+    ("situ", {"beta": 4.0, "linear_beta": 25.0}, False),
+    ("situ", {"beta": 2.0}, False),
+    ("silu", {}, False),
+    ("silu", {"swiglu_limit": 1.5}, False),
+    ("swigluoai", {"alpha": 1.702, "limit": 7.0}, True),
+]
+
+
+@pytest.mark.parametrize("act,params,bias", ACTS)
+def test_activations_fp32_ragged(act, params, bias):
+    # expert 0: many pairs (two blocks of 16), expert 1: one, expert 2: none, expert 3: a few; -1 skipped
+    T, k, E, H, I = 20, 2, 4, 64, 32
+    ids = torch.zeros(T, k, dtype=torch.int64)
+    ids[:, 1] = -1
+    ids[0, 1], ids[1, 1], ids[2, 1], ids[3, 1] = 1, 3, 3, 3
+    ids[5] = torch.tensor([-1, -1])  # a token routed to no local expert: output must be 0
+    x, w13, s13, w2, s2, tw, ids, b13, b2 = make_problem(1, T, H, I, E, k, bias=bias, ids=ids)
+    ref = reference(x, w13, s13, w2, s2, tw, ids, act, params, b13, b2)
+    out = triton_moe.fused_moe_triton(x, w13, s13, w2, s2, tw, ids, activation=act,
+                                      activation_params=params, w13_bias=b13, w2_bias=b2)
+    assert out.dtype == torch.float32 and out.shape == x.shape
+    assert torch.isfinite(out).all()
+    assert torch.all(out[5] == 0)
+    assert rel_err(out, ref) < 1e-5
+
+
+@pytest.mark.parametrize("cfg", [
+    triton_moe.MoEConfig(block_t=16, block_n1=16, block_n2=16, block_k=32),
+    triton_moe.MoEConfig(block_t=32, block_n1=32, block_n2=64, block_k=64),
+])
+def test_fp16_multi_k_steps_and_tile_tails(cfg):
+    # H = 96 and I = 96 are not multiples of the K or N tiles; top-k 3 over 5 experts
+    T, k, E, H, I = 7, 3, 5, 96, 96
+    x, w13, s13, w2, s2, tw, ids, _, _ = make_problem(2, T, H, I, E, k)
+    ids[2, 0] = -1
+    params = {"beta": 4.0, "linear_beta": 25.0}
+    ref = reference(x.half().float(), w13, s13, w2, s2, tw, ids, "situ", params)
+    out = triton_moe.fused_moe_triton(x.half(), w13, s13, w2, s2, tw, ids, activation="situ",
+                                      activation_params=params, config=cfg)
+    assert out.dtype == torch.float16
+    assert torch.isfinite(out).all()
+    assert rel_err(out, ref) < 1e-2
+
+
+def test_align_blocks_cover_every_pair_once():
+    ids = torch.tensor([[2, 0], [2, -1], [2, 1], [0, 2], [-1, -1]], dtype=torch.int32)
+    sorted_ids, block_expert, npp, max_blocks = triton_moe.moe_align(ids, 4, 4)
+    n = int(npp)
+    assert n == 4 * 3  # expert 0: 2 pairs, 1: 1, 2: 4 -> one block each
+    flat = ids.reshape(-1)
+    got = sorted_ids[:n]
+    real = got[got < flat.numel()]
+    assert sorted(real.tolist()) == [i for i in range(flat.numel()) if flat[i] >= 0]
+    for b in range(n // 4):
+        e = int(block_expert[b])
+        members = got[b * 4:(b + 1) * 4]
+        members = members[members < flat.numel()]
+        assert len(members) > 0 and all(int(flat[m]) == e for m in members)
+    assert torch.all(block_expert[n // 4:max_blocks] == -1)
+
+
+def test_fp4_decode_every_code_and_special_scales():
+    # one expert, identity-like check of the in-register decode: every byte value, scales 0x7F..0x81 and 0xFF
+    H, I, E = 512, 32, 1
+    x, w13, s13, w2, s2, tw, ids, _, _ = make_problem(3, 1, H, I, E, 1)
+    w13[0, :, :256] = torch.arange(256, dtype=torch.uint8)
+    s13[0, 0, 0] = 0xFF  # NaN scale in a gate row: NaN must propagate to the output
+    out = triton_moe.fused_moe_triton(x, w13, s13, w2, s2, tw, ids, activation="silu", activation_params={})
+    assert torch.isnan(out).any()
+    s13[0, 0, 0] = 127
+    ref = reference(x, w13, s13, w2, s2, tw, ids, "silu", {})
+    out = triton_moe.fused_moe_triton(x, w13, s13, w2, s2, tw, ids, activation="silu", activation_params={})
+    assert rel_err(out, ref) < 1e-5
+
+
+def test_bad_inputs_raise_clear_errors():
+    x, w13, s13, w2, s2, tw, ids, _, _ = make_problem(4, 2, 64, 32, 2, 1)
+    call = triton_moe.fused_moe_triton
+    with pytest.raises(RuntimeInputError, match="layout"):
+        call(x, w13, s13, w2, s2, tw, ids, activation="silu", activation_params={}, layout="aiter_p16")
+    with pytest.raises(RuntimeInputError, match="w2 "):
+        call(x, w13, s13, w2[:, :32], s2, tw, ids, activation="silu", activation_params={})
+    with pytest.raises(RuntimeInputError, match="gelu"):
+        call(x, w13, s13, w2, s2, tw, ids, activation="gelu", activation_params={})
+    with pytest.raises(RuntimeInputError, match="uint8"):
+        call(x, w13.float(), s13, w2, s2, tw, ids, activation="silu", activation_params={})
+    with pytest.raises(RuntimeInputError, match="topk_weights"):
+        call(x, w13, s13, w2, s2, tw[:, :0], ids, activation="silu", activation_params={})
+    assert math.isfinite(float(call(x, w13, s13, w2, s2, tw, ids, activation="silu", activation_params={}).sum()))
