@@ -22,16 +22,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from mxfp4conv.checkpoint.safetensors_io import DTYPE_BITS
 from mxfp4conv.errors import Mxfp4convError
-
-# Bits per element of every safetensors dtype string.
-DTYPE_BITS = {
-    "BOOL": 8, "U8": 8, "I8": 8, "F8_E5M2": 8, "F8_E4M3": 8, "F8_E8M0": 8,
-    "I16": 16, "U16": 16, "F16": 16, "BF16": 16,
-    "I32": 32, "U32": 32, "F32": 32,
-    "I64": 64, "U64": 64, "F64": 64, "C64": 64,
-    "F4": 4, "F6_E2M3": 6, "F6_E3M2": 6,
-}
 
 TEMP_PREFIX = "."
 TEMP_SUFFIX = ".partial"

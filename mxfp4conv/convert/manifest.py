@@ -1,0 +1,134 @@
+"""The manifest ``mxfp4conv.json`` of a converted checkpoint: build, validate, load."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from mxfp4conv import __version__
+from mxfp4conv.errors import CheckpointError
+
+MANIFEST_NAME = "mxfp4conv.json"
+FORMAT = "mxfp4conv-kernel-layout"
+VERSION = 1
+SHUFFLE_PAD_BYTE = 0x7F
+EXPERT_KINDS = ("w13_weight", "w13_weight_scale", "w2_weight", "w2_weight_scale",
+                "w13_bias", "w2_bias", "w13_input_scale", "w2_input_scale")
+
+
+def build_manifest(source, model, decision) -> dict[str, Any]:
+    """The manifest for converting ``source`` (its ``MoEModel``) as ``decision`` says."""
+    d = decision
+    src: dict[str, Any] = {"family": model.family, "quant_scheme": model.quant_scheme,
+                           "sha256": source.fingerprint()}
+    if getattr(source, "is_hub", False):
+        src["repo"] = str(source.spec).split("@")[0]
+    else:
+        src["path"] = str(Path(source.root).resolve())
+    if source.revision:
+        src["revision"] = source.revision
+    return {
+        "format": FORMAT,
+        "version": VERSION,
+        "tool_version": __version__,
+        "target": {
+            "arch": d.arch,
+            "backend": d.backend,
+            "activation": d.activation,
+            "activation_params": dict(d.activation_params),
+            "act_quant": d.act_quant,
+            "tp": d.tp,
+            "ep": d.ep,
+            "gate_mode": d.gate_mode,
+            "is_shuffled": d.is_shuffled,
+            "options": dict(d.options),
+        },
+        "layout": d.layout.as_dict(),
+        "moe": {
+            "hidden": d.hidden,
+            "hidden_padded": d.hidden_padded,
+            "intermediate": d.intermediate,
+            "intermediate_per_rank": d.intermediate_per_rank,
+            "intermediate_per_rank_padded": d.intermediate_per_rank_padded,
+            "num_experts": d.num_experts,
+            "experts_per_rank": d.experts_per_rank,
+            "top_k": d.top_k,
+            "layers": [layer.prefix for layer in model.layers],
+            "moe_method": model.moe_method,
+            "routing": model.routing,
+            "has_bias": bool(model.has_bias),
+            "static_input_scales": bool(model.static_input_scales),
+        },
+        "pad_bytes": {"weight": 0, "scale": d.scale_pad_byte, "shuffle": SHUFFLE_PAD_BYTE},
+        "runtime_env": dict(d.runtime_env),
+        "source": src,
+        "notes": list(d.notes),
+    }
+
+
+_REQUIRED = {
+    "target": ("arch", "backend", "activation", "activation_params", "act_quant", "tp", "ep",
+               "gate_mode", "is_shuffled"),
+    "layout": ("w13", "w13_scale", "w2", "w2_scale", "gate_up"),
+    "moe": ("hidden", "hidden_padded", "intermediate", "intermediate_per_rank",
+            "intermediate_per_rank_padded", "num_experts", "experts_per_rank", "top_k", "layers"),
+    "source": ("sha256", "family", "quant_scheme"),
+}
+
+
+def validate_manifest(m: Any, where: str = MANIFEST_NAME) -> dict[str, Any]:
+    """Raise ``CheckpointError`` unless ``m`` is a manifest this version understands."""
+    def bad(what: str) -> CheckpointError:
+        return CheckpointError(f"{where}: {what}. The converted checkpoint is damaged or was written "
+                               f"by another tool; convert the source again.")
+
+    if not isinstance(m, dict):
+        raise bad("the manifest is not a JSON object")
+    if m.get("format") != FORMAT:
+        raise bad(f"format is {m.get('format')!r}, expected {FORMAT!r}")
+    if m.get("version") != VERSION:
+        raise CheckpointError(
+            f"{where}: manifest version {m.get('version')!r} is not known to this mxfp4conv "
+            f"(knows version {VERSION}). Use the mxfp4conv release that wrote it, or convert again.")
+    for section, keys in _REQUIRED.items():
+        sec = m.get(section)
+        if not isinstance(sec, dict):
+            raise bad(f"section {section!r} is missing")
+        missing = [k for k in keys if k not in sec]
+        if missing:
+            raise bad(f"section {section!r} lacks {', '.join(missing)}")
+    if "runtime_env" not in m or not isinstance(m["runtime_env"], dict):
+        raise bad("section 'runtime_env' is missing")
+    moe, tgt = m["moe"], m["target"]
+    tp = tgt["tp"]
+    if not isinstance(tp, int) or tp < 1:
+        raise bad(f"target.tp is {tp!r}")
+    if tgt["ep"] and moe["experts_per_rank"] * tp != moe["num_experts"]:
+        raise bad(f"experts_per_rank {moe['experts_per_rank']} x tp {tp} != num_experts {moe['num_experts']}")
+    if not tgt["ep"] and moe["experts_per_rank"] != moe["num_experts"]:
+        raise bad("experts_per_rank differs from num_experts without expert parallelism")
+    if moe["hidden_padded"] < moe["hidden"] or moe["intermediate_per_rank_padded"] < moe["intermediate_per_rank"]:
+        raise bad("a padded size is smaller than the real size")
+    return m
+
+
+def manifest_text(m: dict[str, Any]) -> str:
+    """Canonical JSON (the string stamped into every shard's ``__metadata__``)."""
+    return json.dumps(m, sort_keys=True, separators=(",", ":"))
+
+
+def write_manifest_json(m: dict[str, Any]) -> bytes:
+    return (json.dumps(m, indent=2, sort_keys=True) + "\n").encode()
+
+
+def load_manifest(root: Path) -> dict[str, Any] | None:
+    """The validated manifest of a converted checkpoint directory, or None if it has none."""
+    p = Path(root) / MANIFEST_NAME
+    if not p.is_file():
+        return None
+    try:
+        m = json.loads(p.read_text())
+    except ValueError as exc:
+        raise CheckpointError(f"{p}: not valid JSON ({exc}). Convert the source again.") from None
+    return validate_manifest(m, str(p))

@@ -1,0 +1,128 @@
+"""Work units as tasks: each task returns the next ``(tensor name, bytes)`` pieces.
+
+Tasks of one unit are independent and may run in worker threads; the caller writes their
+results in task order, so every tensor receives its bytes in order. A plain tensor is
+copied in chunks; an MoE layer is produced a chunk of experts at a time (each expert read
+once for every rank and kind), then each layout's trailing 0x7F padding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import torch
+
+from mxfp4conv.convert.manifest import SHUFFLE_PAD_BYTE
+from mxfp4conv.convert.plan import OutputPlan, Unit
+from mxfp4conv.convert.rank_tensors import build_chunk, find_nan_scale
+from mxfp4conv.errors import Mxfp4convError
+
+Task = Callable[[], list]
+COPY_CHUNK = 32 << 20
+
+
+def unit_tasks(src, model, plan: OutputPlan, unit: Unit, chunk_bytes: int, allow_nan: bool) -> Iterator[Task]:
+    if unit.layer < 0:
+        yield from _copy_tasks(src, unit.tensors[0], chunk_bytes)
+    else:
+        yield from _layer_tasks(src, model, plan, unit, chunk_bytes, allow_nan)
+
+
+def _copy_tasks(src, t, chunk_bytes: int) -> Iterator[Task]:
+    size = t.spec.size()
+    step = max(1, min(COPY_CHUNK, chunk_bytes))
+    for off in range(0, size, step):
+        n = min(step, size - off)
+        yield (lambda off=off, n=n: [(t.name, src.read_range(t.src_shard, t.src_offset + off, n))])
+
+
+def expert_chunks(plan: OutputPlan, chunk_bytes: int) -> list[range]:
+    """Global expert ranges, each inside one rank's share, sized to the chunk budget."""
+    g = plan.geometry
+    per_expert = sum(_numel(plan.canonical[k][1:]) * (4 if k not in plan.layouts else 1)
+                     for k in plan.kinds) * (1 if g.ep else g.tp)
+    n = max(1, chunk_bytes // max(per_expert, 1))
+    out = []
+    spans = [g.expert_range(r) for r in g.ranks()] if g.ep else [range(g.num_experts)]
+    for span in spans:
+        for a in range(span.start, span.stop, n):
+            out.append(range(a, min(a + n, span.stop)))
+    return out
+
+
+def _numel(shape) -> int:
+    k = 1
+    for d in shape:
+        k *= d
+    return k
+
+
+def _layer_tasks(src, model, plan: OutputPlan, unit: Unit, chunk_bytes: int, allow_nan: bool) -> Iterator[Task]:
+    from mxfp4conv.checkpoint.experts import read_expert
+
+    layer = model.layers[unit.layer]
+    names = {(t.rank, t.kind): t.name for t in unit.tensors}
+    g = plan.geometry
+
+    def task(experts: range):
+        def run() -> list:
+            data = []
+            for e in experts:
+                ex = read_expert(src, layer, e)
+                if not allow_nan:
+                    _check_nan(layer, e, ex, g)
+                data.append(ex)
+            pieces = []
+            ranks = g.owner(experts.start)
+            for r in ranks:
+                chunk = build_chunk(data, g, r, plan.kinds)
+                for kind in plan.kinds:
+                    t = chunk[kind]
+                    lay = plan.layouts.get(kind)
+                    if lay is not None:
+                        t = lay.forward_chunk(t)
+                    pieces.append((names[(r, kind)], t))
+            return pieces
+        return run
+
+    for span in expert_chunks(plan, chunk_bytes):
+        yield task(span)
+
+    tails = []
+    for r in g.ranks():
+        for kind, lay in plan.layouts.items():
+            n = int(lay.tail_bytes(plan.canonical[kind]))
+            if n:
+                tails.append((names[(r, kind)], n))
+    if tails:
+        yield lambda: [(name, torch.full((n,), SHUFFLE_PAD_BYTE, dtype=torch.uint8)) for name, n in tails]
+
+
+def _check_nan(layer, e: int, ex, g) -> None:
+    for kind, t in (("w13_weight_scale", ex.w13_scale), ("w2_weight_scale", ex.w2_scale)):
+        i = find_nan_scale(t)
+        if i is not None:
+            name, off = nan_location(layer, e, kind, i, tuple(t.shape), g)
+            raise Mxfp4convError(
+                f"tensor {name} holds a NaN scale byte (0xFF) at byte offset {off} (MoE layer "
+                f"{layer.prefix}, expert {e}). vLLM would load it as NaN and the expert would "
+                f"produce NaNs. Fix the checkpoint, or pass --allow-nan-scales to copy it as is.")
+
+
+def nan_location(layer, e: int, kind: str, flat: int, shape: tuple[int, int], g) -> tuple[str, int]:
+    """Source tensor name and byte offset of element ``flat`` of expert ``e``'s canonical scale."""
+    rows, cols = shape
+    row, col = divmod(flat, cols)
+    if layer.fused is not None:
+        f = layer.fused
+        if kind == "w13_weight_scale":
+            half = rows // 2
+            src_row = 2 * row if row < half else 2 * (row - half) + 1
+            return f.gate_up_scales.name, (e * rows + src_row) * cols + col
+        return f.down_scales.name, e * rows * cols + flat
+    ex = layer.experts[e]
+    if kind == "w13_weight_scale":
+        half = rows // 2
+        ref = ex.gate_scale if row < half else ex.up_scale
+        return ref.name, (row % half) * cols + col
+    return ex.down_scale.name, flat

@@ -1,0 +1,60 @@
+"""Progress reporting: a rich bar on a terminal, plain lines otherwise, or nothing."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+
+class Progress:
+    def __init__(self, total: int, mode: str = "auto", stream=None):
+        self.total = max(total, 1)
+        self.done = 0
+        self.stream = stream or sys.stderr
+        if mode == "auto":
+            mode = "rich" if getattr(self.stream, "isatty", lambda: False)() else "lines"
+        self.mode = mode
+        self.start = time.monotonic()
+        self.last_line = 0.0
+        self.desc = ""
+        self._bar = None
+        if mode == "rich":
+            from rich.console import Console
+            from rich.progress import (BarColumn, DownloadColumn, Progress as RichProgress,
+                                       TextColumn, TimeRemainingColumn, TransferSpeedColumn)
+
+            self._bar = RichProgress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
+                                     TransferSpeedColumn(), TimeRemainingColumn(),
+                                     console=Console(file=self.stream), transient=False)
+            self._task = self._bar.add_task("converting", total=self.total)
+            self._bar.start()
+
+    def describe(self, text: str) -> None:
+        self.desc = text
+        if self._bar is not None:
+            self._bar.update(self._task, description=text)
+
+    def advance(self, n: int) -> None:
+        self.done += n
+        if self._bar is not None:
+            self._bar.update(self._task, advance=n)
+        elif self.mode == "lines" and time.monotonic() - self.last_line > 10:
+            self.line()
+
+    def line(self, text: str | None = None) -> None:
+        if self.mode == "none":
+            return
+        if text is None:
+            el = max(time.monotonic() - self.start, 1e-9)
+            text = (f"{self.desc}: {self.done / 1e9:.2f} of {self.total / 1e9:.2f} GB "
+                    f"({100 * self.done / self.total:.0f}%), {self.done / el / 1e6:.0f} MB/s")
+        self.last_line = time.monotonic()
+        if self._bar is not None:
+            self._bar.console.print(text)
+        else:
+            print(text, file=self.stream, flush=True)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+            self._bar = None

@@ -1,0 +1,164 @@
+"""Per-rank expert tensors in canonical padded form, before any layout transform.
+
+For one chunk of experts and one rank this builds exactly what vLLM's loader leaves in the
+(pre-filled) parameters before ``process_weights_after_loading``:
+
+- TP rank r takes intermediate columns ``[r*I/T, (r+1)*I/T)`` (rows of w1/w3, the packed
+  input columns of w2); EP rank r takes experts ``[r*E/T, (r+1)*E/T)``, I unsplit.
+- w13 rows ``[gate_real | pad | up_real | pad]`` (each half padded at its own tail), H
+  padding at the tail of the packed columns; w2 padded at the tail of rows (H) and columns.
+- Weight pad 0x00, scale pad as the decision says (0x00 Mxfp4 / 0x01 Quark), bias pad 0.
+- The w2 bias lives on tensor-parallel rank 0 only (zeros elsewhere); under EP every rank
+  holds its own experts' biases.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from mxfp4conv.errors import Mxfp4convError
+
+WEIGHT_KINDS = ("w13_weight", "w13_weight_scale", "w2_weight", "w2_weight_scale")
+
+
+@dataclass(frozen=True)
+class RankGeometry:
+    hidden: int
+    hidden_padded: int
+    intermediate: int  # global
+    inter_rank: int  # real per-rank intermediate
+    inter_rank_padded: int
+    num_experts: int
+    experts_per_rank: int
+    tp: int
+    ep: bool
+    scale_pad: int
+    weight_pad: int = 0
+
+    @classmethod
+    def from_decision(cls, d) -> RankGeometry:
+        g = cls(hidden=d.hidden, hidden_padded=d.hidden_padded, intermediate=d.intermediate,
+                inter_rank=d.intermediate_per_rank, inter_rank_padded=d.intermediate_per_rank_padded,
+                num_experts=d.num_experts, experts_per_rank=d.experts_per_rank, tp=d.tp, ep=d.ep,
+                scale_pad=d.scale_pad_byte)
+        g.check()
+        return g
+
+    def check(self) -> None:
+        H, Hp, I, Ir, Ip = self.hidden, self.hidden_padded, self.intermediate, self.inter_rank, self.inter_rank_padded
+        problems = []
+        if self.ep:
+            if self.num_experts % self.tp or self.experts_per_rank * self.tp != self.num_experts:
+                problems.append(f"{self.num_experts} experts do not split evenly over {self.tp} ranks")
+            if Ir != I:
+                problems.append(f"expert parallelism keeps I whole but the per-rank size is {Ir}, not {I}")
+        else:
+            if Ir * self.tp != I:
+                problems.append(f"intermediate {I} is not {self.tp} x {Ir}")
+            if self.experts_per_rank != self.num_experts:
+                problems.append("tensor parallelism keeps every expert on every rank")
+        for name, v in (("hidden", H), ("padded hidden", Hp), ("per-rank intermediate", Ir),
+                        ("padded per-rank intermediate", Ip)):
+            if v % 32:
+                problems.append(f"{name} {v} is not a multiple of 32")
+        if Hp < H or Ip < Ir:
+            problems.append("a padded size is smaller than the real one")
+        if problems:
+            raise Mxfp4convError("cannot lay out experts per rank: " + "; ".join(problems) + ".")
+
+    def ranks(self) -> range:
+        return range(self.tp)
+
+    def expert_range(self, rank: int) -> range:
+        if self.ep:
+            return range(rank * self.experts_per_rank, (rank + 1) * self.experts_per_rank)
+        return range(self.num_experts)
+
+    def owner(self, expert: int) -> list[int]:
+        """Ranks that hold global expert ``expert``."""
+        return [expert // self.experts_per_rank] if self.ep else list(self.ranks())
+
+    def inter_slice(self, rank: int) -> slice:
+        if self.ep:
+            return slice(0, self.intermediate)
+        return slice(rank * self.inter_rank, (rank + 1) * self.inter_rank)
+
+    def canonical_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Shapes per rank before any layout transform (weights/scales as U8, rest F32)."""
+        E, Hp, Ip = self.experts_per_rank, self.hidden_padded, self.inter_rank_padded
+        return {
+            "w13_weight": (E, 2 * Ip, Hp // 2),
+            "w13_weight_scale": (E, 2 * Ip, Hp // 32),
+            "w2_weight": (E, Hp, Ip // 2),
+            "w2_weight_scale": (E, Hp, Ip // 32),
+            "w13_bias": (E, 2 * Ip),
+            "w2_bias": (E, Hp),
+            "w13_input_scale": (E,),
+            "w2_input_scale": (E,),
+        }
+
+
+def build_chunk(experts: list, geom: RankGeometry, rank: int, kinds: tuple[str, ...]) -> dict[str, torch.Tensor]:
+    """Stacked canonical padded tensors of ``rank`` for a list of ``ExpertData`` (in order).
+
+    Returns kind -> tensor with a leading expert dimension of ``len(experts)``.
+    """
+    n = len(experts)
+    H, Hp, I, Ip = geom.hidden, geom.hidden_padded, geom.intermediate, geom.inter_rank_padded
+    sl = geom.inter_slice(rank)
+    ir = sl.stop - sl.start
+    out: dict[str, torch.Tensor] = {}
+    for kind in kinds:
+        if kind == "w13_weight" or kind == "w13_weight_scale":
+            div = 2 if kind == "w13_weight" else 32
+            pad = geom.weight_pad if kind == "w13_weight" else geom.scale_pad
+            t = torch.full((n, 2 * Ip, Hp // div), pad, dtype=torch.uint8)
+            for i, ex in enumerate(experts):
+                src = ex.w13 if kind == "w13_weight" else ex.w13_scale
+                t[i, :ir, : H // div] = src[sl.start:sl.stop]
+                t[i, Ip:Ip + ir, : H // div] = src[I + sl.start:I + sl.stop]
+        elif kind == "w2_weight" or kind == "w2_weight_scale":
+            div = 2 if kind == "w2_weight" else 32
+            pad = geom.weight_pad if kind == "w2_weight" else geom.scale_pad
+            t = torch.full((n, Hp, Ip // div), pad, dtype=torch.uint8)
+            for i, ex in enumerate(experts):
+                src = ex.w2 if kind == "w2_weight" else ex.w2_scale
+                t[i, :H, : ir // div] = src[:, sl.start // div: sl.stop // div]
+        elif kind == "w13_bias":
+            t = torch.zeros((n, 2 * Ip), dtype=torch.float32)
+            for i, ex in enumerate(experts):
+                b = _bias(ex, "w13_bias")
+                t[i, :ir] = b[sl.start:sl.stop]
+                t[i, Ip:Ip + ir] = b[I + sl.start:I + sl.stop]
+        elif kind == "w2_bias":
+            t = torch.zeros((n, Hp), dtype=torch.float32)
+            if geom.ep or rank == 0:
+                for i, ex in enumerate(experts):
+                    t[i, :H] = _bias(ex, "w2_bias")
+        elif kind in ("w13_input_scale", "w2_input_scale"):
+            vals = []
+            for ex in experts:
+                v = getattr(ex, kind)
+                if v is None:
+                    raise Mxfp4convError(f"expert has no {kind} although the checkpoint declares static input scales")
+                vals.append(float(v))
+            t = torch.tensor(vals, dtype=torch.float32)
+        else:
+            raise ValueError(kind)
+        out[kind] = t
+    return out
+
+
+def _bias(ex, kind: str) -> torch.Tensor:
+    b = getattr(ex, kind)
+    if b is None:
+        raise Mxfp4convError(f"expert has no {kind} although the layer declares biases")
+    return b.to(torch.float32)
+
+
+def find_nan_scale(t: torch.Tensor) -> int | None:
+    """Flat index of the first 0xFF (e8m0 NaN) byte, or None."""
+    hit = (t.reshape(-1) == 0xFF).nonzero()
+    return int(hit[0, 0]) if hit.numel() else None
