@@ -1,0 +1,115 @@
+"""``MoEExperts``: one MoE layer's routed experts for one rank, as the runtime holds them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+WEIGHT_KINDS = ("w13", "w13_scale", "w2", "w2_scale")
+TENSOR_NAMES = {  # tensor kind -> stored tensor suffix after ``{P}.experts.rank{r}.``
+    "w13": "w13_weight",
+    "w13_scale": "w13_weight_scale",
+    "w2": "w2_weight",
+    "w2_scale": "w2_weight_scale",
+    "w13_bias": "w13_bias",
+    "w2_bias": "w2_bias",
+    "w13_input_scale": "w13_input_scale",
+    "w2_input_scale": "w2_input_scale",
+}
+
+
+def is_aiter_layout(name: str) -> bool:
+    return name.startswith("aiter_")
+
+
+@dataclass
+class MoEExperts:
+    """Routed experts of one MoE layer on one rank.
+
+    Tensors are as stored (uint8 MXFP4 bytes / raw e8m0 scale bytes) in the layouts named by
+    ``layout`` (per tensor kind: w13, w13_scale, w2, w2_scale); ``identity`` means the
+    canonical 3-D layout ``[E_r, 2*I_pad, H_pad/2]`` with rows ``[gate_real|pad|up_real|pad]``.
+    Geometry is given real and padded; ``expert_offset`` is the global id of local expert 0.
+    """
+
+    prefix: str
+    w13_weight: torch.Tensor
+    w13_weight_scale: torch.Tensor
+    w2_weight: torch.Tensor
+    w2_weight_scale: torch.Tensor
+    # target
+    arch: str
+    backend: str  # the manifest's vLLM Mxfp4MoeBackend name
+    tp: int
+    ep: bool
+    rank: int
+    act_quant: str  # the target's resolved act_quant: bf16 | fp8 | mxfp4
+    # geometry
+    hidden: int
+    hidden_padded: int
+    intermediate: int  # global per-expert
+    intermediate_per_rank: int
+    intermediate_per_rank_padded: int
+    num_experts: int  # global
+    experts_per_rank: int
+    expert_offset: int
+    top_k: int
+    # activation
+    activation: str
+    activation_params: dict[str, float] = field(default_factory=dict)
+    layout: dict[str, str] = field(default_factory=lambda: {k: "identity" for k in WEIGHT_KINDS})
+    stored_layout: dict[str, str] = field(default_factory=dict)  # as in the manifest
+    gate_mode: str = "separated"
+    is_shuffled: bool = False
+    runtime_env: dict[str, str] = field(default_factory=dict)  # what the manifest asks for
+    runtime_env_applied: dict[str, str] = field(default_factory=dict)  # what the loader set
+    w13_bias: torch.Tensor | None = None  # f32 [E_r, 2*I_pad]
+    w2_bias: torch.Tensor | None = None  # f32 [E_r, H_pad]
+    w13_input_scale: torch.Tensor | None = None  # f32 [E_r]
+    w2_input_scale: torch.Tensor | None = None  # f32 [E_r]
+    manifest: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def device(self) -> torch.device:
+        return self.w13_weight.device
+
+    @property
+    def is_canonical(self) -> bool:
+        return all(self.layout.get(k, "identity") == "identity" for k in WEIGHT_KINDS)
+
+    @property
+    def is_aiter(self) -> bool:
+        return any(is_aiter_layout(self.layout.get(k, "identity")) for k in WEIGHT_KINDS)
+
+    def shape3d(self, kind: str) -> tuple[int, int, int]:
+        """Canonical 3-D shape of a tensor kind (what a layout's ``inverse`` returns)."""
+        e, h, i = self.experts_per_rank, self.hidden_padded, self.intermediate_per_rank_padded
+        return {
+            "w13": (e, 2 * i, h // 2),
+            "w13_scale": (e, 2 * i, h // 32),
+            "w2": (e, h, i // 2),
+            "w2_scale": (e, h, i // 32),
+        }[kind]
+
+    def tensor(self, kind: str) -> torch.Tensor | None:
+        return getattr(self, TENSOR_NAMES[kind])
+
+    def local_ids(self, topk_ids: torch.Tensor) -> torch.Tensor:
+        """Global expert ids -> this rank's local ids, -1 for experts on other ranks."""
+        local = topk_ids.to(torch.int64) - self.expert_offset
+        on_rank = (local >= 0) & (local < self.experts_per_rank)
+        return torch.where(on_rank, local, torch.full_like(local, -1))
+
+    def canonical(self) -> "MoEExperts":
+        """These experts in the identity layout (inverting stored layouts; cached)."""
+        from mxfp4conv.runtime.relayout import to_canonical
+
+        if self.is_canonical:
+            return self
+        cached = getattr(self, "_canonical_cache", None)
+        if cached is None:
+            cached = to_canonical(self)
+            object.__setattr__(self, "_canonical_cache", cached)
+        return cached

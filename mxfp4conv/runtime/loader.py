@@ -1,0 +1,361 @@
+"""Serve-time loader of a converted (kernel-ready) checkpoint: one rank's routed experts.
+
+Reads ``mxfp4conv.json``, refuses a checkpoint whose format/version or target does not match
+the request, then reads only ``{P}.experts.rank{r}.*`` tensors of the requested rank (one
+``safe_open`` per shard, tensor by tensor). When the backend that will run cannot consume the
+stored layout (an AITER shuffle anywhere but ROCm + aiter, or any non-identity layout for the
+torch reference), the tensors are brought back to the canonical layout with the layouts'
+inverses, and the loader says so once.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import warnings
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+
+from mxfp4conv.errors import CheckpointError, RuntimeInputError
+from mxfp4conv.runtime.experts import TENSOR_NAMES, WEIGHT_KINDS, MoEExperts, is_aiter_layout
+from mxfp4conv.runtime.relayout import to_canonical
+
+log = logging.getLogger(__name__)
+
+MANIFEST = "mxfp4conv.json"
+FORMAT = "mxfp4conv-kernel-layout"
+VERSIONS = (1,)
+INDEX = "model.safetensors.index.json"
+RUNTIME_BACKENDS = ("auto", "torch", "triton", "aiter")
+
+
+class LayoutConversionWarning(UserWarning):
+    """The stored layout was converted at load time because the backend cannot consume it."""
+
+
+def read_manifest(path: str | os.PathLike) -> dict[str, Any]:
+    root = Path(path)
+    mpath = root / MANIFEST
+    if not mpath.is_file():
+        raise CheckpointError(
+            f"{root} has no {MANIFEST}, so it is not a checkpoint converted by mxfp4conv. Convert it "
+            "first with `mxfp4conv convert SOURCE OUT --arch ...`, and load OUT."
+        )
+    try:
+        manifest = json.loads(mpath.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"{mpath} is not valid JSON ({exc}); re-run `mxfp4conv convert`.") from exc
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        got = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__
+        raise CheckpointError(
+            f"{mpath} declares format {got!r}, expected {FORMAT!r}; this file was not written by "
+            "mxfp4conv convert."
+        )
+    if manifest.get("version") not in VERSIONS:
+        raise CheckpointError(
+            f"{mpath} has kernel-layout version {manifest.get('version')!r}; this mxfp4conv reads "
+            f"version(s) {', '.join(map(str, VERSIONS))}. Upgrade mxfp4conv or re-convert the "
+            "checkpoint with this version."
+        )
+    for key in ("target", "layout", "moe"):
+        if not isinstance(manifest.get(key), dict):
+            raise CheckpointError(f"{mpath} lacks the {key!r} object the format requires; re-run `mxfp4conv convert`.")
+    return manifest
+
+
+def _resolve_arch(name: str) -> str:
+    try:
+        from mxfp4conv.oracle import resolve_arch
+    except ImportError:  # oracle not available: compare names as given
+        return name.lower()
+    try:
+        return resolve_arch(name)
+    except Exception:  # unknown alias: let the comparison below name it
+        return name.lower()
+
+
+def _is_rocm(device: torch.device) -> bool:
+    return device.type == "cuda" and getattr(torch.version, "hip", None) is not None
+
+
+def aiter_available() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("aiter") is not None
+
+
+def triton_layouts() -> tuple[str, ...]:
+    """Layouts the Triton backend reads (its module may declare more than identity)."""
+    try:
+        from mxfp4conv.runtime import triton_moe
+    except Exception:
+        return ("identity",)
+    return tuple(getattr(triton_moe, "LAYOUTS", ("identity",)))
+
+
+def choose_backend(requested: str, layout: dict[str, str], device: torch.device, act_quant: str = "none") -> str:
+    """Runtime backend (torch | triton | aiter) for ``auto`` or an explicit request."""
+    if requested != "auto":
+        return requested
+    stored_aiter = any(is_aiter_layout(layout.get(k, "identity")) for k in WEIGHT_KINDS)
+    if stored_aiter and _is_rocm(device) and aiter_available():
+        return "aiter"
+    if device.type == "cuda" and act_quant == "none":
+        return "triton"
+    return "torch"
+
+
+def _consumable(backend: str, layout: dict[str, str]) -> bool:
+    names = [layout.get(k, "identity") for k in WEIGHT_KINDS]
+    if backend == "aiter":
+        return True  # checked separately: must be an AITER layout
+    if backend == "triton":
+        return all(n in triton_layouts() for n in names)
+    return all(n == "identity" for n in names)
+
+
+def apply_runtime_env(env: dict[str, str]) -> dict[str, str]:
+    """Set the manifest's runtime environment in ``os.environ``; returns what was set."""
+    applied = {}
+    for key, value in (env or {}).items():
+        value = str(value)
+        old = os.environ.get(key)
+        if old is not None and old != value:
+            log.warning("runtime_env: overriding %s=%s with %s (required by the converted checkpoint)", key, old, value)
+        os.environ[key] = value
+        applied[key] = value
+    if applied:
+        log.info("runtime_env set: %s", ", ".join(f"{k}={v}" for k, v in applied.items()))
+    return applied
+
+
+def _weight_map(root: Path) -> dict[str, str]:
+    index = root / INDEX
+    if index.is_file():
+        try:
+            return dict(json.loads(index.read_text())["weight_map"])
+        except (OSError, json.JSONDecodeError, KeyError, TypeError) as exc:
+            raise CheckpointError(f"{index} is not a valid safetensors index ({exc}); re-run `mxfp4conv convert`.") from exc
+    single = root / "model.safetensors"
+    if single.is_file():
+        with safe_open(str(single), framework="pt") as f:
+            return {name: single.name for name in f.keys()}
+    raise CheckpointError(f"{root} has neither {INDEX} nor model.safetensors; the conversion is incomplete.")
+
+
+def _read_tensors(root: Path, names: list[str], weight_map: dict[str, str]) -> dict[str, torch.Tensor]:
+    by_shard: dict[str, list[str]] = defaultdict(list)
+    for n in names:
+        by_shard[weight_map[n]].append(n)
+    out = {}
+    for shard, shard_names in by_shard.items():
+        spath = root / shard
+        if not spath.is_file():
+            raise CheckpointError(f"{spath} (listed in {INDEX} for {shard_names[0]}) is missing; the conversion is incomplete.")
+        with safe_open(str(spath), framework="pt", device="cpu") as f:
+            present = set(f.keys())
+            for n in shard_names:
+                if n not in present:
+                    raise CheckpointError(f"{spath} does not hold {n}, although {INDEX} says it does; re-run `mxfp4conv convert`.")
+                out[n] = f.get_tensor(n)
+    return out
+
+
+def _as_bytes(t: torch.Tensor) -> torch.Tensor:
+    return t if t.dtype == torch.uint8 else t.view(torch.uint8)
+
+
+def _check_int(manifest_moe: dict, key: str, where: str) -> int:
+    v = manifest_moe.get(key)
+    if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+        raise CheckpointError(f"{where}: moe.{key} is {v!r}, expected a non-negative integer; re-run `mxfp4conv convert`.")
+    return v
+
+
+def _check_request(manifest: dict, where: str, rank: int, arch: str | None, tp: int | None, backend: str) -> None:
+    target = manifest["target"]
+    m_tp = int(target.get("tp", 1))
+    if arch is not None and _resolve_arch(arch) != _resolve_arch(str(target.get("arch"))):
+        raise RuntimeInputError(
+            f"{where} was converted for arch {target.get('arch')!r}, but arch {arch!r} was requested. "
+            f"Load it on a {target.get('arch')} server, or convert the source again with --arch {arch}."
+        )
+    if tp is not None and int(tp) != m_tp:
+        raise RuntimeInputError(
+            f"{where} was converted for tp={m_tp}{' with --ep' if target.get('ep') else ''}, but tp={tp} was "
+            f"requested. Serve it with tp={m_tp}, or convert the source again with --tp {tp}."
+        )
+    if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < m_tp:
+        raise RuntimeInputError(
+            f"rank {rank!r} is out of range for {where}, which holds ranks 0..{m_tp - 1} (tp={m_tp}). "
+            "Pass the tensor-parallel (or expert-parallel) rank of this process."
+        )
+    if backend not in RUNTIME_BACKENDS:
+        if backend.upper() != str(target.get("backend", "")).upper():
+            raise RuntimeInputError(
+                f"{where} was converted for backend {target.get('backend')!r}, but backend {backend!r} was "
+                f"requested. Use backend='auto' (or one of {', '.join(RUNTIME_BACKENDS)}), or convert the "
+                f"source again for {backend}."
+            )
+
+
+def load_moe_layers(
+    path: str | os.PathLike,
+    rank: int = 0,
+    device: str | torch.device = "cpu",
+    backend: str = "auto",
+    arch: str | None = None,
+    tp: int | None = None,
+) -> dict[str, MoEExperts]:
+    """Load this rank's routed experts of every MoE layer, keyed by module prefix.
+
+    ``backend``: ``auto`` | ``torch`` | ``triton`` | ``aiter``, or the manifest's vLLM backend
+    name (which must match). ``arch`` / ``tp``: when given, must match the manifest.
+    """
+    root = Path(path)
+    manifest = read_manifest(root)
+    where = str(root)
+    _check_request(manifest, where, rank, arch, tp, backend)
+    target, moe, layout = manifest["target"], manifest["moe"], manifest["layout"]
+    dev = torch.device(device)
+    stored_layout = {k: str(layout.get(k, "identity")) for k in WEIGHT_KINDS}
+    stored_aiter = any(is_aiter_layout(n) for n in stored_layout.values())
+    target_act = str(target.get("act_quant", "bf16"))
+    from mxfp4conv.runtime.act_quant import resolve_act_quant
+
+    run_backend = choose_backend(
+        backend if backend in RUNTIME_BACKENDS else "auto", stored_layout, dev, resolve_act_quant("auto", target_act)
+    )
+    if run_backend == "aiter" and not stored_aiter:
+        raise RuntimeInputError(
+            f"backend 'aiter' needs a checkpoint converted for an AITER backend (aiter_* layouts), but {where} "
+            f"was converted for {target.get('backend')!r} with layouts {stored_layout}. Use backend='torch' or "
+            "'triton', or convert the source again with --arch gfx950."
+        )
+    convert = not _consumable(run_backend, stored_layout)
+    if convert:
+        msg = (
+            f"{where} stores experts in layouts {stored_layout} for {target.get('backend')!r} on "
+            f"{target.get('arch')!r}; backend {run_backend!r} on {dev} cannot consume them, so they are "
+            "converted to the canonical identity layout with the layouts' inverses at load time."
+        )
+        warnings.warn(msg, LayoutConversionWarning, stacklevel=2)
+        log.warning(msg)
+
+    hidden = _check_int(moe, "hidden", where)
+    num_experts = _check_int(moe, "num_experts", where)
+    m_tp = int(target.get("tp", 1))
+    ep = bool(target.get("ep", False))
+    experts_per_rank = int(moe.get("experts_per_rank") or (num_experts // m_tp if ep else num_experts))
+    geometry = dict(
+        hidden=hidden,
+        hidden_padded=_check_int(moe, "hidden_padded", where),
+        intermediate=_check_int(moe, "intermediate", where),
+        intermediate_per_rank=_check_int(moe, "intermediate_per_rank", where),
+        intermediate_per_rank_padded=_check_int(moe, "intermediate_per_rank_padded", where),
+        num_experts=num_experts,
+        experts_per_rank=experts_per_rank,
+        expert_offset=rank * experts_per_rank if ep else 0,
+        top_k=int(moe.get("top_k", 0)),
+    )
+    if ep and experts_per_rank * m_tp != num_experts:
+        raise CheckpointError(f"{where}: moe.experts_per_rank={experts_per_rank} x tp={m_tp} != num_experts={num_experts}.")
+    activation = target.get("activation", manifest.get("activation"))
+    if not activation:
+        raise CheckpointError(f"{where}: the manifest's target has no 'activation'; re-run `mxfp4conv convert`.")
+    params = target.get("activation_params", manifest.get("activation_params")) or {}
+    runtime_env = {str(k): str(v) for k, v in (manifest.get("runtime_env") or {}).items()}
+    applied = apply_runtime_env(runtime_env) if run_backend == "aiter" else {}
+    if runtime_env and run_backend != "aiter":
+        log.info("runtime_env %s not applied: it is for AITER, and backend %s runs these experts", runtime_env, run_backend)
+
+    layers = moe.get("layers") or []
+    if not layers:
+        raise CheckpointError(f"{where}: moe.layers is empty; the manifest lists no MoE layer to load.")
+    weight_map = _weight_map(root)
+    result: dict[str, MoEExperts] = {}
+    for prefix in layers:
+        base = f"{prefix}.experts.rank{rank}."
+        wanted = {kind: base + suffix for kind, suffix in TENSOR_NAMES.items() if base + suffix in weight_map}
+        missing = [base + TENSOR_NAMES[k] for k in WEIGHT_KINDS if k not in wanted]
+        if missing:
+            raise CheckpointError(
+                f"{where}: tensor {missing[0]} is not in {INDEX} (layer {prefix!r}, rank {rank}); the conversion "
+                "is incomplete or for other ranks. Re-run `mxfp4conv convert`."
+            )
+        tensors = _read_tensors(root, list(wanted.values()), weight_map)
+        t = {kind: tensors[name] for kind, name in wanted.items()}
+        ex = MoEExperts(
+            prefix=prefix,
+            w13_weight=_as_bytes(t["w13"]),
+            w13_weight_scale=_as_bytes(t["w13_scale"]),
+            w2_weight=_as_bytes(t["w2"]),
+            w2_weight_scale=_as_bytes(t["w2_scale"]),
+            w13_bias=t["w13_bias"].float() if "w13_bias" in t else None,
+            w2_bias=t["w2_bias"].float() if "w2_bias" in t else None,
+            w13_input_scale=t["w13_input_scale"].float().reshape(-1) if "w13_input_scale" in t else None,
+            w2_input_scale=t["w2_input_scale"].float().reshape(-1) if "w2_input_scale" in t else None,
+            arch=str(target.get("arch")),
+            backend=str(target.get("backend")),
+            tp=m_tp,
+            ep=ep,
+            rank=rank,
+            act_quant=target_act,
+            activation=str(activation),
+            activation_params={k: float(v) for k, v in params.items() if v is not None},
+            layout=dict(stored_layout),
+            stored_layout=dict(stored_layout),
+            gate_mode=str(target.get("gate_mode", "separated")).lower(),
+            is_shuffled=stored_aiter,
+            runtime_env=runtime_env,
+            runtime_env_applied=applied,
+            manifest=manifest,
+            **geometry,
+        )
+        _check_shapes(ex, base)
+        if convert:
+            ex = to_canonical(ex)
+        result[prefix] = _to_device(ex, dev)
+    return result
+
+
+def _check_shapes(ex: MoEExperts, base: str) -> None:
+    for kind in WEIGHT_KINDS:
+        t = ex.tensor(kind)
+        if ex.layout[kind] == "identity" and tuple(t.shape) != ex.shape3d(kind):
+            raise CheckpointError(
+                f"{base}{TENSOR_NAMES[kind]} has shape {list(t.shape)}, but the manifest's geometry (experts "
+                f"{ex.experts_per_rank}, hidden_padded {ex.hidden_padded}, intermediate_per_rank_padded "
+                f"{ex.intermediate_per_rank_padded}) needs {list(ex.shape3d(kind))}; re-run `mxfp4conv convert`."
+            )
+    e, h, i = ex.experts_per_rank, ex.hidden_padded, ex.intermediate_per_rank_padded
+    for name, t, shape in (
+        ("w13_bias", ex.w13_bias, (e, 2 * i)),
+        ("w2_bias", ex.w2_bias, (e, h)),
+        ("w13_input_scale", ex.w13_input_scale, (e,)),
+        ("w2_input_scale", ex.w2_input_scale, (e,)),
+    ):
+        if t is not None and tuple(t.shape) != shape:
+            raise CheckpointError(f"{base}{name} has shape {list(t.shape)}, expected {list(shape)}; re-run `mxfp4conv convert`.")
+
+
+def _to_device(ex: MoEExperts, dev: torch.device) -> MoEExperts:
+    import dataclasses
+
+    if dev.type != "cpu":
+        moved = {
+            name: getattr(ex, name).to(dev)
+            for name in TENSOR_NAMES.values()
+            if getattr(ex, name) is not None
+        }
+        ex = dataclasses.replace(ex, **moved)
+    if ex.is_aiter:
+        # AITER's fused_moe picks its pre-shuffled kernels from this attribute.
+        ex.w13_weight.is_shuffled = True
+        ex.w2_weight.is_shuffled = True
+    return ex
