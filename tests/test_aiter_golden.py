@@ -1,0 +1,304 @@
+"""AITER layout parity: golden vectors, AITER's equivalence checks, shape probes, inverses."""
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from safetensors import safe_open
+
+from mxfp4conv.errors import LayoutError
+from mxfp4conv.shuffle import aiter as A
+
+DATA = Path(__file__).parent / "data" / "aiter"
+CODEC_FILES = {"fp4_e8m0_encoding", "per_1x32_f4_quant"}
+VECTORS = sorted(p.stem for p in DATA.glob("*.safetensors") if p.stem not in CODEC_FILES)
+PROPS = settings(max_examples=40, deadline=None)
+
+
+def load(stem):
+    with safe_open(DATA / f"{stem}.safetensors", "pt") as h:
+        return json.loads(h.metadata()["meta"]), {k: h.get_tensor(k) for k in h.keys()}
+
+
+def rand_u8(*shape, seed=0):
+    return torch.randint(0, 256, shape, dtype=torch.uint8, generator=torch.Generator().manual_seed(seed))
+
+
+def gu16_rows(n, block=16):
+    """Row order of the 16-row gate/up interleave, written out by hand: g0..g15, u0..u15, g16.."""
+    half = n // 2
+    order = []
+    for blk in range(half // block):
+        order += [blk * block + i for i in range(block)]
+        order += [half + blk * block + i for i in range(block)]
+    return torch.tensor(order)
+
+
+def gu16(w):  # w [E, N, K]
+    return w[:, gu16_rows(w.shape[1])]
+
+
+def call_vector(meta, x):
+    """(forward, inverse) for the AITER call a vector's meta records."""
+    fn, a = meta["function"], meta.get("args", {})
+    if fn == "shuffle_weight" and a.get("pad_k_to"):
+        k = a["pad_k_to"]
+        return A.shuffle_weight(x, pad_k_to=k), lambda y: A.unshuffle_weight(y, pad_k_to=k, shape=x.shape)
+    if fn == "shuffle_weight":
+        args = (tuple(a["layout"]), a["use_int4"], a["is_guinterleave"], a["gate_up"])
+        return A.shuffle_weight(x, *args), lambda y: A.unshuffle_weight(y, *args)
+    if fn == "shuffle_weight_a16w4":
+        args = (a["NLane"], a["gate_up"])
+        return A.shuffle_weight_a16w4(x, *args), lambda y: A.unshuffle_weight_a16w4(y, *args)
+    if fn == "shuffle_scale":
+        args = (a["experts_cnt"], a["is_guinterleave"], a["gate_up"])
+        return A.shuffle_scale(x, *args), lambda y: A.unshuffle_scale(y, *args, shape=x.shape)
+    if fn == "shuffle_scale_a16w4":
+        args = (a["experts_cnt"], a["gate_up"])
+        return A.shuffle_scale_a16w4(x, *args), lambda y: A.unshuffle_scale_a16w4(y, *args, shape=x.shape)
+    if fn == "e8m0_shuffle":
+        return A.e8m0_shuffle(x), lambda y: A.e8m0_unshuffle(y, shape=x.shape)
+    raise AssertionError(f"vector for unhandled function {fn}")
+
+
+def test_every_shipped_vector_is_collected():
+    assert len(VECTORS) >= 24
+
+
+@pytest.mark.parametrize("stem", VECTORS)
+def test_golden_vector_byte_exact(stem):
+    meta, t = load(stem)
+    x, expected = t["input"], t["output"]
+    got, inverse = call_vector(meta, x)
+    assert got.dtype == torch.uint8 and tuple(got.shape) == tuple(meta["output_shape"])
+    assert got.is_shuffled is True
+    if "pad_mask" in t:
+        real = t["pad_mask"] == 0
+        assert meta["padding_bytes"] == int((~real).sum()) > 0
+        assert torch.equal(got[real], expected[real])
+        assert (got[~real] == A.SCALE_PAD).all()  # ours is always 0x7F, AITER's may be garbage
+    else:
+        assert torch.equal(got, expected)
+    assert torch.equal(inverse(got), x)
+
+
+@pytest.mark.parametrize("stem", [s for s in VECTORS if "src_index" in load(s)[1]])
+def test_golden_index_map(stem):
+    meta, t = load(stem)
+    x = t["input"]
+    index = torch.arange(x.numel(), dtype=torch.int32).view(x.shape)
+    got, _ = call_vector(meta, index)  # an int32 tensor of source positions goes through the same permutation
+    pad = t["pad_mask"] == 1
+    assert torch.equal(got[~pad], t["src_index"][~pad])
+    assert (t["src_index"][pad] == -1).all()
+
+
+@pytest.mark.parametrize("stem", VECTORS)
+def test_torch_fp4_and_e8m0_dtypes_roundtrip(stem):
+    meta, t = load(stem)
+    x = t["input"]
+    view = torch.float4_e2m1fn_x2 if meta["function"].startswith("shuffle_weight") else torch.float8_e8m0fnu
+    got, inverse = call_vector(meta, x.view(view))
+    assert got.dtype == view
+    ref, _ = call_vector(meta, x)
+    assert torch.equal(got.view(torch.uint8), ref)
+    back = inverse(got)
+    assert back.dtype == view and torch.equal(back.view(torch.uint8), x)
+
+
+# ---- AITER's own equivalence checks -------------------------------------------------------------
+
+EQUIV = json.loads((DATA / "equivalence_checks.json").read_text())["results"]
+# gfx1250 and moe_shuffle_weight dispatch are not implemented here.
+NOT_IMPLEMENTED = ("gfx1250", "moe_shuffle_weight")
+
+
+def check_equivalence(key):
+    tag, what = key.split(": ", 1)
+    kind, e, n, k = re.fullmatch(r"([ws])(\d+)x(\d+)x(\d+)", tag).groups()
+    e, n, k = int(e), int(n), int(k)
+    if kind == "w":
+        w = rand_u8(e, n, k, seed=e * n + k)
+        default = A.shuffle_weight(w)
+        if what == "default==gui(gate_up=False)==a16w4(False)":
+            gui = A.shuffle_weight(w, (16, 16), is_guinterleave=True, gate_up=False)
+            return torch.equal(default, gui) and torch.equal(gui, A.shuffle_weight_a16w4(w, 16, False))
+        if what == "gui(gate_up=True)==default(interleave16 rows)":
+            gui = A.shuffle_weight(w, (16, 16), is_guinterleave=True, gate_up=True)
+            return torch.equal(gui, A.shuffle_weight(gu16(w)))
+        if what == "per-expert independent":
+            per = torch.stack([A.shuffle_weight(w[i : i + 1])[0] for i in range(e)])
+            gu = A.shuffle_weight_a16w4(w, 16, True)
+            per_gu = torch.stack([A.shuffle_weight_a16w4(w[i : i + 1], 16, True)[0] for i in range(e)])
+            return torch.equal(default, per) and torch.equal(gu, per_gu)
+    else:
+        s = rand_u8(e * n, k, seed=e * n + k)
+        index = torch.arange(s.numel(), dtype=torch.int32).view(s.shape)
+        if what == "e8m0_shuffle index map == shuffle_scale(E,gui,gate_up=False) index map (real positions)":
+            a, b = A.e8m0_shuffle(index), A.shuffle_scale(index, e, True, False)
+            bytes_equal = torch.equal(A.e8m0_shuffle(s), A.shuffle_scale(s, e, True, False))
+            return a.shape == b.shape and torch.equal(a, b) and bytes_equal  # no row padding: E*N % 256 == 0
+        if what == "shuffle_scale(E,gui,gate_up=True) == e8m0_shuffle(interleave16 rows) (real positions)":
+            inter = gu16(s.view(e, n, k)).reshape(e * n, k)
+            return torch.equal(A.shuffle_scale(s, e, True, True), A.e8m0_shuffle(inter))
+    raise AssertionError(f"unrecognised equivalence {key!r}")
+
+
+@pytest.mark.parametrize("key", [k for k in EQUIV if not any(w in k for w in NOT_IMPLEMENTED)])
+def test_aiter_equivalence(key):
+    assert EQUIV[key] is True
+    assert check_equivalence(key)
+
+
+def test_equivalences_not_covered_are_only_the_out_of_scope_ones():
+    skipped = [k for k in EQUIV if any(w in k for w in NOT_IMPLEMENTED)]
+    assert len(skipped) == 12 and len(EQUIV) - len(skipped) == 20
+
+
+# ---- shape probes ---------------------------------------------------------------------------------
+
+PROBES = json.loads((DATA / "shape_probes.json").read_text())["results"]
+u8 = rand_u8
+PROBE_CALLS = {
+    "shuffle_weight default, N%16!=0": lambda: A.shuffle_weight(u8(4, 40, 64)),
+    "shuffle_weight default, Kpk%32!=0 (K=320)": lambda: A.shuffle_weight(u8(4, 64, 176)),
+    "shuffle_weight guinterleave w2, I=320 (Kpk=160, %64!=0)": lambda: A.shuffle_weight(u8(4, 512, 160), is_guinterleave=True),
+    "shuffle_weight default w2, I=320 (Kpk=160)": lambda: A.shuffle_weight(u8(4, 512, 160)),
+    "shuffle_weight_a16w4 gate_up, I=8 (N/2 % 16 != 0)": lambda: A.shuffle_weight_a16w4(u8(1, 16, 64), 16, True),
+    "shuffle_weight_a16w4 2-D input": lambda: A.shuffle_weight_a16w4(u8(512, 128), 16, False),
+    "shuffle_weight pad_k_to + is_guinterleave": lambda: A.shuffle_weight(u8(2, 32, 192), is_guinterleave=True, pad_k_to=128),
+    "shuffle_scale guinterleave without experts_cnt": lambda: A.shuffle_scale(u8(64, 8), None, True, False),
+    "shuffle_scale_a16w4 rows/expert % 32 != 0 (N=48)": lambda: A.shuffle_scale_a16w4(u8(192, 16), 4, False),
+    "shuffle_scale_a16w4 K<256 (k_scale=4 -> padded to 8 at HEAD)": lambda: A.shuffle_scale_a16w4(u8(512, 4), 4, False),
+    "e8m0_shuffle 3-D input": lambda: A.e8m0_shuffle(u8(4, 64, 8)),
+    "shuffle_scale float32 input returned unchanged": lambda: A.shuffle_scale(torch.ones(64, 8)),
+    # v0.1.7.post2 rejected K/32 % 8 != 0; we follow HEAD, which pads the columns with 0x7F.
+    "v0.1.7.post2 shuffle_scale_a16w4 k_scale=12 (I=384 w2)": lambda: A.shuffle_scale_a16w4(u8(2048, 12), 4, False),
+    "v0.1.7.post2 shuffle_scale_a16w4 k_scale=4": lambda: A.shuffle_scale_a16w4(u8(512, 4), 1, False),
+}
+FOLLOW_HEAD = {
+    "v0.1.7.post2 shuffle_scale_a16w4 k_scale=12 (I=384 w2)": [2048, 16],
+    "v0.1.7.post2 shuffle_scale_a16w4 k_scale=4": [512, 8],
+}
+OUT_OF_SCOPE = {"shuffle_scale_n32k4 k_scale=12 (K=384, K%128==0)"}  # gfx1250 only
+
+
+def test_every_probe_is_covered():
+    assert {d for d, _ in PROBES} == set(PROBE_CALLS) | OUT_OF_SCOPE
+
+
+@pytest.mark.parametrize("desc,result", [p for p in PROBES if p[0] not in OUT_OF_SCOPE])
+def test_shape_probe(desc, result):
+    call = PROBE_CALLS[desc]
+    if desc in FOLLOW_HEAD:
+        assert result.startswith("REJECTED")
+        assert list(call().shape) == FOLLOW_HEAD[desc]
+        return
+    if result.startswith("REJECTED"):
+        with pytest.raises(LayoutError) as err:
+            call()
+        assert "view" not in str(err.value) and len(str(err.value)) > 40
+        return
+    out = call()
+    want = re.search(r"\[(.*)\]|Size\(\[(.*)\]\)", result)
+    assert [int(v) for v in (want.group(1) or want.group(2)).split(",")] == list(out.shape)
+
+
+def test_float32_scale_is_returned_as_is():
+    s = torch.ones(64, 8)
+    assert A.shuffle_scale(s) is s and A.shuffle_scale(None) is None
+
+
+def test_unshuffle_needs_original_shape_after_padding():
+    s = rand_u8(64, 12)
+    y = A.e8m0_shuffle(s)
+    assert y.shape == (256, 16)
+    # without a shape the padded scale is taken as the original: rows/columns of padding stay
+    full = A.e8m0_unshuffle(y)
+    assert full.shape == (256, 16) and torch.equal(full[:64, :12], s) and (full[64:] == 0x7F).all()
+    assert torch.equal(A.e8m0_unshuffle(y, shape=s.shape), s)
+    with pytest.raises(LayoutError, match="original shape"):
+        A.e8m0_unshuffle(y, shape=(300, 12))
+    w = rand_u8(2, 32, 48)
+    yw = A.shuffle_weight(w, pad_k_to=64)
+    assert yw.aiter_original_k == 48 and yw.aiter_padded_k == 64
+    assert torch.equal(A.unshuffle_weight(yw, pad_k_to=64), w)  # from the tensor's attribute
+    with pytest.raises(LayoutError, match="original shape"):
+        A.unshuffle_weight(yw.clone(), pad_k_to=64)
+
+
+# ---- closed forms and round trips on random valid shapes ------------------------------------------
+
+dims = st.integers(1, 3)
+
+
+@PROPS
+@given(dims, st.integers(1, 4), st.integers(1, 4), st.integers(0, 1000))
+def test_shuffle_weight_matches_closed_form(e, nb, kb, seed):
+    n, k = 16 * nb, 32 * kb
+    w = rand_u8(e, n, k, seed=seed)
+    y = A.shuffle_weight(w).reshape(e, -1)
+    r, c = torch.meshgrid(torch.arange(n), torch.arange(k), indexing="ij")
+    offset = (r // 16) * (16 * k) + (c // 16) * 256 + (r % 16) * 16 + (c % 16)
+    for i in range(e):
+        assert torch.equal(y[i, offset.flatten()], w[i].flatten())
+    assert torch.equal(A.unshuffle_weight(A.shuffle_weight(w)), w)
+
+
+@PROPS
+@given(st.integers(1, 70), st.integers(1, 20), st.integers(0, 1000))
+def test_e8m0_shuffle_matches_closed_form(m, ks, seed):
+    s = rand_u8(m, ks, seed=seed)
+    y = A.e8m0_shuffle(s)
+    mp, kp = -(-m // 256) * 256, -(-ks // 8) * 8
+    assert y.shape == (mp, kp)
+    r, c = torch.meshgrid(torch.arange(m), torch.arange(ks), indexing="ij")
+    a, n, l = r // 32, (r % 32) // 16, r % 16
+    b, q, j = c // 8, (c % 8) // 4, c % 4
+    offset = a * (32 * kp) + b * 256 + j * 64 + l * 4 + q * 2 + n
+    flat = y.flatten()
+    assert torch.equal(flat[offset.flatten()], s.flatten())
+    pad = torch.ones(mp * kp, dtype=torch.bool)
+    pad[offset.flatten()] = False
+    assert (flat[pad] == 0x7F).all()
+    assert torch.equal(A.e8m0_unshuffle(y, shape=s.shape), s)
+
+
+@PROPS
+@given(dims, st.integers(1, 3), st.integers(1, 3), st.sampled_from([16, 32]), st.booleans(), st.integers(0, 1000))
+def test_a16w4_weight_roundtrip(e, nb, kb, nlane, gate_up, seed):
+    n = nlane * nb * (2 if gate_up else 1)
+    w = rand_u8(e, n, 64 * kb, seed=seed)
+    y = A.shuffle_weight_a16w4(w, nlane, gate_up)
+    assert y.shape == w.shape and y.dtype == torch.uint8
+    assert torch.equal(A.unshuffle_weight_a16w4(y, nlane, gate_up), w)
+    if nlane == 16:
+        assert torch.equal(y, A.shuffle_weight(gu16(w) if gate_up else w))
+
+
+@PROPS
+@given(dims, st.integers(1, 3), st.integers(1, 20), st.booleans(), st.integers(0, 1000))
+def test_a16w4_scale_roundtrip(e, nb, ks, gate_up, seed):
+    n = 32 * nb
+    s = rand_u8(e * n, ks, seed=seed)
+    y = A.shuffle_scale_a16w4(s, e, gate_up)
+    assert y.shape == (e * n, -(-ks // 8) * 8)
+    assert torch.equal(A.unshuffle_scale_a16w4(y, e, gate_up, shape=s.shape), s)
+    ref = A.e8m0_shuffle(gu16(s.view(e, n, ks)).reshape(e * n, ks) if gate_up else s)
+    assert torch.equal(y, ref[: e * n])  # same bytes, e8m0_shuffle only adds trailing rows
+
+
+@PROPS
+@given(st.integers(1, 2), st.integers(1, 3), st.integers(1, 100), st.sampled_from([32, 64, 128]), st.integers(0, 1000))
+def test_pad_k_to_roundtrip(e, nb, k, pad, seed):
+    w = rand_u8(e, 16 * nb, k, seed=seed)
+    y = A.shuffle_weight(w, pad_k_to=pad)
+    kp = -(-k // pad) * pad
+    assert y.shape == (e, 16 * nb, kp)
+    padded = torch.cat([w, torch.zeros(e, 16 * nb, kp - k, dtype=torch.uint8)], -1)
+    assert torch.equal(y, A.shuffle_weight(padded))
+    assert torch.equal(A.unshuffle_weight(y, pad_k_to=pad, shape=w.shape), w)
