@@ -100,4 +100,5 @@ class Decision:
                 for c in self.candidates
             ],
             "notes": list(self.notes),
+            "options": dict(self.options),
         }

@@ -1,0 +1,253 @@
+"""What each backend does to the expert bytes after loading (vLLM's two converters), as
+layout recipes mxfp4conv can write, or the reason it cannot.
+
+Converter S (``convert_weight_to_mxfp4_moe_kernel_format``) serves ``Mxfp4MoEMethod``
+(Kimi-K3, DeepSeek-V4) and starts from ``[gate; up]`` rows. Converter G
+(``convert_gpt_oss_weight_to_mxfp4_moe_kernel_format``) serves gpt-oss and Quark and
+assumes gpt-oss's row-interleaved w13 on its AITER_MXFP4_BF16 branch.
+
+mxfp4conv always starts from canonical ``[gate; up]`` rows (gpt-oss is de-interleaved on
+read), so a recipe here is expressed on those rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from mxfp4conv.oracle.arch import Arch
+from mxfp4conv.oracle.decision import LayoutRecipe
+
+GATE_UP = "[gate; up]"
+# vLLM converter G read literally on a [gate; up] checkpoint: rows 0::2 then 1::2 go to GU16.
+LITERAL_G_ROWS = "[gate; up] read as interleaved: rows 0::2 then 1::2 (vLLM converter G, literal)"
+
+IDENTITY = LayoutRecipe(w13="identity", w13_scale="identity", w2="identity", w2_scale="identity")
+# Layout names mxfp4conv.shuffle.layouts provides (the manifest vocabulary).
+PRODUCIBLE_LAYOUTS = frozenset({
+    "identity", "aiter_p16", "aiter_p16_gu16", "aiter_e8m0_shuffle", "aiter_scale_a16w4",
+    "aiter_scale_a16w4_gu16",
+})
+
+AITER_ENV = {"VLLM_ROCM_USE_AITER": "1"}
+BOUND_ENV = {"AITER_BF16_FP8_MOE_BOUND": "0"}  # set by converter S's gfx950 AITER branch
+A8W4_ENV = {"VLLM_ROCM_USE_AITER_MOE_SITUV2_A8W4": "1"}
+
+
+@dataclass(frozen=True)
+class KernelFormat:
+    layout: LayoutRecipe
+    act_quant: str  # resolved activation quantisation of this path
+    gate_mode: str = "separated"
+    runtime_env: dict[str, str] = field(default_factory=dict)
+    kernel_act: str = "bf16"  # what the kernel actually feeds its first GEMM
+    notes: tuple[str, ...] = ()
+
+    @property
+    def is_shuffled(self) -> bool:
+        return any(n.startswith("aiter_") for n in (
+            self.layout.w13, self.layout.w13_scale, self.layout.w2, self.layout.w2_scale))
+
+
+class NotProducible(str):
+    """Why mxfp4conv cannot write the bytes this backend holds."""
+
+
+class ActQuantRefused(NotProducible):
+    """The backend serves the layer, but not with the requested activation quantisation."""
+
+
+def _act_error(backend: str, requested: str, allowed: tuple[str, ...], why: str) -> ActQuantRefused:
+    return ActQuantRefused(
+        f"act-quant {requested} is not available on {backend} ({why}); it runs "
+        f"{' or '.join(allowed)} activations")
+
+
+def _cdna4_scales(arch: Arch, tp: int) -> bool:
+    """should_use_cdna4_mx_scale_swizzle(): gfx950 and TP <= 2 swizzle the Triton scales."""
+    return arch.on_gfx950 and tp <= 2
+
+
+def _triton_identity(backend: str, arch: Arch, tp: int) -> NotProducible | None:
+    """Triton (triton_kernels) weights: Strided (the raw bytes) on ROCm unless CDNA4 scales."""
+    if arch.is_cuda:
+        return NotProducible(
+            f"{backend} on CUDA stores triton_kernels' swizzled matmul layouts "
+            "(make_default_matmul_mxfp4_w_layout), which mxfp4conv does not write")
+    if not arch.is_rocm:
+        return NotProducible(f"{backend} has no kernel on {arch.name}")
+    if _cdna4_scales(arch, tp):
+        return NotProducible(
+            f"{backend} on gfx950 at tp <= 2 swizzles the scales with triton_kernels' "
+            "CDNA4MXScaleLayout, which mxfp4conv does not write (use tp >= 4)")
+    return None
+
+
+NOT_PRODUCIBLE = {
+    "MARLIN": "MARLIN repacks weights with gptq_marlin_repack and permutes scales (Marlin tiles)",
+    "BATCHED_MARLIN": "BATCHED_MARLIN repacks weights with gptq_marlin_repack (Marlin tiles)",
+    "FLASHINFER_TRTLLM_MXFP4_BF16": "TRTLLM permutes rows with FlashInfer's epilogue-tile "
+                                    "shuffle and interleaves scales (FlashInfer functions)",
+    "FLASHINFER_TRTLLM_MXFP4_MXFP8": "TRTLLM permutes rows with FlashInfer's epilogue-tile "
+                                     "shuffle and interleaves scales (FlashInfer functions)",
+    "FLASHINFER_CUTLASS_MXFP4_BF16": "FlashInfer CUTLASS swaps to [up; gate] and interleaves "
+                                     "weights/scales with FlashInfer's sm90 mixed-GEMM layout",
+    "FLASHINFER_CUTLASS_MXFP4_MXFP8": "FlashInfer CUTLASS swaps to [up; gate] and interleaves "
+                                      "scales with FlashInfer's block_scale_interleave",
+    "DEEPGEMM_MXFP4": "DEEPGEMM_MXFP4 transforms the scales with DeepGEMM's "
+                      "transform_sf_into_required_layout",
+    "CPU": "CPU prepacks weights and scales with vLLM's C++ VNNI ops",
+    "XPU": "XPU is not an mxfp4conv target",
+    "HUMMING": "Humming's kernel format is not modelled",
+}
+
+
+def kernel_format_s(backend: str, arch: Arch, tp: int, activation: str, act_quant: str,
+                    has_static_input_scales: bool) -> KernelFormat | NotProducible:
+    """Converter S; ``act_quant`` is the requested one (auto | bf16 | fp8 | mxfp4)."""
+    want = "bf16" if act_quant == "auto" else act_quant
+    if backend == "AITER_MXFP4_BF16" and arch.is_rocm and not arch.on_gfx1250:
+        env = {**AITER_ENV, **BOUND_ENV}
+        if activation == "situ":
+            if want == "fp8":
+                return KernelFormat(
+                    LayoutRecipe(w13="aiter_p16_gu16", w13_scale="aiter_scale_a16w4_gu16",
+                                 w2="aiter_p16", w2_scale="aiter_e8m0_shuffle"),
+                    act_quant="fp8", gate_mode="interleave", runtime_env={**env, **A8W4_ENV},
+                    kernel_act="fp8",
+                    notes=("SiTU a8w4 (VLLM_ROCM_USE_AITER_MOE_SITUV2_A8W4=1): w13 and its "
+                           "scales use the 16-row gate/up interleave (FlyDSL a8w4 kernels).",))
+            if want != "bf16":
+                return _act_error(backend, want, ("bf16 (a16w4)", "fp8 (a8w4)"),
+                                  "Mxfp4MoEMethod ignores quantization_config.moe.activation")
+            return KernelFormat(
+                LayoutRecipe(w13="aiter_p16", w13_scale="aiter_scale_a16w4",
+                             w2="aiter_p16", w2_scale="aiter_e8m0_shuffle"),
+                act_quant="bf16", gate_mode="separated", runtime_env=env, kernel_act="bf16",
+                notes=("SiTU a16w4: gate and up stay separated ([gate; up]), P16-tiled.",))
+        if want not in ("bf16", "fp8"):
+            return _act_error(backend, want, ("bf16", "fp8"),
+                              "Mxfp4MoEMethod ignores quantization_config.moe.activation")
+        return KernelFormat(
+            LayoutRecipe(w13="aiter_p16_gu16", w13_scale="aiter_scale_a16w4_gu16",
+                         w2="aiter_p16", w2_scale="aiter_scale_a16w4"),
+            act_quant=want, gate_mode="interleave", runtime_env=env, kernel_act="fp8",
+            notes=("AITER feeds fp8 activations on this interleaved layout: vLLM sets "
+                   "AITER_BF16_FP8_MOE_BOUND=0, so aiter's bf16 window is empty on gfx950.",))
+    if backend == "AITER_MXFP4_BF16" and arch.on_gfx1250:
+        if want != "bf16":
+            return _act_error(backend, want, ("bf16",), "AiterW4A16ExpertsMonolithic is W4A16")
+        return KernelFormat(IDENTITY, act_quant="bf16", runtime_env=dict(AITER_ENV),
+                            notes=("gfx1250 AITER W4A16 (Triton) reads triton_kernels Strided "
+                                   "tensors: the checkpoint bytes unchanged.",))
+    if backend == "TRITON_UNFUSED":
+        why = _triton_identity(backend, arch, tp)
+        if why:
+            return why
+        if want != "bf16":
+            return _act_error(backend, want, ("bf16",), "W4A16")
+        return KernelFormat(IDENTITY, act_quant="bf16",
+                            notes=("TRITON_UNFUSED on ROCm wraps the checkpoint bytes in "
+                                   "triton_kernels Strided layouts (a view, no data movement).",))
+    if backend == "TRITON":
+        return NotProducible(
+            "converter S's TRITON branch interleaves the halves of w13's last (K) dimension "
+            "before the triton_kernels layout (a suspected vLLM bug); mxfp4conv does not copy it")
+    if backend == "EMULATION":
+        if want != "bf16":
+            return _act_error(backend, want, ("bf16",),
+                              "Mxfp4MoEMethod special-cases EMULATION to W4A16")
+        return KernelFormat(IDENTITY, act_quant="bf16")
+    if backend in ("AITER_MXFP4_MXFP4", "AITER_MXFP4_FP8"):  # converter S delegates to G
+        natural = "fp8" if backend == "AITER_MXFP4_FP8" else "mxfp4"
+        if act_quant not in ("auto", natural):
+            return _act_error(backend, act_quant, (natural,), "its kernel's fixed activation quant")
+        return kernel_format_g(backend, arch, tp, natural, interleaved_source=False,
+                               quark=False, has_static_input_scales=has_static_input_scales)
+    return NotProducible(NOT_PRODUCIBLE.get(backend, f"{backend} is not modelled"))
+
+
+def kernel_format_g(backend: str, arch: Arch, tp: int, resolved: str, *,
+                    interleaved_source: bool, quark: bool,
+                    has_static_input_scales: bool,
+                    literal_deinterleave: bool = False) -> KernelFormat | NotProducible:
+    """Converter G. ``resolved`` is the act quant the selector's key gives."""
+    if backend == "AITER_MXFP4_BF16" and arch.is_rocm and not arch.on_gfx1250:
+        gate_up, notes = GATE_UP, []
+        if quark and not interleaved_source:
+            if literal_deinterleave:
+                gate_up = LITERAL_G_ROWS
+                notes.append(
+                    "Modelling vLLM literally: converter G de-interleaves w13 rows as if they "
+                    "were gpt-oss [g0, u0, g1, u1, ...], but a Quark checkpoint loads as "
+                    "[gate; up], so gate and up rows get mixed (suspected vLLM bug).")
+            else:
+                notes.append(
+                    "Suspected vLLM bug: converter G de-interleaves w13 rows as if they were "
+                    "gpt-oss [g0, u0, g1, u1, ...], but Quark w_mxfp4 checkpoints load as "
+                    "[gate; up]. mxfp4conv writes what the AITER kernel needs (GU16 of the "
+                    "real [gate; up] rows), not vLLM's scrambled rows.")
+        layout = LayoutRecipe(w13="aiter_p16_gu16", w13_scale="aiter_scale_a16w4_gu16",
+                              w2="aiter_p16", w2_scale="aiter_scale_a16w4", gate_up=gate_up)
+        notes.append("AITER W4A16 with the gate/up interleave (gate_mode INTERLEAVE): aiter "
+                     "feeds bf16 below AITER_BF16_FP8_MOE_BOUND tokens (default 256), fp8 above.")
+        return KernelFormat(layout, act_quant=resolved, gate_mode="interleave",
+                            runtime_env=dict(AITER_ENV), kernel_act="bf16 (fp8 for M >= 256)",
+                            notes=tuple(notes))
+    if backend == "AITER_MXFP4_BF16":
+        return NotProducible(
+            "on gfx1250 AITER_MXFP4_BF16 runs AiterW4A16ExpertsMonolithic (Triton precision "
+            "configs) while converter G writes AITER-shuffled tensors; vLLM's layout here is "
+            "inconsistent upstream, so mxfp4conv does not claim it")
+    if backend == "AITER_MXFP4_MXFP4":
+        if interleaved_source:
+            return NotProducible(
+                "converter G's AITER_MXFP4_MXFP4 branch keeps gpt-oss's interleaved w13 rows; "
+                "mxfp4conv's kernel-ready format stores w13 as [gate; up]")
+        return KernelFormat(
+            LayoutRecipe(w13="aiter_p16", w13_scale="aiter_e8m0_shuffle",
+                         w2="aiter_p16", w2_scale="aiter_e8m0_shuffle"),
+            act_quant="mxfp4", gate_mode="separated", runtime_env=dict(AITER_ENV),
+            kernel_act="mxfp4",
+            notes=("AITER CK W4A4: plain 16x16 tile shuffle of the weights and e8m0_shuffle of "
+                   "the scales, no gate/up interleave.",))
+    if backend == "AITER_MXFP4_FP8":
+        if not has_static_input_scales:
+            return NotProducible(
+                "AITER_MXFP4_FP8 needs the checkpoint's static per-tensor fp8 input scales "
+                "(w13_input_scale / w2_input_scale), which this checkpoint does not have")
+        why = _triton_identity(backend, arch, tp)
+        if why:
+            return why
+        if interleaved_source:
+            return NotProducible(
+                "converter G keeps gpt-oss's interleaved w13 rows for AITER_MXFP4_FP8; "
+                "mxfp4conv's kernel-ready format stores w13 as [gate; up]")
+        return KernelFormat(
+            IDENTITY, act_quant="fp8", runtime_env=dict(AITER_ENV), kernel_act="fp8",
+            notes=("AITER_MXFP4_FP8 (Triton moe_gemm_a8w4) reads triton_kernels Strided "
+                   "tensors: the checkpoint bytes unchanged, [gate; up] rows as loaded; the "
+                   "input scales are reduced to one scalar max per tensor.",))
+    if backend == "TRITON":
+        why = _triton_identity(backend, arch, tp)
+        if why:
+            return why
+        if interleaved_source:
+            return NotProducible(
+                "TRITON keeps gpt-oss's interleaved w13 rows (its fused SwiGLU-OAI reads "
+                "[g0, u0, ...]); mxfp4conv's kernel-ready format stores w13 as [gate; up]")
+        return KernelFormat(IDENTITY, act_quant=resolved,
+                            notes=("TRITON on ROCm reads triton_kernels Strided tensors: the "
+                                   "checkpoint bytes unchanged.",))
+    if backend == "EMULATION":
+        return KernelFormat(IDENTITY, act_quant=resolved, kernel_act=resolved)
+    return NotProducible(NOT_PRODUCIBLE.get(backend, f"{backend} is not modelled"))
+
+
+def emulation_format(act_quant: str, gpt_oss: bool) -> KernelFormat:
+    """mxfp4conv's own identity layout, labelled EMULATION (see ``select``)."""
+    notes = ()
+    if gpt_oss:
+        notes = ("gpt-oss: vLLM's identity-layout backends keep the checkpoint's interleaved "
+                 "w13 rows; the mxfp4conv format stores them de-interleaved as [gate; up] and "
+                 "applies SwiGLU-OAI to the two halves (vLLM's swigluoai_uninterleave math).",)
+    return KernelFormat(IDENTITY, act_quant=act_quant, kernel_act=act_quant, notes=notes)

@@ -1,0 +1,119 @@
+"""Padded geometry: tensor/expert parallel split, the Kimi-K3 model-level rule, and vLLM's
+``mxfp4_round_up_hidden_size_and_intermediate_size``.
+
+Order (as vLLM builds a layer): per-rank split of the real sizes, Kimi-K3's model rule on
+the global intermediate size, then the backend's alignment rule on the per-rank size.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mxfp4conv.errors import OracleError
+
+MX_BLOCK = 32
+K3_MIN_INTERMEDIATE_PER_PARTITION = 256
+
+
+def round_up(x: int, m: int) -> int:
+    return -(-x // m) * m
+
+
+def backend_alignment(backend: str, platform: str, activation: str | None) -> tuple[int, int | None, str]:
+    """(intermediate multiple, hidden multiple or None = unchanged, rule) in vLLM's order.
+
+    ``activation`` is what the quant method passes: only ``Mxfp4MoEMethod`` (Kimi-K3,
+    DeepSeek-V4) passes it; gpt-oss and Quark call without it.
+    """
+    if backend == "EMULATION":
+        return 32, 32, "EMULATION: OCP-MX block size 32"
+    if backend == "DEEPGEMM_MXFP4":
+        return 128, 128, "DEEPGEMM_MXFP4: 128"
+    if backend in ("MARLIN", "BATCHED_MARLIN"):
+        return 128, (128 if platform == "xpu" else 256), "Marlin: intermediate 128, hidden 256"
+    if backend in ("FLASHINFER_TRTLLM_MXFP4_BF16", "FLASHINFER_TRTLLM_MXFP4_MXFP8"):
+        return 128, 256, "TRTLLM: intermediate 128, hidden 256"
+    if backend in ("FLASHINFER_CUTLASS_MXFP4_BF16", "FLASHINFER_CUTLASS_MXFP4_MXFP8"):
+        return 128, 128, "CUTLASS: 128"
+    if platform == "rocm":
+        if backend == "AITER_MXFP4_BF16" and activation in ("situ", "silu"):
+            return 128, 128, f"ROCm AITER_MXFP4_BF16 with activation {activation}: 128"
+        passed = "no activation passed" if activation is None else f"activation {activation}"
+        return 256, 256, f"ROCm {backend} ({passed}): 256"
+    if backend == "CPU":
+        return 32, 32, "CPU: 32"
+    return 64, None, f"{backend}: intermediate 64, hidden unchanged"
+
+
+@dataclass(frozen=True)
+class Geometry:
+    hidden: int
+    hidden_padded: int
+    intermediate: int  # global, real
+    intermediate_per_rank: int  # real
+    intermediate_per_rank_padded: int
+    num_experts: int
+    experts_per_rank: int
+    rule: str  # the alignment rule applied
+    k3_rule: str | None  # the Kimi-K3 model rule, when it changed the size
+
+
+def split(hidden: int, intermediate: int, num_experts: int, tp: int, ep: bool) -> tuple[int, int]:
+    """Validated (per-rank real intermediate, experts per rank)."""
+    if tp < 1:
+        raise OracleError(f"--tp must be at least 1, got {tp}.")
+    if hidden % MX_BLOCK:
+        raise OracleError(
+            f"The MoE hidden size {hidden} is not a multiple of the MXFP4 block size 32; "
+            "this checkpoint cannot hold MXFP4 experts of that width.")
+    if ep:
+        if num_experts % tp:
+            raise OracleError(
+                f"Expert parallel over {tp} ranks needs the expert count ({num_experts}) to be "
+                f"divisible by {tp}; choose a --tp that divides {num_experts}.")
+        per_rank, experts = intermediate, num_experts // tp
+    else:
+        if intermediate % tp:
+            raise OracleError(
+                f"Tensor parallel {tp} cannot split the expert intermediate size {intermediate} "
+                f"evenly (vLLM requires intermediate % tp == 0); choose a --tp that divides "
+                f"{intermediate}, or use --ep.")
+        per_rank, experts = intermediate // tp, num_experts
+    if per_rank % MX_BLOCK:
+        raise OracleError(
+            f"The per-rank intermediate size {per_rank} (= {intermediate} / {tp}) is not a "
+            "multiple of the MXFP4 block size 32, so the MXFP4 scales cannot be split between "
+            "ranks; choose a smaller --tp, or --ep.")
+    return per_rank, experts
+
+
+def k3_min_per_rank(intermediate: int, tp: int, ep: bool, minimum: int) -> int | None:
+    """Kimi-K3's KimiMoE rule: per-rank size below ``minimum`` -> ``minimum`` (tp > 1, no EP)."""
+    if tp > 1 and not ep and intermediate // tp < minimum:
+        return minimum
+    return None
+
+
+def padded_geometry(*, backend: str, platform: str, activation: str | None, hidden: int,
+                    intermediate: int, num_experts: int, tp: int, ep: bool,
+                    k3_minimum: int | None = None) -> Geometry:
+    per_rank, experts = split(hidden, intermediate, num_experts, tp, ep)
+    start, k3_rule = per_rank, None
+    if k3_minimum is not None:
+        bumped = k3_min_per_rank(intermediate, tp, ep, k3_minimum)
+        if bumped is not None:
+            start = bumped
+            k3_rule = (f"Kimi-K3 model rule: per-rank intermediate {per_rank} < {k3_minimum} "
+                       f"at tp {tp} without EP, padded to {k3_minimum} (global {k3_minimum * tp})")
+    i_mult, h_mult, rule = backend_alignment(backend, platform, activation)
+    return Geometry(
+        hidden=hidden,
+        hidden_padded=round_up(hidden, h_mult) if h_mult else hidden,
+        intermediate=intermediate,
+        intermediate_per_rank=per_rank,
+        intermediate_per_rank_padded=round_up(start, i_mult),
+        num_experts=num_experts,
+        experts_per_rank=experts,
+        rule=rule,
+        k3_rule=k3_rule,
+    )

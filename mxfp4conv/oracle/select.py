@@ -1,0 +1,412 @@
+"""The oracle: which MXFP4 MoE backend vLLM picks for a checkpoint on a target, and what
+that means for the bytes mxfp4conv writes.
+
+``decide`` walks vLLM's selectors with the capability table of ``backends``:
+
+- ``Mxfp4MoEMethod`` (Kimi-K3, DeepSeek-V4): ``select_deepseek_v4_mxfp4_moe_backend``,
+  platform priority list (ROCm: AITER_MXFP4_BF16, EMULATION; ROCm with DeepseekV4
+  routing: AITER_MXFP4_BF16, TRITON_UNFUSED; otherwise the CUDA list), each backend tried
+  with its default activation key, no user activation override; converter S.
+- ``GptOssMxfp4MoEMethod`` and ``QuarkOCP_MX_MoEMethod``: ``select_mxfp4_moe_backend``
+  with the activation key the checkpoint declares (Quark scheme) or ``--act-quant``
+  requests, filtered priority list, CPU forced last; converter G. Quark schemes the oracle
+  does not select (MXFP6, ...) go straight to EMULATION.
+- ``--backend``: vLLM's ``--moe-backend`` strings (``map_mxfp4_backend``) or member names;
+  a forced backend that fails its gates is refused with the reasons.
+
+Every backend tried is recorded with the reason it was accepted or rejected, in order.
+
+What is written (the choice for targets whose vLLM backend mxfp4conv cannot produce):
+``Decision.backend`` always names a backend whose bytes the recipe produces and that a
+reader can serve from them; it is never a backend that cannot read them. When vLLM's
+pick has a layout mxfp4conv cannot write (Marlin, TRTLLM, CUTLASS, DeepGEMM, CPU prepack,
+triton_kernels' CUDA swizzles, CDNA4 scale swizzle, gpt-oss's interleaved rows), the
+decision falls back to ``EMULATION``: the canonical identity layout (checkpoint bytes,
+``[gate; up]`` rows, 32-aligned), the format vLLM's EMULATION backend keeps and mxfp4conv's
+own runtime (Triton on a GPU, torch on CPU) reads. vLLM's own pick stays visible in
+``candidates`` (its entry, not selected, says why it is not written) and in
+``options["vllm_backend"]``; ``options["producible"]`` lists the backends mxfp4conv can
+write for the target, and ``notes`` say so in words. A forced ``--backend`` whose layout
+cannot be written is refused instead of substituted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from mxfp4conv.checkpoint.canonical import MoEModel
+from mxfp4conv.errors import OracleError
+from mxfp4conv.oracle.arch import Arch, get_arch
+from mxfp4conv.oracle.backends import (
+    BACKENDS, DSV4_ROCM_PRIORITY, FP8_STATIC, GPT_OSS_PRIORITY, KEY_TEXT, MXFP4_DYN, Ctx,
+    Server, filter_by_activation, parse_backend, priority_backends, try_backend,
+)
+from mxfp4conv.oracle.decision import Candidate, Decision, Target
+from mxfp4conv.oracle.formats import (
+    ActQuantRefused, KernelFormat, NotProducible, emulation_format, kernel_format_g,
+    kernel_format_s,
+)
+from mxfp4conv.oracle.roundup import K3_MIN_INTERMEDIATE_PER_PARTITION, padded_geometry, split
+
+SELECTOR_S = "select_deepseek_v4_mxfp4_moe_backend"
+SELECTOR_G = "select_mxfp4_moe_backend"
+ACT_QUANTS = ("auto", "bf16", "fp8", "mxfp4")
+QUARK_SCHEME_KEYS = {"w_mxfp4": None, "w_mxfp4_a_mxfp4": MXFP4_DYN, "w_mxfp4_a_fp8": FP8_STATIC}
+KEY_ACT = {None: "bf16", MXFP4_DYN: "mxfp4", FP8_STATIC: "fp8"}
+ACT_OVERRIDE = {"fp8": FP8_STATIC, "mxfp4": MXFP4_DYN}  # fp8_per_tensor_static, mxfp4
+ASSUMES = {
+    "EMULATION": "amd-quark assumed installed",
+    "TRITON": "triton_kernels assumed installed",
+    "TRITON_UNFUSED": "triton_kernels assumed installed",
+    "FLASHINFER_TRTLLM_MXFP4_BF16": "flashinfer assumed installed",
+    "FLASHINFER_TRTLLM_MXFP4_MXFP8": "flashinfer assumed installed, with Situ",
+    "FLASHINFER_CUTLASS_MXFP4_BF16": "flashinfer assumed installed",
+    "FLASHINFER_CUTLASS_MXFP4_MXFP8": "flashinfer assumed installed",
+    "DEEPGEMM_MXFP4": "deep_gemm assumed installed",
+    "CPU": "x86 AMX assumed",
+}
+
+
+@dataclass
+class _Walk:
+    selector: str
+    tried: list[tuple[str, bool, str]] = field(default_factory=list)  # (backend, ok, reason)
+    pick: str | None = None
+    cls: str | None = None
+    error: str | None = None  # what vLLM raises when nothing serves the layer
+    key: str | None = None  # activation key (converter G); None for converter S
+    act_quant: str = "bf16"  # resolved by the key (converter G)
+
+
+def _model_key(model: MoEModel) -> tuple[str | None, bool]:
+    """(activation key the checkpoint declares, selected by the oracle at all)."""
+    if model.moe_method != "quark":
+        return None, True
+    scheme = model.quant_scheme
+    if scheme not in QUARK_SCHEME_KEYS:
+        return None, False
+    key = QUARK_SCHEME_KEYS[scheme]
+    if key == FP8_STATIC and not model.static_input_scales:
+        raise OracleError(
+            f"Quark scheme {scheme} with dynamic fp8 input scales is not supported by vLLM "
+            "(QuarkOCP_MX_MoEMethod raises NotImplementedError); only static per-tensor input "
+            "scales (input_scale tensors) are served.")
+    if key == MXFP4_DYN and model.static_input_scales:
+        raise OracleError(
+            f"Quark scheme {scheme} with static input scales is not supported by vLLM "
+            "(QuarkOCP_MX_MoEMethod raises NotImplementedError); re-export with dynamic "
+            "MXFP4 activations.")
+    return key, True
+
+
+def _resolve_key(model: MoEModel, act_quant: str, model_key: str | None) -> str | None:
+    """_resolve_activation_key: the checkpoint's key, or the --act-quant override."""
+    if act_quant == "auto":
+        return model_key
+    if act_quant == "bf16":
+        if model_key is not None:
+            raise OracleError(
+                f"The checkpoint declares {KEY_TEXT[model_key]} activations "
+                f"({model.quant_scheme}); vLLM has no override to run them unquantised. Use "
+                "--act-quant auto.")
+        return None
+    override = ACT_OVERRIDE[act_quant]
+    if model_key is not None and model_key != override:
+        raise OracleError(
+            f"--act-quant {act_quant} conflicts with the checkpoint's declared "
+            f"{KEY_TEXT[model_key]} activations ({model.quant_scheme}); vLLM refuses a "
+            "conflicting quantization_config.moe.activation. Use --act-quant auto.")
+    if override == FP8_STATIC and not model.static_input_scales:
+        raise OracleError(
+            f"--act-quant fp8 needs static per-tensor fp8 input scales in the checkpoint "
+            f"(vLLM's fp8_per_tensor_static, AITER_MXFP4_FP8); this {model.family} checkpoint "
+            "has none. Use --act-quant auto or bf16.")
+    return override
+
+
+def _walk(selector: str, names: tuple[str, ...], ctx: Ctx, key_for, dropped: dict[str, str] | None = None) -> _Walk:
+    w = _Walk(selector)
+    for name in names:
+        if dropped and name in dropped:
+            w.tried.append((name, False, dropped[name]))
+            continue
+        cls, reason = try_backend(name, replace(ctx, act_key=key_for(name)))
+        if cls is not None:
+            assumed = ASSUMES.get(name)
+            w.tried.append((name, True, reason + (f" ({assumed})" if assumed else "")))
+            w.pick, w.cls = name, cls
+            return w
+        w.tried.append((name, False, reason))
+    return w
+
+
+def _select_s(ctx: Ctx, forced: tuple[str, ...] | None) -> _Walk:
+    default = lambda n: BACKENDS[n].default_key  # noqa: E731
+    if forced is not None:
+        return _walk(SELECTOR_S, forced, ctx, default)
+    if ctx.arch.is_rocm and ctx.routing == "DeepseekV4":
+        names = DSV4_ROCM_PRIORITY
+    else:
+        names = priority_backends(ctx.arch)
+    w = _walk(SELECTOR_S, names, ctx, default)
+    if w.pick is None:
+        w.error = "No MXFP4 MoE backend supports the deployment configuration."
+    return w
+
+
+def _select_g(ctx: Ctx, key: str | None, forced: tuple[str, ...] | None, value: str | None) -> _Walk:
+    keyed = lambda n: key or BACKENDS[n].default_key  # noqa: E731
+    names = forced if forced is not None else GPT_OSS_PRIORITY
+    kept, dropped = filter_by_activation(names, key)
+    if forced is not None:
+        if not kept:
+            raise OracleError(
+                f"--backend {value} offers no backend for {KEY_TEXT[key]} activations "
+                f"({', '.join(names)} run other activation quantisations).")
+        w = _walk(SELECTOR_G, names, ctx, keyed, dropped)
+    else:
+        w = _walk(SELECTOR_G, names, ctx, keyed, dropped)
+        if w.pick is None and ctx.arch.is_cpu:
+            cls, reason = try_backend("CPU", replace(ctx, act_key=None))
+            w.tried.append(("CPU", cls is not None, "forced CPU fallback: " + reason))
+            if cls is not None:
+                w.pick, w.cls = "CPU", cls
+        if w.pick is None:
+            w.error = "No MXFP4 MoE backend supports the deployment configuration."
+    w.key, w.act_quant = key, KEY_ACT[key]
+    return w
+
+
+@dataclass
+class _Resolved:
+    walk: _Walk
+    fmt: KernelFormat | NotProducible | None  # format of vLLM's pick
+
+
+def _resolve(model: MoEModel, target: Target, arch: Arch, server: Server) -> _Resolved:
+    quark = model.moe_method == "quark"
+    forced = parse_backend(target.backend) if target.backend else None
+    ctx = Ctx(
+        arch=arch, aiter=target.aiter, server=server, quark_checkpoint=quark,
+        activation=model.activation.name, act_key=None, routing=model.routing,
+        num_local_experts=(model.geometry.num_experts // target.tp if target.ep
+                           else model.geometry.num_experts),
+    )
+    if model.moe_method == "mxfp4":
+        walk = _select_s(ctx, forced)
+        fmt = None if walk.pick is None else kernel_format_s(
+            walk.pick, arch, target.tp, model.activation.name, target.act_quant,
+            model.static_input_scales)
+        return _Resolved(walk, fmt)
+    if model.moe_method not in ("gpt_oss_mxfp4", "quark"):
+        raise OracleError(
+            f"Unknown MoE quant method {model.moe_method!r} for family {model.family}; the "
+            "oracle knows mxfp4 (Kimi-K3, DeepSeek-V4), gpt_oss_mxfp4 and quark.")
+    model_key, selected = _model_key(model)
+    if not selected:
+        walk = _quark_unselected(model, target, forced)
+        return _Resolved(walk, kernel_format_g(
+            "EMULATION", arch, target.tp, walk.act_quant, interleaved_source=False, quark=True,
+            has_static_input_scales=model.static_input_scales))
+    key = _resolve_key(model, target.act_quant, model_key)
+    walk = _select_g(ctx, key, forced, target.backend)
+    fmt = None if walk.pick is None else kernel_format_g(
+        walk.pick, arch, target.tp, walk.act_quant,
+        interleaved_source=model.family == "gpt_oss", quark=quark,
+        has_static_input_scales=model.static_input_scales,
+        literal_deinterleave=server.quark_literal_deinterleave)
+    return _Resolved(walk, fmt)
+
+
+def _quark_unselected(model: MoEModel, target: Target, forced: tuple[str, ...] | None) -> _Walk:
+    if forced is not None and forced != ("EMULATION",):
+        raise OracleError(
+            f"Quark scheme {model.quant_scheme} is not selected by vLLM's MXFP4 oracle (the "
+            f"backend stays NONE) and only EMULATION serves it; --backend {target.backend} "
+            "cannot.")
+    if target.act_quant != "auto":
+        raise OracleError(
+            f"Quark scheme {model.quant_scheme} runs under EMULATION with the activations it "
+            "declares; use --act-quant auto.")
+    act = model.quant_scheme.split("_a_", 1)[1] if "_a_" in model.quant_scheme else "bf16"
+    w = _Walk(SELECTOR_G, act_quant=act)
+    w.tried.append(("EMULATION", True,
+                    f"Quark scheme {model.quant_scheme} is not one the oracle selects "
+                    "(backend stays NONE), so QuarkOCP_MX_MoEMethod uses EMULATION"))
+    w.pick, w.cls = "EMULATION", "OCP_MXQuantizationEmulationTritonExperts"
+    return w
+
+
+def _fallback_format(model: MoEModel, target: Target, arch: Arch, walk: _Walk) -> KernelFormat | ActQuantRefused:
+    if model.moe_method == "mxfp4":
+        fmt = kernel_format_s("EMULATION", arch, target.tp, model.activation.name,
+                              target.act_quant, model.static_input_scales)
+        assert isinstance(fmt, (KernelFormat, ActQuantRefused))
+        return fmt
+    return emulation_format(walk.act_quant, gpt_oss=model.family == "gpt_oss")
+
+
+def _producible(model: MoEModel, target: Target, arch: Arch, server: Server) -> list[str]:
+    """Backends mxfp4conv can write for this target (each would be accepted by --backend)."""
+    out = []
+    for name in BACKENDS:
+        try:
+            r = _resolve(model, replace(target, backend=name), arch, server)
+        except OracleError:
+            continue
+        if r.walk.pick == name and isinstance(r.fmt, KernelFormat):
+            out.append(name)
+    if "EMULATION" not in out:
+        try:
+            fmt = _fallback_format(model, target, arch, _resolve(model, replace(target, backend=None), arch, server).walk)
+        except OracleError:
+            fmt = None
+        if isinstance(fmt, KernelFormat):
+            out.append("EMULATION")
+    return out
+
+
+def _who(model: MoEModel, arch: Arch) -> str:
+    return (f"{model.family} ({model.quant_scheme}, activation {model.activation.name}, "
+            f"{model.routing} routing) on {arch.describe()}")
+
+
+def decide(model: MoEModel, target: Target, server: Server | None = None) -> Decision:
+    """vLLM's backend decision for ``model`` on ``target`` and the recipe mxfp4conv writes.
+
+    Pure: no I/O. Raises ``OracleError`` with the reason when the target cannot be served
+    (unknown arch, impossible tp, refused --backend or --act-quant).
+    """
+    server = server or Server()
+    arch = get_arch(target.arch)
+    if target.act_quant not in ACT_QUANTS:
+        raise OracleError(
+            f"Unknown --act-quant {target.act_quant!r}; use one of {', '.join(ACT_QUANTS)}.")
+    target = replace(target, arch=arch.name)
+    geo = model.geometry
+    split(geo.hidden, geo.intermediate, geo.num_experts, target.tp, target.ep)
+
+    resolved = _resolve(model, target, arch, server)
+    walk, fmt = resolved.walk, resolved.fmt
+    forced = target.backend is not None
+    if walk.pick is None and forced:
+        reasons = "; ".join(f"{b}: {r}" for b, _, r in walk.tried)
+        raise OracleError(f"--backend {target.backend} cannot serve {_who(model, arch)}: {reasons}.")
+    if isinstance(fmt, ActQuantRefused):
+        raise OracleError(f"{_who(model, arch)}: {fmt}.")
+
+    producible = _producible(model, target, arch, server)
+    notes: list[str] = []
+    candidates = [Candidate(b, False, r) for b, _, r in walk.tried]
+    if walk.pick is not None and isinstance(fmt, KernelFormat):
+        backend, final = walk.pick, fmt
+        idx = max(i for i, c in enumerate(candidates) if c.backend == backend)
+        candidates[idx] = replace(candidates[idx], selected=True)
+    else:
+        if forced:
+            raise OracleError(
+                f"--backend {target.backend}: vLLM would serve {_who(model, arch)} with "
+                f"{walk.pick}, but mxfp4conv cannot write that backend's layout: {fmt}. "
+                f"Layouts mxfp4conv can produce for {arch.name}: {', '.join(producible) or 'none'}.")
+        final = _fallback_format(model, target, arch, walk)
+        if isinstance(final, ActQuantRefused):
+            vllm = f"vLLM picks {walk.pick}" if walk.pick else "vLLM has no backend"
+            raise OracleError(
+                f"{_who(model, arch)}: {final} ({vllm}, which mxfp4conv cannot write, so "
+                "the EMULATION layout would be written).")
+        backend = "EMULATION"
+        if walk.pick is not None:
+            idx = max(i for i, c in enumerate(candidates) if c.backend == walk.pick)
+            candidates[idx] = replace(
+                candidates[idx], reason=f"vLLM's pick ({candidates[idx].reason}); not written: {fmt}")
+            head = (f"vLLM would pick {walk.pick} ({walk.cls}) here, but mxfp4conv cannot "
+                    f"write its layout ({fmt}).")
+            why = f"vLLM's pick {walk.pick} has a layout mxfp4conv cannot write"
+        else:
+            head = f"vLLM has no MXFP4 MoE backend for this deployment ({walk.error})."
+            why = "vLLM has no backend for this deployment"
+        candidates.append(Candidate("EMULATION", True,
+                                    f"mxfp4conv fallback: {why}; identity layout that "
+                                    "mxfp4conv's runtime reads"))
+        notes.append(
+            f"{head} This plan writes the EMULATION layout instead: the checkpoint bytes "
+            "unchanged (identity, [gate; up] rows) padded to multiples of 32, which mxfp4conv's "
+            "own runtime reads (Triton on a GPU, torch on CPU); vLLM reads it only with "
+            "--moe-backend emulation where amd-quark is installed. Layouts mxfp4conv can "
+            f"produce for {arch.name}: {', '.join(producible)}.")
+
+    g = padded_geometry(
+        backend=backend, platform=arch.platform,
+        activation=model.activation.name if model.moe_method == "mxfp4" else None,
+        hidden=geo.hidden, intermediate=geo.intermediate, num_experts=geo.num_experts,
+        tp=target.tp, ep=target.ep, k3_minimum=_k3_minimum(model))
+    notes.extend(final.notes)
+    if g.k3_rule:
+        notes.append(g.k3_rule + ".")
+    if (target.ep and arch.is_rocm and _k3_minimum(model) is not None and target.tp > 1
+            and geo.intermediate // target.tp < _k3_minimum(model)):
+        notes.append("vLLM's AMD Kimi-K3 model pads the intermediate size under EP too (it does "
+                     "not check EP); mxfp4conv follows #51131 and does not pad under --ep.")
+    if "AITER_BF16_FP8_MOE_BOUND" in final.runtime_env:
+        notes.append("AITER_BF16_FP8_MOE_BOUND=0 is process-global: vLLM sets it while "
+                     "converting the weights, so a server loading these bytes must set it.")
+    if model.moe_method == "quark" and model.quant_scheme not in QUARK_SCHEME_KEYS:
+        notes.append(f"Quark scheme {model.quant_scheme}: vLLM's oracle does not select a "
+                     "backend for it; EMULATION dequantises every forward pass.")
+    notes.append("Modelled vLLM server: " + ", ".join(server.assumptions(arch, model.moe_method == "quark")) + ".")
+
+    return Decision(
+        arch=arch.name,
+        backend=backend,
+        activation=model.activation.name,
+        activation_params={k: float(v) for k, v in model.activation.params.items()},
+        act_quant=final.act_quant,
+        tp=target.tp,
+        ep=target.ep,
+        hidden=g.hidden,
+        hidden_padded=g.hidden_padded,
+        intermediate=g.intermediate,
+        intermediate_per_rank=g.intermediate_per_rank,
+        intermediate_per_rank_padded=g.intermediate_per_rank_padded,
+        num_experts=g.num_experts,
+        experts_per_rank=g.experts_per_rank,
+        top_k=geo.top_k,
+        layout=final.layout,
+        scale_pad_byte=0x01 if model.moe_method == "quark" else 0x00,
+        runtime_env=dict(final.runtime_env),
+        gate_mode=final.gate_mode,
+        is_shuffled=final.is_shuffled,
+        candidates=tuple(candidates),
+        notes=tuple(notes),
+        options={
+            "aiter": target.aiter,
+            "requested_act_quant": target.act_quant,
+            "forced_backend": target.backend,
+            "selector": walk.selector,
+            "converter": "S" if model.moe_method == "mxfp4" else "G",
+            "vllm_backend": walk.pick,
+            "vllm_expert_class": walk.cls,
+            "producible": producible,
+            "kernel_act": final.kernel_act,
+            "alignment_rule": g.rule,
+            "hidden_pad": g.hidden_padded - g.hidden,
+            "intermediate_pad": g.intermediate_per_rank_padded - g.intermediate_per_rank,
+            "quark_literal_deinterleave": server.quark_literal_deinterleave,
+        },
+    )
+
+
+def _k3_minimum(model: MoEModel) -> int | None:
+    """Kimi-K3's min_moe_intermediate_per_partition (any export of a K3 model: SiTU)."""
+    if "min_moe_intermediate_per_partition" in model.extra:
+        return int(model.extra["min_moe_intermediate_per_partition"])
+    if model.family == "kimi_k3" or model.activation.name == "situ":
+        return K3_MIN_INTERMEDIATE_PER_PARTITION
+    return None
+
+
+def vllm_literal_w13_rows(intermediate: int) -> list[int]:
+    """Row order vLLM's converter G feeds to GU16 when it de-interleaves rows that are
+    already ``[gate; up]`` (Quark w_mxfp4): canonical rows 0::2, then 1::2."""
+    rows = range(2 * intermediate)
+    return list(rows[0::2]) + list(rows[1::2])
