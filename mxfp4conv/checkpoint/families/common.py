@@ -1,0 +1,212 @@
+"""Shared machinery of the family adapters: finding expert tensors by name, checking them."""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Callable
+
+from mxfp4conv.checkpoint.canonical import ExpertTensors, MoEGeometry, MoELayer, TensorRef
+from mxfp4conv.checkpoint.problems import Problems
+from mxfp4conv.errors import CheckpointError
+
+GROUP = 32
+WEIGHT_DTYPES = ("U8", "I8", "F4")  # packed e2m1 pairs (F4: logical shape in the header)
+SCALE_DTYPES = ("U8", "I8", "F8_E8M0")  # raw e8m0 bytes
+REQUIRED = ("gate", "gate_scale", "up", "up_scale", "down", "down_scale")
+OPTIONAL = ("gate_input_scale", "up_input_scale", "down_input_scale", "gate_bias", "up_bias",
+            "down_bias")
+_MAX_LISTED = 5
+
+
+@dataclass(frozen=True)
+class Found:
+    """Expert tensors found by name: prefix -> expert id -> field -> [tensor names]."""
+
+    layers: dict[str, dict[int, dict[str, list[str]]]]
+
+
+def quant_config(config: dict) -> dict | None:
+    """``quantization_config`` at the top level or inside ``text_config``."""
+    for cfg in (config, config.get("text_config") or {}):
+        qc = cfg.get("quantization_config") if isinstance(cfg, dict) else None
+        if isinstance(qc, dict):
+            return qc
+    return None
+
+
+def cfg_get(config: dict, where: str, *keys: str, default=None, required: bool = True):
+    """First of ``keys`` present in ``config``; a clear error when required and absent."""
+    for k in keys:
+        if k in config and config[k] is not None:
+            return config[k]
+    if required and default is None:
+        raise CheckpointError(f"{where}: config.json lacks {' / '.join(repr(k) for k in keys)}, "
+                              f"needed to describe the MoE layers. Use the model's original "
+                              f"config.json.")
+    return default
+
+
+def natural_key(prefix: str) -> tuple:
+    """Sort MoE prefixes by layer number, multi-token-prediction layers last."""
+    is_mtp = bool(re.search(r"(^|\.)mtp\.", prefix))
+    return (is_mtp, [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", prefix)])
+
+
+def scan(names, pattern: re.Pattern, field_of: Callable[[re.Match], str | None]) -> Found:
+    """Group tensor names matching ``pattern`` (groups ``prefix`` and ``e``) by layer/expert."""
+    layers: dict[str, dict[int, dict[str, list[str]]]] = defaultdict(lambda: defaultdict(dict))
+    for name in names:
+        m = pattern.match(name)
+        if not m:
+            continue
+        field = field_of(m)
+        if field is None:
+            continue
+        layers[m["prefix"]][int(m["e"])].setdefault(field, []).append(name)
+    return Found({p: dict(v) for p, v in layers.items()})
+
+
+def ref(source, name: str) -> TensorRef:
+    info = source.tensor_info(name)
+    return TensorRef(name=name, shard=info.shard, dtype=info.dtype, shape=tuple(info.shape))
+
+
+def packed_shape(r: TensorRef) -> tuple[int, ...]:
+    """Byte shape of a packed weight (an F4 header gives the logical element shape)."""
+    if r.dtype == "F4" and r.shape:
+        return (*r.shape[:-1], r.shape[-1] // 2)
+    return r.shape
+
+
+def _listed(items: list) -> str:
+    shown = ", ".join(str(i) for i in items[:_MAX_LISTED])
+    return shown + (f" and {len(items) - _MAX_LISTED} more" if len(items) > _MAX_LISTED else "")
+
+
+def build_layers(source, found: Found, num_experts: int, problems: Problems,
+                 name_for: Callable[[str, int, str], str],
+                 required: tuple[str, ...] = REQUIRED) -> tuple[list[MoELayer], list[str]]:
+    """Complete per-expert layers (sorted) and the prefixes of every layer found."""
+    prefixes = sorted(found.layers, key=natural_key)
+    layers = []
+    for prefix in prefixes:
+        experts = found.layers[prefix]
+        missing: dict[str, list[int]] = defaultdict(list)
+        dupes = []
+        for e in range(num_experts):
+            fields = experts.get(e, {})
+            for f in required:
+                if f not in fields:
+                    missing[f].append(e)
+            dupes += [names for names in fields.values() if len(names) > 1]
+        extra = sorted(e for e in experts if e >= num_experts)
+        ok = True
+        for f, es in missing.items():
+            ok = False
+            problems.error(f"MoE layer {prefix}: {len(es)} of {num_experts} experts lack their "
+                           f"{f.replace('_', ' ')} tensor (experts {_listed(es)}; e.g. "
+                           f"{name_for(prefix, es[0], f)!r} is not in the checkpoint). The "
+                           f"checkpoint is incomplete; download the missing shards again.")
+        for names in dupes[:_MAX_LISTED]:
+            ok = False
+            problems.error(f"MoE layer {prefix}: duplicate expert tensors {_listed(names)} hold "
+                           f"the same weight. Keep exactly one of them in the index.")
+        if extra:
+            problems.error(f"MoE layer {prefix}: tensors for experts {_listed(extra)} exist but "
+                           f"the config declares only {num_experts} experts. Check "
+                           f"config.json's expert count.")
+        if not ok:
+            continue
+        try:
+            built = []
+            for e in range(num_experts):
+                fields = {f: ref(source, names[0]) for f, names in experts[e].items()}
+                built.append(ExpertTensors(**{k: v for k, v in fields.items()
+                                              if k in REQUIRED or k in OPTIONAL}))
+        except CheckpointError as exc:
+            problems.error(str(exc))
+            continue
+        layers.append(MoELayer(prefix=prefix, experts=tuple(built)))
+    return layers, prefixes
+
+
+def dtype_variants(layers: list[MoELayer], problems: Problems) -> dict[str, str]:
+    """Which dtype strings hold the packed weights and the scales; bad ones are problems."""
+    seen: dict[str, set[str]] = {"weight": set(), "scale": set()}
+    for layer in layers:
+        for r in _weight_scale_refs(layer):
+            kind = "scale" if _is_scale(r) else "weight"
+            seen[kind].add(r.dtype)
+    for kind, allowed in (("weight", WEIGHT_DTYPES), ("scale", SCALE_DTYPES)):
+        bad = sorted(seen[kind] - set(allowed))
+        if bad:
+            problems.error(f"MoE expert {kind} tensors are stored as {', '.join(bad)}; MXFP4 "
+                           f"{kind}s must be raw bytes ({' / '.join(allowed)}). This is not an "
+                           f"MXFP4 checkpoint, or it was re-saved in another precision.")
+    return {k: ",".join(sorted(v)) for k, v in seen.items() if v}
+
+
+def _weight_scale_refs(layer: MoELayer):
+    if layer.fused is not None:
+        f = layer.fused
+        return [f.gate_up_blocks, f.gate_up_scales, f.down_blocks, f.down_scales]
+    return [r for ex in layer.experts for r in (ex.gate, ex.gate_scale, ex.up, ex.up_scale,
+                                                ex.down, ex.down_scale)]
+
+
+def _is_scale(r: TensorRef) -> bool:
+    return r.name.endswith(("scale", "scales", "_scale_inv"))
+
+
+def check_geometry(g: MoEGeometry, problems: Problems, where: str) -> None:
+    for what, v in (("hidden", g.hidden), ("intermediate", g.intermediate)):
+        if v <= 0 or v % GROUP:
+            problems.error(f"{where}: the MoE {what} size {v} is not a positive multiple of the "
+                           f"MXFP4 group size {GROUP}; config.json is wrong or not an MXFP4 MoE.")
+    if g.num_experts <= 0 or not 0 < g.top_k <= g.num_experts:
+        problems.error(f"{where}: config declares {g.num_experts} experts with top-k {g.top_k}; "
+                       f"both must be positive and top-k at most the expert count.")
+
+
+def check_expert_shapes(layers: list[MoELayer], g: MoEGeometry, problems: Problems) -> None:
+    """Every per-expert tensor's byte shape against the config's geometry."""
+    H, I = g.hidden, g.intermediate
+    want = {"gate": (I, H // 2), "up": (I, H // 2), "down": (H, I // 2),
+            "gate_scale": (I, H // GROUP), "up_scale": (I, H // GROUP),
+            "down_scale": (H, I // GROUP)}
+    for layer in layers:
+        bad: dict[str, list[TensorRef]] = defaultdict(list)
+        for ex in layer.experts or ():
+            for f, shape in want.items():
+                r = getattr(ex, f)
+                if packed_shape(r) != shape:
+                    bad[f].append(r)
+        for f, refs in bad.items():
+            r = refs[0]
+            problems.error(
+                f"MoE layer {layer.prefix}: {len(refs)} expert {f.replace('_', ' ')} tensors have "
+                f"the wrong shape, e.g. {r.name!r} is {r.dtype} {list(r.shape)} but hidden={H}, "
+                f"intermediate={I} and group size {GROUP} give {list(want[f])} bytes. The "
+                f"tensors do not match config.json (wrong config, or not grouped by 32).")
+
+
+def routing_from_config(cfg: dict) -> str:
+    """vLLM's RoutingMethodType name for a model config (get_routing_method_type's rules)."""
+    model_type = cfg.get("model_type")
+    if model_type == "gpt_oss":
+        return "Renormalize"
+    scoring = cfg.get("scoring_func") or cfg.get("moe_router_activation_func") or "softmax"
+    renorm = bool(cfg.get("norm_topk_prob", cfg.get("moe_renormalize", True)))
+    groups = cfg.get("n_group") or cfg.get("num_expert_group") or 0
+    if scoring == "sqrtsoftplus" or model_type == "deepseek_v4":
+        return "DeepseekV4" if renorm else "Unspecified"
+    if scoring == "sigmoid":
+        has_bias = cfg.get("topk_method") == "noaux_tc" or model_type in ("deepseek_v3", "kimi_k2")
+        if has_bias and renorm and groups:
+            return "DeepSeekV3"
+        if has_bias and renorm and cfg.get("routed_scaling_factor") in (None, 1.0):
+            return "MiniMax2"
+        return "SigmoidRenorm" if renorm else "Sigmoid"
+    return "RenormalizeNaive" if renorm else "Default"

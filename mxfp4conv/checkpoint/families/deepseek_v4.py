@@ -1,0 +1,67 @@
+"""DeepSeek-V4: native names, I8 packed experts with F8_E8M0 scales, FP8 everything else."""
+
+from __future__ import annotations
+
+import re
+
+from mxfp4conv.checkpoint.canonical import Activation, MoEGeometry, MoEModel
+from mxfp4conv.checkpoint.families import common
+from mxfp4conv.checkpoint.problems import Problems
+from mxfp4conv.errors import CheckpointError
+
+NAME = "deepseek_v4"
+
+# `mtp.N.ffn` (multi-token prediction) layers carry routed experts like `layers.L.ffn`.
+PATTERN = re.compile(r"^(?P<prefix>(?:model\.)?(?:layers|mtp)\.\d+\.ffn)\.experts\.(?P<e>\d+)\."
+                     r"(?P<proj>w[123])\.(?P<kind>weight|scale|weight_scale)$")
+_ROLE = {"w1": "gate", "w3": "up", "w2": "down"}
+
+
+def matches(config: dict) -> bool:
+    return config.get("model_type") == "deepseek_v4" or "expert_dtype" in config
+
+
+def _field(m: re.Match) -> str:
+    role = _ROLE[m["proj"]]
+    return role if m["kind"] == "weight" else f"{role}_scale"
+
+
+def _name_for(prefix: str, e: int, field: str) -> str:
+    proj = {v: k for k, v in _ROLE.items()}[field.split("_")[0]]
+    return f"{prefix}.experts.{e}.{proj}.{'scale' if field.endswith('scale') else 'weight'}"
+
+
+def build(source, problems: Problems) -> tuple[MoEModel | None, list[str]]:
+    config = source.config
+    where = f"{source.spec} (config.json)"
+    expert_dtype = config.get("expert_dtype", "fp4")
+    if expert_dtype != "fp4":
+        raise CheckpointError(f"{where}: DeepSeek-V4 with expert_dtype {expert_dtype!r}; only "
+                              f"the MXFP4 release (expert_dtype \"fp4\") has MXFP4 experts to "
+                              f"convert.")
+    geometry = MoEGeometry(
+        hidden=int(common.cfg_get(config, where, "hidden_size")),
+        intermediate=int(common.cfg_get(config, where, "moe_intermediate_size")),
+        num_experts=int(common.cfg_get(config, where, "n_routed_experts")),
+        top_k=int(common.cfg_get(config, where, "num_experts_per_tok")),
+    )
+    common.check_geometry(geometry, problems, where)
+    params = {}
+    if config.get("swiglu_limit") is not None:
+        params["swiglu_limit"] = float(config["swiglu_limit"])
+    found = common.scan(source.tensor_names(), PATTERN, _field)
+    if not found.layers:
+        problems.error(f"{source.spec}: a DeepSeek-V4 config but no routed-expert tensors named "
+                       f"'layers.L.ffn.experts.E.w1.weight' in the index. The checkpoint is not "
+                       f"a DeepSeek-V4 MXFP4 release.")
+    layers, prefixes = common.build_layers(source, found, geometry.num_experts, problems, _name_for)
+    variants = common.dtype_variants(layers, problems)
+    common.check_expert_shapes(layers, geometry, problems)
+    model = MoEModel(
+        family=NAME, quant_scheme="w_mxfp4", moe_method="mxfp4",
+        activation=Activation(str(config.get("hidden_act", "silu")), params),
+        routing="DeepseekV4", geometry=geometry, layers=tuple(layers), dtype_variants=variants,
+        extra={"num_hash_layers": int(config.get("num_hash_layers", 0) or 0),
+               "mtp_layers": [p for p in prefixes if common.natural_key(p)[0]]},
+    )
+    return model, prefixes

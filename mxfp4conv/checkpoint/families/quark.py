@@ -1,0 +1,155 @@
+"""AMD Quark OCP-MX exports: per-expert MXFP4 weights with uint8 e8m0 scales."""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+
+from mxfp4conv.checkpoint.canonical import Activation, MoEGeometry, MoEModel
+from mxfp4conv.checkpoint.families import common
+from mxfp4conv.checkpoint.problems import Problems
+from mxfp4conv.errors import CheckpointError
+
+NAME = "quark"
+SUPPORTED = ("w_mxfp4", "w_mxfp4_a_mxfp4", "w_mxfp4_a_fp8")
+
+# HF names (gate_proj/up_proj/down_proj) and native ones (w1/w3/w2) of the base model.
+PATTERN = re.compile(r"^(?P<prefix>.+)\.experts\.(?P<e>\d+)\.(?P<proj>gate_proj|up_proj|down_proj|w[123])"
+                     r"\.(?P<kind>weight|weight_scale|scale|input_scale|bias)$")
+_FUSED_PER_EXPERT = re.compile(r"\.experts\.\d+\.gate_up_proj\.weight$")
+_ROLE = {"gate_proj": "gate", "w1": "gate", "up_proj": "up", "w3": "up", "down_proj": "down",
+         "w2": "down"}
+_KIND = {"weight": "", "weight_scale": "_scale", "scale": "_scale", "input_scale": "_input_scale",
+         "bias": "_bias"}
+_MX = {"fp4": "mxfp4", "fp6_e3m2": "mxfp6_e3m2", "fp6_e2m3": "mxfp6_e2m3"}
+
+
+def matches(config: dict) -> bool:
+    qc = common.quant_config(config)
+    return bool(qc) and qc.get("quant_method") == "quark"
+
+
+def _field(m: re.Match) -> str:
+    return _ROLE[m["proj"]] + _KIND[m["kind"]]
+
+
+def scheme_name(spec: dict, where: str) -> str:
+    """vLLM's OCP_MX_Scheme name for a Quark layer quant config."""
+    weight = spec.get("weight") or {}
+    wdt = weight.get("dtype")
+    if wdt not in _MX:
+        raise CheckpointError(f"{where}: Quark weight dtype {wdt!r} is not an OCP-MX format "
+                              f"(fp4, fp6_e3m2, fp6_e2m3); mxfp4conv converts MXFP4 experts only.")
+    if weight.get("qscheme") != "per_group" or weight.get("group_size") != 32 \
+            or weight.get("scale_format") != "e8m0":
+        raise CheckpointError(f"{where}: Quark weight config {weight} is not OCP-MX (needs "
+                              f"qscheme per_group, group_size 32, scale_format e8m0).")
+    name = f"w_{_MX[wdt]}"
+    act = spec.get("input_tensors")
+    if act:
+        adt = act.get("dtype")
+        if adt in _MX:
+            name += f"_a_{_MX[adt]}"
+        elif adt in ("fp8_e4m3", "fp8"):
+            name += "_a_fp8"
+        else:
+            name += f"_a_{adt}"
+    return name
+
+
+def _matches_pattern(module: str, pattern: str) -> bool:
+    if pattern.startswith("re:"):
+        return re.search(pattern[3:], module) is not None
+    return fnmatch.fnmatch(module, pattern) or module == pattern
+
+
+def expert_spec(qc: dict, module: str) -> dict | None:
+    """The quant config Quark applied to one expert module (None: excluded)."""
+    if any(_matches_pattern(module, p) for p in qc.get("exclude") or ()):
+        return None
+    for pattern, spec in (qc.get("layer_quant_config") or {}).items():
+        if _matches_pattern(module, pattern):
+            return spec
+    return qc.get("global_quant_config") or {}
+
+
+def _base_config(config: dict) -> dict:
+    tc = config.get("text_config")
+    return tc if isinstance(tc, dict) and "hidden_size" in tc else config
+
+
+def _activation(cfg: dict) -> Activation:
+    if cfg.get("model_type") == "gpt_oss":
+        return Activation("swigluoai", {"alpha": 1.702, "limit": float(cfg.get("swiglu_limit", 7.0))})
+    name = str(cfg.get("hidden_act", "silu"))
+    if name == "situ":
+        params = {"beta": float(cfg.get("activation_situ_beta", 4.0))}
+        if cfg.get("activation_situ_linear_beta") is not None:
+            params["linear_beta"] = float(cfg["activation_situ_linear_beta"])
+        return Activation(name, params)
+    if cfg.get("swiglu_limit") is not None:
+        return Activation(name, {"swiglu_limit": float(cfg["swiglu_limit"])})
+    return Activation(name, {})
+
+
+def build(source, problems: Problems) -> tuple[MoEModel | None, list[str]]:
+    config = source.config
+    cfg = _base_config(config)
+    qc = common.quant_config(config)
+    where = f"{source.spec} (config.json)"
+    names = source.tensor_names()
+    fused = [n for n in names if _FUSED_PER_EXPERT.search(n)]
+    if fused:
+        raise CheckpointError(f"{source.spec}: Quark export with fused per-expert gate_up_proj "
+                              f"tensors (e.g. {fused[0]!r}); only exports with separate "
+                              f"gate/up/down expert projections are supported.")
+    found = common.scan(names, PATTERN, _field)
+    if not found.layers:
+        raise CheckpointError(f"{source.spec}: a Quark config but no routed-expert tensors named "
+                              f"'...experts.E.gate_proj.weight' in the index; nothing to convert.")
+    first_prefix = min(found.layers, key=common.natural_key)
+    first_e = min(found.layers[first_prefix])
+    sample = next(iter(found.layers[first_prefix][first_e].values()))[0].rsplit(".", 1)[0]
+    spec = expert_spec(qc, sample)
+    if spec is None:
+        raise CheckpointError(f"{where}: Quark's exclude list leaves the routed experts (e.g. "
+                              f"{sample!r}) unquantized; there are no MXFP4 experts to convert.")
+    scheme = scheme_name(spec, where)
+    if not scheme.startswith("w_mxfp4"):
+        raise CheckpointError(f"{where}: Quark scheme {scheme} stores the experts in another "
+                              f"OCP-MX format; mxfp4conv converts MXFP4-weight schemes "
+                              f"({', '.join(SUPPORTED)}).")
+    act = spec.get("input_tensors") or {}
+    static = scheme == "w_mxfp4_a_fp8" and not act.get("is_dynamic", False)
+    geometry = MoEGeometry(
+        hidden=int(common.cfg_get(cfg, where, "routed_expert_hidden_size", "hidden_size")),
+        intermediate=int(common.cfg_get(cfg, where, "moe_intermediate_size", "intermediate_size")),
+        num_experts=int(common.cfg_get(cfg, where, "n_routed_experts", "num_experts",
+                                       "num_local_experts")),
+        top_k=int(common.cfg_get(cfg, where, "num_experts_per_tok", "num_experts_per_token",
+                                 "experts_per_token")),
+    )
+    common.check_geometry(geometry, problems, where)
+    required = common.REQUIRED + (("gate_input_scale", "up_input_scale", "down_input_scale")
+                                  if static else ())
+    hf_names = any(".gate_proj." in n or ".down_proj." in n
+                   for e in found.layers[first_prefix].values() for v in e.values() for n in v)
+
+    def name_for(prefix: str, e: int, field: str) -> str:
+        role, _, kind = field.partition("_")
+        proj = f"{role}_proj" if hf_names else {"gate": "w1", "up": "w3", "down": "w2"}[role]
+        return f"{prefix}.experts.{e}.{proj}.{('weight_' + kind) if kind else 'weight'}"
+
+    layers, prefixes = common.build_layers(source, found, geometry.num_experts, problems,
+                                           name_for, required)
+    variants = common.dtype_variants(layers, problems)
+    common.check_expert_shapes(layers, geometry, problems)
+    has_bias = any(ex.gate_bias is not None for layer in layers for ex in layer.experts)
+    model = MoEModel(
+        family=NAME, quant_scheme=scheme, moe_method="quark", activation=_activation(cfg),
+        routing=common.routing_from_config(cfg), geometry=geometry, layers=tuple(layers),
+        has_bias=has_bias, static_input_scales=static, dtype_variants=variants,
+        extra={"base_model_type": cfg.get("model_type"),
+               "input_dynamic": bool(act.get("is_dynamic")) if act else None},
+    )
+    return model, prefixes
