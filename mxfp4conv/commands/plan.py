@@ -1,0 +1,152 @@
+"""``mxfp4conv plan SOURCE --arch A [target options] [--json]``: the oracle's decision, explained."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import typer
+
+MANIFEST = "mxfp4conv.json"
+
+
+def _manifest_of(spec: str, root: Path | None = None) -> dict | None:
+    for base in (Path(spec), root):
+        if base is not None and (base / MANIFEST).is_file():
+            try:
+                return json.loads((base / MANIFEST).read_text())
+            except (OSError, ValueError):
+                from mxfp4conv.errors import CheckpointError
+
+                raise CheckpointError(
+                    f"{base / MANIFEST}: the manifest of this converted checkpoint is not valid "
+                    "JSON; re-run mxfp4conv convert, or plan from the original checkpoint.")
+    return None
+
+
+def _already_converted(spec: str, manifest: dict, arch: str, tp: int, ep: bool, as_json: bool) -> None:
+    from mxfp4conv.errors import OracleError
+
+    t = manifest.get("target", {}) if isinstance(manifest.get("target"), dict) else {}
+    src = manifest.get("source", {}) if isinstance(manifest.get("source"), dict) else {}
+    what = (f"arch {t.get('arch')}, backend {t.get('backend')}, tp {t.get('tp')}"
+            f"{' with EP' if t.get('ep') else ''}, act-quant {t.get('act_quant')}")
+    origin = src.get("path") or src.get("repo") or src.get("repo_id") or "unknown"
+    matches = (t.get("arch"), t.get("tp"), bool(t.get("ep"))) == (arch, tp, ep)
+    if not matches:
+        raise OracleError(
+            f"{spec} is already converted by mxfp4conv ({what}); it cannot be planned for arch "
+            f"{arch}, tp {tp}{' with EP' if ep else ''}. Plan from the original checkpoint "
+            f"({origin}).")
+    if as_json:
+        print(json.dumps({"already_converted": True, "target": t, "layout": manifest.get("layout"),
+                          "moe": manifest.get("moe"), "runtime_env": manifest.get("runtime_env"),
+                          "source": src}, indent=2))
+        return
+    print(f"{spec} is already converted by mxfp4conv for {what} (from {origin}); nothing to plan.")
+    env = manifest.get("runtime_env") or {}
+    if env:
+        print("Server environment: " + " ".join(f"{k}={v}" for k, v in env.items()))
+
+
+def _render(d, model, spec: str) -> None:
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    con = Console(highlight=False)
+    params = ", ".join(f"{k}={v:g}" for k, v in d.activation_params.items())
+    con.print(f"[bold]{escape(spec)}[/]: {model.family} ({model.quant_scheme}), activation "
+              f"{d.activation}{f' ({params})' if params else ''}, {model.routing} routing, "
+              f"{d.num_experts} experts, top-{d.top_k}")
+    o = d.options
+    con.print(f"Target: {d.arch}, tp {d.tp}{' with EP' if d.ep else ''}, act-quant "
+              f"{o.get('requested_act_quant')} -> {d.act_quant}, AITER "
+              f"{'on' if o.get('aiter') else 'off'}"
+              f"{', --backend ' + o['forced_backend'] if o.get('forced_backend') else ''}")
+    con.print(f"vLLM selector: {o.get('selector')} (converter {o.get('converter')})")
+
+    cands = Table(title="Backends tried, in order", show_lines=False)
+    cands.add_column("#", justify="right")
+    cands.add_column("backend")
+    cands.add_column("result")
+    cands.add_column("reason", overflow="fold")
+    for i, c in enumerate(d.candidates, 1):
+        if c.selected:
+            result = "[green]selected[/]"
+        elif c.backend == o.get("vllm_backend") and "vLLM's pick" in c.reason:
+            result = "[yellow]vLLM's pick[/]"
+        else:
+            result = "[red]rejected[/]"
+        cands.add_row(str(i), c.backend, result, escape(c.reason))
+    con.print(cands)
+
+    con.print(f"[bold]Backend: {d.backend}[/]"
+              + (f"  (vLLM would pick {o['vllm_backend']})"
+                 if o.get("vllm_backend") and o["vllm_backend"] != d.backend else ""))
+    geo = Table(title="Padded geometry (per rank)")
+    for col in ("", "real", "padded"):
+        geo.add_column(col, justify="right" if col else "left")
+    geo.add_row("hidden", str(d.hidden), str(d.hidden_padded))
+    geo.add_row("intermediate / rank", str(d.intermediate_per_rank),
+                str(d.intermediate_per_rank_padded))
+    geo.add_row("intermediate (global)", str(d.intermediate), "")
+    geo.add_row("experts / rank", str(d.experts_per_rank), "")
+    con.print(geo)
+    con.print(f"Alignment: {o.get('alignment_rule')}")
+
+    lay = Table(title="Layout recipe")
+    lay.add_column("tensor")
+    lay.add_column("layout")
+    for k, v in d.layout.as_dict().items():
+        lay.add_row(k, escape(v))
+    con.print(lay)
+    pad = f"0x{d.scale_pad_byte:02X}"
+    con.print(f"gate_mode {d.gate_mode}, is_shuffled {d.is_shuffled}, scale pad byte {pad}, "
+              f"kernel activations {o.get('kernel_act')}")
+    con.print("Producible by mxfp4conv here: " + ", ".join(o.get("producible") or []))
+    env = " ".join(f"{k}={v}" for k, v in d.runtime_env.items())
+    con.print(f"[bold]Server environment:[/] {env or '(none)'}")
+    for n in d.notes:
+        con.print(f"- {escape(n)}")
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("plan")
+    def plan_cmd(
+        source: str = typer.Argument(..., help="Local checkpoint directory or hub id org/name[@rev]."),
+        arch: str = typer.Option(..., "--arch", help="Target arch (gfx942, gfx950, gfx1250, sm90, "
+                                 "sm100, sm120, cpu, or an alias such as mi355x, h200)."),
+        tp: int = typer.Option(1, "--tp", help="Tensor-parallel ranks."),
+        ep: bool = typer.Option(False, "--ep", help="Expert parallel over the --tp ranks."),
+        act_quant: str = typer.Option("auto", "--act-quant", help="auto, bf16, fp8 or mxfp4."),
+        no_aiter: bool = typer.Option(False, "--no-aiter", help="Model a ROCm server without AITER."),
+        backend: str = typer.Option(None, "--backend", help="Force a backend (vLLM --moe-backend "
+                                    "string or Mxfp4MoeBackend name)."),
+        as_json: bool = typer.Option(False, "--json", help="Print one JSON object on stdout."),
+    ) -> None:
+        """Show which backend vLLM would pick, why, and the padding, layouts and server
+        environment a conversion for that target produces."""
+        from mxfp4conv.checkpoint import load_model, open_source
+        from mxfp4conv.oracle import Target, decide, resolve_arch
+
+        canonical = resolve_arch(arch)
+        manifest = _manifest_of(source)
+        src = None
+        if manifest is None:
+            src = open_source(source)
+            manifest = _manifest_of(str(src.root))
+        if manifest is not None:
+            _already_converted(source, manifest, canonical, tp, ep, as_json)
+            return
+        model = load_model(src)
+        d = decide(model, Target(arch=canonical, tp=tp, ep=ep, act_quant=act_quant,
+                                 aiter=not no_aiter, backend=backend))
+        if as_json:
+            out: dict[str, Any] = d.plan_json()
+            out["family"] = model.family
+            out["quant_scheme"] = model.quant_scheme
+            print(json.dumps(out, indent=2))
+            return
+        _render(d, model, source)
