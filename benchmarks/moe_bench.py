@@ -1,0 +1,258 @@
+"""Fused MXFP4 MoE benchmark on one GPU: our Triton W4A16 kernel vs bf16 and emulation.
+
+Layers: DeepSeek-V3-like (H 7168, I 2048, 256 experts, top-8) and Kimi-K3-like (H 3584,
+I 384 per rank, 896 experts, top-16); T = 1, 8, 64, 256, 4096 tokens, uniform random routing.
+The MXFP4 weights exist in several copies (> 4.5 GB together), each call of a timed CUDA graph
+uses the next copy and its own routing, so L2 never serves weights. Columns:
+
+- triton: our kernel (default heuristic tiles; with --sweep also the best of a few tile sets)
+- MB: bytes the appendix byte model counts for the routing used (touched experts' fp4 + e8m0,
+  x and y, the intermediate written and read), TB/s = MB / time, % of the device copy
+  bandwidth measured in the same run (4 GiB copy_, read + write counted)
+- bf16: torch._grouped_mm over the same routing with bf16 weights (plus the unfused glue:
+  sort, gather, SiLU-mul, weighting, scatter-add), graph-replayed over rotating routings
+- emul: dequantise every expert to bf16 (torch, chunked), then the bf16 path (vLLM's
+  emulation shape of work)
+
+    python benchmarks/moe_bench.py --out DIR [--sweep] [--shapes dsv3,k3] [--tokens 1,8,...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import statistics
+import sys
+import time
+
+import torch
+import triton
+import triton.testing
+
+from mxfp4conv.codec import dequantize_mxfp4
+from mxfp4conv.runtime.triton_moe import MoEConfig, fused_moe_triton, select_config
+
+SHAPES = {"dsv3": (7168, 2048, 256, 8), "k3": (3584, 384, 896, 16)}
+BPW = 0.5 + 1 / 32
+SITU = {"beta": 4.0, "linear_beta": 25.0}
+SWEEP_SMALL = [MoEConfig(16, 32, 64, 128, 4, 4), MoEConfig(16, 16, 32, 128, 4, 4),
+               MoEConfig(16, 64, 128, 256, 4, 3), MoEConfig(16, 32, 64, 256, 8, 4)]
+SWEEP_LARGE = [MoEConfig(64, 64, 128, 64, 4, 3), MoEConfig(128, 64, 128, 64, 8, 3),
+               MoEConfig(64, 128, 128, 64, 8, 3), MoEConfig(128, 32, 64, 128, 8, 3)]
+
+
+def copy_bandwidth() -> float:
+    n = 4 << 30
+    a = torch.empty(n, dtype=torch.uint8, device="cuda").random_()
+    b = torch.empty_like(a)
+    ms = triton.testing.do_bench(lambda: b.copy_(a), warmup=100, rep=400, return_mode="median")
+    del a, b
+    return 2 * n / (ms * 1e-3)
+
+
+def graph_time_us(fns, replays=10) -> float:
+    """Median time of one call, from CUDA-graph replays of all fns in turn."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for f in fns:
+            f()
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for f in fns:
+            f()
+    g.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(replays):
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        g.replay()
+        e1.record()
+        e1.synchronize()
+        times.append(e0.elapsed_time(e1) * 1e3 / len(fns))
+    del g
+    return statistics.median(times)
+
+
+def make_weights(H, I, E, gen):
+    w13 = torch.randint(0, 256, (E, 2 * I, H // 2), device="cuda", dtype=torch.uint8, generator=gen)
+    s13 = torch.randint(118, 122, (E, 2 * I, H // 32), device="cuda", dtype=torch.uint8, generator=gen)
+    w2 = torch.randint(0, 256, (E, H, I // 2), device="cuda", dtype=torch.uint8, generator=gen)
+    s2 = torch.randint(118, 122, (E, H, I // 32), device="cuda", dtype=torch.uint8, generator=gen)
+    return w13, s13, w2, s2
+
+
+def routing(T, E, k, gen):
+    ids = torch.rand(T, E, device="cuda", generator=gen).topk(k, dim=1).indices.to(torch.int32)
+    tw = torch.rand(T, k, device="cuda", generator=gen)
+    return ids, tw / tw.sum(1, keepdim=True)
+
+
+def model_bytes(touched, T, H, I, k) -> float:
+    return touched * 3 * H * I * BPW + T * H * 2 * 2 + T * k * I * 2 * 2
+
+
+class Bf16MoE:
+    """torch._grouped_mm MoE over bf16 weights [E, 2I, H] / [E, H, I] (sync-free, capturable)."""
+
+    def __init__(self, w13, w2):
+        self.w13t, self.w2t = w13.transpose(1, 2), w2.transpose(1, 2)
+        self.E, self.I = w13.shape[0], w13.shape[1] // 2
+
+    def __call__(self, x, ids, tw):
+        T, k = ids.shape
+        flat = ids.reshape(-1).long()
+        order = torch.argsort(flat, stable=True)
+        counts = torch.zeros(self.E, dtype=torch.int32, device=x.device).index_add_(
+            0, flat, torch.ones_like(flat, dtype=torch.int32))
+        offs = torch.cumsum(counts, 0, dtype=torch.int32)
+        tok = order // k
+        h = torch._grouped_mm(x[tok], self.w13t, offs=offs)
+        a = torch.nn.functional.silu(h[:, :self.I]) * h[:, self.I:]
+        y = torch._grouped_mm(a, self.w2t, offs=offs)
+        y = y * tw.reshape(-1)[order, None].to(y.dtype)
+        return torch.zeros(T, x.shape[1], dtype=torch.float32, device=x.device).index_add_(0, tok, y.float()).to(x.dtype)
+
+
+def dequant_all(w, s, out, chunk=16):
+    for a in range(0, w.shape[0], chunk):
+        out[a:a + chunk].copy_(dequantize_mxfp4(w[a:a + chunk], s[a:a + chunk], dtype=torch.bfloat16))
+
+
+def bench_shape(name, tokens, copy_bw, sweep, rows, log):
+    H, I, E, k = SHAPES[name]
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    layer = E * 3 * H * I * BPW
+    ncopies = max(2, math.ceil(4.5e9 / layer))
+    copies = [make_weights(H, I, E, gen) for _ in range(ncopies)]
+    w13b = torch.empty(E, 2 * I, H, dtype=torch.bfloat16, device="cuda")
+    w2b = torch.empty(E, H, I, dtype=torch.bfloat16, device="cuda")
+    dequant_all(copies[0][0], copies[0][1], w13b)
+    dequant_all(copies[0][2], copies[0][3], w2b)
+    bf16 = Bf16MoE(w13b, w2b)
+    for T in tokens:
+        routes = [routing(T, E, k, gen) for _ in range(ncopies)]
+        xs = [torch.randn(T, H, device="cuda", generator=gen).to(torch.bfloat16) for _ in range(ncopies)]
+        touched = statistics.mean(int(torch.unique(r[0]).numel()) for r in routes)
+        mb = model_bytes(touched, T, H, I, k)
+
+        def tri(cfg):
+            return [lambda c=c, cfg=cfg: fused_moe_triton(xs[c], *copies[c], routes[c][1], routes[c][0],
+                                                           activation="situ", activation_params=SITU, config=cfg)
+                    for c in range(ncopies)]
+
+        default = select_config(T * k, E, H, I)
+        t_def = graph_time_us(tri(default))
+        best_t, best_cfg = t_def, default
+        if sweep:
+            for cfg in (SWEEP_LARGE if T * k / min(E, T * k) > 32 else SWEEP_SMALL):
+                try:
+                    t = graph_time_us(tri(cfg))
+                except Exception as exc:  # a tile set that does not fit (shared memory) is skipped
+                    log(f"  {name} T={T} {cfg}: failed {type(exc).__name__}: {str(exc)[:120]}")
+                    continue
+                log(f"  {name} T={T} {cfg}: {t:.1f} us")
+                if t < best_t:
+                    best_t, best_cfg = t, cfg
+        try:
+            t_bf16 = graph_time_us([lambda c=c: bf16(xs[c], *routes[c]) for c in range(ncopies)])
+        except Exception as exc:  # grouped_mm not capturable here: time it eagerly instead
+            log(f"  bf16 graph capture failed ({type(exc).__name__}: {str(exc)[:100]}); eager do_bench")
+            torch.cuda.synchronize()
+            t_bf16 = 1e3 * triton.testing.do_bench(lambda: bf16(xs[0], *routes[0]), return_mode="median")
+        t0 = time.perf_counter()
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        emul = []
+        for rep in range(2):
+            e0.record()
+            dequant_all(copies[0][0], copies[0][1], w13b)
+            dequant_all(copies[0][2], copies[0][3], w2b)
+            bf16(xs[0], *routes[0])
+            e1.record()
+            e1.synchronize()
+            emul.append(e0.elapsed_time(e1) * 1e3)
+        t_emul = min(emul)
+        floor = mb / copy_bw * 1e6
+        row = dict(shape=name, T=T, touched=touched, MB=mb / 1e6, floor_us=floor, triton_us=t_def,
+                   tbps=mb / (t_def * 1e-6) / 1e12, pct_copy=100 * mb / (t_def * 1e-6) / copy_bw,
+                   best_us=best_t, best_cfg=str(best_cfg),
+                   best_tbps=mb / (best_t * 1e-6) / 1e12, bf16_us=t_bf16, bf16_speedup=t_bf16 / best_t,
+                   emul_us=t_emul, emul_speedup=t_emul / best_t, copy_tbps=copy_bw / 1e12)
+        rows.append(row)
+        log(f"{name} T={T}: triton {t_def:.1f} us (best {best_t:.1f}), bf16 {t_bf16:.1f}, emul {t_emul:.0f}, "
+            f"floor {floor:.1f} ({time.perf_counter() - t0:.1f}s)")
+        del routes, xs
+    del copies, w13b, w2b, bf16
+    torch.cuda.empty_cache()
+
+
+def plot(rows, path, copy_bw):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    for name in dict.fromkeys(r["shape"] for r in rows):
+        rs = [r for r in rows if r["shape"] == name]
+        T = [r["T"] for r in rs]
+        axes[0].plot(T, [r["best_us"] for r in rs], "o-", label=f"{name} triton W4A16")
+        axes[0].plot(T, [r["bf16_us"] for r in rs], "s--", label=f"{name} bf16 grouped_mm")
+        axes[0].plot(T, [r["floor_us"] for r in rs], ":", label=f"{name} byte floor")
+        axes[1].plot(T, [r["best_tbps"] for r in rs], "o-", label=f"{name} triton")
+    axes[1].axhline(copy_bw / 1e12, color="k", ls=":", label="copy bandwidth")
+    for ax in axes:
+        ax.set_xscale("log")
+        ax.set_xlabel("tokens")
+        ax.legend(fontsize=7)
+    axes[0].set_yscale("log")
+    axes[0].set_ylabel("time per layer (us)")
+    axes[1].set_ylabel("effective TB/s (byte model)")
+    fig.suptitle(f"MXFP4 MoE layer on {torch.cuda.get_device_name()}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=".")
+    ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--shapes", default="dsv3,k3")
+    ap.add_argument("--tokens", default="1,8,64,256,4096")
+    args = ap.parse_args()
+    logf = open(f"{args.out}/moe_bench.log", "w")
+
+    def log(msg):
+        print(msg, flush=True)
+        logf.write(msg + "\n")
+        logf.flush()
+
+    copy_bw = copy_bandwidth()
+    log(f"{torch.cuda.get_device_name()} copy bandwidth {copy_bw / 1e12:.2f} TB/s; torch {torch.__version__}, triton {triton.__version__}")
+    rows = []
+    for name in args.shapes.split(","):
+        bench_shape(name, [int(t) for t in args.tokens.split(",")], copy_bw, args.sweep, rows, log)
+    with open(f"{args.out}/moe_bench.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    try:
+        plot(rows, f"{args.out}/moe_bench.png", copy_bw)
+    except Exception as exc:
+        log(f"plot failed: {exc}")
+    log(f"\ncopy bandwidth {copy_bw / 1e12:.2f} TB/s")
+    log(f"{'shape':6s} {'T':>5s} {'touch':>6s} {'MB':>7s} {'floor':>7s} {'triton':>8s} {'best':>8s} {'TB/s':>5s} {'%copy':>6s} "
+        f"{'bf16':>8s} {'x bf16':>6s} {'emul':>8s} {'x emul':>7s}")
+    for r in rows:
+        log(f"{r['shape']:6s} {r['T']:5d} {r['touched']:6.0f} {r['MB']:7.0f} {r['floor_us']:7.1f} {r['triton_us']:8.1f} "
+            f"{r['best_us']:8.1f} {r['best_tbps']:5.2f} {100 * r['best_tbps'] * 1e12 / copy_bw:5.1f}% {r['bf16_us']:8.1f} "
+            f"{r['bf16_speedup']:6.2f} {r['emul_us']:8.0f} {r['emul_speedup']:7.1f}")
+    for r in rows:
+        log(f"best config {r['shape']} T={r['T']}: {r['best_cfg']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
