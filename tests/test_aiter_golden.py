@@ -302,3 +302,32 @@ def test_pad_k_to_roundtrip(e, nb, k, pad, seed):
     padded = torch.cat([w, torch.zeros(e, 16 * nb, kp - k, dtype=torch.uint8)], -1)
     assert torch.equal(y, A.shuffle_weight(padded))
     assert torch.equal(A.unshuffle_weight(y, pad_k_to=pad, shape=w.shape), w)
+
+
+def tile_offsets(n, k, rows, width):
+    """Closed form of a tile transpose: tiles of rows x width bytes, row-major inside and across tiles."""
+    r, c = torch.meshgrid(torch.arange(n), torch.arange(k), indexing="ij")
+    return ((r // rows) * (rows * k) + (c // width) * (rows * width) + (r % rows) * width + (c % width)).flatten()
+
+
+@PROPS
+@given(st.integers(1, 2), st.integers(1, 3), st.integers(1, 3), st.integers(0, 1000))
+def test_other_tile_shapes_match_closed_form(e, nb, kb, seed):
+    w = rand_u8(e, 32 * nb, 64 * kb, seed=seed)
+    n, k = w.shape[1:]
+    cases = {
+        (32, 16): A.shuffle_weight(w, (32, 16)),  # ASM GEMM layout: 32 rows x 16 bytes
+        (16, 32): A.shuffle_weight(w, use_int4=True),  # int4 one-per-byte: 16 rows x 32 bytes
+    }
+    for (rows, width), y in cases.items():
+        off = tile_offsets(n, k, rows, width)
+        for i in range(e):
+            assert torch.equal(y[i].flatten()[off], w[i].flatten())
+    # NLane = 32 a16w4 is the same 32-row tile transpose
+    assert torch.equal(A.shuffle_weight_a16w4(w, 32, False), cases[(32, 16)])
+    assert torch.equal(A.unshuffle_weight(cases[(16, 32)], use_int4=True), w)
+    # 2-byte elements: tiles of 16 rows x 8 elements, i.e. the same 16 x 16-byte tiles
+    bf = w.view(torch.bfloat16)
+    y = A.shuffle_weight(bf)
+    assert y.dtype == torch.bfloat16 and torch.equal(y.view(torch.uint8), A.shuffle_weight(w))
+    assert torch.equal(A.unshuffle_weight(y).view(torch.uint8), w)  # bytes: random bf16 holds NaNs
