@@ -106,6 +106,10 @@ class Source:
         """Relative paths of every non-weight file (config, tokenizer, code, docs...)."""
         return self._fetcher.sidecar_files(set(self.shards()))
 
+    def has_local(self, rel: str) -> bool:
+        """Whether the file can be read without downloading it."""
+        return self._fetcher.has_local(rel)
+
     def path(self, rel: str) -> Path:
         """Local path of a file of the checkpoint (fetched from the hub if needed)."""
         return self._fetcher.local_path(rel)
@@ -182,6 +186,9 @@ class _Fetcher:
     def header(self, shard: str) -> st.ShardHeader:
         return st.read_header(self.local_path(shard))
 
+    def has_local(self, rel: str) -> bool:
+        return True
+
     def sidecar_files(self, shards: set[str]) -> list[str]:
         raise NotImplementedError
 
@@ -233,6 +240,9 @@ class _HubFetcher(_Fetcher):
 
     def local_path(self, rel: str) -> Path:
         return self.cached(rel) or self.download(rel)
+
+    def has_local(self, rel: str) -> bool:
+        return self.cached(rel) is not None
 
     def header(self, shard: str) -> st.ShardHeader:
         cached = self.cached(shard)
@@ -346,12 +356,33 @@ def _check_shard_name(root: Path, shard: object, index_path: Path, *, local: boo
                               f"index.")
 
 
+def duplicate_index_keys(raw: bytes) -> list[str]:
+    """Tensor names listed more than once in an index's weight_map (JSON keeps the last)."""
+    dupes: list[str] = []
+
+    def hook(pairs):
+        seen = set()
+        for k, _ in pairs:
+            if k in seen:
+                dupes.append(k)
+            seen.add(k)
+        return dict(pairs)
+
+    json.loads(raw.decode("utf-8"), object_pairs_hook=hook)
+    return dupes
+
+
 def _parse_index(index_path: Path, obj: object, root: Path, *, local: bool) -> dict[str, str]:
     if not isinstance(obj, dict) or not isinstance(obj.get("weight_map"), dict):
         raise CheckpointError(f"{index_path}: the index must be a JSON object with a "
                               f"\"weight_map\" object (tensor name -> shard file). Fix or "
                               f"replace the file.")
     weight_map = obj["weight_map"]
+    if not all(isinstance(v, str) for v in weight_map.values()):
+        bad = next(k for k, v in weight_map.items() if not isinstance(v, str))
+        raise CheckpointError(f"{index_path}: weight_map entry {bad!r} maps to "
+                              f"{weight_map[bad]!r}, not a shard file name. Fix or replace the "
+                              f"index.")
     for shard in dict.fromkeys(weight_map.values()):
         _check_shard_name(root, shard, index_path, local=local)
     return dict(weight_map)

@@ -1,0 +1,101 @@
+"""Checkpoint-wide checks that ``inspect`` reports as problems."""
+
+from __future__ import annotations
+
+import torch
+
+from mxfp4conv.checkpoint.canonical import MoELayer, TensorRef
+from mxfp4conv.checkpoint.experts import read_expert_slice
+from mxfp4conv.checkpoint.problems import Problems
+from mxfp4conv.checkpoint.source import INDEX_NAME, Source, duplicate_index_keys
+
+NAN_E8M0 = 0xFF
+SAMPLE_TENSORS = 24  # scale tensors read by the default (cheap) NaN check
+
+
+def check_index(source: Source, problems: Problems) -> None:
+    """The index against the shard headers: every tensor exactly once, where it says."""
+    if source.index_bytes is None:
+        return
+    for name in duplicate_index_keys(source.index_bytes)[:5]:
+        problems.error(f"{INDEX_NAME}: tensor {name!r} is listed more than once in weight_map. "
+                       f"Each tensor must appear exactly once; fix the index.")
+    for shard in source.shards():
+        header = source.header(shard)
+        mapped = {n for n, s in source.weight_map.items() if s == shard}
+        missing = sorted(mapped - header.tensors.keys())
+        if missing:
+            problems.error(f"{shard}: the index maps {len(missing)} tensors to this shard that its "
+                           f"header does not contain (e.g. {missing[0]!r}). The index and the "
+                           f"shards disagree; download the checkpoint again.")
+        extra = sorted(header.tensors.keys() - mapped)
+        elsewhere = [n for n in extra if n in source.weight_map]
+        unlisted = [n for n in extra if n not in source.weight_map]
+        if elsewhere:
+            problems.error(f"{shard}: {len(elsewhere)} tensors in this shard are mapped by the "
+                           f"index to another shard (duplicates, e.g. {elsewhere[0]!r} -> "
+                           f"{source.weight_map[elsewhere[0]]}). Remove the stale copy.")
+        if unlisted:
+            problems.error(f"{shard}: {len(unlisted)} tensors in this shard are not in the index "
+                           f"(e.g. {unlisted[0]!r}), so loaders never see them. Regenerate "
+                           f"{INDEX_NAME}.")
+    meta = _index_metadata(source)
+    total = meta.get("total_size") if isinstance(meta, dict) else None
+    if isinstance(total, int):
+        actual = sum(source.header(s).data_bytes for s in source.shards())
+        if total != actual:
+            problems.warning(f"{INDEX_NAME}: metadata.total_size is {total} but the shards hold "
+                             f"{actual} bytes of tensor data.")
+
+
+def _index_metadata(source: Source) -> dict:
+    import json
+
+    try:
+        return json.loads(source.index_bytes).get("metadata") or {}
+    except (ValueError, AttributeError):
+        return {}
+
+
+def scale_refs(layer: MoELayer) -> list[tuple[TensorRef, int | None]]:
+    """(scale tensor, expert row or None for the whole tensor) of a layer."""
+    if layer.fused is not None:
+        return [(layer.fused.gate_up_scales, None), (layer.fused.down_scales, None)]
+    return [(r, None) for ex in layer.experts for r in (ex.gate_scale, ex.up_scale, ex.down_scale)]
+
+
+def check_nan_scales(source: Source, layers: list[MoELayer], problems: Problems, *,
+                     full: bool = False) -> int:
+    """Look for 0xFF (NaN) e8m0 scale bytes; sampled unless ``full``. Returns tensors read."""
+    todo: list[tuple[TensorRef, int | None]] = []
+    if full:
+        for layer in layers:
+            todo += scale_refs(layer)
+    else:  # never download a hub shard just to sample it
+        todo = [(r, row) for r, row in _sample(layers) if source.has_local(r.shard)]
+    bad: list[str] = []
+    for r, row in todo:
+        data = (read_expert_slice(source, r, row) if row is not None else source.read_tensor(r.name))
+        count = int((data.reshape(-1).view(torch.uint8) == NAN_E8M0).sum())
+        if count:
+            bad.append(f"{r.name}{f' (expert {row})' if row is not None else ''}: {count} bytes")
+    if bad:
+        problems.error(f"{len(bad)} expert scale tensors contain 0xFF e8m0 bytes, which decode to "
+                       f"NaN ({'; '.join(bad[:5])}{' ...' if len(bad) > 5 else ''}). The weights "
+                       f"are corrupt or were quantized from NaN/inf values; re-export them.")
+    return len(todo)
+
+
+def _sample(layers: list[MoELayer]) -> list[tuple[TensorRef, int | None]]:
+    """A few scale tensors spread over first/last layers and first/last experts."""
+    picks: list[tuple[TensorRef, int | None]] = []
+    chosen = list(dict.fromkeys([*layers[:2], *layers[-1:]]))
+    for layer in chosen:
+        if layer.fused is not None:
+            n = layer.fused.gate_up_scales.shape[0]
+            for e in sorted({0, n - 1}):
+                picks += [(layer.fused.gate_up_scales, e), (layer.fused.down_scales, e)]
+        else:
+            for ex in dict.fromkeys([layer.experts[0], layer.experts[-1]]):
+                picks += [(ex.gate_scale, None), (ex.up_scale, None), (ex.down_scale, None)]
+    return picks[:SAMPLE_TENSORS]

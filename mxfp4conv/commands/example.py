@@ -1,0 +1,22 @@
+"""``mxfp4conv example FAMILY OUT [--scheme S]``: a tiny synthetic checkpoint to try things on."""
+
+from __future__ import annotations
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("example")
+    def example_cmd(
+        family: str = typer.Argument(..., help="kimi_k3, deepseek_v4, quark or gpt_oss."),
+        out: str = typer.Argument(..., help="New (or empty) directory to write."),
+        scheme: str = typer.Option(None, "--scheme",
+                                   help="Quark scheme: w_mxfp4, w_mxfp4_a_mxfp4 or w_mxfp4_a_fp8."),
+        seed: int = typer.Option(0, "--seed", help="Random seed of the synthetic weights."),
+    ) -> None:
+        """Write a tiny synthetic checkpoint in FAMILY's real on-disk format."""
+        from mxfp4conv.checkpoint.synthetic import make_checkpoint
+
+        path = make_checkpoint(family.replace("-", "_"), out, scheme=scheme, seed=seed)
+        print(f"wrote a synthetic {family}{' ' + scheme if scheme else ''} checkpoint to {path}")
+        print(f"next: mxfp4conv inspect {path}")
