@@ -451,12 +451,15 @@ def try_backend(name: str, ctx: Ctx) -> tuple[str | None, str]:
 def parse_backend(value: str) -> tuple[str, ...]:
     """--backend: vLLM --moe-backend string or Mxfp4MoeBackend member name -> candidates."""
     raw = value.strip()
+    if raw in MOE_BACKEND_STRINGS:  # exact vLLM string first: "aiter" != the member AITER
+        return MOE_BACKEND_STRINGS[raw]
+    member = ENUM_ALIASES.get(raw.upper(), raw.upper())
+    if raw == raw.upper() and member in BACKENDS:
+        return (member,)
     if raw.lower() in MOE_BACKEND_STRINGS:
         return MOE_BACKEND_STRINGS[raw.lower()]
-    upper = raw.upper()
-    upper = ENUM_ALIASES.get(upper, upper)
-    if upper in BACKENDS:
-        return (upper,)
+    if member in BACKENDS:
+        return (member,)
     from mxfp4conv.errors import OracleError
     raise OracleError(
         f"Unknown backend {value!r}. Use a vLLM --moe-backend string "

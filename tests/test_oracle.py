@@ -1,0 +1,388 @@
+"""The backend oracle: vLLM's MXFP4 MoE decision per (family, arch, act-quant, tp), with the
+expected values taken from vLLM's selection tables, round-up rules and converters."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mxfp4conv.checkpoint.canonical import Activation, MoEGeometry, MoEModel
+from mxfp4conv.errors import OracleError
+from mxfp4conv.oracle import Decision, Server, Target, decide, resolve_arch
+from mxfp4conv.oracle.backends import BACKENDS, MOE_BACKEND_STRINGS, parse_backend
+from mxfp4conv.oracle.formats import LITERAL_G_ROWS, PRODUCIBLE_LAYOUTS
+from mxfp4conv.oracle.roundup import backend_alignment, padded_geometry
+from mxfp4conv.oracle.select import vllm_literal_w13_rows
+
+
+def model(family, scheme, method, act, params, routing, H, I, E, k, static=False, bias=False):
+    return MoEModel(family=family, quant_scheme=scheme, moe_method=method,
+                    activation=Activation(act, params), routing=routing,
+                    geometry=MoEGeometry(H, I, E, k), layers=(), has_bias=bias,
+                    static_input_scales=static)
+
+
+# Published geometries (routed-expert hidden, global intermediate, experts, top-k).
+K3 = model("kimi_k3", "w_mxfp4", "mxfp4", "situ", {"beta": 4.0, "linear_beta": 25.0},
+           "DeepSeekV3", 3584, 3072, 896, 16)
+DSV4 = model("deepseek_v4", "w_mxfp4", "mxfp4", "silu", {"swiglu_limit": 10.0},
+             "DeepseekV4", 7168, 3072, 256, 6)
+GPT_OSS = model("gpt_oss", "w_mxfp4", "gpt_oss_mxfp4", "swigluoai",
+                {"alpha": 1.702, "limit": 7.0}, "Renormalize", 2880, 2880, 128, 4, bias=True)
+# AMD's Quark export of Kimi-K3 (W4A4 declared) and Quark exports of other models.
+QUARK_K3_W4A4 = model("quark", "w_mxfp4_a_mxfp4", "quark", "situ",
+                      {"beta": 4.0, "linear_beta": 25.0}, "DeepSeekV3", 3584, 3072, 896, 16)
+QUARK_W4A16 = model("quark", "w_mxfp4", "quark", "silu", {}, "RenormalizeNaive",
+                    4096, 1536, 64, 8)
+QUARK_W4A8_OAI = model("quark", "w_mxfp4_a_fp8", "quark", "swigluoai",
+                       {"alpha": 1.702, "limit": 7.0}, "Renormalize", 4096, 1536, 64, 8,
+                       static=True)
+QUARK_W4A8_SILU = model("quark", "w_mxfp4_a_fp8", "quark", "silu", {}, "Renormalize",
+                        4096, 1536, 64, 8, static=True)
+QUARK_W4A8_DSV3 = model("quark", "w_mxfp4_a_fp8", "quark", "swigluoai", {}, "DeepSeekV3",
+                        4096, 1536, 64, 8, static=True)
+QUARK_W4A6 = model("quark", "w_mxfp4_a_mxfp6_e3m2", "quark", "silu", {}, "Renormalize",
+                   4096, 1536, 64, 8)
+
+A16W4 = dict(w13="aiter_p16", w13_scale="aiter_scale_a16w4", w2="aiter_p16",
+             w2_scale="aiter_e8m0_shuffle")
+A8W4 = dict(w13="aiter_p16_gu16", w13_scale="aiter_scale_a16w4_gu16", w2="aiter_p16",
+            w2_scale="aiter_e8m0_shuffle")
+GU16 = dict(w13="aiter_p16_gu16", w13_scale="aiter_scale_a16w4_gu16", w2="aiter_p16",
+            w2_scale="aiter_scale_a16w4")
+W4A4 = dict(w13="aiter_p16", w13_scale="aiter_e8m0_shuffle", w2="aiter_p16",
+            w2_scale="aiter_e8m0_shuffle")
+IDENT = dict(w13="identity", w13_scale="identity", w2="identity", w2_scale="identity")
+AITER_ENV = {"VLLM_ROCM_USE_AITER": "1"}
+S_ENV = {"VLLM_ROCM_USE_AITER": "1", "AITER_BF16_FP8_MOE_BOUND": "0"}
+
+# (id, model, target, expected). Expected keys: backend, vllm (vLLM's own pick), act, H, I
+# (per-rank padded), layout, gate_mode, env, tried (backends in order), selected_reason,
+# rejected {backend: substring of its reason}.
+CASES = [
+    # ---- Kimi-K3 (SiTU, DeepSeekV3 routing) ----
+    ("k3-gfx950-tp8-a16w4", K3, Target("gfx950", tp=8),
+     dict(backend="AITER_MXFP4_BF16", vllm="AITER_MXFP4_BF16", act="bf16", H=3584, I=384,
+          layout=A16W4, gate_mode="separated", env=S_ENV, tried=["AITER_MXFP4_BF16"],
+          selected_reason="AiterExperts")),
+    ("k3-gfx950-tp8-a8w4", K3, Target("gfx950", tp=8, act_quant="fp8"),
+     dict(backend="AITER_MXFP4_BF16", act="fp8", H=3584, I=384, layout=A8W4,
+          gate_mode="interleave",
+          env={**S_ENV, "VLLM_ROCM_USE_AITER_MOE_SITUV2_A8W4": "1"})),
+    ("k3-mi355x-tp16-k3rule", K3, Target("mi355x", tp=16),
+     dict(backend="AITER_MXFP4_BF16", H=3584, I=256, I_real=192, layout=A16W4)),
+    ("k3-gfx950-tp1", K3, Target("gfx950"), dict(backend="AITER_MXFP4_BF16", I=3072)),
+    ("k3-gfx950-ep8", K3, Target("gfx950", tp=8, ep=True),
+     dict(backend="AITER_MXFP4_BF16", I=3072, I_real=3072, experts=112)),
+    ("k3-gfx942-tp8", K3, Target("gfx942", tp=8),
+     dict(backend="EMULATION", vllm="EMULATION", act="bf16", H=3584, I=384, layout=IDENT,
+          gate_mode="separated", env={}, tried=["AITER_MXFP4_BF16", "EMULATION"],
+          rejected={"AITER_MXFP4_BF16": "only on gfx950"}, selected_reason="amd-quark")),
+    ("k3-gfx942-tp16", K3, Target("mi300x", tp=16), dict(backend="EMULATION", I=256, I_real=192)),
+    ("k3-gfx1250-tp8", K3, Target("gfx1250", tp=8),
+     dict(backend="EMULATION", I=384, layout=IDENT,
+          rejected={"AITER_MXFP4_BF16": "activation situ not supported"})),
+    ("k3-gfx950-no-aiter", K3, Target("gfx950", tp=8, aiter=False),
+     dict(backend="EMULATION", I=384, rejected={"AITER_MXFP4_BF16": "AITER is disabled"})),
+    ("k3-h200-tp8", K3, Target("h200", tp=8),
+     dict(backend="EMULATION", vllm="MARLIN", I=384, layout=IDENT,
+          tried=["FLASHINFER_TRTLLM_MXFP4_MXFP8", "DEEPGEMM_MXFP4", "MARLIN", "EMULATION"],
+          rejected={"FLASHINFER_TRTLLM_MXFP4_MXFP8": "family 100",
+                    "DEEPGEMM_MXFP4": "family 100 or 120", "MARLIN": "gptq_marlin_repack"},
+          selected_reason="mxfp4conv fallback", producible=["EMULATION"])),
+    ("k3-b200", K3, Target("b200"),
+     dict(backend="EMULATION", vllm="FLASHINFER_TRTLLM_MXFP4_MXFP8",
+          selected_reason="mxfp4conv fallback")),
+    ("k3-sm120", K3, Target("sm120"), dict(backend="EMULATION", vllm="DEEPGEMM_MXFP4")),
+    ("k3-cpu", K3, Target("cpu"), dict(backend="EMULATION", vllm=None, I=3072)),
+    ("k3-forced-emulation", K3, Target("gfx950", tp=8, backend="emulation"),
+     dict(backend="EMULATION", vllm="EMULATION", I=384, tried=["EMULATION"])),
+    ("k3-forced-legacy-aiter", K3, Target("gfx950", tp=8, backend="AITER"),
+     dict(backend="AITER_MXFP4_BF16", layout=A16W4)),
+    # W4A4 on Mxfp4MoEMethod: converter S delegates to G; SITU passed, but not a BF16 backend.
+    ("k3-forced-w4a4", K3, Target("gfx950", tp=8, backend="aiter_mxfp4_mxfp4"),
+     dict(backend="AITER_MXFP4_MXFP4", act="mxfp4", I=512, layout=W4A4)),
+    # ---- DeepSeek-V4 (SiLU + swiglu_limit, DeepseekV4 routing) ----
+    ("dsv4-gfx950-tp8", DSV4, Target("gfx950", tp=8),
+     dict(backend="AITER_MXFP4_BF16", act="bf16", H=7168, I=384, layout=GU16,
+          gate_mode="interleave", env=S_ENV, selected_reason="AiterExperts")),
+    ("dsv4-gfx942-tp8", DSV4, Target("gfx942", tp=8),
+     dict(backend="TRITON_UNFUSED", vllm="TRITON_UNFUSED", H=7168, I=512, layout=IDENT, env={},
+          tried=["AITER_MXFP4_BF16", "TRITON_UNFUSED"], selected_reason="UnfusedOAITritonExperts")),
+    ("dsv4-gfx950-no-aiter-tp8", DSV4, Target("gfx950", tp=8, aiter=False),
+     dict(backend="TRITON_UNFUSED", I=512, layout=IDENT)),
+    ("dsv4-gfx950-no-aiter-tp2", DSV4, Target("gfx950", tp=2, aiter=False),
+     dict(backend="EMULATION", vllm="TRITON_UNFUSED", I=1536,
+          rejected={"TRITON_UNFUSED": "CDNA4MXScaleLayout"})),
+    ("dsv4-gfx1250", DSV4, Target("gfx1250", tp=8),
+     dict(backend="AITER_MXFP4_BF16", I=384, layout=IDENT, env=AITER_ENV,
+          selected_reason="AiterW4A16ExpertsMonolithic")),
+    ("dsv4-gfx1250-no-aiter", DSV4, Target("gfx1250", tp=8, aiter=False),
+     dict(backend="EMULATION", vllm=None, rejected={"TRITON_UNFUSED": "not gfx1250"})),
+    ("dsv4-b200", DSV4, Target("b200", tp=8),
+     dict(backend="EMULATION", vllm="FLASHINFER_TRTLLM_MXFP4_MXFP8",
+          rejected={"FLASHINFER_TRTLLM_MXFP4_MXFP8": "TrtLlmMxfp4ExpertsModular: all gates pass"})),
+    ("dsv4-h100", DSV4, Target("h100", tp=8), dict(backend="EMULATION", vllm="MARLIN")),
+    # ---- Quark OCP-MX (no activation passed to the round-up: 256 on ROCm) ----
+    ("quark-k3-w4a4-gfx950-tp8", QUARK_K3_W4A4, Target("gfx950", tp=8),
+     dict(backend="AITER_MXFP4_MXFP4", act="mxfp4", H=3584, I=512, I_real=384, layout=W4A4,
+          gate_mode="separated", env=AITER_ENV, scale_pad=0x01,
+          tried=["FLASHINFER_TRTLLM_MXFP4_BF16", "FLASHINFER_TRTLLM_MXFP4_MXFP8",
+                 "AITER_MXFP4_BF16", "AITER_MXFP4_FP8", "AITER_MXFP4_MXFP4"],
+          rejected={"AITER_MXFP4_BF16": "not tried"})),
+    ("quark-k3-w4a4-gfx942", QUARK_K3_W4A4, Target("gfx942", tp=8),
+     dict(backend="EMULATION", vllm="EMULATION", act="mxfp4", I=384, scale_pad=0x01,
+          rejected={"AITER_MXFP4_MXFP4": "only on gfx950"})),
+    ("quark-w4a4-no-aiter", QUARK_K3_W4A4, Target("gfx950", tp=8, aiter=False),
+     dict(backend="EMULATION", act="mxfp4", rejected={"AITER_MXFP4_MXFP4": "AITER is disabled"})),
+    ("quark-w4a4-h100", QUARK_K3_W4A4, Target("h100", tp=8),
+     dict(backend="EMULATION", vllm="EMULATION", act="mxfp4")),
+    ("quark-w4a16-gfx950", QUARK_W4A16, Target("gfx950", tp=2),
+     dict(backend="AITER_MXFP4_BF16", act="bf16", H=4096, I=768, layout=GU16,
+          gate_mode="interleave", env=AITER_ENV, scale_pad=0x01)),
+    ("quark-w4a8-oai-gfx950-tp4", QUARK_W4A8_OAI, Target("gfx950", tp=4),
+     dict(backend="AITER_MXFP4_FP8", vllm="AITER_MXFP4_FP8", act="fp8", H=4096, I=512,
+          layout=IDENT, selected_reason="AiterW4A8ExpertsMonolithic",
+          rejected={"AITER_MXFP4_BF16": "not tried"})),
+    ("quark-w4a8-oai-gfx950-tp1", QUARK_W4A8_OAI, Target("gfx950"),
+     dict(backend="EMULATION", vllm="AITER_MXFP4_FP8", act="fp8", I=1536,
+          rejected={"AITER_MXFP4_FP8": "CDNA4MXScaleLayout"})),
+    ("quark-w4a8-silu", QUARK_W4A8_SILU, Target("gfx950", tp=4),
+     dict(backend="EMULATION", vllm="EMULATION", act="fp8",
+          rejected={"AITER_MXFP4_FP8": "activation silu not supported"})),
+    ("quark-w4a8-dsv3-routing", QUARK_W4A8_DSV3, Target("gfx950", tp=4),
+     dict(backend="EMULATION", vllm="EMULATION",
+          rejected={"AITER_MXFP4_FP8": "routing method DeepSeekV3 not supported"})),
+    ("quark-w4a6-unselected", QUARK_W4A6, Target("gfx950"),
+     dict(backend="EMULATION", vllm="EMULATION", act="mxfp6_e3m2", I=1536, tried=["EMULATION"],
+          selected_reason="stays NONE")),
+    ("quark-w4a16-as-w4a4", QUARK_W4A16, Target("gfx950", tp=2, act_quant="mxfp4"),
+     dict(backend="AITER_MXFP4_MXFP4", act="mxfp4", layout=W4A4)),
+    # ---- gpt-oss (SwiGLU-OAI, Renormalize, biases) ----
+    ("gptoss-gfx950", GPT_OSS, Target("gfx950"),
+     dict(backend="AITER_MXFP4_BF16", act="bf16", H=3072, I=3072, layout=GU16,
+          gate_mode="interleave", env=AITER_ENV, scale_pad=0x00,
+          tried=["FLASHINFER_TRTLLM_MXFP4_BF16", "FLASHINFER_TRTLLM_MXFP4_MXFP8",
+                 "AITER_MXFP4_BF16"],
+          rejected={"FLASHINFER_TRTLLM_MXFP4_BF16": "family 100",
+                    "FLASHINFER_TRTLLM_MXFP4_MXFP8": "not tried"})),
+    ("gptoss-gfx942", GPT_OSS, Target("gfx942"),
+     dict(backend="EMULATION", vllm="TRITON", H=2880, I=2880,
+          rejected={"TRITON": "interleaved w13 rows"})),
+    ("gptoss-gfx950-no-aiter", GPT_OSS, Target("gfx950", aiter=False),
+     dict(backend="EMULATION", vllm="TRITON")),
+    ("gptoss-h100", GPT_OSS, Target("h100"),
+     dict(backend="EMULATION", vllm="TRITON", rejected={"TRITON": "swizzled"})),
+    ("gptoss-b200", GPT_OSS, Target("b200"),
+     dict(backend="EMULATION", vllm="FLASHINFER_TRTLLM_MXFP4_BF16",
+          rejected={"FLASHINFER_TRTLLM_MXFP4_BF16": "TrtLlmMxfp4ExpertsMonolithic: all gates"})),
+    ("gptoss-sm120", GPT_OSS, Target("sm120"),
+     dict(backend="EMULATION", vllm="MARLIN",
+          rejected={"FLASHINFER_CUTLASS_MXFP4_BF16": "only on sm90 exactly",
+                    "TRITON": "[9.0, 11.0)"})),
+    ("gptoss-cpu", GPT_OSS, Target("cpu"),
+     dict(backend="EMULATION", vllm="CPU", rejected={"CPU": "VNNI"})),
+]
+
+
+@pytest.mark.parametrize("name,m,target,exp", CASES, ids=[c[0] for c in CASES])
+def test_decision_table(name, m, target, exp):
+    d = decide(m, target)
+    assert d.backend == exp["backend"]
+    if "vllm" in exp:
+        assert d.options["vllm_backend"] == exp["vllm"]
+    if "act" in exp:
+        assert d.act_quant == exp["act"]
+    if "H" in exp:
+        assert d.hidden_padded == exp["H"]
+    if "I" in exp:
+        assert d.intermediate_per_rank_padded == exp["I"]
+    if "I_real" in exp:
+        assert d.intermediate_per_rank == exp["I_real"]
+    if "experts" in exp:
+        assert d.experts_per_rank == exp["experts"]
+    if "layout" in exp:
+        got = d.layout.as_dict()
+        assert {k: got[k] for k in exp["layout"]} == exp["layout"]
+        assert d.layout.gate_up == "[gate; up]"
+        assert d.is_shuffled == any(v.startswith("aiter_") for v in exp["layout"].values())
+    if "gate_mode" in exp:
+        assert d.gate_mode == exp["gate_mode"]
+    if "env" in exp:
+        assert d.runtime_env == exp["env"]
+    if "scale_pad" in exp:
+        assert d.scale_pad_byte == exp["scale_pad"]
+    if "tried" in exp:
+        assert [c.backend for c in d.candidates] == exp["tried"]
+    if "producible" in exp:
+        assert d.options["producible"] == exp["producible"]
+    for backend, text in exp.get("rejected", {}).items():
+        (c,) = [c for c in d.candidates if c.backend == backend and not c.selected]
+        assert text in c.reason, c.reason
+    selected = [c for c in d.candidates if c.selected]
+    assert len(selected) == 1 and selected[0].backend == d.backend
+    if "selected_reason" in exp:
+        assert exp["selected_reason"] in selected[0].reason
+    assert all(c.reason for c in d.candidates)
+    _check_invariants(d)
+
+
+def _check_invariants(d: Decision) -> None:
+    """Whatever the target: never a backend that cannot read the bytes."""
+    for v in (d.layout.w13, d.layout.w13_scale, d.layout.w2, d.layout.w2_scale):
+        assert v in PRODUCIBLE_LAYOUTS
+    assert d.backend in d.options["producible"]
+    vllm = d.options["vllm_backend"]
+    if vllm != d.backend:
+        assert d.backend == "EMULATION" and d.layout.as_dict()["w13"] == "identity"
+        assert any("cannot write" in n or "no MXFP4 MoE backend" in n for n in d.notes)
+        assert d.hidden_padded % 32 == 0 and d.intermediate_per_rank_padded % 32 == 0
+    assert d.intermediate_per_rank_padded >= d.intermediate_per_rank
+    assert any(n.startswith("Modelled vLLM server") for n in d.notes)
+
+
+# ---- refusals -------------------------------------------------------------------------------
+
+REFUSALS = [
+    ("unknown-arch", K3, Target("gfx9000"), ["Unknown target arch", "gfx942", "mi355x"]),
+    ("tp-not-dividing", DSV4, Target("gfx950", tp=5), ["cannot split", "3072"]),
+    ("per-rank-not-32", K3, Target("gfx950", tp=128), ["not a multiple of the MXFP4 block", "24"]),
+    ("gptoss-tp4-720", GPT_OSS, Target("h100", tp=4), ["720", "multiple of the MXFP4 block"]),
+    ("ep-experts", DSV4, Target("gfx950", tp=3, ep=True), ["divisible by 3"]),
+    ("forced-aiter-gfx942", DSV4, Target("gfx942", backend="aiter"),
+     ["--backend aiter cannot serve", "AiterExperts", "only on gfx950", "AITER_MXFP4_MXFP4"]),
+    ("forced-marlin-unwritable", DSV4, Target("h100", backend="marlin"),
+     ["vLLM would serve", "MARLIN", "cannot write", "EMULATION"]),
+    ("forced-triton-on-cuda-s", K3, Target("h100", backend="triton"),
+     ["cannot serve", "activation situ not supported"]),
+    ("forced-emulation-cuda-no-quark", K3, Target("h100", backend="emulation"),
+     ["amd-quark"]),
+    ("forced-marlin-w4a4", QUARK_K3_W4A4, Target("gfx950", backend="marlin"),
+     ["offers no backend for mxfp4 dynamic"]),
+    ("forced-on-unselected-quark", QUARK_W4A6, Target("gfx950", backend="aiter"), ["only EMULATION"]),
+    ("unknown-backend", K3, Target("gfx950", backend="fastest"), ["Unknown backend", "aiter_mxfp4_fp8"]),
+    ("k3-mxfp4-act", K3, Target("gfx950", act_quant="mxfp4"), ["act-quant mxfp4", "ignores"]),
+    ("k3-fp8-gfx942", K3, Target("gfx942", act_quant="fp8"), ["act-quant fp8", "W4A16"]),
+    ("k3-fp8-h200", K3, Target("h200", act_quant="fp8"), ["act-quant fp8", "MARLIN"]),
+    ("gptoss-fp8-no-scales", GPT_OSS, Target("gfx950", act_quant="fp8"), ["input scales"]),
+    ("quark-w4a4-as-bf16", QUARK_K3_W4A4, Target("gfx950", act_quant="bf16"), ["no override"]),
+    ("quark-w4a4-as-fp8", QUARK_K3_W4A4, Target("gfx950", act_quant="fp8"), ["conflicts"]),
+    ("bad-act-quant", K3, Target("gfx950", act_quant="int8"), ["Unknown --act-quant"]),
+    ("quark-dynamic-fp8", model("quark", "w_mxfp4_a_fp8", "quark", "swigluoai", {},
+                                "Renormalize", 2048, 1024, 8, 2, static=False),
+     Target("gfx950"), ["dynamic fp8"]),
+]
+
+
+@pytest.mark.parametrize("name,m,target,texts", REFUSALS, ids=[r[0] for r in REFUSALS])
+def test_refusals(name, m, target, texts):
+    with pytest.raises(OracleError) as exc:
+        decide(m, target)
+    for t in texts:
+        assert t in str(exc.value), str(exc.value)
+
+
+# ---- vLLM quirks: both readings ---------------------------------------------------------------
+
+def test_quark_w_mxfp4_deinterleave_both_readings():
+    correct = decide(QUARK_W4A16, Target("gfx950", tp=2))
+    literal = decide(QUARK_W4A16, Target("gfx950", tp=2), Server(quark_literal_deinterleave=True))
+    assert correct.layout.gate_up == "[gate; up]"
+    assert any("Suspected vLLM bug" in n for n in correct.notes)
+    assert literal.layout.gate_up == LITERAL_G_ROWS
+    assert any("Modelling vLLM literally" in n for n in literal.notes)
+    # gpt-oss is really interleaved on disk: both readings agree there (no bug note).
+    g = decide(GPT_OSS, Target("gfx950"), Server(quark_literal_deinterleave=True))
+    assert g.layout.gate_up == "[gate; up]" and not any("bug" in n for n in g.notes)
+
+
+def test_literal_deinterleave_scrambles_gate_and_up_rows():
+    I, K = 64, 16
+    gate = torch.full((I, K), 1, dtype=torch.uint8)
+    up = torch.full((I, K), 2, dtype=torch.uint8)
+    w13 = torch.cat([gate, up])  # how vLLM loads a Quark per-expert checkpoint
+    rows = vllm_literal_w13_rows(I)
+    assert sorted(rows) == list(range(2 * I))
+    literal = w13[rows]
+    # vLLM's literal reading puts up rows into the "gate" half that GU16 then interleaves.
+    assert (literal[:I] == 2).sum() > 0 and (literal[I:] == 1).sum() > 0
+    # The same permutation applied to a truly interleaved (gpt-oss) tensor is exactly right.
+    interleaved = torch.stack([gate, up], dim=1).reshape(2 * I, K)
+    assert torch.equal(interleaved[rows], w13)
+
+
+def test_k3_rule_skipped_under_ep_with_rocm_note():
+    d = decide(K3, Target("gfx950", tp=16, ep=True))
+    assert d.intermediate_per_rank == d.intermediate_per_rank_padded == 3072
+    assert any("does not check EP" in n for n in d.notes)
+
+
+def test_server_assumptions_switch_nvidia_picks():
+    no_situ = Server(flashinfer_situ=False)
+    assert decide(K3, Target("b200"), no_situ).options["vllm_backend"] == "DEEPGEMM_MXFP4"
+    bare = Server(flashinfer_situ=False, deep_gemm=False)
+    assert decide(K3, Target("b200"), bare).options["vllm_backend"] == "MARLIN"
+    assert decide(K3, Target("sm120"), Server(deep_gemm=False)).options["vllm_backend"] == "MARLIN"
+    # gpt-oss on sm90 without triton_kernels: CUTLASS BF16 (sm90 exactly), still not writable.
+    d = decide(GPT_OSS, Target("h100"), Server(triton_kernels=False))
+    assert d.options["vllm_backend"] == "FLASHINFER_CUTLASS_MXFP4_BF16"
+    # K3 on gfx942 without amd-quark: vLLM has nothing (EMULATION is its only fallback).
+    d = decide(K3, Target("gfx942"), Server(amd_quark=False))
+    assert d.options["vllm_backend"] is None and d.backend == "EMULATION"
+
+
+def test_dsv4_aiter_kernel_runs_fp8_activations():
+    d = decide(DSV4, Target("gfx950", tp=8))
+    assert d.act_quant == "bf16" and d.options["kernel_act"] == "fp8"
+    assert decide(DSV4, Target("gfx950", tp=8, act_quant="fp8")).layout == d.layout
+
+
+def test_producible_lists_what_forcing_accepts():
+    d = decide(K3, Target("gfx950", tp=8))
+    assert d.options["producible"] == ["AITER_MXFP4_BF16", "AITER_MXFP4_MXFP4", "EMULATION"]
+    for b in d.options["producible"]:
+        assert decide(K3, Target("gfx950", tp=8, backend=b)).backend == b
+
+
+# ---- round-up, arch, table ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("H,I,out", [((2880, 720), None, (2880, 736)), ((2880, 360), None, (2880, 384)),
+                                     ((2880, 2880), None, (2880, 2880)), ((90, 90), None, (96, 96))])
+def test_emulation_round_up_vllm_table(H, I, out):
+    i_mult, h_mult, _ = backend_alignment("EMULATION", "rocm", None)
+    h, i = H
+    assert (-(-h // h_mult) * h_mult, -(-i // i_mult) * i_mult) == out
+
+
+def test_round_up_rule_order():
+    # vLLM's test_aiter_mxfp4_bf16_silu_preserves_native_tp_shard: (7168, 3072 @ TP8) -> (7168, 384)
+    g = padded_geometry(backend="AITER_MXFP4_BF16", platform="rocm", activation="silu",
+                        hidden=7168, intermediate=3072, num_experts=8, tp=8, ep=False)
+    assert (g.hidden_padded, g.intermediate_per_rank_padded) == (7168, 384)
+    # Without the activation (gpt-oss / Quark) the same backend takes the 256 row.
+    g = padded_geometry(backend="AITER_MXFP4_BF16", platform="rocm", activation=None,
+                        hidden=7168, intermediate=3072, num_experts=8, tp=8, ep=False)
+    assert g.intermediate_per_rank_padded == 512
+    assert backend_alignment("MARLIN", "cuda", "situ")[:2] == (128, 256)
+    assert backend_alignment("TRITON", "cuda", None)[:2] == (64, None)
+    assert backend_alignment("TRITON_UNFUSED", "rocm", "silu")[:2] == (256, 256)
+    assert backend_alignment("CPU", "cpu", None)[:2] == (32, 32)
+    assert backend_alignment("EMULATION", "rocm", "situ")[:2] == (32, 32)  # before the ROCm rows
+
+
+def test_resolve_arch_aliases():
+    expect = {"mi300x": "gfx942", "MI325X": "gfx942", "mi350x": "gfx950", "mi355x": "gfx950",
+              "h100": "sm90", "H200": "sm90", "h20": "sm90", "b200": "sm100", "gb200": "sm100",
+              "gfx1250": "gfx1250", "sm120": "sm120", "cpu": "cpu"}
+    assert {k: resolve_arch(k) for k in expect} == expect
+    with pytest.raises(OracleError, match="Known archs: gfx942"):
+        resolve_arch("a100")
+
+
+def test_backend_table_is_complete():
+    for name, members in MOE_BACKEND_STRINGS.items():
+        assert parse_backend(name) == members
+        assert all(m in BACKENDS for m in members)
+    assert parse_backend("AITER") == ("AITER_MXFP4_BF16",)
+    assert parse_backend("aiter_mxfp4_bf16") == ("AITER_MXFP4_BF16",)
+    assert all(b.classes for b in BACKENDS.values())
