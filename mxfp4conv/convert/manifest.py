@@ -17,8 +17,9 @@ EXPERT_KINDS = ("w13_weight", "w13_weight_scale", "w2_weight", "w2_weight_scale"
                 "w13_bias", "w2_bias", "w13_input_scale", "w2_input_scale")
 
 
-def build_manifest(source, model, decision) -> dict[str, Any]:
-    """The manifest for converting ``source`` (its ``MoEModel``) as ``decision`` says."""
+def build_manifest(source, model, decision, target=None) -> dict[str, Any]:
+    """The manifest for converting ``source`` (its ``MoEModel``) as ``decision`` says;
+    ``target`` (the request) is recorded so that ``verify`` can ask the oracle again."""
     d = decision
     src: dict[str, Any] = {"family": model.family, "quant_scheme": model.quant_scheme,
                            "sha256": source.fingerprint()}
@@ -43,6 +44,7 @@ def build_manifest(source, model, decision) -> dict[str, Any]:
             "gate_mode": d.gate_mode,
             "is_shuffled": d.is_shuffled,
             "options": dict(d.options),
+            "request": _request(target),
         },
         "layout": d.layout.as_dict(),
         "moe": {
@@ -65,6 +67,24 @@ def build_manifest(source, model, decision) -> dict[str, Any]:
         "source": src,
         "notes": list(d.notes),
     }
+
+
+def _request(target) -> dict[str, Any] | None:
+    if target is None:
+        return None
+    return {"arch": target.arch, "tp": target.tp, "ep": target.ep, "act_quant": target.act_quant,
+            "aiter": target.aiter, "backend": target.backend}
+
+
+def target_from_manifest(m: dict[str, Any]):
+    """The request a manifest was converted for (falls back to the decided target)."""
+    from mxfp4conv.oracle.decision import Target
+
+    t = m["target"]
+    r = t.get("request") or {"arch": t["arch"], "tp": t["tp"], "ep": t["ep"], "act_quant": t["act_quant"],
+                             "aiter": t.get("options", {}).get("aiter", True), "backend": t["backend"]}
+    return Target(arch=r["arch"], tp=r["tp"], ep=bool(r["ep"]), act_quant=r["act_quant"],
+                  aiter=bool(r["aiter"]), backend=r["backend"])
 
 
 _REQUIRED = {

@@ -55,7 +55,7 @@ def prepare(source, target, shard_size=DEFAULT_SHARD_SIZE):
                               f"present); convert the original source instead.")
     model = load_model(src)
     decision = decide(model, target)
-    manifest = build_manifest(src, model, decision)
+    manifest = build_manifest(src, model, decision, target)
     plan = build_plan(src, model, decision, resolve_layouts(decision, get_layout),
                       plan_metadata(manifest), parse_size(shard_size))
     return src, model, decision, manifest, plan
