@@ -240,3 +240,14 @@ def test_bad_backend_and_act_quant(small):
         fused_moe(x, {"w13": 1}, w, ids)
     with pytest.raises(RuntimeInputError, match="out must be"):
         fused_moe(x, ex, w, ids, out=torch.empty(3, 96))
+
+
+def test_nan_scale_in_a_touched_expert_is_an_error():
+    d = global_experts(41, E=4, H=64, I=32)
+    ex = make_experts(d)
+    ex.w2_weight_scale[2, 5, 0] = 0xFF
+    x, w = torch.randn(2, 64), torch.full((2, 2), 0.5)
+    ok = fused_moe(x, ex, w, torch.tensor([[0, 1], [3, 1]]), backend="torch")  # expert 2 untouched
+    assert bool(torch.isfinite(ok).all())
+    with pytest.raises(Mxfp4convError, match="w2 scale of local expert 2.*0xFF"):
+        fused_moe(x, ex, w, torch.tensor([[0, 2], [3, 1]]), backend="torch")

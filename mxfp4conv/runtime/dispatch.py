@@ -7,7 +7,7 @@ import torch
 from mxfp4conv.errors import RuntimeInputError
 from mxfp4conv.runtime.act_quant import resolve_act_quant
 from mxfp4conv.runtime.experts import MoEExperts
-from mxfp4conv.runtime.loader import aiter_available, triton_layouts, _is_rocm
+from mxfp4conv.runtime.loader import aiter_available, is_rocm, triton_layouts
 
 BACKENDS = ("auto", "torch", "triton", "aiter")
 FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -65,7 +65,7 @@ def _validate(x, experts, topk_weights, topk_ids, out) -> None:
 def select_backend(experts: MoEExperts, act_quant: str) -> str:
     """``auto``: aiter for an AITER layout with aiter on ROCm, else triton on a GPU, else torch."""
     dev = experts.device
-    if experts.is_aiter and _is_rocm(dev) and aiter_available():
+    if experts.is_aiter and is_rocm(dev) and aiter_available():
         return "aiter"
     if dev.type == "cuda" and act_quant == "none" and _triton_available():
         return "triton"

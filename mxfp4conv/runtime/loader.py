@@ -62,10 +62,9 @@ def read_manifest(path: str | os.PathLike) -> dict[str, Any]:
             f"version(s) {', '.join(map(str, VERSIONS))}. Upgrade mxfp4conv or re-convert the "
             "checkpoint with this version."
         )
-    for key in ("target", "layout", "moe"):
-        if not isinstance(manifest.get(key), dict):
-            raise CheckpointError(f"{mpath} lacks the {key!r} object the format requires; re-run `mxfp4conv convert`.")
-    return manifest
+    from mxfp4conv.convert.manifest import validate_manifest
+
+    return validate_manifest(manifest, str(mpath))
 
 
 def _resolve_arch(name: str) -> str:
@@ -79,7 +78,7 @@ def _resolve_arch(name: str) -> str:
         return name.lower()
 
 
-def _is_rocm(device: torch.device) -> bool:
+def is_rocm(device: torch.device) -> bool:
     return device.type == "cuda" and getattr(torch.version, "hip", None) is not None
 
 
@@ -103,7 +102,7 @@ def choose_backend(requested: str, layout: dict[str, str], device: torch.device,
     if requested != "auto":
         return requested
     stored_aiter = any(is_aiter_layout(layout.get(k, "identity")) for k in WEIGHT_KINDS)
-    if stored_aiter and _is_rocm(device) and aiter_available():
+    if stored_aiter and is_rocm(device) and aiter_available():
         return "aiter"
     if device.type == "cuda" and act_quant == "none":
         return "triton"

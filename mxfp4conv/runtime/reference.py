@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from mxfp4conv.errors import CheckpointError
 from mxfp4conv.runtime.act_quant import qdq
 from mxfp4conv.runtime.activations import resolve_activation
 from mxfp4conv.runtime.experts import MoEExperts
@@ -19,10 +20,19 @@ def _static_scale(scales: torch.Tensor | None) -> float | None:
     return None if scales is None else float(scales.max())
 
 
-def dequant_expert(packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+def dequant_expert(ex: MoEExperts, kind: str, e: int) -> torch.Tensor:
+    """Local expert ``e`` of ``w13`` / ``w2`` as fp32 ``[N, K]``; a NaN scale (0xFF) is an error."""
     from mxfp4conv.codec import dequantize_mxfp4
 
-    return dequantize_mxfp4(packed, scales, dtype=torch.float32)
+    packed, scales = ex.tensor(kind)[e], ex.tensor(kind + "_scale")[e]
+    w = dequantize_mxfp4(packed, scales, dtype=torch.float32)
+    if not bool(torch.isfinite(w).all()):
+        raise CheckpointError(
+            f"{ex.prefix}.experts.rank{ex.rank}: {kind} scale of local expert {e} (global "
+            f"{ex.expert_offset + e}) holds the e8m0 byte 0xFF (NaN), so its output would be NaN. "
+            "The source checkpoint or the conversion is damaged; convert again from a healthy source."
+        )
+    return w
 
 
 def torch_fused_moe(
@@ -47,13 +57,13 @@ def torch_fused_moe(
     out = torch.zeros(T, h_pad, dtype=torch.float32, device=x.device)
     for e in torch.unique(local[local >= 0]).tolist():
         tok, slot = torch.nonzero(local == e, as_tuple=True)
-        w13 = dequant_expert(ex.w13_weight[e], ex.w13_weight_scale[e])  # [2*I_pad, H_pad]
+        w13 = dequant_expert(ex, "w13", e)  # [2*I_pad, H_pad]
         h = a1[tok] @ w13.T
         if ex.w13_bias is not None:
             h = h + ex.w13_bias[e]
         inter = act(h[:, :i_pad], h[:, i_pad:])
         inter = qdq(inter, act_quant, s2)
-        w2 = dequant_expert(ex.w2_weight[e], ex.w2_weight_scale[e])  # [H_pad, I_pad]
+        w2 = dequant_expert(ex, "w2", e)  # [H_pad, I_pad]
         y = inter @ w2.T
         if ex.w2_bias is not None:
             y = y + ex.w2_bias[e]
