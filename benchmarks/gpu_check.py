@@ -20,7 +20,9 @@ import time
 import torch
 
 from mxfp4conv.codec import dequantize_mxfp4
-from mxfp4conv.runtime.triton_moe import fused_moe_triton
+import dataclasses
+
+from mxfp4conv.runtime.triton_moe import fused_moe_triton, select_config
 
 
 def act64(name, params, g, u):
@@ -118,32 +120,38 @@ def main() -> int:
     dev = torch.device("cuda")
     rows, ok_all = [], True
     for i, (name, T, H, I, E, k, act, params, bias, dtype, routing) in enumerate(CASES):
-        t0 = time.time()
         x, w13, s13, w2, s2, tw, ids, b13, b2 = make_case(T, H, I, E, k, bias=bias, routing=routing, seed=100 + i, dev=dev)
         xin = x.to(dtype)
-        outs = []
-        for _ in range(2):
-            poison_free_memory(dev)
-            outs.append(fused_moe_triton(xin, w13, s13, w2, s2, tw, ids, activation=act, activation_params=params,
-                                         w13_bias=b13, w2_bias=b2))
-        torch.cuda.synchronize()
-        out = outs[0]
         ref = reference(xin.float(), w13, s13, w2, s2, tw, ids, act, params, b13, b2)
-        finite = bool(torch.isfinite(out).all())
-        det = bool(torch.equal(outs[0], outs[1]))
-        err = float((out.double() - ref).norm() / ref.norm().clamp_min(1e-30))
-        scale = ref.abs().max()
-        maxerr = float(((out.double() - ref).abs() / scale).max())
-        tol = 1e-2 if dtype != torch.float32 else 2e-3
-        skipped_zero = bool(torch.all(out[-1] == 0)) if routing == "ragged" else True
-        ok = finite and det and err < tol and skipped_zero and out.dtype == dtype and out.shape == x.shape
-        ok_all &= ok
-        ntouch = int(torch.unique(ids[ids >= 0]).numel())
-        rows.append((name, str(dtype).split(".")[-1], T, ntouch, err, maxerr, finite, det, ok, time.time() - t0))
-        del x, w13, s13, w2, s2, outs, out, ref
+        default = select_config(T * k, E, H, I // 1)
+        variants = [("default", default)]
+        if dtype != torch.float32:  # the other MMA path too
+            variants.append(("alt", dataclasses.replace(default, dot_scaled=not default.dot_scaled)))
+        for vname, cfg in variants:
+            t0 = time.time()
+            outs = []
+            for _ in range(2):
+                poison_free_memory(dev)
+                outs.append(fused_moe_triton(xin, w13, s13, w2, s2, tw, ids, activation=act, activation_params=params,
+                                             w13_bias=b13, w2_bias=b2, config=cfg))
+            torch.cuda.synchronize()
+            out = outs[0]
+            finite = bool(torch.isfinite(out).all())
+            det = bool(torch.equal(outs[0], outs[1]))
+            err = float((out.double() - ref).norm() / ref.norm().clamp_min(1e-30))
+            maxerr = float(((out.double() - ref).abs() / ref.abs().max()).max())
+            tol = 1e-2 if dtype != torch.float32 else 2e-3
+            skipped_zero = bool(torch.all(out[-1] == 0)) if routing == "ragged" else True
+            ok = finite and det and err < tol and skipped_zero and out.dtype == dtype and out.shape == x.shape
+            ok_all &= ok
+            ntouch = int(torch.unique(ids[ids >= 0]).numel())
+            label = f"{name} [{'dot_scaled' if cfg.dot_scaled else 'decode'}]"
+            rows.append((label, str(dtype).split(".")[-1], T, ntouch, err, maxerr, finite, det, ok, time.time() - t0))
+            del outs, out
+        del x, w13, s13, w2, s2, ref
         torch.cuda.empty_cache()
-    hdr = f"{'case':40s} {'dtype':8s} {'T':>5s} {'experts':>7s} {'relL2':>9s} {'max/ref':>9s} {'finite':>6s} {'determ':>6s} {'ok':>4s} {'s':>5s}"
-    lines = [hdr] + [f"{r[0]:40s} {r[1]:8s} {r[2]:5d} {r[3]:7d} {r[4]:9.2e} {r[5]:9.2e} {str(r[6]):>6s} {str(r[7]):>6s} {('PASS' if r[8] else 'FAIL'):>4s} {r[9]:5.1f}" for r in rows]
+    hdr = f"{'case':52s} {'dtype':8s} {'T':>5s} {'experts':>7s} {'relL2':>9s} {'max/ref':>9s} {'finite':>6s} {'determ':>6s} {'ok':>4s} {'s':>5s}"
+    lines = [hdr] + [f"{r[0]:52s} {r[1]:8s} {r[2]:5d} {r[3]:7d} {r[4]:9.2e} {r[5]:9.2e} {str(r[6]):>6s} {str(r[7]):>6s} {('PASS' if r[8] else 'FAIL'):>4s} {r[9]:5.1f}" for r in rows]
     print("\n".join(lines))
     if args.out:
         with open(f"{args.out}/gpu_check.txt", "w") as f:

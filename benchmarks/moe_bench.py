@@ -36,10 +36,12 @@ from mxfp4conv.runtime.triton_moe import MoEConfig, fused_moe_triton, select_con
 SHAPES = {"dsv3": (7168, 2048, 256, 8), "k3": (3584, 384, 896, 16)}
 BPW = 0.5 + 1 / 32
 SITU = {"beta": 4.0, "linear_beta": 25.0}
-SWEEP_SMALL = [MoEConfig(16, 32, 64, 128, 4, 4), MoEConfig(16, 16, 32, 128, 4, 4),
-               MoEConfig(16, 64, 128, 256, 4, 3), MoEConfig(16, 32, 64, 256, 8, 4)]
-SWEEP_LARGE = [MoEConfig(64, 64, 128, 64, 4, 3), MoEConfig(128, 64, 128, 64, 8, 3),
-               MoEConfig(64, 128, 128, 64, 8, 3), MoEConfig(128, 32, 64, 128, 8, 3)]
+C = MoEConfig
+SWEEP_SMALL = [C(16, 64, 128, 128, 4, 4), C(16, 64, 128, 128, 4, 4, True), C(16, 128, 256, 128, 8, 4),
+               C(16, 128, 256, 128, 8, 4, True), C(16, 64, 128, 256, 4, 3, True), C(16, 32, 64, 128, 4, 4, True),
+               C(16, 64, 128, 256, 4, 3)]
+SWEEP_LARGE = [C(64, 128, 128, 64, 8, 3), C(64, 128, 128, 64, 8, 3, True), C(128, 64, 128, 128, 8, 3, True),
+               C(64, 64, 128, 128, 4, 3, True), C(128, 128, 256, 64, 8, 3, True)]
 
 
 def copy_bandwidth() -> float:

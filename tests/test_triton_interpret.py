@@ -107,6 +107,7 @@ def test_activations_fp32_ragged(act, params, bias):
 @pytest.mark.parametrize("cfg", [
     triton_moe.MoEConfig(block_t=16, block_n1=16, block_n2=16, block_k=32),
     triton_moe.MoEConfig(block_t=32, block_n1=32, block_n2=64, block_k=64),
+    triton_moe.MoEConfig(block_t=16, block_n1=32, block_n2=32, block_k=64, dot_scaled=True),
 ])
 def test_fp16_multi_k_steps_and_tile_tails(cfg):
     # H = 96 and I = 96 are not multiples of the K or N tiles; top-k 3 over 5 experts

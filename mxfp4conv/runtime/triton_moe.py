@@ -34,6 +34,7 @@ class MoEConfig:
     block_k: int = 128
     num_warps: int = 4
     num_stages: int = 4
+    dot_scaled: bool = False  # tl.dot_scaled instead of the in-kernel decode (not for fp32 x)
 
 
 def select_config(num_pairs: int, num_experts: int, hidden: int, inter: int) -> MoEConfig:
@@ -171,6 +172,8 @@ def fused_moe_triton(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, *,
         return out.zero_()
     cfg = config or select_config(num_pairs, E, H, i_pad)
     dtype = getattr(triton.language, _TL_DTYPES[x.dtype])
+    mma = dict(DOT_SCALED=cfg.dot_scaled and x.dtype != torch.float32,
+               X_FORMAT={torch.bfloat16: "bf16", torch.float16: "fp16"}.get(x.dtype, "bf16"))
     x = x.contiguous()
     w13, w13_scale, w2, w2_scale = (t if t.stride(-1) == 1 else t.contiguous() for t in (w13, w13_scale, w2, w2_scale))
     ids = topk_ids.contiguous()
@@ -186,7 +189,7 @@ def fused_moe_triton(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, *,
         b13.stride(0), inter.stride(0),
         act["p0"], act["p1"],
         ACT=act["ACT"], HAS_LIMIT=act["HAS_LIMIT"], HAS_LINEAR=act["HAS_LINEAR"], HAS_BIAS=w13_bias is not None,
-        BLOCK_N=cfg.block_n1, BLOCK_T=cfg.block_t, BLOCK_K=cfg.block_k, DTYPE=dtype,
+        BLOCK_N=cfg.block_n1, BLOCK_T=cfg.block_t, BLOCK_K=cfg.block_k, DTYPE=dtype, **mma,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     pair_out = torch.empty(num_pairs, H, dtype=x.dtype, device=x.device)
@@ -197,7 +200,7 @@ def fused_moe_triton(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, *,
         inter.stride(0), w2.stride(0), w2.stride(1), w2_scale.stride(0), w2_scale.stride(1),
         b2.stride(0), pair_out.stride(0),
         HAS_BIAS=w2_bias is not None,
-        BLOCK_N=cfg.block_n2, BLOCK_T=cfg.block_t, BLOCK_K=cfg.block_k, DTYPE=dtype,
+        BLOCK_N=cfg.block_n2, BLOCK_T=cfg.block_t, BLOCK_K=cfg.block_k, DTYPE=dtype, **mma,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     block_h = min(1024, triton.next_power_of_2(H))

@@ -8,7 +8,9 @@ memory; each K step loads packed bytes and e8m0 scales and decodes them in regis
 fp4 decode: the 3 magnitude bits of an e2m1 code placed at bits 9..11 of an fp16 give
 ``2**(e-15) * (1 + m/2)`` (or the subnormal ``m * 2**-15`` when e == 0), i.e. the e2m1 value
 times ``2**-14`` in every case; the sign bit goes to bit 15. The ``2**14`` is folded into the
-e8m0 scale, so one multiply per weight finishes the decode.
+e8m0 scale, so one multiply per weight finishes the decode. With ``DOT_SCALED`` the kernels
+hand the packed bytes and scales to ``tl.dot_scaled`` instead and let Triton's backend do the
+upcast (bf16/fp16 activations only).
 """
 
 from __future__ import annotations
@@ -105,6 +107,7 @@ def moe_gemm1_kernel(
     p0, p1,
     ACT: tl.constexpr, HAS_LIMIT: tl.constexpr, HAS_LINEAR: tl.constexpr, HAS_BIAS: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, DTYPE: tl.constexpr,
+    DOT_SCALED: tl.constexpr, X_FORMAT: tl.constexpr,
 ):
     """inter[pair, j] = act(gate_j . x, up_j . x) for rows j and I_pad + j of w13."""
     pid_m = tl.program_id(0)
@@ -138,8 +141,12 @@ def moe_gemm1_kernel(
         sg = tl.load(sg_ptr, mask=ksm, other=127)
         su = tl.load(su_ptr, mask=ksm, other=127)
         xt = tl.load(xt_ptr, mask=tmask[None, :] & (offs_k[:, None] < K - k0), other=0.0).to(DTYPE)
-        acc_g = tl.dot(_dequant(wg, sg, BLOCK_N, BLOCK_K, DTYPE), xt, acc_g)
-        acc_u = tl.dot(_dequant(wu, su, BLOCK_N, BLOCK_K, DTYPE), xt, acc_u)
+        if DOT_SCALED:
+            acc_g = tl.dot_scaled(wg, sg, "e2m1", xt, None, X_FORMAT, acc_g)
+            acc_u = tl.dot_scaled(wu, su, "e2m1", xt, None, X_FORMAT, acc_u)
+        else:
+            acc_g = tl.dot(_dequant(wg, sg, BLOCK_N, BLOCK_K, DTYPE), xt, acc_g)
+            acc_u = tl.dot(_dequant(wu, su, BLOCK_N, BLOCK_K, DTYPE), xt, acc_u)
         wg_ptr += BLOCK_K // 2
         wu_ptr += BLOCK_K // 2
         sg_ptr += BLOCK_K // 32
@@ -178,6 +185,7 @@ def moe_gemm2_kernel(
     stride_at, stride_we, stride_wn, stride_se, stride_sn, stride_be, stride_ot,
     HAS_BIAS: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, DTYPE: tl.constexpr,
+    DOT_SCALED: tl.constexpr, X_FORMAT: tl.constexpr,
 ):
     """pair_out[pair, n] = w_pair * (w2[e, n] . inter[pair] + b2[e, n])."""
     pid_m = tl.program_id(0)
@@ -204,7 +212,10 @@ def moe_gemm2_kernel(
         w = tl.load(w_ptrs, mask=nmask[:, None] & (offs_kb[None, :] < (K - k0) // 2), other=0)
         s = tl.load(s_ptrs, mask=nmask[:, None] & (offs_ks[None, :] < (K - k0) // 32), other=127)
         at = tl.load(at_ptrs, mask=tmask[None, :] & (offs_k[:, None] < K - k0), other=0.0).to(DTYPE)
-        acc = tl.dot(_dequant(w, s, BLOCK_N, BLOCK_K, DTYPE), at, acc)
+        if DOT_SCALED:
+            acc = tl.dot_scaled(w, s, "e2m1", at, None, X_FORMAT, acc)
+        else:
+            acc = tl.dot(_dequant(w, s, BLOCK_N, BLOCK_K, DTYPE), at, acc)
         w_ptrs += BLOCK_K // 2
         s_ptrs += BLOCK_K // 32
         at_ptrs += BLOCK_K
