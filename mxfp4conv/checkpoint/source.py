@@ -267,7 +267,10 @@ class _HubFetcher(_Fetcher):
 
 
 def _offline() -> bool:
-    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+    from huggingface_hub import constants
+
+    env = os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+    return env or bool(constants.HF_HUB_OFFLINE)
 
 
 def _hub_error(repo: str, revision: str | None, rel: str, exc: Exception) -> CheckpointError:

@@ -1,0 +1,183 @@
+"""Sources: local sharded / single-file directories and hub repos through the HF cache."""
+
+import hashlib
+import json
+import os
+import shutil
+import stat
+
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from checkpoint_fixtures import copy_of, load_index, save_index, synth, tree_digest  # noqa: F401
+from mxfp4conv.checkpoint import open_source
+from mxfp4conv.errors import CheckpointError
+
+
+def test_sharded_weight_map_offsets_and_reads(synth):
+    root = synth("gpt_oss")
+    src = open_source(root)
+    index = load_index(root)
+    assert src.weight_map == index["weight_map"]
+    # gpt-oss shards are 0-indexed; names come from the index, never rebuilt.
+    assert src.shards() == ["model-00000-of-00001.safetensors", "model-00001-of-00001.safetensors"]
+    assert src.fingerprint() == hashlib.sha256((root / "model.safetensors.index.json").read_bytes()).hexdigest()
+    assert src.sidecar_files() == ["config.json", "generation_config.json", "tokenizer_config.json"]
+    assert src.config["model_type"] == "gpt_oss" and src.revision is None
+    for name in src.tensor_names():
+        shard = src.weight_map[name]
+        with safe_open(root / shard, "pt") as f:
+            want = f.get_tensor(name)
+        got = src.read_tensor(name)
+        info = src.tensor_info(name)
+        assert info.shard == shard and info.nbytes == want.numel() * want.element_size()
+        assert got.dtype == want.dtype and torch.equal(got, want), name
+        assert bytes(src.read_bytes(name)) == (root / shard).read_bytes()[info.begin:info.end]
+
+
+def test_raw_dtype_views(synth):
+    src = open_source(synth("deepseek_v4"))
+    w = src.read_tensor("layers.0.ffn.experts.0.w1.weight")
+    s = src.read_tensor("layers.0.ffn.experts.0.w1.scale")
+    assert src.tensor_info("layers.0.ffn.experts.0.w1.scale").dtype == "F8_E8M0"
+    assert w.dtype == torch.int8 and s.dtype == torch.uint8  # e8m0 as raw bytes, never cast
+    assert int(s.min()) > 100 and int(s.max()) < 0xFF
+
+
+def test_single_file_checkpoint(tmp_path):
+    t = {"a": torch.arange(6, dtype=torch.uint8), "b": torch.ones(2, dtype=torch.bfloat16)}
+    save_file(t, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "notes.txt").write_text("x")
+    (tmp_path / ".cache").mkdir()
+    (tmp_path / ".cache" / "junk").write_text("x")
+    src = open_source(str(tmp_path))
+    assert src.shards() == ["model.safetensors"] and src.tensor_names() == ["a", "b"]
+    assert torch.equal(src.read_tensor("a"), t["a"])
+    raw = (tmp_path / "model.safetensors").read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    assert src.fingerprint() == hashlib.sha256(raw[:8 + n]).hexdigest()
+    assert src.sidecar_files() == ["config.json", "sub/notes.txt"]
+
+
+def test_read_only_source_is_readable(synth, tmp_path):
+    root = copy_of(synth("kimi_k3"), tmp_path / "ro")
+    before = tree_digest(root)
+    for p in root.iterdir():
+        p.chmod(stat.S_IRUSR)
+    root.chmod(stat.S_IRUSR | stat.S_IXUSR)
+    try:
+        src = open_source(root)
+        for name in src.tensor_names()[:20]:
+            src.read_tensor(name)
+        src.close()
+    finally:
+        root.chmod(0o755)
+        for p in root.iterdir():
+            p.chmod(0o644)
+    assert tree_digest(root) == before
+
+
+@pytest.mark.parametrize("bad, message", [
+    ("../outside.safetensors", "outside the checkpoint directory"),
+    ("/etc/passwd", "outside the checkpoint directory"),
+    ("model-00009-of-00009.safetensors", "does not exist"),
+])
+def test_index_shard_names_are_checked(synth, tmp_path, bad, message):
+    root = copy_of(synth("quark"), tmp_path / "ck")
+    index = load_index(root)
+    name = next(iter(index["weight_map"]))
+    index["weight_map"][name] = bad
+    save_index(root, index)
+    with pytest.raises(CheckpointError) as err:
+        open_source(root)
+    assert message in str(err.value) and repr(bad) in str(err.value)
+
+
+def test_symlinked_shard_leading_outside_is_refused(synth, tmp_path):
+    root = copy_of(synth("quark"), tmp_path / "ck")
+    shard = root / "model-00002-of-00002.safetensors"
+    outside = tmp_path / "elsewhere.safetensors"
+    shutil.move(shard, outside)
+    shard.symlink_to(outside)
+    with pytest.raises(CheckpointError, match="symbolic link leading outside"):
+        open_source(root)
+    # A symlink that stays inside the directory is fine.
+    inside = root / "real.bin"
+    shutil.move(outside, inside)
+    shard.unlink()
+    shard.symlink_to(inside.name)
+    assert open_source(root).read_tensor("model.layers.2.mlp.experts.7.down_proj.weight").numel() > 0
+
+
+def test_not_a_checkpoint(tmp_path):
+    with pytest.raises(CheckpointError, match="no such directory"):
+        open_source(str(tmp_path / "nope" / "x"))
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(CheckpointError, match="neither model.safetensors.index.json"):
+        open_source(tmp_path)
+    (tmp_path / "config.json").write_text("[1]")
+    with pytest.raises(CheckpointError, match="JSON object"):
+        open_source(tmp_path)
+
+
+# ---- hub -----------------------------------------------------------------------------
+
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+@pytest.fixture
+def hub_cache(tmp_path, monkeypatch):
+    """An HF hub cache dir, offline mode on."""
+    from huggingface_hub import constants
+
+    cache = tmp_path / "hub"
+    cache.mkdir()
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    return cache
+
+
+def _cache_repo(cache, repo, ckpt, files):
+    base = cache / f"models--{repo.replace('/', '--')}"
+    snap = base / "snapshots" / COMMIT
+    snap.mkdir(parents=True)
+    (base / "refs").mkdir()
+    (base / "refs" / "main").write_text(COMMIT)
+    for f in files:
+        shutil.copy(ckpt / f, snap / f)
+    return snap
+
+
+def test_hub_source_from_cache_fetches_lazily(synth, hub_cache):
+    ckpt = synth("deepseek_v4")
+    # Only config, index and the first shard are cached: opening and reading tensors of
+    # that shard must work without the second one.
+    snap = _cache_repo(hub_cache, "org/dsv4", ckpt, ["config.json", "model.safetensors.index.json",
+                                                      "model-00001-of-00002.safetensors",
+                                                      "tokenizer_config.json"])
+    src = open_source("org/dsv4")
+    assert src.is_hub and src.revision == COMMIT and src.root == snap
+    first = [n for n, s in src.weight_map.items() if s == "model-00001-of-00002.safetensors"]
+    second = [n for n, s in src.weight_map.items() if s == "model-00002-of-00002.safetensors"]
+    with safe_open(ckpt / "model-00001-of-00002.safetensors", "pt") as f:
+        assert torch.equal(src.read_tensor(first[0]).view(torch.uint8).reshape(-1),
+                           f.get_tensor(first[0]).view(torch.uint8).reshape(-1))
+    assert src.has_local("model-00001-of-00002.safetensors")
+    assert not src.has_local("model-00002-of-00002.safetensors")
+    with pytest.raises(CheckpointError) as err:
+        src.read_tensor(second[0])
+    assert "HF_HUB_OFFLINE" in str(err.value) and "model-00002-of-00002.safetensors" in str(err.value)
+    assert src.sidecar_files() == ["config.json", "tokenizer_config.json"]
+    assert open_source(f"org/dsv4@{COMMIT}").revision == COMMIT
+
+
+def test_hub_offline_not_cached_is_a_clear_error(hub_cache):
+    with pytest.raises(CheckpointError) as err:
+        open_source("org/missing-model@main")
+    msg = str(err.value)
+    assert "org/missing-model@main" in msg and "HF_HUB_OFFLINE" in msg and "config.json" in msg
