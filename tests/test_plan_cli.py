@@ -1,0 +1,137 @@
+"""``mxfp4conv plan`` on small synthetic checkpoints in each family's real on-disk format."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from mxfp4conv.checkpoint import load_model, open_source
+from mxfp4conv.checkpoint.synthetic import make_checkpoint
+from mxfp4conv.cli import main
+from mxfp4conv.oracle import Target, decide
+
+
+@pytest.fixture(scope="module")
+def ckpts(tmp_path_factory):
+    root = tmp_path_factory.mktemp("plan")
+    return {
+        "kimi_k3": make_checkpoint("kimi_k3", root / "k3", intermediate=512, num_layers=1),
+        "deepseek_v4": make_checkpoint("deepseek_v4", root / "dsv4", num_layers=1),
+        "gpt_oss": make_checkpoint("gpt_oss", root / "gptoss", num_layers=1),
+        "quark_w4a4": make_checkpoint("quark", root / "q4", scheme="w_mxfp4_a_mxfp4", num_layers=1),
+        "quark_w4a16": make_checkpoint("quark", root / "q16", scheme="w_mxfp4", num_layers=1),
+    }
+
+
+def run(capsys, *argv):
+    try:
+        main(list(argv))
+        rc = 0
+    except SystemExit as exc:
+        rc = exc.code
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+# (checkpoint, CLI target args, Target, expected plan fields)
+PLANS = [
+    ("kimi_k3", ["--arch", "mi355x", "--tp", "4"], Target("gfx950", tp=4),
+     dict(backend="AITER_MXFP4_BF16", intermediate_per_rank=128, intermediate_per_rank_padded=256,
+          gate_mode="separated", layout_w13="aiter_p16", layout_w2_scale="aiter_e8m0_shuffle")),
+    ("kimi_k3", ["--arch", "gfx950", "--tp", "2", "--act-quant", "fp8"],
+     Target("gfx950", tp=2, act_quant="fp8"),
+     dict(backend="AITER_MXFP4_BF16", act_quant="fp8", intermediate_per_rank_padded=256,
+          gate_mode="interleave", layout_w13="aiter_p16_gu16",
+          env="VLLM_ROCM_USE_AITER_MOE_SITUV2_A8W4")),
+    ("kimi_k3", ["--arch", "gfx942", "--tp", "2"], Target("gfx942", tp=2),
+     dict(backend="EMULATION", intermediate_per_rank_padded=256, layout_w13="identity")),
+    ("kimi_k3", ["--arch", "h200"], Target("sm90"),
+     dict(backend="EMULATION", vllm_backend="MARLIN", layout_w13="identity")),
+    ("kimi_k3", ["--arch", "gfx950", "--no-aiter"], Target("gfx950", aiter=False),
+     dict(backend="EMULATION", vllm_backend="EMULATION")),
+    ("deepseek_v4", ["--arch", "gfx950", "--tp", "2"], Target("gfx950", tp=2),
+     dict(backend="AITER_MXFP4_BF16", intermediate_per_rank_padded=128, gate_mode="interleave",
+          layout_w13="aiter_p16_gu16", layout_w2_scale="aiter_scale_a16w4",
+          env="AITER_BF16_FP8_MOE_BOUND")),
+    ("deepseek_v4", ["--arch", "gfx942", "--tp", "2"], Target("gfx942", tp=2),
+     dict(backend="TRITON_UNFUSED", intermediate_per_rank_padded=256, layout_w13="identity")),
+    ("gpt_oss", ["--arch", "gfx950", "--ep", "--tp", "2"], Target("gfx950", tp=2, ep=True),
+     dict(backend="AITER_MXFP4_BF16", experts_per_rank=4, layout_w13="aiter_p16_gu16")),
+    ("gpt_oss", ["--arch", "b200"], Target("sm100"),
+     dict(backend="EMULATION", vllm_backend="FLASHINFER_TRTLLM_MXFP4_BF16")),
+    ("quark_w4a4", ["--arch", "gfx950"], Target("gfx950"),
+     dict(backend="AITER_MXFP4_MXFP4", act_quant="mxfp4", scale_pad_byte=1,
+          layout_w13_scale="aiter_e8m0_shuffle")),
+    ("quark_w4a16", ["--arch", "gfx950", "--backend", "emulation"],
+     Target("gfx950", backend="emulation"),
+     dict(backend="EMULATION", scale_pad_byte=1, layout_w13="identity")),
+]
+
+
+@pytest.mark.parametrize("name,args,target,exp", PLANS, ids=[f"{p[0]}-{'_'.join(p[1])}" for p in PLANS])
+def test_plan_json_matches_oracle(capsys, ckpts, name, args, target, exp):
+    rc, out, err = run(capsys, "plan", str(ckpts[name]), *args, "--json")
+    assert rc == 0, err
+    got = json.loads(out)
+    model = load_model(open_source(str(ckpts[name])))
+    want = decide(model, target).plan_json()
+    assert {k: got[k] for k in want} == json.loads(json.dumps(want))
+    assert got["family"] == model.family and got["quant_scheme"] == model.quant_scheme
+    for key, value in exp.items():
+        if key.startswith("layout_"):
+            assert got["layout"][key[len("layout_"):]] == value
+        elif key == "env":
+            assert value in got["runtime_env"]
+        elif key == "vllm_backend":
+            assert got["options"]["vllm_backend"] == value
+        else:
+            assert got[key] == value, key
+    assert [c for c in got["candidates"] if c["selected"]][0]["backend"] == got["backend"]
+    assert all(c["reason"] for c in got["candidates"])
+
+
+def test_plan_human_trace(capsys, ckpts):
+    rc, out, _ = run(capsys, "plan", str(ckpts["kimi_k3"]), "--arch", "h200", "--tp", "4")
+    assert rc == 0
+    out = " ".join(out.split())  # rich wraps long lines at the terminal width
+    for text in ("Backends tried", "MARLIN", "vLLM's pick", "EMULATION", "[gate; up]",
+                 "Padded geometry", "Kimi-K3 model rule", "Server environment"):
+        assert text in out, text
+    rc, out, _ = run(capsys, "plan", str(ckpts["kimi_k3"]), "--arch", "gfx950", "--act-quant", "fp8")
+    out = " ".join(out.split())
+    assert rc == 0 and "VLLM_ROCM_USE_AITER_MOE_SITUV2_A8W4=1" in out and "aiter_p16_gu16" in out
+
+
+@pytest.mark.parametrize("args,texts", [
+    (["--arch", "gfx1100"], ["Unknown target arch 'gfx1100'", "mi355x"]),
+    (["--arch", "gfx950", "--tp", "3"], ["cannot split", "512"]),
+    (["--arch", "gfx950", "--tp", "32"], ["not a multiple of the MXFP4 block"]),
+    (["--arch", "gfx942", "--backend", "aiter"], ["cannot serve", "only on gfx950"]),
+    (["--arch", "h100", "--backend", "marlin"], ["cannot write", "MARLIN"]),
+    (["--arch", "gfx950", "--act-quant", "mxfp4"], ["act-quant mxfp4"]),
+])
+def test_plan_refusals_exit_1(capsys, ckpts, args, texts):
+    rc, out, err = run(capsys, "plan", str(ckpts["kimi_k3"]), *args, "--json")
+    assert rc == 1 and out == ""
+    assert err.startswith("error: ") and "Traceback" not in err
+    flat = " ".join(err.split())
+    for t in texts:
+        assert t in flat, flat
+
+
+def test_plan_on_converted_checkpoint(capsys, tmp_path):
+    out_dir = tmp_path / "converted"
+    out_dir.mkdir()
+    manifest = {"format": "mxfp4conv-kernel-layout", "version": 1,
+                "target": {"arch": "gfx950", "backend": "AITER_MXFP4_BF16", "tp": 8, "ep": False,
+                           "act_quant": "bf16"},
+                "layout": {"w13": "aiter_p16"}, "moe": {}, "runtime_env": {"AITER_BF16_FP8_MOE_BOUND": "0"},
+                "source": {"repo": "moonshotai/Kimi-K3"}}
+    (out_dir / "mxfp4conv.json").write_text(json.dumps(manifest))
+    rc, out, _ = run(capsys, "plan", str(out_dir), "--arch", "mi355x", "--tp", "8")
+    assert rc == 0 and "already converted" in out and "AITER_MXFP4_BF16" in out
+    rc, out, _ = run(capsys, "plan", str(out_dir), "--arch", "gfx950", "--tp", "8", "--json")
+    assert rc == 0 and json.loads(out)["already_converted"] is True
+    rc, out, err = run(capsys, "plan", str(out_dir), "--arch", "gfx942", "--tp", "8")
+    assert rc == 1 and "already converted" in err and "moonshotai/Kimi-K3" in " ".join(err.split())
