@@ -201,7 +201,8 @@ def device(pred: Callable[[Ctx], "str | None"]) -> Gate:
 
 # ---- other gates ---------------------------------------------------------------------------
 
-def activations(names: frozenset[str] | set[str], extra: Callable[[Ctx], "str | None"] | None = None) -> Gate:
+def activations(names: frozenset[str] | set[str],
+                extra: Callable[[Ctx], "str | None"] | None = None) -> Gate:
     names = frozenset(names)
 
     def gate(c: Ctx) -> str | None:
@@ -273,7 +274,9 @@ def standard_format(c: Ctx) -> str | None:
 
 
 def batched_format(c: Ctx) -> str | None:
-    return None if c.batched else "activation format: needs BatchedExperts (DeepEP-LL); deployment uses Standard"
+    if c.batched:
+        return None
+    return "activation format: needs BatchedExperts (DeepEP-LL); deployment uses Standard"
 
 
 def emulation_experts(c: Ctx) -> str | None:
@@ -422,7 +425,8 @@ def priority_backends(arch: Arch) -> tuple[str, ...]:
 DSV4_ROCM_PRIORITY = ("AITER_MXFP4_BF16", "TRITON_UNFUSED")
 
 
-def filter_by_activation(names: tuple[str, ...], key: str | None) -> tuple[tuple[str, ...], dict[str, str]]:
+def filter_by_activation(names: tuple[str, ...],
+                         key: str | None) -> tuple[tuple[str, ...], dict[str, str]]:
     """_filter_by_activation: (kept, {dropped: why})."""
     if key is not None:
         kept = tuple(n for n in names if BACKENDS[n].default_key == key or n == "EMULATION")

@@ -124,7 +124,8 @@ def _resolve_key(model: MoEModel, act_quant: str, model_key: str | None) -> str 
     return override
 
 
-def _walk(selector: str, names: tuple[str, ...], ctx: Ctx, key_for, dropped: dict[str, str] | None = None) -> _Walk:
+def _walk(selector: str, names: tuple[str, ...], ctx: Ctx, key_for,
+          dropped: dict[str, str] | None = None) -> _Walk:
     w = _Walk(selector)
     for name in names:
         if dropped and name in dropped:
@@ -237,7 +238,8 @@ def _quark_unselected(model: MoEModel, target: Target, forced: tuple[str, ...] |
     return w
 
 
-def _fallback_format(model: MoEModel, target: Target, arch: Arch, walk: _Walk) -> KernelFormat | ActQuantRefused:
+def _fallback_format(model: MoEModel, target: Target, arch: Arch,
+                     walk: _Walk) -> KernelFormat | ActQuantRefused:
     if model.moe_method == "mxfp4":
         fmt = kernel_format_s("EMULATION", arch, target.tp, model.activation.name,
                               target.act_quant, model.static_input_scales)
@@ -258,7 +260,8 @@ def _producible(model: MoEModel, target: Target, arch: Arch, server: Server) -> 
             out.append(name)
     if "EMULATION" not in out:
         try:
-            fmt = _fallback_format(model, target, arch, _resolve(model, replace(target, backend=None), arch, server).walk)
+            auto = _resolve(model, replace(target, backend=None), arch, server)
+            fmt = _fallback_format(model, target, arch, auto.walk)
         except OracleError:
             fmt = None
         if isinstance(fmt, KernelFormat):
@@ -353,7 +356,8 @@ def decide(model: MoEModel, target: Target, server: Server | None = None) -> Dec
     if model.moe_method == "quark" and model.quant_scheme not in QUARK_SCHEME_KEYS:
         notes.append(f"Quark scheme {model.quant_scheme}: vLLM's oracle does not select a "
                      "backend for it; EMULATION dequantises every forward pass.")
-    notes.append("Modelled vLLM server: " + ", ".join(server.assumptions(arch, model.moe_method == "quark")) + ".")
+    assumed = server.assumptions(arch, model.moe_method == "quark")
+    notes.append("Modelled vLLM server: " + ", ".join(assumed) + ".")
 
     return Decision(
         arch=arch.name,
