@@ -386,3 +386,10 @@ def test_backend_table_is_complete():
     assert parse_backend("AITER") == ("AITER_MXFP4_BF16",)
     assert parse_backend("aiter_mxfp4_bf16") == ("AITER_MXFP4_BF16",)
     assert all(b.classes for b in BACKENDS.values())
+
+
+def test_every_recipe_layout_is_registered():
+    from mxfp4conv.shuffle.layouts import get_layout
+
+    for name in PRODUCIBLE_LAYOUTS:
+        assert get_layout(name).name == name
