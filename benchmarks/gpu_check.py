@@ -125,8 +125,8 @@ def main() -> int:
         ref = reference(xin.float(), w13, s13, w2, s2, tw, ids, act, params, b13, b2)
         default = select_config(T * k, E, H, I // 1)
         variants = [("default", default)]
-        if dtype != torch.float32:  # the other MMA path too
-            variants.append(("alt", dataclasses.replace(default, dot_scaled=not default.dot_scaled)))
+        if dtype != torch.float32:  # every MMA path
+            variants += [(f"mode{m}", dataclasses.replace(default, mode=m)) for m in (0, 1, 2) if m != default.mode]
         for vname, cfg in variants:
             t0 = time.time()
             outs = []
@@ -145,7 +145,7 @@ def main() -> int:
             ok = finite and det and err < tol and skipped_zero and out.dtype == dtype and out.shape == x.shape
             ok_all &= ok
             ntouch = int(torch.unique(ids[ids >= 0]).numel())
-            label = f"{name} [{'dot_scaled' if cfg.dot_scaled else 'decode'}]"
+            label = f"{name} [{('bytes', 'words', 'dot_scaled')[cfg.mode if dtype != torch.float32 else 0]}]"
             rows.append((label, str(dtype).split(".")[-1], T, ntouch, err, maxerr, finite, det, ok, time.time() - t0))
             del outs, out
         del x, w13, s13, w2, s2, ref

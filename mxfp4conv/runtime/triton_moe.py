@@ -34,7 +34,7 @@ class MoEConfig:
     block_k: int = 128
     num_warps: int = 4
     num_stages: int = 4
-    dot_scaled: bool = False  # tl.dot_scaled instead of the in-kernel decode (not for fp32 x)
+    mode: int = 0  # 0: byte decode, 1: int32-word decode to bf16 bits, 2: tl.dot_scaled (not for fp32 x)
 
 
 def select_config(num_pairs: int, num_experts: int, hidden: int, inter: int) -> MoEConfig:
@@ -172,8 +172,13 @@ def fused_moe_triton(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, *,
         return out.zero_()
     cfg = config or select_config(num_pairs, E, H, i_pad)
     dtype = getattr(triton.language, _TL_DTYPES[x.dtype])
-    mma = dict(DOT_SCALED=cfg.dot_scaled and x.dtype != torch.float32,
-               X_FORMAT={torch.bfloat16: "bf16", torch.float16: "fp16"}.get(x.dtype, "bf16"))
+    mode = 0 if x.dtype == torch.float32 else cfg.mode
+    mma = dict(MODE=mode, X_FORMAT={torch.bfloat16: "bf16", torch.float16: "fp16"}.get(x.dtype, "bf16"))
+    if mode == 1:  # the kernels read the packed codes as int32 words (8 codes each)
+        try:
+            w13, w2 = w13.view(torch.int32), w2.view(torch.int32)
+        except RuntimeError:  # storage not 4-byte aligned: the byte decode reads it as is
+            mma["MODE"] = 0
     x = x.contiguous()
     w13, w13_scale, w2, w2_scale = (t if t.stride(-1) == 1 else t.contiguous() for t in (w13, w13_scale, w2, w2_scale))
     ids = topk_ids.contiguous()

@@ -8,9 +8,10 @@ memory; each K step loads packed bytes and e8m0 scales and decodes them in regis
 fp4 decode: the 3 magnitude bits of an e2m1 code placed at bits 9..11 of an fp16 give
 ``2**(e-15) * (1 + m/2)`` (or the subnormal ``m * 2**-15`` when e == 0), i.e. the e2m1 value
 times ``2**-14`` in every case; the sign bit goes to bit 15. The ``2**14`` is folded into the
-e8m0 scale, so one multiply per weight finishes the decode. With ``DOT_SCALED`` the kernels
-hand the packed bytes and scales to ``tl.dot_scaled`` instead and let Triton's backend do the
-upcast (bf16/fp16 activations only).
+e8m0 scale, so one multiply per weight finishes the decode (MODE 0). MODE 1 reads int32 words
+and decodes two codes per integer operation straight into bf16 bits (``_dequant_words``).
+MODE 2 hands the packed bytes and scales to ``tl.dot_scaled`` and lets Triton's backend do
+the upcast (bf16/fp16 activations only).
 """
 
 from __future__ import annotations
@@ -47,6 +48,41 @@ def _dequant(w_u8, s_u8, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DTYPE: tl
     scale = tl.where(s == 255, float("nan"), scale)
     v = v * scale[:, :, None]
     return v.reshape(BLOCK_N, BLOCK_K).to(DTYPE)
+
+
+@triton.jit
+def _dequant_words(wq, s_u8, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DTYPE: tl.constexpr):
+    """[BLOCK_N, BLOCK_K//8] int32 words (8 codes each) + e8m0 -> [BLOCK_N, BLOCK_K] DTYPE.
+
+    Works on two codes per 32-bit operation: for nibble i of a word, the mask 0x00070007
+    picks codes i and i+4 into the two 16-bit halves, and ``<< 6`` / ``<< 12`` place the
+    magnitude and sign bits so each half is the bf16 ``e2m1 * 2**-126`` (a subnormal for
+    the codes 0.5 and 0); one multiply by ``2**126`` makes it exact, one by the e8m0 scale
+    (the bf16 ``s << 7``) scales it. Folding both into one factor would overflow for s > 128.
+    """
+    halves = []
+    for i in tl.static_range(4):
+        t = wq >> (4 * i)
+        r = ((t & 0x00070007) << 6) | ((t & 0x00080008) << 12)
+        halves.append(tl.join(r.to(tl.int16), (r >> 16).to(tl.int16)))  # codes i, i + 4
+    v = tl.join(tl.join(halves[0], halves[2]), tl.join(halves[1], halves[3]))
+    v = v.reshape(BLOCK_N, BLOCK_K // 32, 32).to(tl.bfloat16, bitcast=True) * 8.507059e37  # 2**126
+    s = s_u8.to(tl.int16)
+    sb = tl.where(s == 255, 0x7FC0, tl.where(s == 0, 0x0040, s << 7)).to(tl.int16)  # 2**(s-127)
+    v = v * sb.to(tl.bfloat16, bitcast=True)[:, :, None]
+    return v.reshape(BLOCK_N, BLOCK_K).to(DTYPE)
+
+
+@triton.jit
+def _mx_dot(w, s, xt, acc, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DTYPE: tl.constexpr,
+            MODE: tl.constexpr, X_FORMAT: tl.constexpr):
+    """acc + dequant(w, s) @ xt; MODE 0: byte decode, 1: word decode, 2: tl.dot_scaled."""
+    if MODE == 2:
+        return tl.dot_scaled(w, s, "e2m1", xt, None, X_FORMAT, acc)
+    elif MODE == 1:
+        return tl.dot(_dequant_words(w, s, BLOCK_N, BLOCK_K, DTYPE), xt, acc)
+    else:
+        return tl.dot(_dequant(w, s, BLOCK_N, BLOCK_K, DTYPE), xt, acc)
 
 
 @triton.jit
@@ -107,7 +143,7 @@ def moe_gemm1_kernel(
     p0, p1,
     ACT: tl.constexpr, HAS_LIMIT: tl.constexpr, HAS_LINEAR: tl.constexpr, HAS_BIAS: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, DTYPE: tl.constexpr,
-    DOT_SCALED: tl.constexpr, X_FORMAT: tl.constexpr,
+    MODE: tl.constexpr, X_FORMAT: tl.constexpr,
 ):
     """inter[pair, j] = act(gate_j . x, up_j . x) for rows j and I_pad + j of w13."""
     pid_m = tl.program_id(0)
@@ -123,7 +159,8 @@ def moe_gemm1_kernel(
     tok = (pair // top_k).to(tl.int64)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = offs_n < I_pad
-    offs_kb = tl.arange(0, BLOCK_K // 2)
+    PACK: tl.constexpr = 8 if MODE == 1 else 2  # codes per element of w (int32 words or bytes)
+    offs_kb = tl.arange(0, BLOCK_K // PACK)
     offs_ks = tl.arange(0, BLOCK_K // 32)
     offs_k = tl.arange(0, BLOCK_K)
     wg_ptr = w_ptr + e * stride_we + offs_n[:, None].to(tl.int64) * stride_wn + offs_kb[None, :]
@@ -134,21 +171,17 @@ def moe_gemm1_kernel(
     acc_g = tl.zeros([BLOCK_N, BLOCK_T], tl.float32)
     acc_u = tl.zeros([BLOCK_N, BLOCK_T], tl.float32)
     for k0 in range(0, K, BLOCK_K):
-        kbm = nmask[:, None] & (offs_kb[None, :] < (K - k0) // 2)
+        kbm = nmask[:, None] & (offs_kb[None, :] < (K - k0) // PACK)
         ksm = nmask[:, None] & (offs_ks[None, :] < (K - k0) // 32)
         wg = tl.load(wg_ptr, mask=kbm, other=0)
         wu = tl.load(wu_ptr, mask=kbm, other=0)
         sg = tl.load(sg_ptr, mask=ksm, other=127)
         su = tl.load(su_ptr, mask=ksm, other=127)
         xt = tl.load(xt_ptr, mask=tmask[None, :] & (offs_k[:, None] < K - k0), other=0.0).to(DTYPE)
-        if DOT_SCALED:
-            acc_g = tl.dot_scaled(wg, sg, "e2m1", xt, None, X_FORMAT, acc_g)
-            acc_u = tl.dot_scaled(wu, su, "e2m1", xt, None, X_FORMAT, acc_u)
-        else:
-            acc_g = tl.dot(_dequant(wg, sg, BLOCK_N, BLOCK_K, DTYPE), xt, acc_g)
-            acc_u = tl.dot(_dequant(wu, su, BLOCK_N, BLOCK_K, DTYPE), xt, acc_u)
-        wg_ptr += BLOCK_K // 2
-        wu_ptr += BLOCK_K // 2
+        acc_g = _mx_dot(wg, sg, xt, acc_g, BLOCK_N, BLOCK_K, DTYPE, MODE, X_FORMAT)
+        acc_u = _mx_dot(wu, su, xt, acc_u, BLOCK_N, BLOCK_K, DTYPE, MODE, X_FORMAT)
+        wg_ptr += BLOCK_K // PACK
+        wu_ptr += BLOCK_K // PACK
         sg_ptr += BLOCK_K // 32
         su_ptr += BLOCK_K // 32
         xt_ptr += BLOCK_K
@@ -185,7 +218,7 @@ def moe_gemm2_kernel(
     stride_at, stride_we, stride_wn, stride_se, stride_sn, stride_be, stride_ot,
     HAS_BIAS: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, DTYPE: tl.constexpr,
-    DOT_SCALED: tl.constexpr, X_FORMAT: tl.constexpr,
+    MODE: tl.constexpr, X_FORMAT: tl.constexpr,
 ):
     """pair_out[pair, n] = w_pair * (w2[e, n] . inter[pair] + b2[e, n])."""
     pid_m = tl.program_id(0)
@@ -201,7 +234,8 @@ def moe_gemm2_kernel(
     pair64 = pair.to(tl.int64)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = offs_n < N
-    offs_kb = tl.arange(0, BLOCK_K // 2)
+    PACK: tl.constexpr = 8 if MODE == 1 else 2
+    offs_kb = tl.arange(0, BLOCK_K // PACK)
     offs_ks = tl.arange(0, BLOCK_K // 32)
     offs_k = tl.arange(0, BLOCK_K)
     w_ptrs = w_ptr + e * stride_we + offs_n[:, None].to(tl.int64) * stride_wn + offs_kb[None, :]
@@ -209,14 +243,11 @@ def moe_gemm2_kernel(
     at_ptrs = a_ptr + pair64[None, :] * stride_at + offs_k[:, None]
     acc = tl.zeros([BLOCK_N, BLOCK_T], tl.float32)
     for k0 in range(0, K, BLOCK_K):
-        w = tl.load(w_ptrs, mask=nmask[:, None] & (offs_kb[None, :] < (K - k0) // 2), other=0)
+        w = tl.load(w_ptrs, mask=nmask[:, None] & (offs_kb[None, :] < (K - k0) // PACK), other=0)
         s = tl.load(s_ptrs, mask=nmask[:, None] & (offs_ks[None, :] < (K - k0) // 32), other=127)
         at = tl.load(at_ptrs, mask=tmask[None, :] & (offs_k[:, None] < K - k0), other=0.0).to(DTYPE)
-        if DOT_SCALED:
-            acc = tl.dot_scaled(w, s, "e2m1", at, None, X_FORMAT, acc)
-        else:
-            acc = tl.dot(_dequant(w, s, BLOCK_N, BLOCK_K, DTYPE), at, acc)
-        w_ptrs += BLOCK_K // 2
+        acc = _mx_dot(w, s, at, acc, BLOCK_N, BLOCK_K, DTYPE, MODE, X_FORMAT)
+        w_ptrs += BLOCK_K // PACK
         s_ptrs += BLOCK_K // 32
         at_ptrs += BLOCK_K
     if HAS_BIAS:
