@@ -38,28 +38,12 @@ class MoEConfig:
 
 
 def select_config(num_pairs: int, num_experts: int, hidden: int, inter: int) -> MoEConfig:
-    """Heuristic tiles: swap-AB with 16-pair blocks in decode, bigger token tiles in prefill,
-    and weight tiles small enough that both GEMMs launch a few waves over 132 SMs."""
+    """Tiles measured best on an H200 (benchmarks/moe_bench.py --sweep, docs/performance.md):
+    swap-AB with 16-pair blocks while experts see few tokens, 64-pair blocks in prefill."""
     per_expert = num_pairs / max(1, min(num_experts, num_pairs))
-    if per_expert <= 16:
-        block_t, warps, stages = 16, 4, 4
-    elif per_expert <= 32:
-        block_t, warps, stages = 32, 4, 4
-    elif per_expert <= 64:
-        block_t, warps, stages = 64, 4, 3
-    else:
-        block_t, warps, stages = 128, 8, 3
-    blocks = max(1, num_pairs // block_t + min(num_experts, num_pairs))
-    target = 4 * 132
-
-    def pick(n: int, sizes: tuple[int, ...]) -> int:
-        for bn in sizes:
-            if blocks * triton.cdiv(n, bn) >= target:
-                return bn
-        return sizes[-1]
-
-    return MoEConfig(block_t=block_t, block_n1=pick(inter, (64, 32, 16)),
-                     block_n2=pick(hidden, (128, 64, 32, 16)), num_warps=warps, num_stages=stages)
+    if per_expert <= 32:
+        return MoEConfig(block_t=16, block_n1=64, block_n2=128, block_k=128, num_warps=4, num_stages=4, mode=0)
+    return MoEConfig(block_t=64, block_n1=128, block_n2=128, block_k=64, num_warps=8, num_stages=3, mode=0)
 
 
 def _param(params: Mapping[str, float], *names: str, default=None):

@@ -51,25 +51,32 @@ def _dequant(w_u8, s_u8, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DTYPE: tl
 
 
 @triton.jit
+def _bf16_pair(wq, SHIFT: tl.constexpr):
+    t = wq >> SHIFT
+    r = ((t & 0x00070007) << 6) | ((t & 0x00080008) << 12)
+    return tl.join(r.to(tl.int16), (r >> 16).to(tl.int16))
+
+
+@triton.jit
 def _dequant_words(wq, s_u8, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DTYPE: tl.constexpr):
     """[BLOCK_N, BLOCK_K//8] int32 words (8 codes each) + e8m0 -> [BLOCK_N, BLOCK_K] DTYPE.
 
     Works on two codes per 32-bit operation: for nibble i of a word, the mask 0x00070007
     picks codes i and i+4 into the two 16-bit halves, and ``<< 6`` / ``<< 12`` place the
     magnitude and sign bits so each half is the bf16 ``e2m1 * 2**-126`` (a subnormal for
-    the codes 0.5 and 0); one multiply by ``2**126`` makes it exact, one by the e8m0 scale
-    (the bf16 ``s << 7``) scales it. Folding both into one factor would overflow for s > 128.
+    the codes 0.5 and 0). Multiplying by ``2**(s-1)`` (bf16 bits ``(s + 126) << 7``) applies
+    the bias and the e8m0 scale at once; that factor overflows for s > 128, where a tile
+    takes two multiplies instead.
     """
-    halves = []
-    for i in tl.static_range(4):
-        t = wq >> (4 * i)
-        r = ((t & 0x00070007) << 6) | ((t & 0x00080008) << 12)
-        halves.append(tl.join(r.to(tl.int16), (r >> 16).to(tl.int16)))  # codes i, i + 4
-    v = tl.join(tl.join(halves[0], halves[2]), tl.join(halves[1], halves[3]))
-    v = v.reshape(BLOCK_N, BLOCK_K // 32, 32).to(tl.bfloat16, bitcast=True) * 8.507059e37  # 2**126
+    v = tl.join(tl.join(_bf16_pair(wq, 0), _bf16_pair(wq, 8)), tl.join(_bf16_pair(wq, 4), _bf16_pair(wq, 12)))
+    v = v.reshape(BLOCK_N, BLOCK_K // 32, 32).to(tl.bfloat16, bitcast=True)
     s = s_u8.to(tl.int16)
-    sb = tl.where(s == 255, 0x7FC0, tl.where(s == 0, 0x0040, s << 7)).to(tl.int16)  # 2**(s-127)
-    v = v * sb.to(tl.bfloat16, bitcast=True)[:, :, None]
+    if tl.max(tl.max(s_u8, 1), 0) > 128:
+        sb = tl.where(s == 255, 0x7FC0, tl.where(s == 0, 0x0040, s << 7)).to(tl.int16)  # 2**(s-127)
+        v = (v * 8.507059e37) * sb.to(tl.bfloat16, bitcast=True)[:, :, None]
+    else:
+        sb = tl.where(s == 0, 0x0040, (s + 126) << 7).to(tl.int16)  # 2**(s-1); s = 0: 2**-127
+        v = v * sb.to(tl.bfloat16, bitcast=True)[:, :, None]
     return v.reshape(BLOCK_N, BLOCK_K).to(DTYPE)
 
 
