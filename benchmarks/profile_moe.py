@@ -1,0 +1,40 @@
+"""One fused MoE call per kernel mode, for a profiler (ncu) to attach to.
+
+    ncu --clock-control none -k regex:moe_gemm -c 4 python benchmarks/profile_moe.py --shape dsv3 --tokens 64
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+import torch
+
+from mxfp4conv.runtime.triton_moe import fused_moe_triton, select_config
+
+SHAPES = {"dsv3": (7168, 2048, 256, 8), "k3": (3584, 384, 896, 16)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shape", default="dsv3")
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--modes", default="0,1")
+    args = ap.parse_args()
+    H, I, E, k = SHAPES[args.shape]
+    T = args.tokens
+    w13 = torch.randint(0, 256, (E, 2 * I, H // 2), device="cuda", dtype=torch.uint8)
+    s13 = torch.randint(118, 122, (E, 2 * I, H // 32), device="cuda", dtype=torch.uint8)
+    w2 = torch.randint(0, 256, (E, H, I // 2), device="cuda", dtype=torch.uint8)
+    s2 = torch.randint(118, 122, (E, H, I // 32), device="cuda", dtype=torch.uint8)
+    ids = torch.rand(T, E, device="cuda").topk(k, dim=1).indices.to(torch.int32)
+    tw = torch.rand(T, k, device="cuda")
+    x = torch.randn(T, H, device="cuda", dtype=torch.bfloat16)
+    for m in (int(v) for v in args.modes.split(",")):
+        cfg = dataclasses.replace(select_config(T * k, E, H, I), mode=m)
+        fused_moe_triton(x, w13, s13, w2, s2, tw, ids, activation="silu", activation_params={}, config=cfg)
+    torch.cuda.synchronize()
+
+
+if __name__ == "__main__":
+    main()
