@@ -9,7 +9,7 @@ import torch
 from mxfp4conv.errors import CheckpointError, RuntimeInputError
 from mxfp4conv.runtime import fused_moe
 from mxfp4conv.runtime.aiter_backend import aiter_call_args
-from runtime_helpers import global_experts, make_experts
+from runtime_fixtures import global_experts, make_experts
 
 A16W4 = {"w13": "aiter_p16", "w13_scale": "aiter_scale_a16w4", "w2": "aiter_p16", "w2_scale": "aiter_e8m0_shuffle"}
 GU16 = {"w13": "aiter_p16_gu16", "w13_scale": "aiter_scale_a16w4_gu16", "w2": "aiter_p16", "w2_scale": "aiter_scale_a16w4"}

@@ -8,7 +8,7 @@ import torch
 
 from mxfp4conv.oracle.decision import Target
 from mxfp4conv.runtime import fused_moe, load_moe_layers
-from runtime_helpers import act64, dequant64, moe64, rel_err
+from runtime_fixtures import act64, dequant64, moe64, rel_err
 
 GEOM = dict(hidden=128, intermediate=128, num_experts=4, top_k=2, num_layers=1)
 T = 6

@@ -10,7 +10,7 @@ import torch
 from mxfp4conv.errors import CheckpointError, Mxfp4convError, RuntimeInputError
 from mxfp4conv.runtime import MoEExperts, fused_moe, load_moe_layers
 from mxfp4conv.runtime.loader import LayoutConversionWarning
-from runtime_helpers import expert64, global_experts, manifest_for, moe64, rank_tensors, rel_err, write_converted
+from runtime_fixtures import expert64, global_experts, manifest_for, moe64, rank_tensors, rel_err, write_converted
 
 LAYERS = ("model.layers.1.mlp", "model.layers.3.mlp")
 H, H_PAD, I, E = 224, 256, 192, 4

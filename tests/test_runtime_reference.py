@@ -8,7 +8,7 @@ import torch
 from mxfp4conv.errors import Mxfp4convError, RuntimeInputError
 from mxfp4conv.runtime import fused_moe
 from mxfp4conv.runtime.activations import resolve_activation
-from runtime_helpers import dequant64, expert64, global_experts, make_experts, moe64, rel_err
+from runtime_fixtures import dequant64, expert64, global_experts, make_experts, moe64, rel_err
 
 
 # ---- activations ---------------------------------------------------------------------------
