@@ -56,7 +56,7 @@ for _name in COMMANDS:
 
 def report_error(exc: BaseException) -> None:
     message = " ".join(str(exc).split())
-    sys.stderr.write(textwrap.fill(f"error: {message}", width=100) + "\n")
+    sys.stderr.write(textwrap.fill(f"error: {message}", width=100, break_on_hyphens=False, break_long_words=False) + "\n")
 
 
 def main(argv: list[str] | None = None) -> None:

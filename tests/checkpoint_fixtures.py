@@ -20,14 +20,15 @@ CASES = [("kimi_k3", None), ("deepseek_v4", None), ("quark", "w_mxfp4"),
 @pytest.fixture(scope="session")
 def synth(tmp_path_factory):
     """synth(family, scheme=None, **kw) -> a cached read-only-by-convention checkpoint."""
-    cache: dict = {}
+    # Kept on disk under the session's base temp dir, so every test module shares them.
+    cache = tmp_path_factory.getbasetemp() / "synthetic-checkpoints"
 
     def get(family: str, scheme: str | None = None, **kw) -> Path:
-        key = (family, scheme, tuple(sorted(kw.items())))
-        if key not in cache:
-            base = tmp_path_factory.mktemp(f"{family}-{scheme or 'default'}")
-            cache[key] = make_checkpoint(family, base / "ckpt", scheme=scheme, **kw)
-        return cache[key]
+        key = "-".join([family, scheme or "default"] + [f"{k}={v}" for k, v in sorted(kw.items())])
+        path = cache / key
+        if not path.exists():
+            make_checkpoint(family, path, scheme=scheme, **kw)
+        return path
 
     return get
 
@@ -76,3 +77,12 @@ def load_index(root: Path) -> dict:
 
 def save_index(root: Path, index: dict) -> None:
     (root / "model.safetensors.index.json").write_text(json.dumps(index))
+
+
+def rewrite_header(path: Path, fn) -> None:
+    """Apply ``fn`` to a shard's parsed header (a dict) and write it back over the same data."""
+    raw = path.read_bytes()
+    n = struct.unpack("<Q", raw[:8])[0]
+    header = json.loads(raw[8:8 + n])
+    fn(header)
+    raw_shard(path, header, raw[8 + n:])

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import torch
-
 from mxfp4conv.checkpoint.canonical import MoELayer, TensorRef
-from mxfp4conv.checkpoint.experts import read_expert_slice
 from mxfp4conv.checkpoint.problems import Problems
 from mxfp4conv.checkpoint.source import INDEX_NAME, Source, duplicate_index_keys
 
 NAN_E8M0 = 0xFF
-SAMPLE_TENSORS = 24  # scale tensors read by the default (cheap) NaN check
+SAMPLE_TENSORS = 24  # scale tensors looked at by the default (cheap) NaN check
+SAMPLE_BYTES = 1 << 20  # at most this many scale bytes read by the default check
 
 
 def check_index(source: Source, problems: Problems) -> None:
@@ -66,24 +64,39 @@ def scale_refs(layer: MoELayer) -> list[tuple[TensorRef, int | None]]:
 
 def check_nan_scales(source: Source, layers: list[MoELayer], problems: Problems, *,
                      full: bool = False) -> int:
-    """Look for 0xFF (NaN) e8m0 scale bytes; sampled unless ``full``. Returns tensors read."""
-    todo: list[tuple[TensorRef, int | None]] = []
+    """Look for 0xFF (NaN) e8m0 scale bytes. By default a sample of at most ``SAMPLE_BYTES``
+    from a few scale tensors (first/last layers and experts); ``full`` reads every scale
+    byte. Returns the number of bytes read."""
     if full:
-        for layer in layers:
-            todo += scale_refs(layer)
+        todo = [(r, None) for layer in layers for r, _ in scale_refs(layer)]
+        budget = None
     else:  # never download a hub shard just to sample it
         todo = [(r, row) for r, row in _sample(layers) if source.has_local(r.shard)]
+        budget = SAMPLE_BYTES // max(len(todo), 1)
     bad: list[str] = []
+    total = 0
     for r, row in todo:
-        data = (read_expert_slice(source, r, row) if row is not None else source.read_tensor(r.name))
-        count = int((data.reshape(-1).view(torch.uint8) == NAN_E8M0).sum())
+        info = source.tensor_info(r.name)
+        begin, n = info.begin, info.nbytes
+        if row is not None:
+            n //= info.shape[0]
+            begin += row * n
+        if budget is not None:
+            n = min(n, budget)
+        data = source.read_range(info.shard, begin, n)
+        total += n
+        count = data.count(NAN_E8M0)
         if count:
-            bad.append(f"{r.name}{f' (expert {row})' if row is not None else ''}: {count} bytes")
+            where = f" (expert {row})" if row is not None else ""
+            bad.append(f"{r.name}{where}: {count} bytes")
     if bad:
         problems.error(f"{len(bad)} expert scale tensors contain 0xFF e8m0 bytes, which decode to "
                        f"NaN ({'; '.join(bad[:5])}{' ...' if len(bad) > 5 else ''}). The weights "
                        f"are corrupt or were quantized from NaN/inf values; re-export them.")
-    return len(todo)
+    elif not full and len(todo) < len(_sample(layers)):
+        problems.warning("the NaN-scale sample skipped shards that are not downloaded; run "
+                         "inspect --full to download and scan every scale.")
+    return total
 
 
 def _sample(layers: list[MoELayer]) -> list[tuple[TensorRef, int | None]]:

@@ -141,6 +141,10 @@ def parse_header(raw_len: bytes, raw_json: bytes, file_size: int, path: Path) ->
     pos = 0
     prev = None
     for e in sorted(tensors.values(), key=lambda t: (t.begin, t.end)):
+        if e.end > data_len:
+            raise _fail(path, f"tensor {e.name!r} ends at data byte {e.end} but the file holds only "
+                              f"{max(data_len, 0)} data bytes: the shard is truncated.",
+                        "Download or copy the file again (it was cut short).")
         if e.begin < pos:
             raise _fail(path, f"tensor {e.name!r} (bytes {e.begin}..{e.end} of the data section) "
                               f"overlaps tensor {prev.name!r} (bytes {prev.begin}..{prev.end}).",
@@ -148,10 +152,6 @@ def parse_header(raw_len: bytes, raw_json: bytes, file_size: int, path: Path) ->
         if e.begin > pos:
             raise _fail(path, f"the data section has a gap of {e.begin - pos} bytes before "
                               f"tensor {e.name!r} (offsets must be contiguous from 0).", _REDOWNLOAD)
-        if e.end > data_len:
-            raise _fail(path, f"tensor {e.name!r} ends at data byte {e.end} but the file holds only "
-                              f"{max(data_len, 0)} data bytes: the shard is truncated.",
-                        "Download or copy the file again (it was cut short).")
         pos, prev = e.end, e
     if pos != data_len:
         raise _fail(path, f"the header's tensors cover {pos} data bytes but the file holds "
