@@ -1,6 +1,7 @@
 """Sources: local sharded / single-file directories and hub repos through the HF cache."""
 
 import hashlib
+import importlib
 import json
 import os
 import shutil
@@ -181,3 +182,72 @@ def test_hub_offline_not_cached_is_a_clear_error(hub_cache):
         open_source("org/missing-model@main")
     msg = str(err.value)
     assert "org/missing-model@main" in msg and "HF_HUB_OFFLINE" in msg and "config.json" in msg
+
+
+class _FakeHub:
+    """Serves a local checkpoint as if it were a hub repo: downloads copy files into a
+    snapshot dir, range requests read the local shard. Records everything fetched."""
+
+    def __init__(self, ckpt, snap, http):
+        self.ckpt, self.snap, self.http = ckpt, snap, http
+        self.downloads, self.ranges = [], []
+
+    def download(self, fetcher, rel):
+        if not (self.ckpt / rel).is_file():
+            raise CheckpointError(f"hub repo {fetcher.repo_id}: cannot get {rel!r} (EntryNotFoundError).")
+        self.downloads.append(rel)
+        (self.snap / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(self.ckpt / rel, self.snap / rel)
+        return self.snap / rel
+
+    def cached(self, fetcher, rel):
+        return self.snap / rel if (self.snap / rel).is_file() else None
+
+    def get(self, url, headers, **kw):
+        http = self.http
+        rel = url.split(f"/resolve/{COMMIT}/")[1]
+        first, last = (int(x) for x in headers["range"].split("=")[1].split("-"))
+        data = (self.ckpt / rel).read_bytes()
+        self.ranges.append((rel, first, last))
+        return http.Response(206, content=data[first:last + 1], request=http.Request("GET", url),
+                             headers={"content-range": f"bytes {first}-{last}/{len(data)}"})
+
+
+def test_hub_online_inspect_fetches_headers_by_range_only(synth, tmp_path, monkeypatch):
+    from huggingface_hub import constants, utils
+
+    from mxfp4conv.checkpoint import source as source_mod
+    from mxfp4conv.checkpoint.summary import inspect_source
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    ckpt = synth("kimi_k3")
+    snap = tmp_path / "snapshots" / COMMIT
+    snap.mkdir(parents=True)
+    http = importlib.import_module(type(utils.get_session()).__module__.split(".")[0])
+    hub = _FakeHub(ckpt, snap, http)
+    monkeypatch.setattr(source_mod._HubFetcher, "download", lambda self, rel: hub.download(self, rel))
+    monkeypatch.setattr(source_mod._HubFetcher, "cached", lambda self, rel: hub.cached(self, rel))
+    monkeypatch.setattr(utils, "get_session", lambda: hub)
+    report = inspect_source("moonshotai/tiny-k3")
+    d = report.data
+    assert d["family"] == "kimi_k3" and len(d["moe"]["layers"]) == 2
+    # Nothing wrong, but the NaN-scale sample could not look at shards not downloaded.
+    assert [p["severity"] for p in d["problems"]] == ["warning"] and "--full" in d["problems"][0]["message"]
+    assert d["source"]["revision"] == COMMIT
+    # Only config and index were downloaded (the manifest lookup found none); the shards
+    # were never downloaded, their headers came from ranged reads within the header.
+    assert hub.downloads == ["config.json", "model.safetensors.index.json"]
+    shards = {"model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"}
+    assert {r[0] for r in hub.ranges} == shards and all(first == 0 for _, first, _ in hub.ranges)
+    for rel in shards:
+        n = int.from_bytes((ckpt / rel).read_bytes()[:8], "little")
+        assert open_source(ckpt).header(rel).tensors == open_source("moonshotai/tiny-k3").header(rel).tensors
+        assert n < 100_000
+    # Reading a tensor downloads just its shard.
+    src = open_source("moonshotai/tiny-k3")
+    name = "language_model.model.layers.2.block_sparse_moe.experts.7.w2.weight_scale"
+    with safe_open(ckpt / src.weight_map[name], "pt") as f:
+        assert torch.equal(src.read_tensor(name), f.get_tensor(name))
+    assert hub.downloads[-1] == src.weight_map[name] and set(hub.downloads) - shards == {
+        "config.json", "model.safetensors.index.json"}

@@ -123,7 +123,7 @@ def _source_info(source: Source) -> dict[str, Any]:
 
 
 def _converted(source: Source, problems: Problems) -> Report:
-    path = source.root / MANIFEST_NAME
+    path = source.path(MANIFEST_NAME)
     try:
         manifest = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
