@@ -27,7 +27,7 @@ def register(app: typer.Typer) -> None:
             if as_json:
                 print(json.dumps(rep.to_json(), indent=2))
                 sys.stderr.write(f"error: {exc}\n")
-                raise typer.Exit(1)
+                sys.exit(1)
             for layer in rep.layers:
                 print(f"  {layer['prefix']}: {layer['status']}")
             raise
