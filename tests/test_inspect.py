@@ -167,7 +167,7 @@ def test_converted_checkpoint_shows_manifest(tmp_path, capsys):
                 "target": {"arch": "gfx950", "backend": "AITER_MXFP4_BF16", "activation": "silu",
                            "activation_params": {"swiglu_limit": 10.0}, "act_quant": "bf16",
                            "tp": 1, "ep": False},
-                "layout": {"w13_weight": "aiter_p16_gu16", "w13_weight_scale": "aiter_scale_a16w4_gu16"},
+                "layout": {"gate_up": "[gate; up]", "w13": "aiter_p16_gu16", "w13_scale": "aiter_scale_a16w4_gu16"},
                 "moe": {"hidden": 256, "intermediate": 256, "num_experts": 8, "top_k": 2,
                         "layers": ["layers.0.ffn"]},
                 "runtime_env": {}, "source": {"family": "deepseek_v4", "quant_scheme": "w_mxfp4"}}
@@ -184,7 +184,23 @@ def test_converted_checkpoint_shows_manifest(tmp_path, capsys):
     assert d["family"] == "deepseek_v4" and d["kernel_layout"] == manifest
     assert d["moe"]["layers"] == ["layers.0.ffn"] and d["expert_bytes"] == 8 * 512 * 128
     rc, out, _ = run_cli(["inspect", root], capsys)
-    assert rc == 0 and "converted by mxfp4conv" in out and "aiter_p16_gu16" in out
+    assert rc == 0 and "converted by mxfp4conv" in out and "aiter_p16_gu16" in out and "[gate; up]" in out
+
+
+def test_inspect_recognises_a_real_conversion(synth, tmp_path, capsys):
+    src = synth("deepseek_v4")
+    rc, _, err = run_cli(["convert", src, tmp_path / "out", "--arch", "gfx950", "--tp", "2"], capsys)
+    assert rc == 0, err
+    rc, out, err = run_cli(["inspect", tmp_path / "out", "--json"], capsys)
+    assert rc == 0, err
+    d = json.loads(out)
+    manifest = json.loads((tmp_path / "out" / "mxfp4conv.json").read_text())
+    assert d["kernel_layout"] == manifest and d["family"] == "deepseek_v4" and d["problems"] == []
+    assert d["moe"]["layers"] == ["layers.0.ffn", "layers.1.ffn", "mtp.0.ffn"]
+    source_json = json.loads(run_cli(["inspect", src, "--json"], capsys)[1])
+    # Same non-expert bytes; the experts were re-laid-out per rank (padding may add bytes).
+    assert d["bytes"] - d["expert_bytes"] == source_json["bytes"] - source_json["expert_bytes"]
+    assert d["expert_bytes"] >= source_json["expert_bytes"]
 
 
 def test_hundred_shards_read_headers_only(tmp_path, monkeypatch):

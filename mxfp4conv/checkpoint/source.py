@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import re
+import struct
 import threading
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -301,7 +302,7 @@ def _remote_header(repo: str, revision: str | None, shard: str) -> st.ShardHeade
         if len(content) < 8:
             raise CheckpointError(f"hub repo {repo}: {shard} is too short to be a safetensors "
                                   f"file. The repo is damaged; report it to its owner.")
-        (n,) = __import__("struct").unpack("<Q", content[:8])
+        (n,) = struct.unpack("<Q", content[:8])
         if n > st.MAX_HEADER_SIZE or 8 + n > total:
             raise CheckpointError(f"hub repo {repo}: {shard} has an invalid safetensors header "
                                   f"length ({n} bytes for a {total}-byte file). The repo is "

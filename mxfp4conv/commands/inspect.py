@@ -47,7 +47,7 @@ def _render(data: dict) -> None:
     table.add_column("bytes", justify="right")
     table.add_column("dtypes")
     for g in data.get("groups") or []:
-        table.add_row(g["group"], str(g["tensors"]), _human(g["bytes"]), ", ".join(g["dtypes"]))
+        table.add_row(escape(g["group"]), str(g["tensors"]), _human(g["bytes"]), ", ".join(g["dtypes"]))
     con.print(table)
     manifest = data.get("kernel_layout")
     if manifest:
@@ -56,10 +56,10 @@ def _render(data: dict) -> None:
                   f"{t.get('backend')}, tp {t.get('tp')}{' (EP)' if t.get('ep') else ''}, "
                   f"act-quant {t.get('act_quant')}")
         for kind, name in (manifest.get("layout") or {}).items():
-            con.print(f"  layout {kind}: {name}")
+            con.print(escape(f"  layout {kind}: {name}"))
         env = manifest.get("runtime_env") or {}
         if env:
-            con.print("  server env: " + " ".join(f"{k}={v}" for k, v in env.items()))
+            con.print(escape("  server env: " + " ".join(f"{k}={v}" for k, v in env.items())))
     problems = data["problems"]
     if not problems:
         con.print("[green]no problems found[/]")
