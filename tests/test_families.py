@@ -218,3 +218,64 @@ def test_converted_checkpoint_is_not_a_source(synth, tmp_path):
     (root / "mxfp4conv.json").write_text("{}")
     with pytest.raises(CheckpointError, match="converted by mxfp4conv"):
         load_model(open_source(root))
+
+
+@pytest.mark.parametrize("family, scheme", CASES)
+def test_synthetic_matches_the_real_layout(synth, family, scheme):
+    root = synth(family, scheme)
+    src = open_source(root)
+    m = load_model(src)
+    assert len(src.shards()) >= 2
+    first = m.layers[0].source_tensor_names()
+    assert len({src.weight_map[n] for n in first}) >= 2  # one MoE layer straddles two shards
+    for shard in src.shards():
+        assert src.header(shard).metadata == {"format": "pt"}
+    assert {"tokenizer_config.json", "generation_config.json", "config.json"} <= set(src.sidecar_files())
+    cfg = src.config
+    if family == "kimi_k3":
+        assert cfg["model_type"] == "kimi_k3" and cfg["text_config"]["model_type"] == "kimi_linear"
+        assert cfg["text_config"]["quantization_config"]["format"] == "mxfp4-pack-quantized"
+        assert "language_model.model.layers.0.mlp.gate_proj.weight" in src.weight_map  # dense layer 0
+        assert src.tensor_info("language_model.model.layers.1.block_sparse_moe.routed_expert_down_proj.weight").dtype == "BF16"
+    elif family == "deepseek_v4":
+        assert cfg["expert_dtype"] == "fp4" and cfg["quantization_config"]["quant_method"] == "fp8"
+        assert src.tensor_info("layers.0.attn.wq_a.weight").dtype == "F8_E4M3"
+        assert src.tensor_info("layers.0.attn.wq_a.scale").dtype == "F8_E8M0"
+        assert src.tensor_info("layers.0.ffn.gate.tid2eid").dtype == "I64"
+        assert src.tensor_info("layers.1.ffn.gate.bias").dtype == "F32"
+    elif family == "quark":
+        qc = cfg["quantization_config"]
+        assert qc["quant_method"] == "quark" and qc["global_quant_config"]["weight"]["dtype"] == "fp4"
+        assert src.tensor_info("model.layers.1.self_attn.o_proj.weight").dtype == "BF16"  # excluded
+        has_input = "model.layers.1.mlp.experts.0.gate_proj.input_scale" in src.weight_map
+        assert has_input == (scheme == "w_mxfp4_a_fp8")
+        if has_input:
+            assert src.tensor_info("model.layers.1.mlp.experts.0.gate_proj.input_scale").shape == ()
+    else:
+        assert cfg["quantization_config"]["quant_method"] == "mxfp4"
+        assert src.shards()[0] == "model-00000-of-00001.safetensors"
+        assert src.tensor_info("model.layers.0.mlp.experts.gate_up_proj_bias").dtype == "BF16"
+    # e8m0 exponents near 127, never the NaN byte.
+    ex = read_expert(src, m.layers[-1], m.geometry.num_experts - 1)
+    for s in (ex.w13_scale, ex.w2_scale):
+        assert 110 <= int(s.min()) and int(s.max()) <= 135
+
+
+def test_synthetic_is_deterministic_per_seed(tmp_path):
+    a = make_checkpoint("quark", tmp_path / "a", seed=5, num_layers=1)
+    b = make_checkpoint("quark", tmp_path / "b", seed=5, num_layers=1)
+    c = make_checkpoint("quark", tmp_path / "c", seed=6, num_layers=1)
+    shards = sorted(p.name for p in a.glob("*.safetensors"))
+    assert all((a / s).read_bytes() == (b / s).read_bytes() for s in shards)
+    assert any((a / s).read_bytes() != (c / s).read_bytes() for s in shards)
+    assert not list(tmp_path.glob(".*partial*"))
+
+
+def test_synthetic_refuses_bad_options(tmp_path):
+    with pytest.raises(CheckpointError, match="multiple of 32"):
+        make_checkpoint("quark", tmp_path / "x", hidden=100)
+    with pytest.raises(CheckpointError, match="Quark exports only"):
+        make_checkpoint("gpt_oss", tmp_path / "x", scheme="w_mxfp4_a_fp8")
+    with pytest.raises(CheckpointError, match="unknown option"):
+        make_checkpoint("gpt_oss", tmp_path / "x", hiden=64)
+    assert not (tmp_path / "x").exists()
