@@ -126,7 +126,9 @@ def main() -> int:
         default = select_config(T * k, E, H, I // 1)
         variants = [("default", default)]
         if dtype != torch.float32:  # every MMA path
-            variants += [(f"mode{m}", dataclasses.replace(default, mode=m)) for m in (0, 1, 2) if m != default.mode]
+            variants += [(f"mode{m}", dataclasses.replace(default, mode=m)) for m in (0, 1, 2, 3) if m != default.mode]
+        if T <= 64:  # K split forced on (GEMM1 partials + activation kernel, GEMM2 partials)
+            variants.append(("split", dataclasses.replace(default, split_k1=3, split_k2=2)))
         for vname, cfg in variants:
             t0 = time.time()
             outs = []
@@ -145,7 +147,7 @@ def main() -> int:
             ok = finite and det and err < tol and skipped_zero and out.dtype == dtype and out.shape == x.shape
             ok_all &= ok
             ntouch = int(torch.unique(ids[ids >= 0]).numel())
-            label = f"{name} [{('bytes', 'words', 'dot_scaled')[cfg.mode if dtype != torch.float32 else 0]}]"
+            label = f"{name} [{('bytes', 'words', 'dot_scaled', 'split-dots')[cfg.mode if dtype != torch.float32 else 0]}{' splitK' if vname == 'split' else ''}]"
             rows.append((label, str(dtype).split(".")[-1], T, ntouch, err, maxerr, finite, det, ok, time.time() - t0))
             del outs, out
         del x, w13, s13, w2, s2, ref

@@ -86,8 +86,9 @@ ACTS = [
 ]
 
 
+@pytest.mark.parametrize("split", [False, True], ids=["fused-epilogue", "split-k"])
 @pytest.mark.parametrize("act,params,bias", ACTS)
-def test_activations_fp32_ragged(act, params, bias):
+def test_activations_fp32_ragged(act, params, bias, split):
     # expert 0: many pairs (two blocks of 16), expert 1: one, expert 2: none, expert 3: a few; -1 skipped
     T, k, E, H, I = 20, 2, 4, 64, 32
     ids = torch.zeros(T, k, dtype=torch.int64)
@@ -96,8 +97,10 @@ def test_activations_fp32_ragged(act, params, bias):
     ids[5] = torch.tensor([-1, -1])  # a token routed to no local expert: output must be 0
     x, w13, s13, w2, s2, tw, ids, b13, b2 = make_problem(1, T, H, I, E, k, bias=bias, ids=ids)
     ref = reference(x, w13, s13, w2, s2, tw, ids, act, params, b13, b2)
+    cfg = triton_moe.MoEConfig(block_t=16, block_n1=16, block_n2=32, block_k=32,
+                               split_k1=2 if split else 1, split_k2=2 if split else 1)
     out = triton_moe.fused_moe_triton(x, w13, s13, w2, s2, tw, ids, activation=act,
-                                      activation_params=params, w13_bias=b13, w2_bias=b2)
+                                      activation_params=params, w13_bias=b13, w2_bias=b2, config=cfg)
     assert out.dtype == torch.float32 and out.shape == x.shape
     assert torch.isfinite(out).all()
     assert torch.all(out[5] == 0)
@@ -108,6 +111,9 @@ def test_activations_fp32_ragged(act, params, bias):
     triton_moe.MoEConfig(block_t=16, block_n1=16, block_n2=16, block_k=32),
     triton_moe.MoEConfig(block_t=32, block_n1=32, block_n2=64, block_k=64),
     triton_moe.MoEConfig(block_t=16, block_n1=32, block_n2=32, block_k=64, mode=2),
+    triton_moe.MoEConfig(block_t=16, block_n1=16, block_n2=32, block_k=128, mode=3),
+    triton_moe.MoEConfig(block_t=16, block_n1=16, block_n2=16, block_k=32, split_k1=2, split_k2=3),
+    triton_moe.MoEConfig(block_t=32, block_n1=32, block_n2=16, block_k=256, mode=3),
 ])  # mode 1 (bf16 bit decode) relies on bf16 subnormals, which the interpreter flushes: gpu_check covers it
 def test_fp16_multi_k_steps_and_tile_tails(cfg):
     # H = 96 and I = 96 are not multiples of the K or N tiles; top-k 3 over 5 experts

@@ -4,6 +4,9 @@ Steps (four launches): align (sort the (token, k) pairs by expert into padded bl
 GEMM1 (gate and up rows of w13 dequantised in registers, activation in the epilogue,
 intermediate written once in the activation dtype), GEMM2 (w2, top-k weight and bias
 applied, one row per (token, k) pair) and a deterministic sum over k. No float atomics.
+When few tokens leave SMs idle, both GEMMs split K: GEMM1 then writes fp32 partials and a
+fifth small kernel sums them and applies the activation; GEMM2's partials are summed by the
+final k-sum.
 See ``triton_moe_kernels`` for the kernels themselves.
 """
 
@@ -34,7 +37,11 @@ class MoEConfig:
     block_k: int = 128
     num_warps: int = 4
     num_stages: int = 4
-    mode: int = 0  # 0: byte decode, 1: int32-word decode to bf16 bits, 2: tl.dot_scaled (not for fp32 x)
+    # 0: byte decode, 1: int32-word decode, 2: tl.dot_scaled, 3: word decode into 8 split dots
+    # (modes 1-3 need bf16/fp16 x; fp32 x always takes mode 0)
+    mode: int = 0
+    split_k1: int = 0  # K splits of GEMM1 / GEMM2; 0 = automatic (decode: fill the GPU), 1 = none
+    split_k2: int = 0
 
 
 def select_config(num_pairs: int, num_experts: int, hidden: int, inter: int) -> MoEConfig:
@@ -42,8 +49,20 @@ def select_config(num_pairs: int, num_experts: int, hidden: int, inter: int) -> 
     swap-AB with 16-pair blocks while experts see few tokens, 64-pair blocks in prefill."""
     per_expert = num_pairs / max(1, min(num_experts, num_pairs))
     if per_expert <= 32:
-        return MoEConfig(block_t=16, block_n1=64, block_n2=128, block_k=128, num_warps=4, num_stages=4, mode=0)
+        return MoEConfig(block_t=16, block_n1=64, block_n2=128, block_k=128, num_warps=4, num_stages=3, mode=1)
     return MoEConfig(block_t=64, block_n1=128, block_n2=128, block_k=64, num_warps=8, num_stages=3, mode=0)
+
+
+_TARGET_PROGRAMS = 1024  # about 8 programs per SM on 132 SMs: enough warps to hide latency
+
+
+def _splits(requested: int, programs: int, k: int, block_k: int) -> tuple[int, int]:
+    """(number of K splits, K elements per split); requested 0 = enough splits to reach
+    _TARGET_PROGRAMS programs, keeping at least two K steps per split."""
+    steps = triton.cdiv(k, block_k)
+    want = requested or max(1, min(steps // 2, triton.cdiv(_TARGET_PROGRAMS, max(1, programs))))
+    per = triton.cdiv(steps, max(1, want))
+    return triton.cdiv(steps, per), per * block_k
 
 
 def _param(params: Mapping[str, float], *names: str, default=None):
@@ -158,7 +177,9 @@ def fused_moe_triton(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, *,
     dtype = getattr(triton.language, _TL_DTYPES[x.dtype])
     mode = 0 if x.dtype == torch.float32 else cfg.mode
     mma = dict(MODE=mode, X_FORMAT={torch.bfloat16: "bf16", torch.float16: "fp16"}.get(x.dtype, "bf16"))
-    if mode == 1:  # the kernels read the packed codes as int32 words (8 codes each)
+    if mode == 3 and cfg.block_k < 128:
+        mma["MODE"] = 1  # the split dots need K/8 >= 16
+    if mma["MODE"] in (1, 3):  # the kernels read the packed codes as int32 words (8 codes each)
         try:
             w13, w2 = w13.view(torch.int32), w2.view(torch.int32)
         except RuntimeError:  # storage not 4-byte aligned: the byte decode reads it as is
@@ -169,31 +190,43 @@ def fused_moe_triton(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, *,
     tw = topk_weights.reshape(-1).contiguous()
     sorted_ids, block_expert, num_post_pad, max_blocks = moe_align(ids, E, cfg.block_t)
 
+    blocks_est = num_pairs // cfg.block_t + min(E, num_pairs)
+    s1, ks1 = _splits(cfg.split_k1, blocks_est * triton.cdiv(i_pad, cfg.block_n1), H, cfg.block_k)
+    s2, ks2 = _splits(cfg.split_k2, blocks_est * triton.cdiv(H, cfg.block_n2), i_pad, cfg.block_k)
+    acts = dict(ACT=act["ACT"], HAS_LIMIT=act["HAS_LIMIT"], HAS_LINEAR=act["HAS_LINEAR"])
+
     inter = torch.empty(num_pairs, i_pad, dtype=x.dtype, device=x.device)
+    part = torch.empty(s1, num_pairs, 2 * i_pad, dtype=torch.float32, device=x.device) if s1 > 1 else inter
     b13 = w13_bias.contiguous() if w13_bias is not None else w13_scale  # dummy pointer when absent
-    K.moe_gemm1_kernel[(max_blocks, triton.cdiv(i_pad, cfg.block_n1))](
-        x, w13, w13_scale, b13, inter, sorted_ids, block_expert, num_post_pad,
-        num_pairs, top_k, H, i_pad,
+    K.moe_gemm1_kernel[(max_blocks, triton.cdiv(i_pad, cfg.block_n1), s1)](
+        x, w13, w13_scale, b13, inter, part, sorted_ids, block_expert, num_post_pad,
+        num_pairs, top_k, H, i_pad, ks1,
         x.stride(0), w13.stride(0), w13.stride(1), w13_scale.stride(0), w13_scale.stride(1),
         b13.stride(0), inter.stride(0),
-        act["p0"], act["p1"],
-        ACT=act["ACT"], HAS_LIMIT=act["HAS_LIMIT"], HAS_LINEAR=act["HAS_LINEAR"], HAS_BIAS=w13_bias is not None,
-        BLOCK_N=cfg.block_n1, BLOCK_T=cfg.block_t, BLOCK_K=cfg.block_k, DTYPE=dtype, **mma,
+        act["p0"], act["p1"], **acts, HAS_BIAS=w13_bias is not None,
+        BLOCK_N=cfg.block_n1, BLOCK_T=cfg.block_t, BLOCK_K=cfg.block_k, DTYPE=dtype, **mma, SPLIT=s1 > 1,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
-    pair_out = torch.empty(num_pairs, H, dtype=x.dtype, device=x.device)
+    if s1 > 1:
+        block_i = min(1024, triton.next_power_of_2(i_pad))
+        K.moe_act_kernel[(num_pairs, triton.cdiv(i_pad, block_i))](
+            part, ids, b13, inter, num_pairs, i_pad, E, s1, b13.stride(0), inter.stride(0),
+            act["p0"], act["p1"], **acts, HAS_BIAS=w13_bias is not None, BLOCK=block_i, num_warps=4,
+        )
+    pair_out = torch.empty(s2, num_pairs, H, dtype=x.dtype if s2 == 1 else torch.float32, device=x.device)
     b2 = w2_bias.contiguous() if w2_bias is not None else w2_scale
-    K.moe_gemm2_kernel[(max_blocks, triton.cdiv(H, cfg.block_n2))](
+    K.moe_gemm2_kernel[(max_blocks, triton.cdiv(H, cfg.block_n2), s2)](
         inter, w2, w2_scale, b2, tw, pair_out, sorted_ids, block_expert, num_post_pad,
-        num_pairs, i_pad, H,
+        num_pairs, i_pad, H, ks2,
         inter.stride(0), w2.stride(0), w2.stride(1), w2_scale.stride(0), w2_scale.stride(1),
-        b2.stride(0), pair_out.stride(0),
+        b2.stride(0), pair_out.stride(1), pair_out.stride(0),
         HAS_BIAS=w2_bias is not None,
         BLOCK_N=cfg.block_n2, BLOCK_T=cfg.block_t, BLOCK_K=cfg.block_k, DTYPE=dtype, **mma,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     block_h = min(1024, triton.next_power_of_2(H))
     K.moe_sum_kernel[(T, triton.cdiv(H, block_h))](
-        pair_out, ids, out, H, top_k, E, pair_out.stride(0), out.stride(0), BLOCK_H=block_h, num_warps=4,
+        pair_out, ids, out, H, top_k, E, s2, pair_out.stride(0), pair_out.stride(1), out.stride(0),
+        BLOCK_H=block_h, num_warps=4,
     )
     return out

@@ -11,7 +11,10 @@ times ``2**-14`` in every case; the sign bit goes to bit 15. The ``2**14`` is fo
 e8m0 scale, so one multiply per weight finishes the decode (MODE 0). MODE 1 reads int32 words
 and decodes two codes per integer operation straight into bf16 bits (``_dequant_words``).
 MODE 2 hands the packed bytes and scales to ``tl.dot_scaled`` and lets Triton's backend do
-the upcast (bf16/fp16 activations only).
+the upcast (bf16/fp16 activations only). MODE 3 decodes int32 words like MODE 1 but never
+re-interleaves the codes: it runs eight K/8-wide dots per K step, one per nibble position,
+against x rows loaded in the matching order (``_split_half``), so the decoded tile feeds the
+MMA without a layout shuffle. BLOCK_K >= 128 for MODE 3.
 """
 
 from __future__ import annotations
@@ -33,6 +36,25 @@ def _sigmoid(x):
 def _tanh(x):
     # exp overflow to inf gives exactly +-1 at the tails
     return 1.0 - 2.0 / (tl.exp(2.0 * x) + 1.0)
+
+
+@triton.jit
+def _activate(g, u, p0, p1, ACT: tl.constexpr, HAS_LIMIT: tl.constexpr, HAS_LINEAR: tl.constexpr):
+    if ACT == 1:  # situ: p0 = beta, p1 = linear_beta
+        h = p0 * _tanh(g / p0) * _sigmoid(g)
+        if HAS_LINEAR:
+            u = p1 * _tanh(u / p1)
+        h = h * u
+    elif ACT == 2:  # swigluoai: p0 = alpha, p1 = limit
+        g = tl.minimum(g, p1)
+        u = tl.minimum(tl.maximum(u, -p1), p1)
+        h = (u + 1.0) * g * _sigmoid(p0 * g)
+    else:  # silu, p1 = swiglu_limit when HAS_LIMIT
+        if HAS_LIMIT:
+            g = tl.minimum(g, p1)
+            u = tl.minimum(tl.maximum(u, -p1), p1)
+        h = g * _sigmoid(g) * u
+    return h
 
 
 @triton.jit
@@ -75,9 +97,51 @@ def _dequant_words(wq, s_u8, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DTYPE
         sb = tl.where(s == 255, 0x7FC0, tl.where(s == 0, 0x0040, s << 7)).to(tl.int16)  # 2**(s-127)
         v = (v * 8.507059e37) * sb.to(tl.bfloat16, bitcast=True)[:, :, None]
     else:
-        sb = tl.where(s == 0, 0x0040, (s + 126) << 7).to(tl.int16)  # 2**(s-1); s = 0: 2**-127
+        sb = ((s + 126) << 7).to(tl.int16)  # 2**(s-1)
         v = v * sb.to(tl.bfloat16, bitcast=True)[:, :, None]
     return v.reshape(BLOCK_N, BLOCK_K).to(DTYPE)
+
+
+@triton.jit
+def _split_scale(s_u8, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DTYPE: tl.constexpr):
+    """Per-word scale factors [BLOCK_N, BLOCK_K//8] for ``_split_half`` and whether the tile
+    needs the separate 2**126 multiply (bf16 and some s > 128)."""
+    if DTYPE == tl.bfloat16:
+        big = tl.max(tl.max(s_u8, 1), 0) > 128
+        s = s_u8.to(tl.int16)
+        bits = tl.where(s == 255, 0x7FC0, tl.where(big, tl.where(s == 0, 0x0040, s << 7), (s + 126) << 7))
+        sc = bits.to(tl.int16).to(tl.bfloat16, bitcast=True)
+    else:
+        big = tl.max(tl.max(s_u8, 1), 0) > 255  # never: fp16 bits carry their own bias
+        s = s_u8.to(tl.int32)
+        sc = tl.where(s == 255, float("nan"), (s << 23).to(tl.float32, bitcast=True) * 16384.0)
+    sc = tl.broadcast_to(sc[:, :, None], (BLOCK_N, BLOCK_K // 32, 4)).reshape(BLOCK_N, BLOCK_K // 8)
+    return sc, big
+
+
+@triton.jit
+def _split_half(wq, sc, big, I: tl.constexpr, HI: tl.constexpr, DTYPE: tl.constexpr):
+    """Codes at nibble I (HI=0) or I+4 (HI=1) of every int32 word, decoded and scaled.
+
+    Element q of the result is K index 8q + I + 4*HI: the caller loads x rows in that order,
+    so no register shuffle is needed to restore the natural K order.
+    """
+    t = wq >> (4 * I)
+    if DTYPE == tl.bfloat16:
+        r = ((t & 0x00070007) << 6) | ((t & 0x00080008) << 12)  # bf16 e2m1 * 2**-126, two codes
+    else:
+        r = ((t & 0x00070007) << 9) | ((t & 0x00080008) << 12)  # fp16 e2m1 * 2**-14, two codes
+    if HI:
+        r = r >> 16
+    h = r.to(tl.int16)
+    if DTYPE == tl.bfloat16:
+        v = h.to(tl.bfloat16, bitcast=True)
+        if big:
+            v = v * 8.507059e37
+        v = v * sc
+    else:
+        v = (h.to(tl.float16, bitcast=True).to(tl.float32) * sc).to(DTYPE)
+    return v
 
 
 @triton.jit
@@ -143,16 +207,20 @@ def moe_align_kernel(
 
 @triton.jit
 def moe_gemm1_kernel(
-    x_ptr, w_ptr, s_ptr, b_ptr, out_ptr,
+    x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, part_ptr,
     sorted_ids_ptr, block_expert_ptr, num_post_pad_ptr,
-    num_pairs, top_k, K, I_pad,
+    num_pairs, top_k, K, I_pad, K_SPLIT,
     stride_xt, stride_we, stride_wn, stride_se, stride_sn, stride_be, stride_ot,
     p0, p1,
     ACT: tl.constexpr, HAS_LIMIT: tl.constexpr, HAS_LINEAR: tl.constexpr, HAS_BIAS: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, DTYPE: tl.constexpr,
-    MODE: tl.constexpr, X_FORMAT: tl.constexpr,
+    MODE: tl.constexpr, X_FORMAT: tl.constexpr, SPLIT: tl.constexpr,
 ):
-    """inter[pair, j] = act(gate_j . x, up_j . x) for rows j and I_pad + j of w13."""
+    """inter[pair, j] = act(gate_j . x, up_j . x) for rows j and I_pad + j of w13.
+
+    With SPLIT, program_id(2) covers K range [pid * K_SPLIT, (pid + 1) * K_SPLIT) and writes
+    fp32 gate/up partial sums to part[pid, pair, :] instead; moe_act_kernel finishes them.
+    """
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     if pid_m * BLOCK_T >= tl.load(num_post_pad_ptr):
@@ -166,7 +234,7 @@ def moe_gemm1_kernel(
     tok = (pair // top_k).to(tl.int64)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = offs_n < I_pad
-    PACK: tl.constexpr = 8 if MODE == 1 else 2  # codes per element of w (int32 words or bytes)
+    PACK: tl.constexpr = 8 if MODE == 1 or MODE == 3 else 2  # codes per element of w (int32 words or bytes)
     offs_kb = tl.arange(0, BLOCK_K // PACK)
     offs_ks = tl.arange(0, BLOCK_K // 32)
     offs_k = tl.arange(0, BLOCK_K)
@@ -175,44 +243,56 @@ def moe_gemm1_kernel(
     sg_ptr = s_ptr + e * stride_se + offs_n[:, None].to(tl.int64) * stride_sn + offs_ks[None, :]
     su_ptr = sg_ptr + I_pad * stride_sn
     xt_ptr = x_ptr + tok[None, :] * stride_xt + offs_k[:, None]
+    x0_ptr = x_ptr + tok[None, :] * stride_xt
+    offs_q = tl.arange(0, BLOCK_K // 8)
     acc_g = tl.zeros([BLOCK_N, BLOCK_T], tl.float32)
     acc_u = tl.zeros([BLOCK_N, BLOCK_T], tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    k_lo = tl.program_id(2) * K_SPLIT
+    wg_ptr += k_lo // PACK
+    wu_ptr += k_lo // PACK
+    sg_ptr += k_lo // 32
+    su_ptr += k_lo // 32
+    xt_ptr += k_lo
+    x0_ptr += k_lo
+    for k0 in range(k_lo, tl.minimum(K, k_lo + K_SPLIT), BLOCK_K):
         kbm = nmask[:, None] & (offs_kb[None, :] < (K - k0) // PACK)
         ksm = nmask[:, None] & (offs_ks[None, :] < (K - k0) // 32)
         wg = tl.load(wg_ptr, mask=kbm, other=0)
         wu = tl.load(wu_ptr, mask=kbm, other=0)
         sg = tl.load(sg_ptr, mask=ksm, other=127)
         su = tl.load(su_ptr, mask=ksm, other=127)
-        xt = tl.load(xt_ptr, mask=tmask[None, :] & (offs_k[:, None] < K - k0), other=0.0).to(DTYPE)
-        acc_g = _mx_dot(wg, sg, xt, acc_g, BLOCK_N, BLOCK_K, DTYPE, MODE, X_FORMAT)
-        acc_u = _mx_dot(wu, su, xt, acc_u, BLOCK_N, BLOCK_K, DTYPE, MODE, X_FORMAT)
+        if MODE == 3:
+            scg, bigg = _split_scale(sg, BLOCK_N, BLOCK_K, DTYPE)
+            scu, bigu = _split_scale(su, BLOCK_N, BLOCK_K, DTYPE)
+            for i in tl.static_range(4):
+                for hh in tl.static_range(2):
+                    kk = offs_q * 8 + (i + 4 * hh)
+                    xs = tl.load(x0_ptr + kk[:, None], mask=tmask[None, :] & (kk[:, None] < K - k0), other=0.0)
+                    xs = xs.to(DTYPE)
+                    acc_g = tl.dot(_split_half(wg, scg, bigg, i, hh, DTYPE), xs, acc_g)
+                    acc_u = tl.dot(_split_half(wu, scu, bigu, i, hh, DTYPE), xs, acc_u)
+        else:
+            xt = tl.load(xt_ptr, mask=tmask[None, :] & (offs_k[:, None] < K - k0), other=0.0).to(DTYPE)
+            acc_g = _mx_dot(wg, sg, xt, acc_g, BLOCK_N, BLOCK_K, DTYPE, MODE, X_FORMAT)
+            acc_u = _mx_dot(wu, su, xt, acc_u, BLOCK_N, BLOCK_K, DTYPE, MODE, X_FORMAT)
+        x0_ptr += BLOCK_K
         wg_ptr += BLOCK_K // PACK
         wu_ptr += BLOCK_K // PACK
         sg_ptr += BLOCK_K // 32
         su_ptr += BLOCK_K // 32
         xt_ptr += BLOCK_K
+    if SPLIT:
+        p_ptrs = part_ptr + (tl.program_id(2) * num_pairs + pair[None, :].to(tl.int64)) * (2 * I_pad) + offs_n[:, None]
+        pmask = tmask[None, :] & nmask[:, None]
+        tl.store(p_ptrs, acc_g, mask=pmask)
+        tl.store(p_ptrs + I_pad, acc_u, mask=pmask)
+        return
     if HAS_BIAS:
         bg = tl.load(b_ptr + e * stride_be + offs_n, mask=nmask, other=0.0).to(tl.float32)
         bu = tl.load(b_ptr + e * stride_be + I_pad + offs_n, mask=nmask, other=0.0).to(tl.float32)
         acc_g += bg[:, None]
         acc_u += bu[:, None]
-    g = acc_g
-    u = acc_u
-    if ACT == 1:  # situ: p0 = beta, p1 = linear_beta
-        h = p0 * _tanh(g / p0) * _sigmoid(g)
-        if HAS_LINEAR:
-            u = p1 * _tanh(u / p1)
-        h = h * u
-    elif ACT == 2:  # swigluoai: p0 = alpha, p1 = limit
-        g = tl.minimum(g, p1)
-        u = tl.minimum(tl.maximum(u, -p1), p1)
-        h = (u + 1.0) * g * _sigmoid(p0 * g)
-    else:  # silu, p1 = swiglu_limit when HAS_LIMIT
-        if HAS_LIMIT:
-            g = tl.minimum(g, p1)
-            u = tl.minimum(tl.maximum(u, -p1), p1)
-        h = g * _sigmoid(g) * u
+    h = _activate(acc_g, acc_u, p0, p1, ACT, HAS_LIMIT, HAS_LINEAR)
     out_ptrs = out_ptr + pair[None, :].to(tl.int64) * stride_ot + offs_n[:, None]
     tl.store(out_ptrs, h.to(out_ptr.dtype.element_ty), mask=tmask[None, :] & nmask[:, None])
 
@@ -221,13 +301,13 @@ def moe_gemm1_kernel(
 def moe_gemm2_kernel(
     a_ptr, w_ptr, s_ptr, b_ptr, tw_ptr, out_ptr,
     sorted_ids_ptr, block_expert_ptr, num_post_pad_ptr,
-    num_pairs, K, N,
-    stride_at, stride_we, stride_wn, stride_se, stride_sn, stride_be, stride_ot,
+    num_pairs, K, N, K_SPLIT,
+    stride_at, stride_we, stride_wn, stride_se, stride_sn, stride_be, stride_ot, stride_os,
     HAS_BIAS: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, DTYPE: tl.constexpr,
     MODE: tl.constexpr, X_FORMAT: tl.constexpr,
 ):
-    """pair_out[pair, n] = w_pair * (w2[e, n] . inter[pair] + b2[e, n])."""
+    """pair_out[split, pair, n] = w_pair * (w2[e, n, split's K range] . inter[pair] (+ b2[e, n] in split 0))."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     if pid_m * BLOCK_T >= tl.load(num_post_pad_ptr):
@@ -241,43 +321,88 @@ def moe_gemm2_kernel(
     pair64 = pair.to(tl.int64)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = offs_n < N
-    PACK: tl.constexpr = 8 if MODE == 1 else 2
+    PACK: tl.constexpr = 8 if MODE == 1 or MODE == 3 else 2
     offs_kb = tl.arange(0, BLOCK_K // PACK)
     offs_ks = tl.arange(0, BLOCK_K // 32)
     offs_k = tl.arange(0, BLOCK_K)
     w_ptrs = w_ptr + e * stride_we + offs_n[:, None].to(tl.int64) * stride_wn + offs_kb[None, :]
     s_ptrs = s_ptr + e * stride_se + offs_n[:, None].to(tl.int64) * stride_sn + offs_ks[None, :]
     at_ptrs = a_ptr + pair64[None, :] * stride_at + offs_k[:, None]
+    a0_ptr = a_ptr + pair64[None, :] * stride_at
+    offs_q = tl.arange(0, BLOCK_K // 8)
     acc = tl.zeros([BLOCK_N, BLOCK_T], tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    k_lo = tl.program_id(2) * K_SPLIT
+    w_ptrs += k_lo // PACK
+    s_ptrs += k_lo // 32
+    at_ptrs += k_lo
+    a0_ptr += k_lo
+    for k0 in range(k_lo, tl.minimum(K, k_lo + K_SPLIT), BLOCK_K):
         w = tl.load(w_ptrs, mask=nmask[:, None] & (offs_kb[None, :] < (K - k0) // PACK), other=0)
         s = tl.load(s_ptrs, mask=nmask[:, None] & (offs_ks[None, :] < (K - k0) // 32), other=127)
-        at = tl.load(at_ptrs, mask=tmask[None, :] & (offs_k[:, None] < K - k0), other=0.0).to(DTYPE)
-        acc = _mx_dot(w, s, at, acc, BLOCK_N, BLOCK_K, DTYPE, MODE, X_FORMAT)
+        if MODE == 3:
+            sc, big = _split_scale(s, BLOCK_N, BLOCK_K, DTYPE)
+            for i in tl.static_range(4):
+                for hh in tl.static_range(2):
+                    kk = offs_q * 8 + (i + 4 * hh)
+                    xs = tl.load(a0_ptr + kk[:, None], mask=tmask[None, :] & (kk[:, None] < K - k0), other=0.0)
+                    acc = tl.dot(_split_half(w, sc, big, i, hh, DTYPE), xs.to(DTYPE), acc)
+        else:
+            at = tl.load(at_ptrs, mask=tmask[None, :] & (offs_k[:, None] < K - k0), other=0.0).to(DTYPE)
+            acc = _mx_dot(w, s, at, acc, BLOCK_N, BLOCK_K, DTYPE, MODE, X_FORMAT)
+        a0_ptr += BLOCK_K
         w_ptrs += BLOCK_K // PACK
         s_ptrs += BLOCK_K // 32
         at_ptrs += BLOCK_K
     if HAS_BIAS:
-        b = tl.load(b_ptr + e * stride_be + offs_n, mask=nmask, other=0.0).to(tl.float32)
-        acc += b[:, None]
+        if tl.program_id(2) == 0:
+            b = tl.load(b_ptr + e * stride_be + offs_n, mask=nmask, other=0.0).to(tl.float32)
+            acc += b[:, None]
     tw = tl.load(tw_ptr + pair, mask=tmask, other=0.0).to(tl.float32)
     acc = acc * tw[None, :]
-    out_ptrs = out_ptr + pair64[None, :] * stride_ot + offs_n[:, None]
+    out_ptrs = out_ptr + tl.program_id(2) * stride_os + pair64[None, :] * stride_ot + offs_n[:, None]
     tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=tmask[None, :] & nmask[:, None])
 
 
 @triton.jit
+def moe_act_kernel(
+    part_ptr, ids_ptr, b_ptr, out_ptr, num_pairs, I_pad, num_experts, splits, stride_be, stride_ot,
+    p0, p1,
+    ACT: tl.constexpr, HAS_LIMIT: tl.constexpr, HAS_LINEAR: tl.constexpr, HAS_BIAS: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """inter[pair] = act(sum over splits of the GEMM1 partials (+ bias)); pairs of skipped ids are left alone."""
+    pair = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    eid = tl.load(ids_ptr + pair + tl.zeros([BLOCK], tl.int32)).to(tl.int64)
+    m = (offs < I_pad) & (eid >= 0) & (eid < num_experts)
+    g = tl.zeros([BLOCK], tl.float32)
+    u = tl.zeros([BLOCK], tl.float32)
+    for sp in range(0, splits):
+        row = part_ptr + (sp * num_pairs + pair) * (2 * I_pad)
+        g += tl.load(row + offs, mask=m, other=0.0)
+        u += tl.load(row + I_pad + offs, mask=m, other=0.0)
+    if HAS_BIAS:
+        g += tl.load(b_ptr + eid * stride_be + offs, mask=m, other=0.0).to(tl.float32)
+        u += tl.load(b_ptr + eid * stride_be + I_pad + offs, mask=m, other=0.0).to(tl.float32)
+    h = _activate(g, u, p0, p1, ACT, HAS_LIMIT, HAS_LINEAR)
+    tl.store(out_ptr + pair * stride_ot + offs, h.to(out_ptr.dtype.element_ty), mask=m)
+
+
+@triton.jit
 def moe_sum_kernel(
-    pair_ptr, ids_ptr, out_ptr, N, top_k, num_experts, stride_pt, stride_ot,
+    pair_ptr, ids_ptr, out_ptr, N, top_k, num_experts, splits, stride_ps, stride_pt, stride_ot,
     BLOCK_H: tl.constexpr,
 ):
-    """out[t] = sum over k of pair_out[t * top_k + k], skipping ids outside [0, E) (never written)."""
+    """out[t] = sum over splits and k of pair_out[split, t * top_k + k], skipping ids outside
+    [0, E) (never written). Fixed order: deterministic."""
     t = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     hmask = offs < N
     acc = tl.zeros([BLOCK_H], tl.float32)
     for j in range(0, top_k):
         eid = tl.load(ids_ptr + t * top_k + j + tl.zeros([BLOCK_H], tl.int32))
-        v = tl.load(pair_ptr + (t * top_k + j) * stride_pt + offs, mask=hmask & (eid >= 0) & (eid < num_experts), other=0.0)
-        acc += v.to(tl.float32)
+        m = hmask & (eid >= 0) & (eid < num_experts)
+        for sp in range(0, splits):
+            v = tl.load(pair_ptr + sp * stride_ps + (t * top_k + j) * stride_pt + offs, mask=m, other=0.0)
+            acc += v.to(tl.float32)
     tl.store(out_ptr + t * stride_ot + offs, acc.to(out_ptr.dtype.element_ty), mask=hmask)
