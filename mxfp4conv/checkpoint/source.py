@@ -442,8 +442,9 @@ def _open_local(path: Path, spec: str) -> Source:
 def _open_hub(spec: str) -> Source:
     repo, _, revision = spec.partition("@")
     fetcher = _HubFetcher(repo, revision or None)
-    config_path = fetcher.local_path(CONFIG_NAME)
-    # snapshots/<commit>/config.json: pin every later fetch to the resolved commit.
+    # hf_hub_download resolves the revision (or the cached one offline); snapshots/<commit>/
+    # then pins every later fetch to that commit.
+    config_path = fetcher.download(CONFIG_NAME)
     commit = config_path.parent.name
     if re.fullmatch(r"[0-9a-f]{40}", commit):
         fetcher.revision = commit
