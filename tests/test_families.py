@@ -279,3 +279,15 @@ def test_synthetic_refuses_bad_options(tmp_path):
     with pytest.raises(CheckpointError, match="unknown option"):
         make_checkpoint("gpt_oss", tmp_path / "x", hiden=64)
     assert not (tmp_path / "x").exists()
+
+
+def test_quark_export_with_deepseek_v4_native_names(synth, tmp_path):
+    from mxfp4conv.checkpoint.synthetic import _quark_config
+
+    root = copy_of(synth("deepseek_v4"), tmp_path / "d")
+    _edit_config(root, lambda c: c.update(quantization_config=_quark_config("w_mxfp4_a_mxfp4")))
+    m = load_model(open_source(root))
+    assert (m.family, m.quant_scheme, m.moe_method, m.routing) == ("quark", "w_mxfp4_a_mxfp4", "quark", "DeepseekV4")
+    assert (m.activation.name, m.activation.params) == ("silu", {"swiglu_limit": 10.0})
+    assert [layer.prefix for layer in m.layers] == ["layers.0.ffn", "layers.1.ffn", "mtp.0.ffn"]
+    assert m.dtype_variants == {"weight": "I8", "scale": "F8_E8M0"}

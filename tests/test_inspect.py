@@ -242,3 +242,20 @@ def test_hundred_shards_read_headers_only(tmp_path, monkeypatch):
 
     assert sum(read) <= header_bytes + SAMPLE_BYTES
     assert sum(read) < data_bytes / 1000
+
+
+def test_duplicate_expert_spellings_reported(synth, tmp_path, capsys):
+    root = copy_of(synth("kimi_k3"), tmp_path / "k")
+    shard = "model-00002-of-00002.safetensors"
+    with safe_open(root / shard, "pt") as f:
+        tensors = {n: f.get_tensor(n) for n in f.keys()}
+    packed = "language_model.model.layers.2.block_sparse_moe.experts.5.w3.weight_packed"
+    alias = packed.replace("weight_packed", "weight")  # the spelling vLLM renames it to
+    tensors[alias] = tensors[packed].clone()
+    save_file(tensors, str(root / shard), metadata={"format": "pt"})
+    index = load_index(root)
+    index["weight_map"][alias] = shard
+    save_index(root, index)
+    rc, out, err = run_cli(["inspect", root, "--json", "--full"], capsys)
+    msgs = [p["message"] for p in json.loads(out)["problems"]]
+    assert rc == 1 and any("duplicate expert tensors" in m and alias in m and packed in m for m in msgs)
