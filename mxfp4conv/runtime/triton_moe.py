@@ -42,6 +42,7 @@ class MoEConfig:
     mode: int = 0
     split_k1: int = 0  # K splits of GEMM1 / GEMM2; 0 = automatic (decode: fill the GPU), 1 = none
     split_k2: int = 0
+    maxnreg: int = 0  # register cap per thread for both GEMMs (0 = compiler's choice)
 
 
 def select_config(num_pairs: int, num_experts: int, hidden: int, inter: int) -> MoEConfig:
@@ -194,6 +195,9 @@ def fused_moe_triton(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, *,
     s1, ks1 = _splits(cfg.split_k1, blocks_est * triton.cdiv(i_pad, cfg.block_n1), H, cfg.block_k)
     s2, ks2 = _splits(cfg.split_k2, blocks_est * triton.cdiv(H, cfg.block_n2), i_pad, cfg.block_k)
     acts = dict(ACT=act["ACT"], HAS_LIMIT=act["HAS_LIMIT"], HAS_LINEAR=act["HAS_LINEAR"])
+    launch = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    if cfg.maxnreg and os.environ.get("TRITON_INTERPRET") != "1":
+        launch["maxnreg"] = cfg.maxnreg
 
     inter = torch.empty(num_pairs, i_pad, dtype=x.dtype, device=x.device)
     part = torch.empty(s1, num_pairs, 2 * i_pad, dtype=torch.float32, device=x.device) if s1 > 1 else inter
@@ -205,7 +209,7 @@ def fused_moe_triton(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, *,
         b13.stride(0), inter.stride(0),
         act["p0"], act["p1"], **acts, HAS_BIAS=w13_bias is not None,
         BLOCK_N=cfg.block_n1, BLOCK_T=cfg.block_t, BLOCK_K=cfg.block_k, DTYPE=dtype, **mma, SPLIT=s1 > 1,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        **launch,
     )
     if s1 > 1:
         block_i = min(1024, triton.next_power_of_2(i_pad))
@@ -222,7 +226,7 @@ def fused_moe_triton(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, *,
         b2.stride(0), pair_out.stride(1), pair_out.stride(0),
         HAS_BIAS=w2_bias is not None,
         BLOCK_N=cfg.block_n2, BLOCK_T=cfg.block_t, BLOCK_K=cfg.block_k, DTYPE=dtype, **mma,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        **launch,
     )
     block_h = min(1024, triton.next_power_of_2(H))
     K.moe_sum_kernel[(T, triton.cdiv(H, block_h))](
