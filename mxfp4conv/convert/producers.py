@@ -14,7 +14,8 @@ import torch
 
 from mxfp4conv.convert.manifest import SHUFFLE_PAD_BYTE
 from mxfp4conv.convert.plan import OutputPlan, Unit
-from mxfp4conv.convert.rank_tensors import build_chunk, find_nan_scale
+from mxfp4conv.convert.direct_read import DirectReader, build_chunk_direct
+from mxfp4conv.convert.rank_tensors import WEIGHT_KINDS, build_chunk, find_nan_scale
 from mxfp4conv.errors import Mxfp4convError
 
 Task = Callable[[], list]
@@ -63,6 +64,22 @@ def _layer_tasks(src, model, plan: OutputPlan, unit: Unit, chunk_bytes: int, all
     layer = model.layers[unit.layer]
     names = {(t.rank, t.kind): t.name for t in unit.tensors}
     g = plan.geometry
+    direct = layer.experts is not None and set(plan.kinds) <= set(WEIGHT_KINDS)
+    reader = DirectReader(src) if direct else None
+
+    def direct_task(experts: range):
+        def run() -> list:
+            ranks = g.owner(experts.start)
+            bufs = build_chunk_direct(reader, layer, experts, g, ranks, plan.kinds)
+            if not allow_nan:
+                for r in ranks:
+                    _check_nan_direct(layer, experts, r, bufs, g)
+            pieces = []
+            for r in ranks:
+                for kind in plan.kinds:
+                    pieces.append((names[(r, kind)], plan.layouts[kind].forward_chunk(bufs[(r, kind)])))
+            return pieces
+        return run
 
     def task(experts: range):
         def run() -> list:
@@ -86,7 +103,7 @@ def _layer_tasks(src, model, plan: OutputPlan, unit: Unit, chunk_bytes: int, all
         return run
 
     for span in expert_chunks(plan, chunk_bytes):
-        yield task(span)
+        yield direct_task(span) if direct else task(span)
 
     tails = []
     for r in g.ranks():
@@ -126,3 +143,27 @@ def nan_location(layer, e: int, kind: str, flat: int, shape: tuple[int, int], g)
         ref = ex.gate_scale if row < half else ex.up_scale
         return ref.name, (row % half) * cols + col
     return ex.down_scale.name, flat
+
+
+def _check_nan_direct(layer, experts: range, r: int, bufs: dict, g) -> None:
+    """NaN check on the stacked canonical scales of one rank (padding is never 0xFF)."""
+    H, I, Ip = g.hidden, g.intermediate, g.inter_rank_padded
+    sl = g.inter_slice(r)
+    for kind in ("w13_weight_scale", "w2_weight_scale"):
+        t = bufs[(r, kind)]
+        i = find_nan_scale(t)
+        if i is None:
+            continue
+        e_local, rest = divmod(i, t.shape[1] * t.shape[2])
+        row, col = divmod(rest, t.shape[2])
+        ex = layer.experts[experts.start + e_local]
+        if kind == "w13_weight_scale":
+            ref = ex.gate_scale if row < Ip else ex.up_scale
+            off = (sl.start + row % Ip) * (H // 32) + col
+        else:
+            ref = ex.down_scale
+            off = row * (I // 32) + sl.start // 32 + col
+        raise Mxfp4convError(
+            f"tensor {ref.name} holds a NaN scale byte (0xFF) at byte offset {off} (MoE layer "
+            f"{layer.prefix}, expert {experts.start + e_local}). vLLM would load it as NaN and the expert "
+            f"would produce NaNs. Fix the checkpoint, or pass --allow-nan-scales to copy it as is.")

@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from mxfp4conv.convert.memory import keep_freed_memory
 from mxfp4conv.convert.manifest import MANIFEST_NAME, build_manifest, write_manifest_json
 from mxfp4conv.convert.plan import (
     DEFAULT_SHARD_SIZE, OutputPlan, build_plan, parse_size, plan_metadata, resolve_layouts,
@@ -31,7 +32,7 @@ from mxfp4conv.errors import CheckpointError, Mxfp4convError
 INDEX_NAME = "model.safetensors.index.json"
 PROGRESS_NAME = ".mxfp4conv-progress.json"
 _SHARD_RE = re.compile(r"^model-\d{5}-of-\d{5}\.safetensors$")
-DEFAULT_CHUNK_BYTES = 64 << 20
+DEFAULT_CHUNK_BYTES = 24 << 20  # per task; keeps every buffer under glibc's mmap threshold
 
 
 @dataclass
@@ -65,6 +66,7 @@ def convert(source, out, target, shard_size=DEFAULT_SHARD_SIZE, resume=False, wo
             progress="auto", allow_nan_scales=False, chunk_bytes=DEFAULT_CHUNK_BYTES) -> ConvertResult:
     """Convert ``source`` (a spec string or an open ``Source``) into ``out`` for ``target``."""
     src, model, decision, manifest, plan = prepare(source, target, shard_size)
+    keep_freed_memory()
     out = Path(out)
     _check_out(src, out, resume, force)
     out.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,244 @@
+"""Convert benchmark: peak RSS and time of ``mxfp4conv convert`` against a plain copy.
+
+Generates a synthetic Kimi-K3-format checkpoint of the requested size (random MXFP4 bytes,
+real names, config and sharding; single MoE layers of several GB), then, in the same run on
+the same disk:
+
+1. copies the checkpoint's files (read + write + fsync per file, like convert does);
+2. converts it in a subprocess (``python -m mxfp4conv convert``) while sampling its RSS,
+   for each requested ``--workers`` value.
+
+Prints a table (optionally writes it as markdown and a plot) and deletes everything it made.
+
+    python benchmarks/convert_bench.py --size-gb 10 --dir /path/on/the/disk --workers 1 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+
+from mxfp4conv.checkpoint import synthetic
+from mxfp4conv.convert.writer import ShardWriter, TensorSpec
+
+SCALE_LO, SCALE_HI = 118, 131  # e8m0 exponents near 1.0, never 0xFF
+
+
+class _Recorder(synthetic._Tensors):
+    """Records (name, dtype, shape, kind) instead of making tensors."""
+
+    def __init__(self, weight_dtype="U8", scale_dtype="U8"):
+        super().__init__(0, weight_dtype, scale_dtype)
+        self.specs: list[tuple[TensorSpec, str]] = []
+
+    def _rec(self, name, dtype, shape, kind):
+        self.specs.append((TensorSpec(name, dtype, tuple(int(d) for d in shape)), kind))
+
+    def bf16(self, name, *shape):
+        self._rec(name, "BF16", shape, "random")
+
+    def f32(self, name, *shape):
+        self._rec(name, "F32", shape, "random")
+
+    def ones(self, name, n):
+        self._rec(name, "BF16", (n,), "random")
+
+    def fp8_block(self, name, n, k, scale_suffix="scale"):
+        self._rec(name + ".weight", "F8_E4M3", (n, k), "random")
+        self._rec(f"{name}.{scale_suffix}", "F8_E8M0", (-(-n // 128), -(-k // 128)), "scale")
+
+    def expert(self, name, scale_name, n, k):
+        self._rec(name, self.weight_dtype, (n, k // 2), "random")
+        self._rec(scale_name, self.scale_dtype, (n, k // 32), "scale")
+
+    def mark_split(self):
+        pass
+
+
+def generate(root: Path, size_gb: float, hidden: int, intermediate: int, experts: int,
+             shard_gb: float, seed: int = 0) -> dict:
+    """Write a Kimi-K3-format checkpoint of about ``size_gb`` GB into ``root``."""
+    per_layer = experts * 3 * intermediate * (hidden // 2 + hidden // 32)
+    layers = max(1, round(size_gb * 1e9 / per_layer))
+    rec = _Recorder()
+    g = {"hidden": hidden, "intermediate": intermediate, "num_experts": experts, "top_k": 8,
+         "num_layers": layers, "vocab": 1024}
+    config = synthetic._kimi_k3(rec, g, "w_mxfp4", {})
+    root.mkdir(parents=True)
+    (root / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    (root / "generation_config.json").write_text(json.dumps({"do_sample": True}) + "\n")
+    shards, cur, size = [], [], 0
+    for spec, kind in rec.specs:
+        if cur and size + spec.size() > shard_gb * 1e9:
+            shards.append(cur)
+            cur, size = [], 0
+        cur.append((spec, kind))
+        size += spec.size()
+    shards.append(cur)
+    rng = np.random.default_rng(seed)
+    weight_map, total = {}, 0
+    for i, group in enumerate(shards):
+        name = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+        with ShardWriter(root / name, [s for s, _ in group], {"format": "pt"}) as w:
+            for spec, kind in group:
+                left = spec.size()
+                while left:
+                    n = min(left, 64 << 20)
+                    if kind == "scale":
+                        chunk = rng.integers(SCALE_LO, SCALE_HI, n, dtype=np.uint8)
+                    else:
+                        chunk = np.frombuffer(rng.bytes(n), dtype=np.uint8)
+                    w.write(spec.name, chunk)
+                    left -= n
+                weight_map[spec.name] = name
+                total += spec.size()
+            w.finish()
+    (root / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
+    return {"layers": layers, "layer_bytes": per_layer, "bytes": total, "shards": len(shards)}
+
+
+def drop_caches() -> bool:
+    try:
+        os.sync()
+        Path("/proc/sys/vm/drop_caches").write_text("3\n")
+        return True
+    except OSError:
+        return False
+
+
+def plain_copy(src: Path, dst: Path) -> float:
+    t = time.perf_counter()
+    dst.mkdir(parents=True)
+    for p in sorted(src.iterdir()):
+        shutil.copyfile(p, dst / p.name)
+        fd = os.open(dst / p.name, os.O_RDONLY)
+        os.fsync(fd)
+        os.close(fd)
+    return time.perf_counter() - t
+
+
+def run_convert(src: Path, out: Path, arch: str, tp: int, workers: int, shard_size: str) -> dict:
+    cmd = [sys.executable, "-m", "mxfp4conv", "convert", str(src), str(out), "--arch", arch,
+           "--tp", str(tp), "--workers", str(workers), "--shard-size", shard_size, "--quiet"]
+    samples: list[tuple[float, int]] = []
+    t = time.perf_counter()
+    p = subprocess.Popen(cmd)
+    done = threading.Event()
+
+    def poll():
+        while not done.is_set():
+            try:
+                for line in Path(f"/proc/{p.pid}/status").read_text().splitlines():
+                    if line.startswith("VmRSS:"):
+                        samples.append((time.perf_counter() - t, int(line.split()[1]) * 1024))
+            except OSError:
+                pass
+            time.sleep(0.1)
+
+    th = threading.Thread(target=poll, daemon=True)
+    th.start()
+    _, status, usage = os.wait4(p.pid, 0)
+    elapsed = time.perf_counter() - t
+    done.set()
+    th.join()
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise SystemExit(f"convert failed with status {status}")
+    return {"seconds": elapsed, "peak_rss": usage.ru_maxrss * 1024, "samples": samples}
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--size-gb", type=float, default=10.0)
+    ap.add_argument("--hidden", type=int, default=2048)
+    ap.add_argument("--intermediate", type=int, default=2048)
+    ap.add_argument("--experts", type=int, default=384)
+    ap.add_argument("--source-shard-gb", type=float, default=4.0)
+    ap.add_argument("--shard-size", default="5GB")
+    ap.add_argument("--arch", default="gfx950")
+    ap.add_argument("--tp", type=int, default=1)
+    ap.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--dir", type=Path, default=Path.cwd() / "convert-bench-tmp")
+    ap.add_argument("--markdown", type=Path, help="append the table to this markdown file")
+    ap.add_argument("--plot", type=Path, help="write an RSS-over-time plot (needs matplotlib)")
+    ap.add_argument("--keep", action="store_true", help="keep the generated files")
+    args = ap.parse_args(argv)
+
+    work = args.dir
+    if work.exists():
+        raise SystemExit(f"{work} exists; give a new --dir")
+    src = work / "source"
+    rows, curves = [], {}
+    try:
+        t = time.perf_counter()
+        info = generate(src, args.size_gb, args.hidden, args.intermediate, args.experts, args.source_shard_gb)
+        print(f"generated {info['bytes'] / 1e9:.2f} GB, {info['layers']} MoE layers of "
+              f"{info['layer_bytes'] / 1e9:.2f} GB, {info['shards']} shards in {time.perf_counter() - t:.0f} s",
+              flush=True)
+        cached = drop_caches()
+        copy_s = plain_copy(src, work / "copy")
+        shutil.rmtree(work / "copy")
+        print(f"plain copy: {copy_s:.1f} s ({info['bytes'] / copy_s / 1e6:.0f} MB/s)", flush=True)
+        for w in args.workers:
+            drop_caches()
+            r = run_convert(src, work / f"out-w{w}", args.arch, args.tp, w, args.shard_size)
+            shutil.rmtree(work / f"out-w{w}")
+            curves[w] = r["samples"]
+            rows.append((w, r["seconds"], r["peak_rss"]))
+            print(f"convert --workers {w}: {r['seconds']:.1f} s, peak RSS {r['peak_rss'] / 2**20:.0f} MiB",
+                  flush=True)
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+
+    gb = info["bytes"] / 1e9
+    lines = [
+        f"Date: {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC. Machine: {platform.machine()}, "
+        f"{os.cpu_count()} CPUs, {platform.system()} {platform.release()}.",
+        f"Checkpoint: Kimi-K3 format, {gb:.2f} GB, {info['layers']} MoE layers of {info['layer_bytes'] / 1e9:.2f} GB "
+        f"({args.experts} experts, hidden {args.hidden}, intermediate {args.intermediate}), {info['shards']} source shards. "
+        f"Target: --arch {args.arch} --tp {args.tp}. Page cache dropped before each run: {'yes' if cached else 'no'}.",
+        "",
+        "| run | time (s) | throughput (MB/s) | time / copy | peak RSS (MiB) |",
+        "|---|---:|---:|---:|---:|",
+        f"| plain copy (read + write + fsync) | {copy_s:.1f} | {info['bytes'] / copy_s / 1e6:.0f} | 1.00 | - |",
+    ]
+    for w, s, rss in rows:
+        lines.append(f"| convert --workers {w} | {s:.1f} | {info['bytes'] / s / 1e6:.0f} | {s / copy_s:.2f} | "
+                     f"{rss / 2**20:.0f} |")
+    table = "\n".join(lines)
+    print()
+    print(table)
+    if args.markdown:
+        with open(args.markdown, "a") as f:
+            f.write("\n" + table + "\n")
+    if args.plot:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(7, 3.5))
+        for w, pts in curves.items():
+            ax.plot([p[0] for p in pts], [p[1] / 2**20 for p in pts], label=f"--workers {w}")
+        ax.set_xlabel("seconds")
+        ax.set_ylabel("RSS (MiB)")
+        ax.set_title(f"mxfp4conv convert, {gb:.1f} GB checkpoint")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(args.plot)
+
+
+if __name__ == "__main__":
+    main()
