@@ -47,11 +47,14 @@ class MoEConfig:
 
 def select_config(num_pairs: int, num_experts: int, hidden: int, inter: int) -> MoEConfig:
     """Tiles measured best on an H200 (benchmarks/moe_bench.py --sweep, docs/performance.md):
-    swap-AB with 16-pair blocks while experts see few tokens, 64-pair blocks in prefill."""
+    swap-AB 16-pair blocks with the int32-word decode while experts see few tokens (K split
+    automatically when that leaves SMs idle), 64/128-pair blocks with the byte decode in prefill."""
     per_expert = num_pairs / max(1, min(num_experts, num_pairs))
     if per_expert <= 32:
-        return MoEConfig(block_t=16, block_n1=64, block_n2=128, block_k=128, num_warps=4, num_stages=3, mode=1)
-    return MoEConfig(block_t=64, block_n1=128, block_n2=128, block_k=64, num_warps=8, num_stages=3, mode=0)
+        return MoEConfig(block_t=16, block_n1=64, block_n2=128, block_k=128, num_warps=4, num_stages=2,
+                         mode=1, maxnreg=96)
+    return MoEConfig(block_t=64 if per_expert <= 64 else 128, block_n1=128, block_n2=128, block_k=64,
+                     num_warps=8, num_stages=3, mode=0)
 
 
 _TARGET_PROGRAMS = 1024  # about 8 programs per SM on 132 SMs: enough warps to hide latency
