@@ -212,27 +212,37 @@ def _write_shards(src, model, plan: OutputPlan, out: Path, kept: set[str], recor
     writers: dict[str, ShardWriter | _Sink] = {}
     written = 0
 
+    hasher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mxfp4conv-crc")
+    finisher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mxfp4conv-fsync")
+    finishing: list = []
+
     def writer_for(shard_name: str):
         w = writers.get(shard_name)
         if w is None:
             if shard_name in kept:
                 w = _Sink()
             else:
-                w = ShardWriter(out / shard_name, by_name[shard_name].specs(), plan.metadata)
+                w = ShardWriter(out / shard_name, by_name[shard_name].specs(), plan.metadata, hasher=hasher)
                 w.open()
                 bar.describe(shard_name)
             writers[shard_name] = w
         return w
 
+    def finish_one(name: str, w: ShardWriter) -> None:
+        # fsync + rename off the writing thread; the progress record follows the rename
+        digest = w.finish()
+        record["shards"][name] = {"size": w.total_size, "checksum": digest}
+        _save_progress(out, record)
+        if bar.mode == "lines":
+            bar.line(f"finished {name}")
+
     def finish_shards(ui: int) -> None:
+        for f in [f for f in finishing if f.done()]:
+            f.result()  # surface errors early
         for name, last in last_unit.items():
             if last == ui and name not in kept:
                 w = writers.pop(name)
-                digest = w.finish()
-                record["shards"][name] = {"size": w.total_size, "checksum": digest}
-                _save_progress(out, record)
-                if bar.mode == "lines":
-                    bar.line(f"finished {name}")
+                finishing.append(finisher.submit(finish_one, name, w))
 
     pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="mxfp4conv")
     pending: deque = deque()
@@ -256,16 +266,22 @@ def _write_shards(src, model, plan: OutputPlan, out: Path, kept: set[str], recor
                 written += _drain_one(pending, writer_for, shard_of, bar, finish_shards)
         while pending:
             written += _drain_one(pending, writer_for, shard_of, bar, finish_shards)
+        for f in finishing:
+            f.result()
     except BaseException:
         for f in pending:
             if f[1] is not None:
                 f[1].cancel()
         pool.shutdown(wait=True, cancel_futures=True)
+        finisher.shutdown(wait=True)  # shards already complete are finished and recorded
         for w in writers.values():
             if isinstance(w, ShardWriter):
                 w.abort()
+        hasher.shutdown(wait=True, cancel_futures=True)
         raise
     pool.shutdown(wait=True)
+    finisher.shutdown(wait=True)
+    hasher.shutdown(wait=True)
     leftover = [n for n, w in writers.items() if isinstance(w, ShardWriter)]
     if leftover:
         raise WriteError(f"internal error: shards {leftover} were opened but never finished")

@@ -15,6 +15,7 @@ import json
 import os
 import struct
 import zlib
+from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -127,7 +128,12 @@ class ShardWriter:
     Any failure removes the temporary file.
     """
 
-    def __init__(self, path: Path, specs: list[TensorSpec], metadata: Mapping[str, str] | None = None):
+    def __init__(self, path: Path, specs: list[TensorSpec], metadata: Mapping[str, str] | None = None,
+                 hasher=None):
+        """``hasher``: an optional single-thread executor that computes the checksums off the
+        writing thread (in submission order)."""
+        self.hasher = hasher
+        self._hashing: deque = deque()
         self.path = Path(path)
         self.temp = self.path.with_name(TEMP_PREFIX + self.path.name + TEMP_SUFFIX)
         self.specs = list(specs)
@@ -178,8 +184,16 @@ class ShardWriter:
         except OSError as exc:
             self.abort()
             raise _os_error(exc, self.temp, "write") from exc
-        self.crcs[name] = zlib.crc32(view, self.crcs[name])
+        if self.hasher is None:
+            self._crc(name, view)
+        else:
+            self._hashing.append(self.hasher.submit(self._crc, name, view))
+            while len(self._hashing) > 8:  # bounds the bytes held for hashing
+                self._hashing.popleft().result()
         self.written[name] = done + len(view)
+
+    def _crc(self, name: str, view) -> None:
+        self.crcs[name] = zlib.crc32(view, self.crcs[name])
 
     def write_tensor(self, name: str, chunks: Iterable) -> None:
         for chunk in chunks:
@@ -192,6 +206,8 @@ class ShardWriter:
         return combine_digest(self.header, ((s.name, s.size(), self.crcs[s.name]) for s in self.specs))
 
     def finish(self) -> str:
+        while self._hashing:
+            self._hashing.popleft().result()
         missing = self.missing()
         if missing:
             self.abort()
@@ -211,6 +227,9 @@ class ShardWriter:
         return self.checksum()
 
     def abort(self) -> None:
+        for f in self._hashing:
+            f.cancel()
+        self._hashing.clear()
         if self.fd is not None:
             try:
                 os.close(self.fd)
