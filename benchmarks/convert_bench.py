@@ -109,6 +109,13 @@ def generate(root: Path, size_gb: float, hidden: int, intermediate: int, experts
     return {"layers": layers, "layer_bytes": per_layer, "bytes": total, "shards": len(shards)}
 
 
+def _mem_gb() -> float:
+    try:
+        return int(Path("/proc/meminfo").read_text().split()[1]) / 2**20
+    except (OSError, ValueError, IndexError):
+        return float("nan")
+
+
 def drop_caches() -> bool:
     try:
         os.sync()
@@ -205,7 +212,7 @@ def main(argv=None) -> None:
     gb = info["bytes"] / 1e9
     lines = [
         f"Date: {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC. Machine: {platform.machine()}, "
-        f"{os.cpu_count()} CPUs, {platform.system()} {platform.release()}.",
+        f"{os.cpu_count()} CPUs, {platform.system()} {platform.release()}, {_mem_gb():.0f} GB RAM.",
         f"Checkpoint: Kimi-K3 format, {gb:.2f} GB, {info['layers']} MoE layers of {info['layer_bytes'] / 1e9:.2f} GB "
         f"({args.experts} experts, hidden {args.hidden}, intermediate {args.intermediate}), {info['shards']} source shards. "
         f"Target: --arch {args.arch} --tp {args.tp}. Page cache dropped before each run: {'yes' if cached else 'no'}.",
@@ -224,7 +231,11 @@ def main(argv=None) -> None:
         with open(args.markdown, "a") as f:
             f.write("\n" + table + "\n")
     if args.plot:
-        import matplotlib
+        try:
+            import matplotlib
+        except ImportError:
+            print("no plot: matplotlib is not installed (pip install mxfp4conv[bench])")
+            return
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt

@@ -22,11 +22,13 @@ Task = Callable[[], list]
 COPY_CHUNK = 32 << 20
 
 
-def unit_tasks(src, model, plan: OutputPlan, unit: Unit, chunk_bytes: int, allow_nan: bool) -> Iterator[Task]:
+def unit_tasks(src, model, plan: OutputPlan, unit: Unit, chunk_bytes: int, allow_nan: bool,
+               reader: DirectReader | None = None) -> Iterator[Task]:
+    """``reader``: a shared ``DirectReader`` (its descriptors are the caller's to close)."""
     if unit.layer < 0:
         yield from _copy_tasks(src, unit.tensors[0], chunk_bytes)
     else:
-        yield from _layer_tasks(src, model, plan, unit, chunk_bytes, allow_nan)
+        yield from _layer_tasks(src, model, plan, unit, chunk_bytes, allow_nan, reader or DirectReader(src))
 
 
 def _copy_tasks(src, t, chunk_bytes: int) -> Iterator[Task]:
@@ -58,14 +60,14 @@ def _numel(shape) -> int:
     return k
 
 
-def _layer_tasks(src, model, plan: OutputPlan, unit: Unit, chunk_bytes: int, allow_nan: bool) -> Iterator[Task]:
+def _layer_tasks(src, model, plan: OutputPlan, unit: Unit, chunk_bytes: int, allow_nan: bool,
+                 reader: DirectReader) -> Iterator[Task]:
     from mxfp4conv.checkpoint.experts import read_expert
 
     layer = model.layers[unit.layer]
     names = {(t.rank, t.kind): t.name for t in unit.tensors}
     g = plan.geometry
     direct = layer.experts is not None and set(plan.kinds) <= set(WEIGHT_KINDS)
-    reader = DirectReader(src) if direct else None
 
     def direct_task(experts: range):
         def run() -> list:

@@ -22,6 +22,7 @@ from mxfp4conv.convert.manifest import MANIFEST_NAME, build_manifest, write_mani
 from mxfp4conv.convert.plan import (
     DEFAULT_SHARD_SIZE, OutputPlan, build_plan, parse_size, plan_metadata, resolve_layouts,
 )
+from mxfp4conv.convert.direct_read import DirectReader
 from mxfp4conv.convert.producers import unit_tasks
 from mxfp4conv.convert.progress import Progress
 from mxfp4conv.convert.writer import (
@@ -245,6 +246,7 @@ def _write_shards(src, model, plan: OutputPlan, out: Path, kept: set[str], recor
                 finishing.append(finisher.submit(finish_one, name, w))
 
     pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="mxfp4conv")
+    reader = DirectReader(src)
     pending: deque = deque()
     depth = max(1, workers) + 1
 
@@ -252,7 +254,7 @@ def _write_shards(src, model, plan: OutputPlan, out: Path, kept: set[str], recor
         for ui, unit in enumerate(plan.units):
             if all(shard_of[t.name].name in kept for t in unit.tensors):
                 continue
-            for task in unit_tasks(src, model, plan, unit, chunk_bytes, allow_nan):
+            for task in unit_tasks(src, model, plan, unit, chunk_bytes, allow_nan, reader):
                 yield ui, task, False
             yield ui, None, True  # unit done marker
 
@@ -278,7 +280,9 @@ def _write_shards(src, model, plan: OutputPlan, out: Path, kept: set[str], recor
             if isinstance(w, ShardWriter):
                 w.abort()
         hasher.shutdown(wait=True, cancel_futures=True)
+        reader.close()
         raise
+    reader.close()
     pool.shutdown(wait=True)
     finisher.shutdown(wait=True)
     hasher.shutdown(wait=True)
