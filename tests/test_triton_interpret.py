@@ -174,3 +174,12 @@ def test_bad_inputs_raise_clear_errors():
     with pytest.raises(RuntimeInputError, match="topk_weights"):
         call(x, w13, s13, w2, s2, tw[:, :0], ids, activation="silu", activation_params={})
     assert math.isfinite(float(call(x, w13, s13, w2, s2, tw, ids, activation="silu", activation_params={}).sum()))
+
+
+@pytest.mark.parametrize("requested,programs,k", [(0, 96, 3584), (0, 448, 384), (0, 5000, 7168), (3, 10, 96), (1, 1, 4096)])
+def test_split_k_ranges_cover_k_without_empty_splits(requested, programs, k):
+    splits, per = triton_moe._splits(requested, programs, k, 128)
+    assert per % 128 == 0 and splits >= 1
+    assert splits * per >= k and (splits - 1) * per < k  # every split has work, together all of K
+    if requested == 0 and programs >= 1024:
+        assert splits == 1  # enough programs already: no split
