@@ -95,17 +95,23 @@ def build_chunk_direct(reader: DirectReader, layer, experts: range, g: RankGeome
     for kind in kinds:
         div = 2 if kind.endswith("weight") else 32
         pad = g.weight_pad if div == 2 else g.scale_pad
-        for r in ranks:
+        if kind.startswith("w13"):
+            shape = (n, 2 * Ip, Hp // div)
+        else:
+            shape = (n, Hp, Ip // div)
+        # one allocation for all ranks: rank r is block r (contiguous), so the TP split of w2
+        # below is a single strided copy per expert
+        block = torch.empty((len(ranks), *shape), dtype=torch.uint8)
+        for j, r in enumerate(ranks):
             sl = g.inter_slice(r)
             ir = sl.stop - sl.start
+            t = block[j]
             if kind.startswith("w13"):
-                t = torch.empty((n, 2 * Ip, Hp // div), dtype=torch.uint8)
                 t[:, ir:Ip] = pad
                 t[:, Ip + ir:] = pad
                 if Hp > H:
                     t[:, :, H // div:] = pad
             else:
-                t = torch.empty((n, Hp, Ip // div), dtype=torch.uint8)
                 t[:, H:] = pad
                 if Ip > ir:
                     t[:, :, ir // div:] = pad
@@ -133,7 +139,12 @@ def build_chunk_direct(reader: DirectReader, layer, experts: range, g: RankGeome
                     buf = reader.scratch(H * (I // div))
                     reader.read_into(fd, base, [memoryview(buf.numpy())])
                     src = buf.view(H, I // div)
-                    for r in split:
-                        sl = g.inter_slice(r)
-                        out[(r, kind)][i, :H, : (sl.stop - sl.start) // div] = src[:, sl.start // div: sl.stop // div]
+                    if split == list(range(g.tp)) and split == ranks:
+                        # all TP ranks at once: [H, T, I/T] -> [T, H, I/T]
+                        w = g.inter_rank // div
+                        block[:, i, :H, :w] = src.view(H, g.tp, w).permute(1, 0, 2)
+                    else:
+                        for r in split:
+                            sl = g.inter_slice(r)
+                            out[(r, kind)][i, :H, : (sl.stop - sl.start) // div] = src[:, sl.start // div: sl.stop // div]
     return out
