@@ -371,3 +371,27 @@ def test_verify_detects_a_flipped_expert_byte(tmp_path, tmp_path_factory):
         verify(out, str(src_dir))
     e = ei.value
     assert e.where["tensor"] == name and e.where["rank"] == 1 and e.where["layer"] == model.layers[0].prefix
+
+
+@pytest.mark.parametrize("family,tp,ep,arch", [("kimi_k3", 2, False, "gfx950"), ("deepseek_v4", 2, True, "gfx950"),
+                                               ("quark", 2, False, "gfx942"), ("deepseek_v4", 1, False, "gfx950")])
+def test_direct_reader_matches_read_expert_path(tmp_path_factory, family, tp, ep, arch):
+    from mxfp4conv.checkpoint.experts import read_expert
+    from mxfp4conv.convert.direct_read import DirectReader, build_chunk_direct
+    from mxfp4conv.convert.rank_tensors import WEIGHT_KINDS, RankGeometry, build_chunk
+
+    src_dir = source_for(tmp_path_factory, family, None)
+    source = open_source(str(src_dir))
+    model = load_model(source)
+    g = RankGeometry.from_decision(decide(model, Target(arch=arch, tp=tp, ep=ep)))
+    reader = DirectReader(source)
+    layer = model.layers[-1]
+    for r in range(tp):
+        experts = range(g.expert_range(r).start + 1, g.expert_range(r).stop)
+        ranks = g.owner(experts.start)
+        direct = build_chunk_direct(reader, layer, experts, g, ranks, WEIGHT_KINDS)
+        for rr in ranks:
+            ref = build_chunk([read_expert(source, layer, e) for e in experts], g, rr, WEIGHT_KINDS)
+            for k in WEIGHT_KINDS:
+                assert torch.equal(direct[(rr, k)], ref[k]), (rr, k)
+    reader.close()
