@@ -183,3 +183,17 @@ def test_split_k_ranges_cover_k_without_empty_splits(requested, programs, k):
     assert splits * per >= k and (splits - 1) * per < k  # every split has work, together all of K
     if requested == 0 and programs >= 1024:
         assert splits == 1  # enough programs already: no split
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_default_config_expert_parallel_ids(dtype):
+    # an expert-parallel rank: most slots are -1, one token has no local expert at all
+    x, w13, s13, w2, s2, tw, _, b13, b2 = make_problem(5, 6, 64, 32, 4, 4, bias=True)
+    ids = torch.tensor([[0, -1, -1, -1], [-1, -1, 2, -1], [0, -1, -1, 3], [-1, -1, -1, -1], [0, 1, -1, -1],
+                        [0, -1, -1, -1]], dtype=torch.int32)
+    params = {"beta": 4.0, "linear_beta": 25.0}
+    ref = reference(x.to(dtype).float(), w13, s13, w2, s2, tw, ids, "situ", params, b13, b2)
+    out = triton_moe.fused_moe_triton(x.to(dtype), w13, s13, w2, s2, tw, ids, activation="situ",
+                                      activation_params=params, w13_bias=b13, w2_bias=b2)
+    assert torch.isfinite(out).all() and torch.all(out[3] == 0)
+    assert rel_err(out, ref) < (1e-5 if dtype == torch.float32 else 1e-2)

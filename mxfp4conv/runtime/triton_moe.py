@@ -37,8 +37,8 @@ class MoEConfig:
     block_k: int = 128
     num_warps: int = 4
     num_stages: int = 4
-    # 0: byte decode, 1: int32-word decode, 2: tl.dot_scaled, 3: word decode into 8 split dots
-    # (modes 1-3 need bf16/fp16 x; fp32 x always takes mode 0)
+    # 0: byte decode, 1: int32-word decode (bf16 x; fp16 x falls back to 0), 2: tl.dot_scaled,
+    # 3: word decode into 8 split dots (modes 1-3 need bf16/fp16 x; fp32 x always takes mode 0)
     mode: int = 0
     split_k1: int = 0  # K splits of GEMM1 / GEMM2; 0 = automatic (decode: fill the GPU), 1 = none
     split_k2: int = 0
@@ -180,6 +180,8 @@ def fused_moe_triton(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, *,
     cfg = config or select_config(num_pairs, E, H, i_pad)
     dtype = getattr(triton.language, _TL_DTYPES[x.dtype])
     mode = 0 if x.dtype == torch.float32 else cfg.mode
+    if mode == 1 and x.dtype != torch.bfloat16:
+        mode = 0  # the word decode builds bf16 bits; fp16 x takes the byte decode
     mma = dict(MODE=mode, X_FORMAT={torch.bfloat16: "bf16", torch.float16: "fp16"}.get(x.dtype, "bf16"))
     if mode == 3 and cfg.block_k < 128:
         mma["MODE"] = 1  # the split dots need K/8 >= 16
