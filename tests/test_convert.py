@@ -395,3 +395,17 @@ def test_direct_reader_matches_read_expert_path(tmp_path_factory, family, tp, ep
             for k in WEIGHT_KINDS:
                 assert torch.equal(direct[(rr, k)], ref[k]), (rr, k)
     reader.close()
+
+
+def test_rich_progress_bar_renders_bytes():
+    import io
+
+    from mxfp4conv.convert.progress import Progress
+
+    buf = io.StringIO()
+    p = Progress(2_000_000, "rich", stream=buf)
+    p.describe("model-00001-of-00001.safetensors")
+    p.advance(2_000_000)
+    p.close()
+    out = buf.getvalue()
+    assert "model-00001-of-00001.safetensors" in out and "2.0" in out and "MB" in out
