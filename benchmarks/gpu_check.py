@@ -7,12 +7,18 @@ checks the two runs are bitwise equal, and compares with a float64 computation f
 raw bytes (codec dequantiser, activation formulas written out here). Prints a table; exits 1
 on any failure.
 
-    python benchmarks/gpu_check.py [--out DIR]
+Every case runs the configuration the dispatcher picks (the decode path without tensor cores
+when experts see few pairs, else the MMA path) and the other path forced, with and without a
+forced K split; the label names the path each run took.
+
+    python benchmarks/gpu_check.py [--out DIR] [--quick]   (--quick: skip the MMA modes 2 and 3,
+                                                            which no default uses)
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import sys
 import time
@@ -20,9 +26,8 @@ import time
 import torch
 
 from mxfp4conv.codec import dequantize_mxfp4
-import dataclasses
 
-from mxfp4conv.runtime.triton_moe import fused_moe_triton, select_config
+from mxfp4conv.runtime.triton_moe import fused_moe_triton, select_config, uses_gemv
 
 
 def act64(name, params, g, u):
@@ -97,6 +102,8 @@ CASES = [
     ("dsv3 T1 silu", 1, 7168, 2048, 256, 8, "silu", {}, False, torch.bfloat16, "uniform"),
     ("dsv3 T64 silu+limit ragged", 64, 7168, 2048, 256, 8, "silu", {"swiglu_limit": 10.0}, False, torch.bfloat16, "ragged"),
     ("k3 T1 situ", 1, 3584, 384, 896, 16, "situ", {"beta": 4.0, "linear_beta": 25.0}, False, torch.bfloat16, "uniform"),
+    ("k3 T8 situ", 8, 3584, 384, 896, 16, "situ", {"beta": 4.0, "linear_beta": 25.0}, False, torch.bfloat16, "uniform"),
+    ("dsv3 T64 situ", 64, 7168, 2048, 256, 8, "situ", {"beta": 4.0, "linear_beta": 25.0}, False, torch.bfloat16, "uniform"),
     ("k3 T37 situ ragged", 37, 3584, 384, 896, 16, "situ", {"beta": 4.0, "linear_beta": 25.0}, False, torch.bfloat16, "ragged"),
     ("k3 T4096 situ", 4096, 3584, 384, 896, 16, "situ", {"beta": 4.0, "linear_beta": 25.0}, False, torch.bfloat16, "uniform"),
     ("dsv3 T4096 silu", 4096, 7168, 2048, 64, 8, "silu", {}, False, torch.bfloat16, "uniform"),
@@ -113,9 +120,37 @@ def poison_free_memory(dev):
     torch.cuda.synchronize(dev)
 
 
+def variants_for(T, H, I, k, E, dtype, quick):
+    default = select_config(T * k, E, H, I)
+    gemv = uses_gemv(default, T * k, E)
+    mma = dataclasses.replace(default, gemv_max_pairs=0)
+    forced = dataclasses.replace(default, gemv_max_pairs=1e9, gemv_block_t=4 if T * k > E else 0)
+    out = [("default", default)]
+    if dtype != torch.float32:  # the MMA decode modes
+        modes = (0, 1) if quick else (0, 1, 2, 3)
+        out += [(f"mode{m}", dataclasses.replace(mma, mode=m)) for m in modes if gemv or m != default.mode]
+    elif gemv:
+        out.append(("mma", mma))
+    if not gemv and T <= 64:
+        out.append(("gemv", forced))
+    if T <= 64:  # K split forced on (GEMM1 partials + activation kernel, GEMM2 partials), both paths
+        out.append(("split", dataclasses.replace(default, split_k1=3, split_k2=2)))
+        other = mma if gemv else forced
+        out.append(("split", dataclasses.replace(other, split_k1=3, split_k2=2)))
+    return out
+
+
+def path_name(cfg, T, k, E, dtype):
+    if uses_gemv(cfg, T * k, E):
+        return "gemv"
+    mode = 0 if dtype == torch.float32 or (dtype == torch.float16 and cfg.mode == 1) else cfg.mode
+    return ("bytes", "words", "dot_scaled", "split-dots")[mode]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
+    ap.add_argument("--quick", action="store_true")
     args = ap.parse_args()
     dev = torch.device("cuda")
     rows, ok_all = [], True
@@ -123,20 +158,22 @@ def main() -> int:
         x, w13, s13, w2, s2, tw, ids, b13, b2 = make_case(T, H, I, E, k, bias=bias, routing=routing, seed=100 + i, dev=dev)
         xin = x.to(dtype)
         ref = reference(xin.float(), w13, s13, w2, s2, tw, ids, act, params, b13, b2)
-        default = select_config(T * k, E, H, I // 1)
-        variants = [("default", default)]
-        if dtype != torch.float32:  # every MMA path
-            variants += [(f"mode{m}", dataclasses.replace(default, mode=m)) for m in (0, 1, 2, 3) if m != default.mode]
-        if T <= 64:  # K split forced on (GEMM1 partials + activation kernel, GEMM2 partials)
-            variants.append(("split", dataclasses.replace(default, split_k1=3, split_k2=2)))
-        for vname, cfg in variants:
+        for vname, cfg in variants_for(T, H, I, k, E, dtype, args.quick):
             t0 = time.time()
+            label = f"{name} [{path_name(cfg, T, k, E, dtype)}{' splitK' if vname == 'split' else ''}]"
             outs = []
-            for _ in range(2):
-                poison_free_memory(dev)
-                outs.append(fused_moe_triton(xin, w13, s13, w2, s2, tw, ids, activation=act, activation_params=params,
-                                             w13_bias=b13, w2_bias=b2, config=cfg))
-            torch.cuda.synchronize()
+            try:
+                for _ in range(2):
+                    poison_free_memory(dev)
+                    outs.append(fused_moe_triton(xin, w13, s13, w2, s2, tw, ids, activation=act, activation_params=params,
+                                                 w13_bias=b13, w2_bias=b2, config=cfg))
+                torch.cuda.synchronize()
+            except Exception as exc:  # a kernel that fails to compile or launch is a failed case, not a crash
+                print(f"{label}: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
+                rows.append((label, str(dtype).split(".")[-1], T, 0, float("nan"), float("nan"), False, False, False,
+                             time.time() - t0))
+                ok_all = False
+                continue
             out = outs[0]
             finite = bool(torch.isfinite(out).all())
             det = bool(torch.equal(outs[0], outs[1]))
@@ -147,8 +184,8 @@ def main() -> int:
             ok = finite and det and err < tol and skipped_zero and out.dtype == dtype and out.shape == x.shape
             ok_all &= ok
             ntouch = int(torch.unique(ids[ids >= 0]).numel())
-            label = f"{name} [{('bytes', 'words', 'dot_scaled', 'split-dots')[cfg.mode if dtype != torch.float32 else 0]}{' splitK' if vname == 'split' else ''}]"
             rows.append((label, str(dtype).split(".")[-1], T, ntouch, err, maxerr, finite, det, ok, time.time() - t0))
+            print(f"{label}: err {err:.2e} {'PASS' if ok else 'FAIL'}", flush=True)
             del outs, out
         del x, w13, s13, w2, s2, ref
         torch.cuda.empty_cache()

@@ -5,7 +5,9 @@ I 384 per rank, 896 experts, top-16); T = 1, 8, 64, 256, 4096 tokens, uniform ra
 The MXFP4 weights exist in several copies (> 4.5 GB together), each call of a timed CUDA graph
 uses the next copy and its own routing, so L2 never serves weights. Columns:
 
-- triton: our kernel (default heuristic tiles; with --sweep also the best of a few tile sets)
+- triton: our kernel (default heuristic tiles; with --sweep also the best of a few tile sets;
+  with --gemv-sweep, where the default takes the decode path without tensor cores, also the
+  MMA path and a few other tile sets of that path); "path" names what the default ran
 - MB: bytes the appendix byte model counts for the routing used (touched experts' fp4 + e8m0,
   x and y, the intermediate written and read), TB/s = MB / time, % of the device copy
   bandwidth measured in the same run (4 GiB copy_, read + write counted)
@@ -14,7 +16,7 @@ uses the next copy and its own routing, so L2 never serves weights. Columns:
 - emul: dequantise every expert to bf16 (torch, chunked), then the bf16 path (vLLM's
   emulation shape of work)
 
-    python benchmarks/moe_bench.py --out DIR [--sweep] [--shapes dsv3,k3] [--tokens 1,8,...]
+    python benchmarks/moe_bench.py --out DIR [--sweep] [--gemv-sweep] [--shapes dsv3,k3] [--tokens 1,8,...]
 """
 
 from __future__ import annotations
@@ -31,7 +33,9 @@ import triton
 import triton.testing
 
 from mxfp4conv.codec import dequantize_mxfp4
-from mxfp4conv.runtime.triton_moe import MoEConfig, fused_moe_triton, select_config
+import dataclasses
+
+from mxfp4conv.runtime.triton_moe import MoEConfig, fused_moe_triton, select_config, uses_gemv
 
 SHAPES = {"dsv3": (7168, 2048, 256, 8), "k3": (3584, 384, 896, 16)}
 BPW = 0.5 + 1 / 32
@@ -41,9 +45,19 @@ SWEEP_SMALL = [C(16, 64, 128, 128, 4, 3, 1), C(16, 64, 128, 128, 4, 3, 1, maxnre
                C(16, 64, 128, 128, 4, 2, 1, maxnreg=96), C(16, 64, 128, 128, 4, 2, 1, maxnreg=80),
                C(16, 64, 128, 128, 4, 3, 0, maxnreg=128), C(16, 32, 64, 128, 4, 2, 1, maxnreg=72),
                C(16, 64, 128, 128, 4, 2, 1)]
+GEMV_SWEEP = [dict(gemv_block_n1=16, gemv_block_n2=16, gemv_block_k=128),
+              dict(gemv_block_n1=8, gemv_block_n2=16, gemv_block_k=512),
+              dict(gemv_block_n1=16, gemv_block_n2=32, gemv_block_k=256),
+              dict(gemv_block_n1=32, gemv_block_n2=32, gemv_block_k=128)]
 SWEEP_LARGE = [C(64, 128, 128, 64, 8, 3, 0), C(64, 128, 128, 64, 8, 3, 0, maxnreg=128),
                C(64, 128, 128, 64, 8, 2, 0), C(64, 64, 128, 64, 4, 3, 0), C(64, 64, 128, 64, 4, 3, 0, maxnreg=128),
                C(128, 128, 128, 64, 8, 3, 0)]
+
+
+def _short(cfg, pairs, E) -> str:
+    if uses_gemv(cfg, pairs, E):
+        return f"gemv n1={cfg.gemv_block_n1} n2={cfg.gemv_block_n2} k={cfg.gemv_block_k} t={cfg.gemv_block_t or 'auto'}"
+    return f"mma {cfg}"
 
 
 def copy_bandwidth() -> float:
@@ -127,7 +141,7 @@ def dequant_all(w, s, out, chunk=16):
         out[a:a + chunk].copy_(dequantize_mxfp4(w[a:a + chunk], s[a:a + chunk], dtype=torch.bfloat16))
 
 
-def bench_shape(name, tokens, copy_bw, sweep, rows, log):
+def bench_shape(name, tokens, copy_bw, sweep, rows, log, gemv_sweep=False):
     H, I, E, k = SHAPES[name]
     gen = torch.Generator(device="cuda").manual_seed(0)
     layer = E * 3 * H * I * BPW
@@ -150,16 +164,27 @@ def bench_shape(name, tokens, copy_bw, sweep, rows, log):
                     for c in range(ncopies)]
 
         default = select_config(T * k, E, H, I)
-        t_def = graph_time_us(tri(default))
+        path = "gemv" if uses_gemv(default, T * k, E) else "mma"
+        try:
+            t_def = graph_time_us(tri(default))
+        except Exception as exc:  # the decode path failed here: report it and time the MMA path instead
+            log(f"  {name} T={T} default {path} failed {type(exc).__name__}: {str(exc)[:200]}")
+            default, path = dataclasses.replace(default, gemv_max_pairs=0), "mma (gemv failed)"
+            t_def = graph_time_us(tri(default))
         best_t, best_cfg = t_def, default
+        extra = []
+        if gemv_sweep and uses_gemv(default, T * k, E):
+            extra = [dataclasses.replace(default, gemv_max_pairs=0)] + [dataclasses.replace(default, **g) for g in GEMV_SWEEP]
         if sweep:
-            for cfg in (SWEEP_LARGE if T * k / min(E, T * k) > 32 else SWEEP_SMALL):
+            extra += SWEEP_LARGE if T * k / min(E, T * k) > 32 else SWEEP_SMALL
+        if extra:
+            for cfg in extra:
                 try:
                     t = graph_time_us(tri(cfg))
                 except Exception as exc:  # a tile set that does not fit (shared memory) is skipped
                     log(f"  {name} T={T} {cfg}: failed {type(exc).__name__}: {str(exc)[:120]}")
                     continue
-                log(f"  {name} T={T} {cfg}: {t:.1f} us")
+                log(f"  {name} T={T} {_short(cfg, T * k, E)}: {t:.1f} us")
                 if t < best_t:
                     best_t, best_cfg = t, cfg
         try:
@@ -181,7 +206,7 @@ def bench_shape(name, tokens, copy_bw, sweep, rows, log):
             emul.append(e0.elapsed_time(e1) * 1e3)
         t_emul = min(emul)
         floor = mb / copy_bw * 1e6
-        row = dict(shape=name, T=T, touched=touched, MB=mb / 1e6, floor_us=floor, triton_us=t_def,
+        row = dict(shape=name, T=T, path=path, touched=touched, MB=mb / 1e6, floor_us=floor, triton_us=t_def,
                    tbps=mb / (t_def * 1e-6) / 1e12, pct_copy=100 * mb / (t_def * 1e-6) / copy_bw,
                    best_us=best_t, best_cfg=str(best_cfg),
                    best_tbps=mb / (best_t * 1e-6) / 1e12, bf16_us=t_bf16, bf16_speedup=t_bf16 / best_t,
@@ -223,6 +248,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=".")
     ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--gemv-sweep", action="store_true")
     ap.add_argument("--shapes", default="dsv3,k3")
     ap.add_argument("--tokens", default="1,8,64,256,4096")
     args = ap.parse_args()
@@ -237,7 +263,7 @@ def main() -> int:
     log(f"{torch.cuda.get_device_name()} copy bandwidth {copy_bw / 1e12:.2f} TB/s; torch {torch.__version__}, triton {triton.__version__}")
     rows = []
     for name in args.shapes.split(","):
-        bench_shape(name, [int(t) for t in args.tokens.split(",")], copy_bw, args.sweep, rows, log)
+        bench_shape(name, [int(t) for t in args.tokens.split(",")], copy_bw, args.sweep, rows, log, args.gemv_sweep)
     with open(f"{args.out}/moe_bench.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
@@ -247,14 +273,15 @@ def main() -> int:
     except Exception as exc:
         log(f"plot failed: {exc}")
     log(f"\ncopy bandwidth {copy_bw / 1e12:.2f} TB/s")
-    log(f"{'shape':6s} {'T':>5s} {'touch':>6s} {'MB':>7s} {'floor':>7s} {'triton':>8s} {'best':>8s} {'TB/s':>5s} {'%copy':>6s} "
+    log(f"{'shape':6s} {'T':>5s} {'path':>5s} {'touch':>6s} {'MB':>7s} {'floor':>7s} {'triton':>8s} {'best':>8s} {'TB/s':>5s} {'%copy':>6s} "
         f"{'bf16':>8s} {'x bf16':>6s} {'emul':>8s} {'x emul':>7s}")
     for r in rows:
-        log(f"{r['shape']:6s} {r['T']:5d} {r['touched']:6.0f} {r['MB']:7.0f} {r['floor_us']:7.1f} {r['triton_us']:8.1f} "
+        log(f"{r['shape']:6s} {r['T']:5d} {r['path'][:5]:>5s} {r['touched']:6.0f} {r['MB']:7.0f} {r['floor_us']:7.1f} {r['triton_us']:8.1f} "
             f"{r['best_us']:8.1f} {r['best_tbps']:5.2f} {100 * r['best_tbps'] * 1e12 / copy_bw:5.1f}% {r['bf16_us']:8.1f} "
             f"{r['bf16_speedup']:6.2f} {r['emul_us']:8.0f} {r['emul_speedup']:7.1f}")
     for r in rows:
         log(f"best config {r['shape']} T={r['T']}: {r['best_cfg']}")
+    logf.close()
     return 0
 
 

@@ -197,3 +197,87 @@ def test_default_config_expert_parallel_ids(dtype):
                                       activation_params=params, w13_bias=b13, w2_bias=b2)
     assert torch.isfinite(out).all() and torch.all(out[3] == 0)
     assert rel_err(out, ref) < (1e-5 if dtype == torch.float32 else 1e-2)
+
+
+# --- decode path without tensor cores (moe_gemv*_kernel): no tl.dot, so bf16 runs here too ---
+
+def _spy_gemv(monkeypatch):
+    calls = []
+    real = triton_moe._gemv_forward
+
+    def spy(*a, **kw):
+        calls.append(a[-2])  # the config it ran with
+        return real(*a, **kw)
+
+    monkeypatch.setattr(triton_moe, "_gemv_forward", spy)
+    return calls
+
+
+def _ragged_ids():
+    # expert 0: 6 pairs (two blocks of 4, or several of 1-2), expert 1: one, expert 2: none,
+    # expert 3: three; -1 slots skipped; token 4 routed to no local expert (its output must be 0)
+    return torch.tensor([[0, 3], [0, -1], [0, 1], [3, 0], [-1, -1], [0, 3], [0, -1]], dtype=torch.int64)
+
+
+GEMV_CASES = [
+    # dtype, activation, params, bias, pairs per block, K splits
+    (torch.float32, *ACTS[0], 1, 1),
+    (torch.float32, *ACTS[1], 2, 2),
+    (torch.float32, *ACTS[2], 4, 1),
+    (torch.float16, *ACTS[3], 0, 3),
+    (torch.float16, *ACTS[4], 1, 1),
+    (torch.bfloat16, *ACTS[4], 2, 1),
+    (torch.bfloat16, *ACTS[0], 4, 2),
+]
+
+
+@pytest.mark.parametrize("dtype,act,params,bias,block_t,split", GEMV_CASES)
+def test_gemv_path_ragged_every_activation_and_dtype(dtype, act, params, bias, block_t, split, monkeypatch):
+    # H = 160 and I = 96: not multiples of the 64-code K step or of the 64-row N tiles (masked tails)
+    T, k, E, H, I = 7, 2, 4, 160, 96
+    x, w13, s13, w2, s2, tw, ids, b13, b2 = make_problem(6, T, H, I, E, k, bias=bias, ids=_ragged_ids())
+    ref = reference(x.to(dtype).float(), w13, s13, w2, s2, tw, ids, act, params, b13, b2)
+    cfg = triton_moe.MoEConfig(gemv_max_pairs=8, gemv_block_t=block_t, gemv_block_n1=64, gemv_block_n2=64,
+                               gemv_block_k=64, split_k1=split, split_k2=split)
+    calls = _spy_gemv(monkeypatch)
+    out = triton_moe.fused_moe_triton(x.to(dtype), w13, s13, w2, s2, tw, ids, activation=act,
+                                      activation_params=params, w13_bias=b13, w2_bias=b2, config=cfg)
+    assert len(calls) == 1
+    assert out.dtype == dtype and out.shape == x.shape
+    assert torch.isfinite(out).all() and torch.all(out[4] == 0)
+    # fp16/bf16: x and the intermediate are rounded to the activation dtype, as in the MMA path
+    assert rel_err(out, ref) < {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.5e-2}[dtype]
+
+
+@pytest.mark.parametrize("gemv", [True, False], ids=["gemv", "mma"])
+def test_fp4_decode_every_code_and_nan_scale_both_paths(gemv, monkeypatch):
+    H, I, E = 512, 32, 1
+    x, w13, s13, w2, s2, tw, ids, _, _ = make_problem(7, 1, H, I, E, 1)
+    w13[0, :, :256] = torch.arange(256, dtype=torch.uint8)
+    w2[0, :, :16] = torch.arange(256, dtype=torch.uint8).reshape(16, 16).repeat(H // 16, 1)
+    cfg = triton_moe.MoEConfig(gemv_max_pairs=4 if gemv else 0, gemv_block_k=128)
+    calls = _spy_gemv(monkeypatch)
+    ref = reference(x, w13, s13, w2, s2, tw, ids, "silu", {})
+    out = triton_moe.fused_moe_triton(x, w13, s13, w2, s2, tw, ids, activation="silu", activation_params={},
+                                      config=cfg)
+    assert rel_err(out, ref) < 1e-5
+    s13[0, 3, 5] = 0xFF  # NaN scale in one gate row: NaN must reach the output
+    out = triton_moe.fused_moe_triton(x, w13, s13, w2, s2, tw, ids, activation="silu", activation_params={},
+                                      config=cfg)
+    assert torch.isnan(out).any()
+    assert len(calls) == (2 if gemv else 0)
+
+
+def test_dispatcher_picks_gemv_for_few_pairs_per_expert(monkeypatch):
+    calls = _spy_gemv(monkeypatch)
+    x, w13, s13, w2, s2, tw, ids, _, _ = make_problem(8, 2, 64, 32, 8, 2)  # 4 pairs over 8 experts
+    out = triton_moe.fused_moe_triton(x, w13, s13, w2, s2, tw, ids, activation="silu", activation_params={})
+    assert len(calls) == 1 and torch.isfinite(out).all()
+    ids = torch.zeros(12, 1, dtype=torch.int64)  # 12 pairs on one expert: above the default threshold
+    x, w13, s13, w2, s2, tw, ids, _, _ = make_problem(9, 12, 64, 32, 2, 1, ids=ids)
+    ref = reference(x, w13, s13, w2, s2, tw, ids, "silu", {})
+    out = triton_moe.fused_moe_triton(x, w13, s13, w2, s2, tw, ids, activation="silu", activation_params={})
+    assert len(calls) == 1 and rel_err(out, ref) < 1e-5
+    assert triton_moe.uses_gemv(triton_moe.MoEConfig(), 4, 256)
+    assert not triton_moe.uses_gemv(triton_moe.MoEConfig(), 12, 2)
+    assert not triton_moe.uses_gemv(triton_moe.MoEConfig(gemv_max_pairs=0), 1, 256)

@@ -43,6 +43,14 @@ class MoEConfig:
     split_k1: int = 0  # K splits of GEMM1 / GEMM2; 0 = automatic (decode: fill the GPU), 1 = none
     split_k2: int = 0
     maxnreg: int = 0  # register cap per thread for both GEMMs (0 = compiler's choice)
+    # decode path without tensor cores (moe_gemv*_kernel): taken when the pairs per touched expert
+    # (num_pairs / min(E, num_pairs)) are at most gemv_max_pairs; 0 = never
+    gemv_max_pairs: float = 4.0
+    gemv_block_t: int = 0  # pairs per expert block on that path: 1, 2 or 4; 0 = from the pairs per expert
+    gemv_block_n1: int = 16  # gate rows (and as many up rows) per program
+    gemv_block_n2: int = 16
+    gemv_block_k: int = 256  # K codes per step (halved, down to 128, until it divides K)
+    gemv_num_warps: int = 4
 
 
 def select_config(num_pairs: int, num_experts: int, hidden: int, inter: int) -> MoEConfig:
@@ -67,6 +75,28 @@ def _splits(requested: int, programs: int, k: int, block_k: int) -> tuple[int, i
     want = requested or max(1, min(steps // 2, triton.cdiv(_TARGET_PROGRAMS, max(1, programs))))
     per = triton.cdiv(steps, max(1, want))
     return triton.cdiv(steps, per), per * block_k
+
+
+def _gemv_block_t(cfg: MoEConfig, per_expert: float) -> int:
+    if cfg.gemv_block_t:
+        if cfg.gemv_block_t not in (1, 2, 4):
+            raise RuntimeInputError(f"fused_moe_triton: gemv_block_t must be 1, 2 or 4, got {cfg.gemv_block_t}.")
+        return cfg.gemv_block_t
+    return 1 if per_expert <= 1.25 else 2 if per_expert <= 2.5 else 4
+
+
+def _gemv_block_k(block_k: int, k: int) -> int:
+    """Largest of block_k, block_k/2, ... (>= 128) dividing k, else block_k (masked tail)."""
+    bk = block_k
+    while bk > 128 and k % bk:
+        bk //= 2
+    return bk if k % bk == 0 else block_k
+
+
+def uses_gemv(cfg: MoEConfig, num_pairs: int, num_experts: int) -> bool:
+    """Whether fused_moe_triton takes the decode path without tensor cores for this routing."""
+    per_expert = num_pairs / max(1, min(num_experts, num_pairs))
+    return cfg.gemv_max_pairs > 0 and per_expert <= cfg.gemv_max_pairs
 
 
 def _param(params: Mapping[str, float], *names: str, default=None):
@@ -178,6 +208,14 @@ def fused_moe_triton(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, *,
     if num_pairs == 0:
         return out.zero_()
     cfg = config or select_config(num_pairs, E, H, i_pad)
+    if uses_gemv(cfg, num_pairs, E):
+        try:
+            w13q, w2q = w13.view(torch.int32), w2.view(torch.int32)
+        except RuntimeError:  # storage not 4-byte aligned: the MMA path's byte decode reads it as is
+            w13q = None
+        if w13q is not None:
+            return _gemv_forward(x, w13q, w13_scale, w2q, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias,
+                                 act, cfg, out)
     dtype = getattr(triton.language, _TL_DTYPES[x.dtype])
     mode = 0 if x.dtype == torch.float32 else cfg.mode
     if mode == 1 and x.dtype != torch.bfloat16:
@@ -231,6 +269,64 @@ def fused_moe_triton(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, *,
         b2.stride(0), pair_out.stride(1), pair_out.stride(0),
         HAS_BIAS=w2_bias is not None,
         BLOCK_N=cfg.block_n2, BLOCK_T=cfg.block_t, BLOCK_K=cfg.block_k, DTYPE=dtype, **mma,
+        **launch,
+    )
+    block_h = min(1024, triton.next_power_of_2(H))
+    K.moe_sum_kernel[(T, triton.cdiv(H, block_h))](
+        pair_out, ids, out, H, top_k, E, s2, pair_out.stride(0), pair_out.stride(1), out.stride(0),
+        BLOCK_H=block_h, num_warps=4,
+    )
+    return out
+
+
+def _gemv_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias, act, cfg, out):
+    """The decode path without tensor cores (moe_gemv1/2_kernel); w13 / w2 as int32 words."""
+    T, H = x.shape
+    E, two_i, _ = w13.shape
+    i_pad = two_i // 2
+    top_k = topk_ids.shape[1]
+    num_pairs = T * top_k
+    bt = _gemv_block_t(cfg, num_pairs / max(1, min(E, num_pairs)))
+    x = x.contiguous()
+    w13, w13_scale, w2, w2_scale = (t if t.stride(-1) == 1 else t.contiguous() for t in (w13, w13_scale, w2, w2_scale))
+    ids = topk_ids.contiguous()
+    tw = topk_weights.reshape(-1).contiguous()
+    sorted_ids, block_expert, num_post_pad, max_blocks = moe_align(ids, E, bt)
+    blocks_est = min(num_pairs, num_pairs // bt + min(E, num_pairs))
+    bk1 = _gemv_block_k(cfg.gemv_block_k, H)
+    bk2 = _gemv_block_k(cfg.gemv_block_k, i_pad)
+    s1, ks1 = _splits(cfg.split_k1, blocks_est * triton.cdiv(i_pad, cfg.gemv_block_n1), H, bk1)
+    s2, ks2 = _splits(cfg.split_k2, blocks_est * triton.cdiv(H, cfg.gemv_block_n2), i_pad, bk2)
+    acts = dict(ACT=act["ACT"], HAS_LIMIT=act["HAS_LIMIT"], HAS_LINEAR=act["HAS_LINEAR"])
+    launch = dict(num_warps=cfg.gemv_num_warps, num_stages=cfg.num_stages)
+
+    inter = torch.empty(num_pairs, i_pad, dtype=x.dtype, device=x.device)
+    part = torch.empty(s1, num_pairs, 2 * i_pad, dtype=torch.float32, device=x.device) if s1 > 1 else inter
+    b13 = w13_bias.contiguous() if w13_bias is not None else w13_scale  # dummy pointer when absent
+    K.moe_gemv1_kernel[(max_blocks, triton.cdiv(i_pad, cfg.gemv_block_n1), s1)](
+        x, w13, w13_scale, b13, inter, part, sorted_ids, block_expert, num_post_pad,
+        num_pairs, top_k, H // 8, i_pad, ks1 // 8,
+        x.stride(0), w13.stride(0), w13.stride(1), w13_scale.stride(0), w13_scale.stride(1),
+        b13.stride(0), inter.stride(0), 1,
+        act["p0"], act["p1"], **acts, HAS_BIAS=w13_bias is not None,
+        BLOCK_N=cfg.gemv_block_n1, BLOCK_T=bt, BLOCK_KW=bk1 // 8, EVEN_K=H % bk1 == 0, SPLIT=s1 > 1,
+        **launch,
+    )
+    if s1 > 1:
+        block_i = min(1024, triton.next_power_of_2(i_pad))
+        K.moe_act_kernel[(num_pairs, triton.cdiv(i_pad, block_i))](
+            part, ids, b13, inter, num_pairs, i_pad, E, s1, b13.stride(0), inter.stride(0),
+            act["p0"], act["p1"], **acts, HAS_BIAS=w13_bias is not None, BLOCK=block_i, num_warps=4,
+        )
+    pair_out = torch.empty(s2, num_pairs, H, dtype=x.dtype if s2 == 1 else torch.float32, device=x.device)
+    b2 = w2_bias.contiguous() if w2_bias is not None else w2_scale
+    K.moe_gemv2_kernel[(max_blocks, triton.cdiv(H, cfg.gemv_block_n2), s2)](
+        inter, w2, w2_scale, b2, tw, pair_out, sorted_ids, block_expert, num_post_pad,
+        num_pairs, i_pad // 8, H, ks2 // 8,
+        inter.stride(0), w2.stride(0), w2.stride(1), w2_scale.stride(0), w2_scale.stride(1),
+        b2.stride(0), pair_out.stride(1), pair_out.stride(0), 1,
+        HAS_BIAS=w2_bias is not None,
+        BLOCK_N=cfg.gemv_block_n2, BLOCK_T=bt, BLOCK_KW=bk2 // 8, EVEN_K=i_pad % bk2 == 0,
         **launch,
     )
     block_h = min(1024, triton.next_power_of_2(H))
