@@ -62,29 +62,13 @@ def report_error(exc: BaseException) -> None:
 def main(argv: list[str] | None = None) -> None:
     debug = "--debug" in (argv if argv is not None else sys.argv[1:])
     try:
-        app(args=argv, standalone_mode=False)
+        # Standalone mode: click/typer handle usage errors (exit 2), typer.Exit and Ctrl-C.
+        app(args=argv, standalone_mode=True)
     except Mxfp4convError as exc:
         if debug:
             raise
         report_error(exc)
         sys.exit(1)
-    except KeyboardInterrupt:
-        sys.stderr.write("interrupted\n")
-        sys.exit(130)
-    except SystemExit:
-        raise
-    except Exception as exc:  # click usage errors carry their own exit code
-        import click
-
-        if isinstance(exc, click.exceptions.ClickException):
-            exc.show()
-            sys.exit(exc.exit_code)
-        if isinstance(exc, click.exceptions.Abort):
-            sys.stderr.write("aborted\n")
-            sys.exit(1)
-        if isinstance(exc, click.exceptions.Exit):
-            sys.exit(exc.exit_code)
-        raise
 
 
 if __name__ == "__main__":
