@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import sys
+
 import torch
 
 from mxfp4conv.errors import LayoutError
@@ -41,14 +43,39 @@ def _shape(t: torch.Tensor) -> tuple[int, ...]:
     return tuple(t.shape)
 
 
+def _inverse(perm: Sequence[int]) -> list[int]:
+    return sorted(range(len(perm)), key=lambda i: perm[i])
+
+
+# torch permutes single bytes slowly (~0.2 GB/s); moving wider words is 5-10x faster. Both
+# tricks below give the same bytes as the plain permute (little-endian machines only).
+_WIDE = sys.byteorder == "little"
+
+
+def _permute_bytes(v: torch.Tensor, perm: Sequence[int]) -> torch.Tensor:
+    """``v.permute(perm).contiguous()`` for a uint8 view, moving words where the shape allows."""
+    last = v.ndim - 1
+    if _WIDE and v.dtype == torch.uint8 and perm[-1] == last and v.shape[-1] % 8 == 0:
+        # The innermost run of bytes stays together: move it as int64 words.
+        v = v.contiguous()
+        if v.storage_offset() % 8 == 0:
+            return v.view(torch.int64).permute(*perm).contiguous().view(torch.uint8)
+    if _WIDE and v.dtype == torch.uint8 and v.shape[perm[-1]] == 2:
+        # The innermost output axis pairs two bytes: build the pairs as int16, permute the rest.
+        p = perm[-1]
+        pairs = v.select(p, 0).to(torch.int16) | (v.select(p, 1).to(torch.int16) << 8)
+        rest = [d - (d > p) for d in perm[:-1]]
+        return pairs.permute(*rest).contiguous().view(torch.uint8)
+    return v.permute(*perm).contiguous()
+
+
 def _apply(x: torch.Tensor, view: Sequence[int], perm: Sequence[int], out: Sequence[int]) -> torch.Tensor:
-    return x.reshape(*view).permute(*perm).reshape(*out)
+    return _permute_bytes(x.reshape(*view), perm).reshape(*out)
 
 
 def _undo(y: torch.Tensor, view: Sequence[int], perm: Sequence[int], out: Sequence[int]) -> torch.Tensor:
     permuted = [view[p] for p in perm]
-    inverse = sorted(range(len(perm)), key=lambda i: perm[i])
-    return y.reshape(*permuted).permute(*inverse).reshape(*out)
+    return _permute_bytes(y.reshape(*permuted), _inverse(perm)).reshape(*out)
 
 
 def _mark(y: torch.Tensor, **attrs) -> torch.Tensor:
