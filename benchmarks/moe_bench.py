@@ -47,8 +47,8 @@ SWEEP_SMALL = [C(16, 64, 128, 128, 4, 3, 1), C(16, 64, 128, 128, 4, 3, 1, maxnre
                C(16, 64, 128, 128, 4, 2, 1)]
 GEMV_SWEEP = [dict(gemv_block_n1=16, gemv_block_n2=16, gemv_block_k=128),
               dict(gemv_block_n1=8, gemv_block_n2=16, gemv_block_k=512),
-              dict(gemv_block_n1=16, gemv_block_n2=32, gemv_block_k=256),
-              dict(gemv_block_n1=32, gemv_block_n2=32, gemv_block_k=128)]
+              dict(gemv_block_n1=32, gemv_block_n2=32, gemv_block_k=128),
+              dict(gemv_asm=False)]
 SWEEP_LARGE = [C(64, 128, 128, 64, 8, 3, 0), C(64, 128, 128, 64, 8, 3, 0, maxnreg=128),
                C(64, 128, 128, 64, 8, 2, 0), C(64, 64, 128, 64, 4, 3, 0), C(64, 64, 128, 64, 4, 3, 0, maxnreg=128),
                C(128, 128, 128, 64, 8, 3, 0)]
@@ -56,7 +56,8 @@ SWEEP_LARGE = [C(64, 128, 128, 64, 8, 3, 0), C(64, 128, 128, 64, 8, 3, 0, maxnre
 
 def _short(cfg, pairs, E) -> str:
     if uses_gemv(cfg, pairs, E):
-        return f"gemv n1={cfg.gemv_block_n1} n2={cfg.gemv_block_n2} k={cfg.gemv_block_k} t={cfg.gemv_block_t or 'auto'}"
+        return (f"gemv n1={cfg.gemv_block_n1} n2={cfg.gemv_block_n2} k={cfg.gemv_block_k} "
+                f"t={cfg.gemv_block_t or 'auto'} asm={cfg.gemv_asm}")
     return f"mma {cfg}"
 
 

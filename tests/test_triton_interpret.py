@@ -238,7 +238,7 @@ def test_gemv_path_ragged_every_activation_and_dtype(dtype, act, params, bias, b
     x, w13, s13, w2, s2, tw, ids, b13, b2 = make_problem(6, T, H, I, E, k, bias=bias, ids=_ragged_ids())
     ref = reference(x.to(dtype).float(), w13, s13, w2, s2, tw, ids, act, params, b13, b2)
     cfg = triton_moe.MoEConfig(gemv_max_pairs=8, gemv_block_t=block_t, gemv_block_n1=64, gemv_block_n2=64,
-                               gemv_block_k=64, split_k1=split, split_k2=split)
+                               gemv_block_k=64, split_k1=split, split_k2=split, gemv_kmajor=block_t % 2)
     calls = _spy_gemv(monkeypatch)
     out = triton_moe.fused_moe_triton(x.to(dtype), w13, s13, w2, s2, tw, ids, activation=act,
                                       activation_params=params, w13_bias=b13, w2_bias=b2, config=cfg)

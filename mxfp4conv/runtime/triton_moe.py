@@ -51,6 +51,15 @@ class MoEConfig:
     gemv_block_n2: int = 16
     gemv_block_k: int = 256  # K codes per step (halved, down to 128, until it divides K)
     gemv_num_warps: int = 4
+    gemv_asm: bool = True  # PTX cvt of the fp16 halves on NVIDIA GPUs (the generic code elsewhere)
+    gemv_kmajor: int = -1  # word tile stored [K words, rows] (1) or [rows, K words] (0); -1: by Triton version
+
+
+# The word tile's loads carry no contiguity information (see triton_moe_kernels), and Triton's
+# layout choice for such a tile differs by version: 3.6 puts a warp's threads along the tile's
+# first axis, 3.9 along its last (read from the compiled layouts). Threads must run along K
+# (one 128-byte row segment per warp), so the tile puts K first on older versions.
+_KMAJOR_AUTO = tuple(int(v) for v in triton.__version__.split(".")[:2]) < (3, 9)
 
 
 def select_config(num_pairs: int, num_experts: int, hidden: int, inter: int) -> MoEConfig:
@@ -299,6 +308,8 @@ def _gemv_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_b
     s2, ks2 = _splits(cfg.split_k2, blocks_est * triton.cdiv(H, cfg.gemv_block_n2), i_pad, bk2)
     acts = dict(ACT=act["ACT"], HAS_LIMIT=act["HAS_LIMIT"], HAS_LINEAR=act["HAS_LINEAR"])
     launch = dict(num_warps=cfg.gemv_num_warps, num_stages=cfg.num_stages)
+    kt = _KMAJOR_AUTO if cfg.gemv_kmajor < 0 else bool(cfg.gemv_kmajor)
+    asm = cfg.gemv_asm and x.is_cuda and torch.version.cuda is not None and os.environ.get("TRITON_INTERPRET") != "1"
 
     inter = torch.empty(num_pairs, i_pad, dtype=x.dtype, device=x.device)
     part = torch.empty(s1, num_pairs, 2 * i_pad, dtype=torch.float32, device=x.device) if s1 > 1 else inter
@@ -309,7 +320,7 @@ def _gemv_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_b
         x.stride(0), w13.stride(0), w13.stride(1), w13_scale.stride(0), w13_scale.stride(1),
         b13.stride(0), inter.stride(0), 1,
         act["p0"], act["p1"], **acts, HAS_BIAS=w13_bias is not None,
-        BLOCK_N=cfg.gemv_block_n1, BLOCK_T=bt, BLOCK_KW=bk1 // 8, EVEN_K=H % bk1 == 0, SPLIT=s1 > 1,
+        BLOCK_N=cfg.gemv_block_n1, BLOCK_T=bt, BLOCK_KW=bk1 // 8, EVEN_K=H % bk1 == 0, SPLIT=s1 > 1, ASM=asm, KT=kt,
         **launch,
     )
     if s1 > 1:
@@ -326,7 +337,7 @@ def _gemv_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_b
         inter.stride(0), w2.stride(0), w2.stride(1), w2_scale.stride(0), w2_scale.stride(1),
         b2.stride(0), pair_out.stride(1), pair_out.stride(0), 1,
         HAS_BIAS=w2_bias is not None,
-        BLOCK_N=cfg.gemv_block_n2, BLOCK_T=bt, BLOCK_KW=bk2 // 8, EVEN_K=i_pad % bk2 == 0,
+        BLOCK_N=cfg.gemv_block_n2, BLOCK_T=bt, BLOCK_KW=bk2 // 8, EVEN_K=i_pad % bk2 == 0, ASM=asm, KT=kt,
         **launch,
     )
     block_h = min(1024, triton.next_power_of_2(H))
