@@ -45,10 +45,9 @@ SWEEP_SMALL = [C(16, 64, 128, 128, 4, 3, 1), C(16, 64, 128, 128, 4, 3, 1, maxnre
                C(16, 64, 128, 128, 4, 2, 1, maxnreg=96), C(16, 64, 128, 128, 4, 2, 1, maxnreg=80),
                C(16, 64, 128, 128, 4, 3, 0, maxnreg=128), C(16, 32, 64, 128, 4, 2, 1, maxnreg=72),
                C(16, 64, 128, 128, 4, 2, 1)]
-GEMV_SWEEP = [dict(gemv_block_n1=16, gemv_block_n2=16, gemv_block_k=128),
+GEMV_SWEEP = [dict(gemv_block_n1=16, gemv_block_n2=16, gemv_block_k=256),
               dict(gemv_block_n1=8, gemv_block_n2=16, gemv_block_k=512),
-              dict(gemv_block_n1=32, gemv_block_n2=32, gemv_block_k=128),
-              dict(gemv_asm=False)]
+              dict(gemv_block_n1=64, gemv_block_n2=32, gemv_block_k=128)]
 SWEEP_LARGE = [C(64, 128, 128, 64, 8, 3, 0), C(64, 128, 128, 64, 8, 3, 0, maxnreg=128),
                C(64, 128, 128, 64, 8, 2, 0), C(64, 64, 128, 64, 4, 3, 0), C(64, 64, 128, 64, 4, 3, 0, maxnreg=128),
                C(128, 128, 128, 64, 8, 3, 0)]
@@ -174,8 +173,10 @@ def bench_shape(name, tokens, copy_bw, sweep, rows, log, gemv_sweep=False):
             t_def = graph_time_us(tri(default))
         best_t, best_cfg = t_def, default
         extra = []
-        if gemv_sweep and uses_gemv(default, T * k, E):
+        if gemv_sweep and uses_gemv(default, T * k, E):  # the other path and other tiles of this one
             extra = [dataclasses.replace(default, gemv_max_pairs=0)] + [dataclasses.replace(default, **g) for g in GEMV_SWEEP]
+        elif gemv_sweep and uses_gemv(dataclasses.replace(default, gemv_max_pairs=4), T * k, E):
+            extra = [dataclasses.replace(default, gemv_max_pairs=4)]  # the decode path just past its threshold
         if sweep:
             extra += SWEEP_LARGE if T * k / min(E, T * k) > 32 else SWEEP_SMALL
         if extra:

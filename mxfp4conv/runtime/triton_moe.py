@@ -43,13 +43,16 @@ class MoEConfig:
     split_k1: int = 0  # K splits of GEMM1 / GEMM2; 0 = automatic (decode: fill the GPU), 1 = none
     split_k2: int = 0
     maxnreg: int = 0  # register cap per thread for both GEMMs (0 = compiler's choice)
-    # decode path without tensor cores (moe_gemv*_kernel): taken when the pairs per touched expert
-    # (num_pairs / min(E, num_pairs)) are at most gemv_max_pairs; 0 = never
-    gemv_max_pairs: float = 4.0
+    # decode path without tensor cores (moe_gemv*_kernel): taken when num_pairs / min(E, num_pairs)
+    # is at most gemv_max_pairs (0 = never). Measured on an H200 (docs/performance.md): it wins
+    # 1.5-1.8x while that ratio is 1 (T = 1 and 8 on both test layers) and loses or ties from
+    # 1.14 (K3 T = 64) and 2 (DSV3 T = 64) on: it decodes the weights once per pair block, the
+    # MMA path once per 16 pairs.
+    gemv_max_pairs: float = 1.0
     gemv_block_t: int = 0  # pairs per expert block on that path: 1, 2 or 4; 0 = from the pairs per expert
-    gemv_block_n1: int = 16  # gate rows (and as many up rows) per program
-    gemv_block_n2: int = 16
-    gemv_block_k: int = 256  # K codes per step (halved, down to 128, until it divides K)
+    gemv_block_n1: int = 32  # gate rows (and as many up rows) per program
+    gemv_block_n2: int = 32
+    gemv_block_k: int = 128  # K codes per step (halved, down to 128, until it divides K)
     gemv_num_warps: int = 4
     gemv_asm: bool = True  # PTX cvt of the fp16 halves on NVIDIA GPUs (the generic code elsewhere)
     gemv_kmajor: int = -1  # word tile stored [K words, rows] (1) or [rows, K words] (0); -1: by Triton version
@@ -178,6 +181,26 @@ def _check_inputs(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_b
     return T, H, E, i_pad
 
 
+def _act_launch(part, ids, b13, inter, num_pairs, i_pad, E, splits, act, acts, has_bias):
+    """Sum GEMM1's K-split partials and apply the activation; tiles of at most 4096 elements."""
+    sp2 = triton.next_power_of_2(splits)
+    block = min(triton.next_power_of_2(i_pad), max(128, 4096 // sp2))
+    K.moe_act_kernel[(num_pairs, triton.cdiv(i_pad, block))](
+        part, ids, b13, inter, num_pairs, i_pad, E, splits, b13.stride(0), inter.stride(0),
+        act["p0"], act["p1"], **acts, HAS_BIAS=has_bias, BLOCK=block, S_POW2=sp2, num_warps=4,
+    )
+
+
+def _sum_launch(pair_out, ids, out, H, top_k, E, splits):
+    """Deterministic sum over k (and GEMM2's K splits); tiles of at most 4096 elements."""
+    k2 = triton.next_power_of_2(top_k)
+    block_h = min(triton.next_power_of_2(H), max(128, 4096 // k2))
+    K.moe_sum_kernel[(out.shape[0], triton.cdiv(H, block_h))](
+        pair_out, ids, out, H, top_k, E, splits, pair_out.stride(0), pair_out.stride(1), out.stride(0),
+        BLOCK_H=block_h, K_POW2=k2, num_warps=4,
+    )
+
+
 def moe_align(topk_ids: torch.Tensor, num_experts: int, block_t: int):
     """(sorted_ids, block_expert, num_post_pad) for the GEMM kernels; ids < 0 are skipped."""
     ids = topk_ids.reshape(-1)
@@ -264,11 +287,7 @@ def fused_moe_triton(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, *,
         **launch,
     )
     if s1 > 1:
-        block_i = min(1024, triton.next_power_of_2(i_pad))
-        K.moe_act_kernel[(num_pairs, triton.cdiv(i_pad, block_i))](
-            part, ids, b13, inter, num_pairs, i_pad, E, s1, b13.stride(0), inter.stride(0),
-            act["p0"], act["p1"], **acts, HAS_BIAS=w13_bias is not None, BLOCK=block_i, num_warps=4,
-        )
+        _act_launch(part, ids, b13, inter, num_pairs, i_pad, E, s1, act, acts, w13_bias is not None)
     pair_out = torch.empty(s2, num_pairs, H, dtype=x.dtype if s2 == 1 else torch.float32, device=x.device)
     b2 = w2_bias.contiguous() if w2_bias is not None else w2_scale
     K.moe_gemm2_kernel[(max_blocks, triton.cdiv(H, cfg.block_n2), s2)](
@@ -280,11 +299,7 @@ def fused_moe_triton(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, *,
         BLOCK_N=cfg.block_n2, BLOCK_T=cfg.block_t, BLOCK_K=cfg.block_k, DTYPE=dtype, **mma,
         **launch,
     )
-    block_h = min(1024, triton.next_power_of_2(H))
-    K.moe_sum_kernel[(T, triton.cdiv(H, block_h))](
-        pair_out, ids, out, H, top_k, E, s2, pair_out.stride(0), pair_out.stride(1), out.stride(0),
-        BLOCK_H=block_h, num_warps=4,
-    )
+    _sum_launch(pair_out, ids, out, H, top_k, E, s2)
     return out
 
 
@@ -324,11 +339,7 @@ def _gemv_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_b
         **launch,
     )
     if s1 > 1:
-        block_i = min(1024, triton.next_power_of_2(i_pad))
-        K.moe_act_kernel[(num_pairs, triton.cdiv(i_pad, block_i))](
-            part, ids, b13, inter, num_pairs, i_pad, E, s1, b13.stride(0), inter.stride(0),
-            act["p0"], act["p1"], **acts, HAS_BIAS=w13_bias is not None, BLOCK=block_i, num_warps=4,
-        )
+        _act_launch(part, ids, b13, inter, num_pairs, i_pad, E, s1, act, acts, w13_bias is not None)
     pair_out = torch.empty(s2, num_pairs, H, dtype=x.dtype if s2 == 1 else torch.float32, device=x.device)
     b2 = w2_bias.contiguous() if w2_bias is not None else w2_scale
     K.moe_gemv2_kernel[(max_blocks, triton.cdiv(H, cfg.gemv_block_n2), s2)](
@@ -340,9 +351,5 @@ def _gemv_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_b
         BLOCK_N=cfg.gemv_block_n2, BLOCK_T=bt, BLOCK_KW=bk2 // 8, EVEN_K=i_pad % bk2 == 0, ASM=asm, KT=kt,
         **launch,
     )
-    block_h = min(1024, triton.next_power_of_2(H))
-    K.moe_sum_kernel[(T, triton.cdiv(H, block_h))](
-        pair_out, ids, out, H, top_k, E, s2, pair_out.stride(0), pair_out.stride(1), out.stride(0),
-        BLOCK_H=block_h, num_warps=4,
-    )
+    _sum_launch(pair_out, ids, out, H, top_k, E, s2)
     return out

@@ -368,19 +368,19 @@ def moe_act_kernel(
     part_ptr, ids_ptr, b_ptr, out_ptr, num_pairs, I_pad, num_experts, splits, stride_be, stride_ot,
     p0, p1,
     ACT: tl.constexpr, HAS_LIMIT: tl.constexpr, HAS_LINEAR: tl.constexpr, HAS_BIAS: tl.constexpr,
-    BLOCK: tl.constexpr,
+    BLOCK: tl.constexpr, S_POW2: tl.constexpr,
 ):
-    """inter[pair] = act(sum over splits of the GEMM1 partials (+ bias)); pairs of skipped ids are left alone."""
+    """inter[pair] = act(sum over splits of the GEMM1 partials (+ bias)); pairs of skipped ids are left alone.
+    All splits are loaded as one [S_POW2, BLOCK] tile (independent loads) and reduced in a fixed order."""
     pair = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    offs_s = tl.arange(0, S_POW2)
     eid = tl.load(ids_ptr + pair + tl.zeros([BLOCK], tl.int32)).to(tl.int64)
     m = (offs < I_pad) & (eid >= 0) & (eid < num_experts)
-    g = tl.zeros([BLOCK], tl.float32)
-    u = tl.zeros([BLOCK], tl.float32)
-    for sp in range(0, splits):
-        row = part_ptr + (sp * num_pairs + pair) * (2 * I_pad)
-        g += tl.load(row + offs, mask=m, other=0.0)
-        u += tl.load(row + I_pad + offs, mask=m, other=0.0)
+    rows = part_ptr + (offs_s[:, None].to(tl.int64) * num_pairs + pair) * (2 * I_pad) + offs[None, :]
+    m2 = (offs_s[:, None] < splits) & m[None, :]
+    g = tl.sum(tl.load(rows, mask=m2, other=0.0), axis=0)
+    u = tl.sum(tl.load(rows + I_pad, mask=m2, other=0.0), axis=0)
     if HAS_BIAS:
         g += tl.load(b_ptr + eid * stride_be + offs, mask=m, other=0.0).to(tl.float32)
         u += tl.load(b_ptr + eid * stride_be + I_pad + offs, mask=m, other=0.0).to(tl.float32)
@@ -391,20 +391,22 @@ def moe_act_kernel(
 @triton.jit
 def moe_sum_kernel(
     pair_ptr, ids_ptr, out_ptr, N, top_k, num_experts, splits, stride_ps, stride_pt, stride_ot,
-    BLOCK_H: tl.constexpr,
+    BLOCK_H: tl.constexpr, K_POW2: tl.constexpr,
 ):
     """out[t] = sum over splits and k of pair_out[split, t * top_k + k], skipping ids outside
-    [0, E) (never written). Fixed order: deterministic."""
+    [0, E) (never written). The k slots are loaded as one [K_POW2, BLOCK_H] tile (independent
+    loads, not a chain) and reduced in a fixed order: deterministic."""
     t = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     hmask = offs < N
+    offs_k = tl.arange(0, K_POW2)
+    eid = tl.load(ids_ptr + t * top_k + offs_k, mask=offs_k < top_k, other=-1)
+    km = (offs_k < top_k) & (eid >= 0) & (eid < num_experts)
+    rows = pair_ptr + (t * top_k + offs_k[:, None]) * stride_pt + offs[None, :]
     acc = tl.zeros([BLOCK_H], tl.float32)
-    for j in range(0, top_k):
-        eid = tl.load(ids_ptr + t * top_k + j + tl.zeros([BLOCK_H], tl.int32))
-        m = hmask & (eid >= 0) & (eid < num_experts)
-        for sp in range(0, splits):
-            v = tl.load(pair_ptr + sp * stride_ps + (t * top_k + j) * stride_pt + offs, mask=m, other=0.0)
-            acc += v.to(tl.float32)
+    for sp in range(0, splits):
+        v = tl.load(rows + sp * stride_ps, mask=km[:, None] & hmask[None, :], other=0.0)
+        acc += tl.sum(v.to(tl.float32), axis=0)
     tl.store(out_ptr + t * stride_ot + offs, acc.to(out_ptr.dtype.element_ty), mask=hmask)
 
 
