@@ -7,7 +7,11 @@ applied, one row per (token, k) pair) and a deterministic sum over k. No float a
 When few tokens leave SMs idle, both GEMMs split K: GEMM1 then writes fp32 partials and a
 fifth small kernel sums them and applies the activation; GEMM2's partials are summed by the
 final k-sum.
-See ``triton_moe_kernels`` for the kernels themselves.
+Two GEMM implementations: tensor-core MMA (swap-AB, weights decoded into the MMA operand) and,
+for decode batches where each touched expert sees about one pair, a path without tensor cores
+(``moe_gemv*_kernel``: the weight tile stays in its load layout, products accumulate
+elementwise). ``uses_gemv`` says which one a call takes; ``MoEConfig.gemv_max_pairs`` sets the
+threshold. See ``triton_moe_kernels`` for the kernels themselves.
 """
 
 from __future__ import annotations
@@ -66,13 +70,19 @@ _KMAJOR_AUTO = tuple(int(v) for v in triton.__version__.split(".")[:2]) < (3, 9)
 
 
 def select_config(num_pairs: int, num_experts: int, hidden: int, inter: int) -> MoEConfig:
-    """Tiles measured best on an H200 (benchmarks/moe_bench.py --sweep, docs/performance.md):
+    """Tiles measured best on an H200 (benchmarks/moe_bench.py --sweep / --gemv-sweep,
+    docs/performance.md): the decode path without tensor cores at <= 1 pair per touched expert,
     swap-AB 16-pair blocks with the int32-word decode while experts see few tokens (K split
     automatically when that leaves SMs idle), 64/128-pair blocks with the byte decode in prefill."""
     per_expert = num_pairs / max(1, min(num_experts, num_pairs))
     if per_expert <= 32:
+        # decode path without tensor cores (taken at <= 1 pair per touched expert): 16-row tiles
+        # with 256-code K steps where I_pad allows them in GEMM2 (DSV3-like), else 32-row tiles
+        # with 128-code steps (K3-like, I 384); each the faster of the two on its layer shape
+        gemv = (dict(gemv_block_n1=16, gemv_block_n2=16, gemv_block_k=256) if inter % 256 == 0
+                else dict(gemv_block_n1=32, gemv_block_n2=32, gemv_block_k=128))
         return MoEConfig(block_t=16, block_n1=64, block_n2=128, block_k=128, num_warps=4, num_stages=2,
-                         mode=1, maxnreg=96)
+                         mode=1, maxnreg=96, **gemv)
     return MoEConfig(block_t=64 if per_expert <= 64 else 128, block_n1=128, block_n2=128, block_k=64,
                      num_warps=8, num_stages=3, mode=0)
 
