@@ -42,6 +42,11 @@ def gu16(w):  # w [E, N, K]
     return w[:, gu16_rows(w.shape[1])]
 
 
+def gu1(w):  # 1-row gate/up interleave, by hand: g0, u0, g1, u1, ...
+    half = w.shape[1] // 2
+    return w[:, [h * half + j for j in range(half) for h in (0, 1)]]
+
+
 def call_vector(meta, x):
     """(forward, inverse) for the AITER call a vector's meta records."""
     fn, a = meta["function"], meta.get("args", {})
@@ -113,8 +118,6 @@ def test_torch_fp4_and_e8m0_dtypes_roundtrip(stem):
 # ---- AITER's own equivalence checks -------------------------------------------------------------
 
 EQUIV = json.loads((DATA / "equivalence_checks.json").read_text())["results"]
-# gfx1250 and moe_shuffle_weight dispatch are not implemented here.
-NOT_IMPLEMENTED = ("gfx1250", "moe_shuffle_weight")
 
 
 def check_equivalence(key):
@@ -135,6 +138,14 @@ def check_equivalence(key):
             gu = A.shuffle_weight_a16w4(w, 16, True)
             per_gu = torch.stack([A.shuffle_weight_a16w4(w[i : i + 1], 16, True)[0] for i in range(e)])
             return torch.equal(default, per) and torch.equal(gu, per_gu)
+        if what == "moe_shuffle_weight gfx1250 == shuffle_weight(interleave_gate_up_rows)":
+            got = A.moe_shuffle_weight(w, e, True, True, arch="gfx1250")
+            return torch.equal(got, A.shuffle_weight(A.interleave_gate_up_rows(w))) and torch.equal(got, A.shuffle_weight(gu1(w)))
+        if what == "moe_shuffle_weight gfx950 == shuffle_weight(gui,gate_up)":
+            got = A.moe_shuffle_weight(w, e, True, True, arch="gfx950")
+            return torch.equal(got, A.shuffle_weight(w, (16, 16), is_guinterleave=True, gate_up=True))
+        if what == "shuffle_weight == shuffle_weight_f4 (gfx1250 16x16 tile) per expert":
+            return torch.equal(default, torch.stack([A.shuffle_weight_f4(w[i]) for i in range(e)]))
     else:
         s = rand_u8(e * n, k, seed=e * n + k)
         index = torch.arange(s.numel(), dtype=torch.int32).view(s.shape)
@@ -148,15 +159,14 @@ def check_equivalence(key):
     raise AssertionError(f"unrecognised equivalence {key!r}")
 
 
-@pytest.mark.parametrize("key", [k for k in EQUIV if not any(w in k for w in NOT_IMPLEMENTED)])
+@pytest.mark.parametrize("key", list(EQUIV))
 def test_aiter_equivalence(key):
     assert EQUIV[key] is True
     assert check_equivalence(key)
 
 
-def test_equivalences_not_covered_are_only_the_out_of_scope_ones():
-    skipped = [k for k in EQUIV if any(w in k for w in NOT_IMPLEMENTED)]
-    assert len(skipped) == 12 and len(EQUIV) - len(skipped) == 20
+def test_every_equivalence_is_asserted():
+    assert len(EQUIV) == 32  # all of them, the 12 gfx1250 / moe_shuffle_weight ones included
 
 
 # ---- shape probes ---------------------------------------------------------------------------------
@@ -179,19 +189,19 @@ PROBE_CALLS = {
     # v0.1.7.post2 rejected K/32 % 8 != 0; we follow HEAD, which pads the columns with 0x7F.
     "v0.1.7.post2 shuffle_scale_a16w4 k_scale=12 (I=384 w2)": lambda: A.shuffle_scale_a16w4(u8(2048, 12), 4, False),
     "v0.1.7.post2 shuffle_scale_a16w4 k_scale=4": lambda: A.shuffle_scale_a16w4(u8(512, 4), 1, False),
+    "shuffle_scale_n32k4 k_scale=12 (K=384, K%128==0)": lambda: A.shuffle_scale_n32k4(u8(4, 512, 12)),
 }
 FOLLOW_HEAD = {
     "v0.1.7.post2 shuffle_scale_a16w4 k_scale=12 (I=384 w2)": [2048, 16],
     "v0.1.7.post2 shuffle_scale_a16w4 k_scale=4": [512, 8],
 }
-OUT_OF_SCOPE = {"shuffle_scale_n32k4 k_scale=12 (K=384, K%128==0)"}  # gfx1250 only
 
 
 def test_every_probe_is_covered():
-    assert {d for d, _ in PROBES} == set(PROBE_CALLS) | OUT_OF_SCOPE
+    assert {d for d, _ in PROBES} == set(PROBE_CALLS)
 
 
-@pytest.mark.parametrize("desc,result", [p for p in PROBES if p[0] not in OUT_OF_SCOPE])
+@pytest.mark.parametrize("desc,result", PROBES)
 def test_shape_probe(desc, result):
     call = PROBE_CALLS[desc]
     if desc in FOLLOW_HEAD:
@@ -331,3 +341,138 @@ def test_other_tile_shapes_match_closed_form(e, nb, kb, seed):
     y = A.shuffle_weight(bf)
     assert y.dtype == torch.bfloat16 and torch.equal(y.view(torch.uint8), A.shuffle_weight(w))
     assert torch.equal(A.unshuffle_weight(y).view(torch.uint8), w)  # bytes: random bf16 holds NaNs
+
+
+# ---- gfx1250: 1-row gate/up interleave, shuffle_weight_f4, n32k4 scales, arch dispatch -------------
+
+
+def n32k4_offsets(n, ks):
+    """Closed form of the n32k4 scale layout (per expert): (32a + r, 4c + q) -> a*32*ks + 128c + 4r + q."""
+    r, c = torch.meshgrid(torch.arange(n), torch.arange(ks), indexing="ij")
+    return ((r // 32) * (32 * ks) + (c // 4) * 128 + (r % 32) * 4 + (c % 4)).flatten()
+
+
+@PROPS
+@given(dims, st.integers(1, 40), st.integers(0, 3), st.integers(0, 1000))
+def test_interleave_gate_up_rows_roundtrip(e, half, extra, seed):
+    shape = (e, 2 * half) + ((3,) * extra)  # any trailing dims, as in AITER
+    w = rand_u8(*shape, seed=seed)
+    y = A.interleave_gate_up_rows(w)
+    assert torch.equal(y, gu1(w))
+    assert torch.equal(y[:, 0::2], w[:, :half]) and torch.equal(y[:, 1::2], w[:, half:])
+    assert torch.equal(A.deinterleave_gate_up_rows(y), w)
+
+
+@PROPS
+@given(st.integers(0, 3), st.integers(1, 3), st.integers(1, 5), st.integers(0, 1000))
+def test_shuffle_weight_f4_matches_closed_form(e, nb, kb, seed):
+    n, k = 16 * nb, 16 * kb  # K/2 % 16 is enough here (shuffle_weight needs % 32)
+    w = rand_u8(max(e, 1), n, k, seed=seed)
+    off = tile_offsets(n, k, 16, 16)
+    for i in range(w.shape[0]):
+        y = A.shuffle_weight_f4(w[i])
+        assert y.shape == (n, k) and torch.equal(y.flatten()[off], w[i].flatten())
+        assert torch.equal(A.unshuffle_weight_f4(y), w[i])
+    w3 = w[:e] if e else w
+    y3 = A.shuffle_weight_f4(w3)
+    assert torch.equal(y3, torch.stack([A.shuffle_weight_f4(x) for x in w3]))
+    assert torch.equal(A.unshuffle_weight_f4(y3), w3)
+    if k % 32 == 0:
+        assert torch.equal(y3, A.shuffle_weight(w3))
+    fp4 = A.shuffle_weight_f4(w3.view(torch.float4_e2m1fn_x2))
+    assert fp4.dtype == torch.float4_e2m1fn_x2 and torch.equal(fp4.view(torch.uint8), y3)
+
+
+@PROPS
+@given(dims, st.integers(1, 3), st.integers(1, 2), st.booleans(), st.booleans(), st.sampled_from(["gfx950", "gfx1250"]), st.integers(0, 1000))
+def test_moe_shuffle_weight_dispatch_and_roundtrip(e, nb, kb, gui, gate_up, arch, seed):
+    w = rand_u8(e, 32 * nb, 64 * kb, seed=seed)
+    y = A.moe_shuffle_weight(w, e, gui, gate_up, arch=arch)
+    if arch == "gfx1250":
+        ref = A.shuffle_weight(gu1(w) if gui and gate_up else w)
+    else:
+        ref = A.shuffle_weight(w, (16, 16), is_guinterleave=gui, gate_up=gate_up)
+    assert torch.equal(y, ref) and y.is_shuffled is True
+    assert torch.equal(A.moe_unshuffle_weight(y, e, gui, gate_up, arch=arch), w)
+
+
+def test_gate_up_granularity_differs_by_arch():
+    w = rand_u8(2, 64, 64, seed=3)
+    gfx1250 = A.moe_shuffle_weight(w, 2, True, True, arch="gfx1250")
+    gfx950 = A.moe_shuffle_weight(w, 2, True, True)  # default arch
+    assert torch.equal(gfx950, A.shuffle_weight_a16w4(w, 16, True))
+    assert not torch.equal(gfx1250, gfx950)
+    # first 16-byte run of the first tile: row 1 is up row 0 on gfx1250, gate row 1 elsewhere
+    assert torch.equal(gfx1250[0, 0, 16:32], w[0, 32, :16]) and torch.equal(gfx950[0, 0, 16:32], w[0, 1, :16])
+    # without both flags gfx1250 is the plain tile transpose
+    for gui, gate_up in [(False, False), (True, False), (False, True)]:
+        assert torch.equal(A.moe_shuffle_weight(w, 2, gui, gate_up, arch="gfx1250"), A.shuffle_weight(w))
+
+
+@PROPS
+@given(dims, st.integers(1, 3), st.integers(1, 6), st.booleans(), st.booleans(), st.integers(0, 1000))
+def test_shuffle_scale_n32k4_matches_closed_form(e, nb, cb, gui, gate_up, seed):
+    n, ks = 32 * nb, 4 * cb
+    s = rand_u8(e, n, ks, seed=seed)
+    y = A.shuffle_scale_n32k4(s, None, gui, gate_up)
+    assert y.dtype == torch.uint8 and y.shape == (e, n // 32, ks * 32)
+    src = gu1(s) if gui and gate_up else s  # the interleave only with both flags
+    off = n32k4_offsets(n, ks)
+    for i in range(e):
+        assert torch.equal(y[i].flatten()[off], src[i].flatten())
+    assert torch.equal(A.unshuffle_scale_n32k4(y, None, gui, gate_up), s)
+    # 2-D input with experts_cnt, e8m0 dtype in: same bytes (uint8 out, as AITER), inverse to 2-D
+    s2 = s.reshape(e * n, ks)
+    y2 = A.shuffle_scale_n32k4(s2.view(torch.float8_e8m0fnu), e, gui, gate_up)
+    assert y2.dtype == torch.uint8 and torch.equal(y2, y)
+    assert torch.equal(A.unshuffle_scale_n32k4(y2, e, gui, gate_up, shape=s2.shape), s2)
+
+
+@PROPS
+@given(dims, st.integers(1, 2), st.integers(1, 12), st.booleans(), st.sampled_from(["gfx950", "gfx1250"]), st.integers(0, 1000))
+def test_moe_shuffle_scale_dispatch_and_roundtrip(e, nb, ks, gate_up, arch, seed):
+    if arch == "gfx1250":
+        ks = 4 * -(-ks // 4)
+    s = rand_u8(e * 32 * nb, ks, seed=seed)
+    y = A.moe_shuffle_scale(s, e, True, gate_up, arch=arch)
+    ref = A.shuffle_scale_n32k4(s, e, True, gate_up) if arch == "gfx1250" else A.shuffle_scale(s, e, True, gate_up)
+    assert torch.equal(y, ref)
+    assert torch.equal(A.moe_unshuffle_scale(y, e, True, gate_up, arch=arch, shape=s.shape), s)
+
+
+GFX1250_REJECT = {
+    "n32k4 N % 32 (N=48)": (lambda: A.shuffle_scale_n32k4(u8(2, 48, 8)), "multiple of 32"),
+    "n32k4 K/32 % 4 (K/32=6)": (lambda: A.shuffle_scale_n32k4(u8(2, 64, 6)), "multiple of 128"),
+    "n32k4 2-D without experts_cnt": (lambda: A.shuffle_scale_n32k4(u8(128, 8)), "experts_cnt"),
+    "n32k4 rows not split by experts": (lambda: A.shuffle_scale_n32k4(u8(100, 8), 3), "experts_cnt=3"),
+    "n32k4 4-D": (lambda: A.shuffle_scale_n32k4(u8(1, 2, 32, 8)), "3-D"),
+    "n32k4 wide dtype": (lambda: A.shuffle_scale_n32k4(torch.ones(2, 32, 8)), "e8m0"),
+    "n32k4 via moe_shuffle_scale gfx1250": (lambda: A.moe_shuffle_scale(u8(64, 12 + 2), 1, arch="gfx1250"), "multiple of 4"),
+    "f4 rows % 16": (lambda: A.shuffle_weight_f4(u8(40, 32)), "multiple of 16"),
+    "f4 K/2 % 16": (lambda: A.shuffle_weight_f4(u8(32, 40)), "multiple of 16"),
+    "f4 4-D": (lambda: A.shuffle_weight_f4(u8(1, 1, 16, 16)), "rows, K/2"),
+    "interleave odd rows": (lambda: A.interleave_gate_up_rows(u8(2, 33, 16)), "even"),
+    "interleave 1-D": (lambda: A.interleave_gate_up_rows(u8(32)), "dim 1"),
+    "moe_shuffle_weight gfx1250 gate/up 2-D": (lambda: A.moe_shuffle_weight(u8(64, 64), 1, True, True, arch="gfx1250"), "3-D"),
+    "moe_shuffle_weight gfx1250 N % 16": (lambda: A.moe_shuffle_weight(u8(1, 40, 64), 1, True, True, arch="gfx1250"), "multiple of the tile"),
+    "moe_shuffle_weight bad arch": (lambda: A.moe_shuffle_weight(u8(1, 32, 64), arch=None), "gfx"),
+    "unshuffle n32k4 wrong shape": (lambda: A.unshuffle_scale_n32k4(u8(2, 2, 128), shape=(64, 4)), "original shape"),
+}
+
+
+@pytest.mark.parametrize("case", list(GFX1250_REJECT))
+def test_gfx1250_rejections_are_layout_errors(case):
+    call, words = GFX1250_REJECT[case]
+    with pytest.raises(LayoutError) as err:
+        call()
+    msg = str(err.value)
+    assert words in msg and "view" not in msg and len(msg) > 40
+
+
+def test_n32k4_is_the_golden_probe_shape_and_moves_real_bytes():
+    s = rand_u8(4, 512, 12, seed=11)  # K = 384: the tensor-parallel-8 shard, K % 128 == 0
+    y = A.shuffle_scale_n32k4(s)
+    assert list(y.shape) == [4, 16, 384]
+    # block (rows 0..31, cols 0..3) of expert 0 is the first 128 bytes, row-major
+    assert torch.equal(y[0, 0, :128], s[0, :32, :4].flatten())
+    assert torch.equal(y[3, 15, 128:256], s[3, 480:512, 4:8].flatten())

@@ -10,7 +10,10 @@ from mxfp4conv.shuffle import aiter as A
 from mxfp4conv.shuffle.layouts import LAYOUTS, Layout, get_layout, register_layout
 
 PROPS = settings(max_examples=30, deadline=None)
-NAMES = ["identity", "aiter_p16", "aiter_p16_gu16", "aiter_e8m0_shuffle", "aiter_scale_a16w4", "aiter_scale_a16w4_gu16"]
+NAMES = [
+    "identity", "aiter_p16", "aiter_p16_gu16", "aiter_e8m0_shuffle", "aiter_scale_a16w4", "aiter_scale_a16w4_gu16",
+    "aiter_gfx1250_gu1", "aiter_scale_n32k4", "aiter_scale_n32k4_gu1",
+]
 
 # (rows multiple, last-dim multiple) each layout needs, per expert
 GRID = {
@@ -20,6 +23,9 @@ GRID = {
     "aiter_e8m0_shuffle": (32, 1),
     "aiter_scale_a16w4": (32, 1),
     "aiter_scale_a16w4_gu16": (32, 1),
+    "aiter_gfx1250_gu1": (16, 32),
+    "aiter_scale_n32k4": (32, 4),
+    "aiter_scale_n32k4_gu1": (32, 4),
 }
 
 
@@ -48,6 +54,9 @@ def aiter_equivalent(name, x):
         "aiter_e8m0_shuffle": lambda: A.e8m0_shuffle(s2d),
         "aiter_scale_a16w4": lambda: A.shuffle_scale_a16w4(s2d, e, False),
         "aiter_scale_a16w4_gu16": lambda: A.shuffle_scale_a16w4(s2d, e, True),
+        "aiter_gfx1250_gu1": lambda: A.moe_shuffle_weight(x, e, True, True, arch="gfx1250"),
+        "aiter_scale_n32k4": lambda: A.moe_shuffle_scale(s2d, e, False, False, arch="gfx1250"),
+        "aiter_scale_n32k4_gu1": lambda: A.moe_shuffle_scale(s2d, e, True, True, arch="gfx1250"),
     }[name]()
 
 
@@ -86,7 +95,7 @@ def test_streaming_identity_and_inverse(name, data):
 @pytest.mark.parametrize("name", NAMES)
 def test_layout_equals_aiter_call_on_golden_shapes(name):
     rn, kn = GRID[name]
-    x = rand_u8(4, 256, 12 if kn == 1 else 128, seed=7)  # K/32 = 12: the TP8 shard with column padding
+    x = rand_u8(4, 256, 12 if kn in (1, 4) else 128, seed=7)  # K/32 = 12: the TP8 shard (column padding for 32x8 tiles)
     assert torch.equal(get_layout(name).forward(x), aiter_equivalent(name, x))
     assert name == "identity" or not torch.equal(get_layout(name).forward(x).flatten()[: x.numel()], x.flatten())
 
@@ -123,6 +132,10 @@ REJECT = {
     # AITER's e8m0_shuffle pads any size, but 32-row tiles straddling experts would break
     # per-expert streaming; we require N % 32 (true for every real model)
     "aiter_e8m0_shuffle": [(4, 48, 16)],
+    # gfx1250: the weight is the 16x16 tile transpose after a 1-row interleave; n32k4 needs N % 32, K/32 % 4
+    "aiter_gfx1250_gu1": [(4, 40, 64), (4, 64, 176), (1, 15, 32)],
+    "aiter_scale_n32k4": [(4, 48, 16), (2, 64, 6), (1, 32, 12 + 1)],
+    "aiter_scale_n32k4_gu1": [(4, 48, 16), (2, 64, 6)],
 }
 
 
@@ -191,3 +204,18 @@ def test_zero_experts_chunk_is_empty():
         rn, kn = GRID[name]
         lay = get_layout(name)
         assert lay.forward_chunk(rand_u8(0, rn * 2, kn * 2)).numel() == 0
+
+
+def test_gfx1250_layouts_differ_from_the_gfx950_ones():
+    w = rand_u8(2, 64, 64, seed=5)
+    gu1, gu16 = get_layout("aiter_gfx1250_gu1").forward(w), get_layout("aiter_p16_gu16").forward(w)
+    assert not torch.equal(gu1, gu16)
+    # un-interleaving the 1-row GUGU after undoing the tiles gives back [gate; up]
+    assert torch.equal(A.deinterleave_gate_up_rows(A.unshuffle_weight(gu1)), w)
+    s = rand_u8(2, 64, 8, seed=6)
+    lay = get_layout("aiter_scale_n32k4")
+    assert lay.out_shape(s.shape) == (2, 2, 256) and lay.tail_bytes(s.shape) == 0
+    assert torch.equal(lay.forward(s)[1, 1, :128], s[1, 32:64, :4].flatten())
+    gl = get_layout("aiter_scale_n32k4_gu1")
+    # first dword pair of expert 0: gate row 0 then up row 0 (row 32 of [gate; up])
+    assert torch.equal(gl.forward(s)[0, 0, :8], torch.cat([s[0, 0, :4], s[0, 32, :4]]))

@@ -13,7 +13,12 @@ from v0.1.18). Differences from AITER, on purpose:
 
 Weights may be uint8 or ``torch.float4_e2m1fn_x2`` (also bf16/fp16 for ``shuffle_weight``),
 scales uint8 or ``torch.float8_e8m0fnu``; outputs have the input's dtype. Like AITER, outputs
-carry ``is_shuffled = True`` (and ``aiter_original_k`` / ``aiter_padded_k`` with ``pad_k_to``).
+carry ``is_shuffled = True`` (and ``aiter_original_k`` / ``aiter_padded_k`` with ``pad_k_to``),
+except the gfx1250-only ``shuffle_weight_f4`` / ``shuffle_scale_n32k4``, which AITER leaves unmarked.
+
+``moe_shuffle_weight`` / ``moe_shuffle_scale`` take the target as an ``arch`` keyword (default
+"gfx950") where AITER asks the GPU it runs on; "gfx1250" selects the 1-row gate/up interleave
+and the n32k4 scale layout.
 """
 
 from __future__ import annotations
@@ -350,3 +355,263 @@ def e8m0_shuffle(scale: torch.Tensor) -> torch.Tensor:
 def e8m0_unshuffle(scale: torch.Tensor, shape: Sequence[int] | None = None) -> torch.Tensor:
     """Exact inverse of ``e8m0_shuffle``; ``shape`` is the scale's shape before padding."""
     return unshuffle_scale(scale, shape=shape)
+
+
+# ---------------------------------------------------------------------------------------------
+# gfx1250 (and the arch-dispatching MoE wrappers)
+# ---------------------------------------------------------------------------------------------
+#
+# AITER's ``moe_shuffle_weight`` / ``moe_shuffle_scale`` pick their branch from the GPU they run
+# on (``get_gfx()``). An offline converter has no such GPU, so here the target is an explicit
+# ``arch`` keyword (default "gfx950"); only "gfx1250" takes the gfx1250 branch, like AITER.
+# The gfx1250 gate/up interleave is 1 row (g0, u0, g1, u1, ...), not the 16-row blocks of the
+# a16w4 layout, and its scales use the n32k4 layout, not the 32x8 tiles of ``shuffle_scale``.
+
+DEFAULT_ARCH = "gfx950"
+
+
+def _on_gfx1250(arch: str, fn: str) -> bool:
+    if not isinstance(arch, str) or not arch:
+        raise LayoutError(f"{fn}: arch must be a gfx name such as 'gfx950' or 'gfx1250', got {arch!r}.")
+    return arch == "gfx1250"
+
+
+def _gate_up_rows(shape: tuple[int, ...], fn: str) -> int:
+    if len(shape) < 2:
+        raise LayoutError(f"{fn}: needs rows on dim 1, i.e. a tensor [E, 2*I, ...]; got shape {shape}.")
+    if shape[1] % 2:
+        raise LayoutError(
+            f"{fn}: tensor of shape {shape} has {shape[1]} rows on dim 1; gate and up halves need an "
+            f"even count (rows [gate; up], 2*I). Pass the fused w13 with both halves of I rows."
+        )
+    return shape[1] // 2
+
+
+def interleave_gate_up_rows(w: torch.Tensor) -> torch.Tensor:
+    """AITER ``interleave_gate_up_rows``: ``[E, 2*I, ...]`` rows [g0..g(I-1), u0..u(I-1)] -> [g0, u0, g1, u1, ...]."""
+    b = _storage(w)
+    half = _gate_up_rows(_shape(b), "interleave_gate_up_rows")
+    e, rest = b.shape[0], b.shape[2:]
+    return b.reshape(e, 2, half, *rest).transpose(1, 2).reshape(b.shape).contiguous().view(w.dtype)
+
+
+def deinterleave_gate_up_rows(w: torch.Tensor) -> torch.Tensor:
+    """Exact inverse of ``interleave_gate_up_rows``: rows [g0, u0, g1, u1, ...] -> [gate; up]."""
+    b = _storage(w)
+    half = _gate_up_rows(_shape(b), "deinterleave_gate_up_rows")
+    e, rest = b.shape[0], b.shape[2:]
+    return b.reshape(e, half, 2, *rest).transpose(1, 2).reshape(b.shape).contiguous().view(w.dtype)
+
+
+def _f4_plan(shape: tuple[int, ...], fn: str):
+    if len(shape) not in (2, 3):
+        raise LayoutError(f"{fn}: the weight must be [rows, K/2] or [E, rows, K/2] (one matrix per expert), got shape {shape}.")
+    rows, kp = shape[-2], shape[-1]
+    if rows <= 0 or rows % 16:
+        raise LayoutError(f"{fn}: weight of shape {shape} has {rows} rows, not a multiple of 16; pad the rows (output features) to a multiple of 16.")
+    if kp <= 0 or kp % 16:
+        raise LayoutError(
+            f"{fn}: weight of shape {shape} has {kp} bytes per row (K/2), not a multiple of 16; "
+            f"pad K with zeros to a multiple of 32 fp4 elements."
+        )
+    lead = shape[0] if len(shape) == 3 else 1
+    return (lead, rows // 16, 16, kp // 16, 16), (0, 1, 3, 2, 4)
+
+
+def shuffle_weight_f4(src: torch.Tensor) -> torch.Tensor:
+    """AITER gfx1250 ``shuffle_weight_f4``: a plain 16-row x 16-byte tile transpose of packed fp4.
+
+    AITER takes one 2-D matrix ``[rows, K/2]``; a 3-D ``[E, rows, K/2]`` is shuffled per expert
+    (the same bytes as calling it on each expert). Needs rows % 16 and K/2 % 16. Where K/2 % 32
+    == 0 the bytes equal default ``shuffle_weight``. Like AITER, the output carries no
+    ``is_shuffled`` attribute.
+    """
+    b = _storage(src)
+    view, perm = _f4_plan(_shape(b), "shuffle_weight_f4")
+    return _apply(b, view, perm, b.shape).view(src.dtype)
+
+
+def unshuffle_weight_f4(src: torch.Tensor) -> torch.Tensor:
+    """Exact inverse of ``shuffle_weight_f4``."""
+    b = _storage(src)
+    view, perm = _f4_plan(_shape(b), "unshuffle_weight_f4")
+    return _undo(b, view, perm, b.shape).view(src.dtype)
+
+
+def _moe_weight_gu1(x: torch.Tensor, is_guinterleave: bool, gate_up: bool, fn: str) -> bool:
+    if is_guinterleave and gate_up and x.ndim != 3:
+        raise LayoutError(f"{fn}: the gate/up interleave needs a 3-D w13 [E, 2*I, K/2], got shape {_shape(x)}.")
+    return is_guinterleave and gate_up
+
+
+def moe_shuffle_weight(
+    src: torch.Tensor,
+    experts_cnt: int | None = None,
+    is_guinterleave: bool = False,
+    gate_up: bool = False,
+    layout=(16, 16),
+    *,
+    arch: str = DEFAULT_ARCH,
+) -> torch.Tensor:
+    """AITER ``moe_shuffle_weight`` for the target ``arch`` (AITER asks the GPU; we are told).
+
+    gfx1250: with both ``is_guinterleave`` and ``gate_up``, ``interleave_gate_up_rows`` (1-row
+    GUGU) first, then default ``shuffle_weight(src, layout)``. Other archs:
+    ``shuffle_weight(src, layout, is_guinterleave=..., gate_up=...)`` (16-row GUGU).
+    ``experts_cnt`` is accepted for AITER's signature and unused, as there.
+    """
+    fn = "moe_shuffle_weight"
+    if _on_gfx1250(arch, fn):
+        if _moe_weight_gu1(src, is_guinterleave, gate_up, fn):
+            src = interleave_gate_up_rows(src)
+        return shuffle_weight(src, layout=layout)
+    return shuffle_weight(src, layout=layout, is_guinterleave=is_guinterleave, gate_up=gate_up)
+
+
+def moe_unshuffle_weight(
+    src: torch.Tensor,
+    experts_cnt: int | None = None,
+    is_guinterleave: bool = False,
+    gate_up: bool = False,
+    layout=(16, 16),
+    *,
+    arch: str = DEFAULT_ARCH,
+) -> torch.Tensor:
+    """Exact inverse of ``moe_shuffle_weight`` with the same arguments and ``arch``."""
+    fn = "moe_unshuffle_weight"
+    if _on_gfx1250(arch, fn):
+        gu1 = _moe_weight_gu1(src, is_guinterleave, gate_up, fn)
+        out = unshuffle_weight(src, layout=layout)
+        return deinterleave_gate_up_rows(out) if gu1 else out
+    return unshuffle_weight(src, layout=layout, is_guinterleave=is_guinterleave, gate_up=gate_up)
+
+
+def _n32k4_plan(e: int, n: int, ks: int, gu1: bool, fn: str):
+    """(view, perm) over 4-byte words of a contiguous [E, N, Ks] scale.
+
+    Byte (e, 32a + r, 4c + q) goes to out[e, a, 128c + 4r + q]; with the 1-row gate/up
+    interleave, r = 2j + h for source row h*N/2 + 16a + j (h = 0 gate, 1 up).
+    """
+    if gu1 and n % 2:
+        raise LayoutError(f"{fn}: the gate/up interleaved (GUGU) n32k4 scale needs N = 2*I rows per expert, got N = {n}.")
+    if n <= 0 or n % 32:
+        raise LayoutError(
+            f"{fn}: scale with {n} rows per expert (N) is not a multiple of 32; the n32k4 layout "
+            f"has no row padding. Pad N per expert to a multiple of 32 (for w13, I to a multiple of 16)."
+        )
+    if ks <= 0 or ks % 4:
+        raise LayoutError(
+            f"{fn}: scale with {ks} e8m0 columns per row (K/32) is not a multiple of 4, i.e. K = "
+            f"{32 * ks} is not a multiple of 128; the n32k4 layout has no column padding. Pad K to "
+            f"a multiple of 128 (zero weights, scale 0x7F) before shuffling."
+        )
+    c = ks // 4
+    if gu1:
+        return (e, 2, n // 32, 16, c), (0, 2, 4, 3, 1)
+    return (e, n // 32, 32, c), (0, 1, 3, 2)
+
+
+def _scale_words(b: torch.Tensor) -> torch.Tensor:
+    """A contiguous uint8 [..., Ks] (Ks % 4 == 0) as int32 words: moving words moves the same bytes."""
+    b = b.contiguous()
+    if b.storage_offset() % 4:
+        b = b.clone()
+    return b.reshape(-1).view(torch.int32)
+
+
+def _n32k4_input(src: torch.Tensor, experts_cnt, fn: str) -> torch.Tensor:
+    if src.element_size() != 1:
+        raise LayoutError(f"{fn}: the n32k4 layout moves e8m0 bytes; got a {src.dtype} tensor. Pass uint8 or float8_e8m0fnu scales.")
+    s = src.view(torch.uint8)
+    if s.ndim == 2:
+        if experts_cnt is None:
+            raise LayoutError(f"{fn}: a 2-D scale [E*N, K/32] needs experts_cnt to split its rows per expert; pass experts_cnt or a 3-D [E, N, K/32] scale.")
+        if experts_cnt <= 0 or s.shape[0] % experts_cnt:
+            raise LayoutError(f"{fn}: {s.shape[0]} scale rows cannot be split evenly over experts_cnt={experts_cnt}.")
+        return s.reshape(experts_cnt, s.shape[0] // experts_cnt, s.shape[1])
+    if s.ndim != 3:
+        raise LayoutError(f"{fn}: the scale must be 2-D [E*N, K/32] (with experts_cnt) or 3-D [E, N, K/32], got shape {_shape(s)}.")
+    return s
+
+
+def shuffle_scale_n32k4(
+    src: torch.Tensor,
+    experts_cnt: int | None = None,
+    is_guinterleave: bool = False,
+    gate_up: bool = False,
+) -> torch.Tensor:
+    """AITER gfx1250 ``shuffle_scale_n32k4``: e8m0 ``[E, N, K/32]`` -> uint8 ``[E, N/32, (K/32)*32]``.
+
+    Per expert, each 32-row x 4-column block is stored contiguously (row-major), blocks ordered
+    by row block then column block: byte (32a + r, 4c + q) -> [a, 128c + 4r + q]. With both
+    ``is_guinterleave`` and ``gate_up`` the rows are first interleaved 1 by 1 (g0, u0, g1, ...).
+    A 2-D ``[E*N, K/32]`` input needs ``experts_cnt``. Needs N % 32 and (K/32) % 4; no padding.
+    As in AITER the output is uint8 whatever the input's 1-byte dtype, without ``is_shuffled``.
+    """
+    fn = "shuffle_scale_n32k4"
+    s = _n32k4_input(src, experts_cnt, fn)
+    e, n, ks = s.shape
+    view, perm = _n32k4_plan(e, n, ks, is_guinterleave and gate_up, fn)
+    if e == 0:
+        return s.new_empty(0, n // 32, ks * 32)
+    words = _scale_words(s).reshape(view).permute(*perm).contiguous()
+    return words.reshape(-1).view(torch.uint8).reshape(e, n // 32, ks * 32)
+
+
+def unshuffle_scale_n32k4(
+    src: torch.Tensor,
+    experts_cnt: int | None = None,
+    is_guinterleave: bool = False,
+    gate_up: bool = False,
+    shape: Sequence[int] | None = None,
+) -> torch.Tensor:
+    """Exact inverse of ``shuffle_scale_n32k4``: uint8 ``[E, N, K/32]``, or ``shape`` (e.g. the original 2-D ``[E*N, K/32]``)."""
+    fn = "unshuffle_scale_n32k4"
+    if src.element_size() != 1 or src.ndim != 3:
+        raise LayoutError(f"{fn}: expects the uint8 n32k4 scale [E, N/32, (K/32)*32], got {src.dtype} of shape {_shape(src)}.")
+    y = src.view(torch.uint8)
+    e, a, width = y.shape
+    if width % 128:
+        raise LayoutError(f"{fn}: last dimension {width} of shape {_shape(y)} is not (K/32)*32 with K/32 a multiple of 4.")
+    n, ks = 32 * a, width // 32
+    out3 = (e, n, ks)
+    if shape is not None:
+        shape = tuple(int(d) for d in shape)
+        ok = shape == out3 or (len(shape) == 2 and shape == (e * n, ks) and experts_cnt in (None, e))
+        if not ok:
+            raise LayoutError(f"{fn}: a scale of original shape {shape} does not shuffle to {_shape(y)} (experts_cnt={experts_cnt}).")
+    view, perm = _n32k4_plan(e, n, ks, is_guinterleave and gate_up, fn)
+    if e == 0:
+        return y.new_empty(shape if shape is not None else out3)
+    permuted = [view[p] for p in perm]
+    words = _scale_words(y).reshape(permuted).permute(*_inverse(perm)).contiguous()
+    return words.reshape(-1).view(torch.uint8).reshape(shape if shape is not None else out3)
+
+
+def moe_shuffle_scale(
+    src: torch.Tensor | None,
+    experts_cnt: int | None = None,
+    is_guinterleave: bool = False,
+    gate_up: bool = False,
+    *,
+    arch: str = DEFAULT_ARCH,
+) -> torch.Tensor | None:
+    """AITER ``moe_shuffle_scale`` for the target ``arch``: gfx1250 -> ``shuffle_scale_n32k4``, else ``shuffle_scale``."""
+    if _on_gfx1250(arch, "moe_shuffle_scale"):
+        return shuffle_scale_n32k4(src, experts_cnt, is_guinterleave=is_guinterleave, gate_up=gate_up)
+    return shuffle_scale(src, experts_cnt=experts_cnt, is_guinterleave=is_guinterleave, gate_up=gate_up)
+
+
+def moe_unshuffle_scale(
+    src: torch.Tensor | None,
+    experts_cnt: int | None = None,
+    is_guinterleave: bool = False,
+    gate_up: bool = False,
+    *,
+    arch: str = DEFAULT_ARCH,
+    shape: Sequence[int] | None = None,
+) -> torch.Tensor | None:
+    """Exact inverse of ``moe_shuffle_scale``; ``shape`` is the original scale shape (needed where the forward padded)."""
+    if _on_gfx1250(arch, "moe_unshuffle_scale"):
+        return unshuffle_scale_n32k4(src, experts_cnt, is_guinterleave=is_guinterleave, gate_up=gate_up, shape=shape)
+    return unshuffle_scale(src, experts_cnt=experts_cnt, is_guinterleave=is_guinterleave, gate_up=gate_up, shape=shape)

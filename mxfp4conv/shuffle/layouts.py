@@ -228,8 +228,51 @@ def _a16w4_scale(gate_up: bool):
     )
 
 
+# ---- gfx1250 (AITER's moe_shuffle_weight / moe_shuffle_scale with arch gfx1250) ------------
+
+
+def _weight_gu1(s: Shape3) -> None:
+    A._gate_up_rows(s, "aiter_gfx1250_gu1 (interleave_gate_up_rows)")
+    A._tile_plan(s, (16, 16), False, 1, "aiter_gfx1250_gu1 (shuffle_weight)")
+
+
+_GFX1250_GU1 = _make(
+    "aiter_gfx1250_gu1",
+    "gate/up rows interleaved one by one (g0, u0, g1, u1, ...), then the 16x16 tile transpose",
+    "moe_shuffle_weight(w13, E, True, True) on gfx1250 == shuffle_weight(interleave_gate_up_rows(w13))",
+    "weight",
+    _weight_gu1,
+    lambda s: s,
+    lambda x, s: A.moe_shuffle_weight(x, s[0], True, True, arch="gfx1250"),
+    lambda y, s: A.moe_unshuffle_weight(y, s[0], True, True, arch="gfx1250"),
+)
+
+
+def _n32k4_scale(gate_up: bool):
+    name = "aiter_scale_n32k4_gu1" if gate_up else "aiter_scale_n32k4"
+    what = "rows gate/up interleaved one by one first, " if gate_up else ""
+
+    def constraint(s: Shape3) -> None:
+        A._n32k4_plan(s[0], s[1], s[2], gate_up, name)
+
+    return _make(
+        name,
+        f"e8m0 scales as [E, N/32, (K/32)*32]: {what}32-row x 4-column blocks stored contiguously per expert",
+        f"moe_shuffle_scale(s, E, {gate_up}, {gate_up}) on gfx1250 == shuffle_scale_n32k4(s, E, {gate_up}, {gate_up})",
+        "scale",
+        constraint,
+        lambda s: (s[0], s[1] // 32, s[2] * 32),
+        lambda x, s: A.shuffle_scale_n32k4(x, s[0], gate_up, gate_up),
+        lambda y, s: A.unshuffle_scale_n32k4(y, s[0], gate_up, gate_up),
+    )
+
+
 _REGISTRY: dict[str, Layout] = {
-    lay.name: lay for lay in (_IDENTITY, _P16, _P16_GU16, _E8M0, _a16w4_scale(False), _a16w4_scale(True))
+    lay.name: lay
+    for lay in (
+        _IDENTITY, _P16, _P16_GU16, _E8M0, _a16w4_scale(False), _a16w4_scale(True),
+        _GFX1250_GU1, _n32k4_scale(False), _n32k4_scale(True),
+    )
 }
 LAYOUTS = MappingProxyType(_REGISTRY)  # read-only view; add with register_layout
 
