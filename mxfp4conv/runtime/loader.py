@@ -244,7 +244,6 @@ def load_moe_layers(
             "converted to the canonical identity layout with the layouts' inverses at load time."
         )
         warnings.warn(msg, LayoutConversionWarning, stacklevel=2)
-        log.warning(msg)
 
     hidden = _check_int(moe, "hidden", where)
     num_experts = _check_int(moe, "num_experts", where)
