@@ -8,19 +8,19 @@ from typing import Any
 
 import typer
 
-MANIFEST = "mxfp4conv.json"
-
 
 def _manifest_of(spec: str, root: Path | None = None) -> dict | None:
+    from mxfp4conv.checkpoint.source import MANIFEST_NAME
+
     for base in (Path(spec), root):
-        if base is not None and (base / MANIFEST).is_file():
+        if base is not None and (base / MANIFEST_NAME).is_file():
             try:
-                return json.loads((base / MANIFEST).read_text())
+                return json.loads((base / MANIFEST_NAME).read_text())
             except (OSError, ValueError):
                 from mxfp4conv.errors import CheckpointError
 
                 raise CheckpointError(
-                    f"{base / MANIFEST}: the manifest of this converted checkpoint is not valid "
+                    f"{base / MANIFEST_NAME}: the manifest of this converted checkpoint is not valid "
                     "JSON; re-run mxfp4conv convert, or plan from the original checkpoint.")
     return None
 
