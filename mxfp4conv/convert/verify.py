@@ -57,21 +57,17 @@ class VerifyReport:
 
 
 class _OutReader:
-    """Reads tensors of the converted checkpoint by name, in ranges."""
+    """Reads tensors of the converted checkpoint by name, in ranges, using the shard headers
+    already read and checked."""
 
-    def __init__(self, root: Path, weight_map: dict[str, str]):
+    def __init__(self, root: Path, weight_map: dict[str, str], headers: dict):
         self.root = root
         self.weight_map = weight_map
-        self.headers = {}
+        self.headers = headers
         self.fds = {}
 
-    def header(self, shard: str):
-        if shard not in self.headers:
-            self.headers[shard] = read_header(self.root / shard)
-        return self.headers[shard]
-
     def entry(self, name: str):
-        h = self.header(self.weight_map[name])
+        h = self.headers[self.weight_map[name]]
         return h, h.tensors[name]
 
     def read(self, name: str, offset: int, n: int) -> bytearray:
@@ -125,9 +121,9 @@ def _verify(out: Path, source, rep: VerifyReport) -> None:
     if source is None:
         rep.layers = [{"prefix": p, "status": "structure ok"} for p in manifest["moe"]["layers"]]
         return
-    reader = _OutReader(out, weight_map)
+    reader = _OutReader(out, weight_map, headers)
     try:
-        _verify_against_source(out, source, manifest, weight_map, headers, expected, reader, rep)
+        _verify_against_source(out, source, manifest, weight_map, expected, reader, rep)
     finally:
         reader.close()
 
@@ -211,7 +207,7 @@ def _check_index_and_headers(out: Path, manifest: dict):
 
 # ---- with the source -----------------------------------------------------------------------
 
-def _verify_against_source(out, source, manifest, weight_map, headers, expected, reader, rep) -> None:
+def _verify_against_source(out, source, manifest, weight_map, expected, reader, rep) -> None:
     from mxfp4conv.checkpoint import load_model, open_source
     from mxfp4conv.oracle import decide
     src = open_source(source) if isinstance(source, (str, os.PathLike)) else source
