@@ -46,7 +46,9 @@ from mxfp4conv.oracle.formats import (
     ActQuantRefused, KernelFormat, NotProducible, emulation_format, kernel_format_g,
     kernel_format_s,
 )
-from mxfp4conv.oracle.roundup import K3_MIN_INTERMEDIATE_PER_PARTITION, padded_geometry, split
+from mxfp4conv.oracle.roundup import (
+    K3_MIN_INTERMEDIATE_PER_PARTITION, k3_min_per_rank, padded_geometry, split,
+)
 
 SELECTOR_S = "select_deepseek_v4_mxfp4_moe_backend"
 SELECTOR_G = "select_mxfp4_moe_backend"
@@ -338,16 +340,17 @@ def decide(model: MoEModel, target: Target, server: Server | None = None) -> Dec
             "--moe-backend emulation where amd-quark is installed. Layouts mxfp4conv can "
             f"produce for {arch.name}: {', '.join(producible)}.")
 
+    k3_minimum = _k3_minimum(model)
     g = padded_geometry(
         backend=backend, platform=arch.platform,
         activation=model.activation.name if model.moe_method == "mxfp4" else None,
         hidden=geo.hidden, intermediate=geo.intermediate, num_experts=geo.num_experts,
-        tp=target.tp, ep=target.ep, k3_minimum=_k3_minimum(model))
+        tp=target.tp, ep=target.ep, k3_minimum=k3_minimum)
     notes.extend(final.notes)
     if g.k3_rule:
         notes.append(g.k3_rule + ".")
-    if (target.ep and arch.is_rocm and _k3_minimum(model) is not None and target.tp > 1
-            and geo.intermediate // target.tp < _k3_minimum(model)):
+    if (target.ep and arch.is_rocm and k3_minimum is not None
+            and k3_min_per_rank(geo.intermediate, target.tp, False, k3_minimum) is not None):
         notes.append("vLLM's AMD Kimi-K3 model pads the intermediate size under EP too (it does "
                      "not check EP); mxfp4conv follows #51131 and does not pad under --ep.")
     if "AITER_BF16_FP8_MOE_BOUND" in final.runtime_env:
