@@ -40,11 +40,9 @@ def detect(config: dict, where: str = "config.json"):
 
 def is_converted(source: Source) -> bool:
     """Whether ``source`` was written by mxfp4conv (it carries the manifest)."""
-    if not source.is_hub:
-        return (source.root / MANIFEST_NAME).is_file()
     try:
         return source.path(MANIFEST_NAME).is_file()
-    except CheckpointError:  # not in the repo (or not cached while offline)
+    except CheckpointError:  # a hub repo without it (or not cached while offline)
         return False
 
 
