@@ -51,20 +51,22 @@ def _param(params: Mapping[str, float], *names: str, default=None):
     return default
 
 
-def resolve_activation(name: str, params: Mapping[str, float] | None) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
-    """``(gate, up) -> out`` for a manifest activation name and its parameters."""
+def activation_params(name: str, params: Mapping[str, float] | None) -> dict[str, float | None]:
+    """The named parameters of ``name`` from manifest ``activation_params`` (aliases, defaults):
+    situ -> beta, linear_beta; silu -> swiglu_limit; swigluoai -> alpha, limit."""
     params = dict(params or {})
     if name == "situ":
-        beta = _param(params, "beta", "situ_beta", "activation_situ_beta", default=1.0)
-        linear_beta = _param(params, "linear_beta", "situ_linear_beta", "activation_situ_linear_beta")
-        return lambda g, u: situ(g, u, beta, linear_beta)
+        return {
+            "beta": _param(params, "beta", "situ_beta", "activation_situ_beta", default=1.0),
+            "linear_beta": _param(params, "linear_beta", "situ_linear_beta", "activation_situ_linear_beta"),
+        }
     if name == "silu":
-        limit = _param(params, "swiglu_limit", "limit", "clamp_limit")
-        return lambda g, u: silu(g, u, limit)
+        return {"swiglu_limit": _param(params, "swiglu_limit", "limit", "clamp_limit")}
     if name == "swigluoai":
-        alpha = _param(params, "alpha", "swiglu_alpha", default=1.702)
-        limit = _param(params, "limit", "swiglu_limit", default=7.0)
-        return lambda g, u: swigluoai(g, u, alpha, limit)
+        return {
+            "alpha": _param(params, "alpha", "swiglu_alpha", default=1.702),
+            "limit": _param(params, "limit", "swiglu_limit", default=7.0),
+        }
     raise RuntimeInputError(
         f"The MoE activation {name!r} is not supported by the runtime; supported activations are "
         f"{', '.join(ACTIVATIONS)}. Convert the checkpoint with a supported activation or extend "
@@ -72,7 +74,8 @@ def resolve_activation(name: str, params: Mapping[str, float] | None) -> Callabl
     )
 
 
-def apply_gated(h: torch.Tensor, name: str, params: Mapping[str, float] | None, i_pad: int) -> torch.Tensor:
-    """GEMM1 output ``[n, 2*i_pad]`` rows ``[gate | up]`` -> ``[n, i_pad]`` (fp32)."""
-    fn = resolve_activation(name, params)
-    return fn(h[:, :i_pad], h[:, i_pad:])
+def resolve_activation(name: str, params: Mapping[str, float] | None) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """``(gate, up) -> out`` for a manifest activation name and its parameters."""
+    p = activation_params(name, params)
+    fn = {"situ": situ, "silu": silu, "swigluoai": swigluoai}[name]
+    return lambda g, u: fn(g, u, **p)

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from mxfp4conv.errors import CheckpointError, RuntimeInputError
+from mxfp4conv.runtime.activations import activation_params
 from mxfp4conv.runtime.experts import MoEExperts
 
 GATE_MODES = {"aiter_p16_gu16": "INTERLEAVE", "aiter_p16": "SEPARATED"}
@@ -108,10 +109,9 @@ def aiter_call_args(
         mask[experts.expert_offset: experts.expert_offset + experts.experts_per_rank] = 1
         args["expert_mask"] = mask
     if experts.activation == "situ":
-        p = experts.activation_params
-        args["beta"] = float(p.get("beta", 1.0))
-        lb = p.get("linear_beta")
-        args["linear_beta"] = float(lb) if lb is not None else -1.0
+        p = activation_params("situ", experts.activation_params)
+        args["beta"] = p["beta"]
+        args["linear_beta"] = p["linear_beta"] if p["linear_beta"] is not None else -1.0
     return args
 
 

@@ -25,6 +25,7 @@ import triton
 
 from mxfp4conv.errors import RuntimeInputError
 from mxfp4conv.runtime import triton_moe_kernels as K
+from mxfp4conv.runtime.activations import activation_params
 
 LAYOUTS = ("identity",)
 _ACT_IDS = {"silu": K.ACT_SILU, "situ": K.ACT_SITU, "swigluoai": K.ACT_SWIGLUOAI}
@@ -121,31 +122,22 @@ def uses_gemv(cfg: MoEConfig, num_pairs: int, num_experts: int) -> bool:
     return cfg.gemv_max_pairs > 0 and per_expert <= cfg.gemv_max_pairs
 
 
-def _param(params: Mapping[str, float], *names: str, default=None):
-    for n in names:
-        if params.get(n) is not None:
-            return float(params[n])
-    return default
-
-
 def _activation_args(name: str, params: Mapping[str, float] | None) -> dict:
-    params = dict(params or {})
     if name not in _ACT_IDS:
         raise RuntimeInputError(
             f"The Triton MoE kernel does not support the activation {name!r}; it supports "
             f"{', '.join(sorted(_ACT_IDS))}. Use backend='torch' or a supported activation."
         )
+    p = activation_params(name, params)
     args = dict(ACT=_ACT_IDS[name], HAS_LIMIT=False, HAS_LINEAR=False, p0=1.0, p1=1.0)
     if name == "situ":
-        beta = _param(params, "beta", "situ_beta", "activation_situ_beta", default=1.0)
-        lin = _param(params, "linear_beta", "situ_linear_beta", "activation_situ_linear_beta")
-        args.update(p0=beta, p1=lin if lin is not None else 1.0, HAS_LINEAR=lin is not None and lin > 0)
+        lin = p["linear_beta"]
+        args.update(p0=p["beta"], p1=lin if lin is not None else 1.0, HAS_LINEAR=lin is not None and lin > 0)
     elif name == "silu":
-        limit = _param(params, "swiglu_limit", "limit", "clamp_limit")
+        limit = p["swiglu_limit"]
         args.update(p1=limit if limit is not None else 1.0, HAS_LIMIT=limit is not None)
     else:
-        args.update(p0=_param(params, "alpha", "swiglu_alpha", default=1.702),
-                    p1=_param(params, "limit", "swiglu_limit", default=7.0))
+        args.update(p0=p["alpha"], p1=p["limit"])
     return args
 
 
