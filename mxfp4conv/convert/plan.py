@@ -107,11 +107,11 @@ class OutputPlan:
         return h.hexdigest()
 
 
-def expert_kinds(model) -> tuple[str, ...]:
+def expert_kinds(has_bias: bool, static_input_scales: bool) -> tuple[str, ...]:
     kinds = list(WEIGHT_KINDS)
-    if model.has_bias:
+    if has_bias:
         kinds += ["w13_bias", "w2_bias"]
-    if model.static_input_scales:
+    if static_input_scales:
         kinds += ["w13_input_scale", "w2_input_scale"]
     return tuple(kinds)
 
@@ -141,7 +141,7 @@ def stored_shape(kind: str, canonical: dict, layouts: dict) -> tuple[str, tuple[
 def build_plan(source, model, decision, layouts: dict, metadata: dict[str, str],
                shard_size: int = DEFAULT_SHARD_SIZE) -> OutputPlan:
     geom = RankGeometry.from_decision(decision)
-    kinds = expert_kinds(model)
+    kinds = expert_kinds(model.has_bias, model.static_input_scales)
     canonical = geom.canonical_shapes()
     stored = {k: stored_shape(k, canonical, layouts) for k in kinds}
 

@@ -23,7 +23,7 @@ from mxfp4conv.checkpoint.safetensors_io import pread_exact, read_header
 from mxfp4conv.convert.manifest import (
     EXPERT_KINDS, MANIFEST_NAME, SHUFFLE_PAD_BYTE, build_manifest, load_manifest, target_from_manifest,
 )
-from mxfp4conv.convert.plan import LAYOUT_FIELD, expert_tensor_name
+from mxfp4conv.convert.plan import LAYOUT_FIELD, expert_kinds, expert_tensor_name, stored_shape
 from mxfp4conv.convert.rank_tensors import WEIGHT_KINDS, RankGeometry
 from mxfp4conv.errors import CheckpointError, Mxfp4convError
 
@@ -135,21 +135,11 @@ def expected_expert_specs(manifest: dict) -> dict[str, tuple[str, tuple[int, ...
     g = _geometry(manifest)
     canonical = g.canonical_shapes()
     moe = manifest["moe"]
-    kinds = list(WEIGHT_KINDS)
-    if moe.get("has_bias"):
-        kinds += ["w13_bias", "w2_bias"]
-    if moe.get("static_input_scales"):
-        kinds += ["w13_input_scale", "w2_input_scale"]
-    out = {}
-    for prefix in moe["layers"]:
-        for r in g.ranks():
-            for k in kinds:
-                if k in LAYOUT_FIELD:
-                    lay = get_layout(manifest["layout"][LAYOUT_FIELD[k]])
-                    out[expert_tensor_name(prefix, r, k)] = ("U8", tuple(lay.out_shape(canonical[k])))
-                else:
-                    out[expert_tensor_name(prefix, r, k)] = ("F32", canonical[k])
-    return out
+    layouts = {k: get_layout(manifest["layout"][f]) for k, f in LAYOUT_FIELD.items()}
+    stored = {k: stored_shape(k, canonical, layouts)
+              for k in expert_kinds(bool(moe.get("has_bias")), bool(moe.get("static_input_scales")))}
+    return {expert_tensor_name(prefix, r, k): spec
+            for prefix in moe["layers"] for r in g.ranks() for k, spec in stored.items()}
 
 
 def _geometry(manifest: dict) -> RankGeometry:
