@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from mxfp4conv.checkpoint.canonical import MoELayer, TensorRef
 from mxfp4conv.checkpoint.problems import Problems
 from mxfp4conv.checkpoint.source import INDEX_NAME, Source, duplicate_index_keys
@@ -18,9 +20,11 @@ def check_index(source: Source, problems: Problems) -> None:
     for name in duplicate_index_keys(source.index_bytes)[:5]:
         problems.error(f"{INDEX_NAME}: tensor {name!r} is listed more than once in weight_map. "
                        f"Each tensor must appear exactly once; fix the index.")
-    for shard in source.shards():
+    by_shard: dict[str, set[str]] = {}
+    for n, s in source.weight_map.items():
+        by_shard.setdefault(s, set()).add(n)
+    for shard, mapped in by_shard.items():
         header = source.header(shard)
-        mapped = {n for n, s in source.weight_map.items() if s == shard}
         missing = sorted(mapped - header.tensors.keys())
         if missing:
             problems.error(f"{shard}: the index maps {len(missing)} tensors to this shard that its "
@@ -47,8 +51,6 @@ def check_index(source: Source, problems: Problems) -> None:
 
 
 def _index_metadata(source: Source) -> dict:
-    import json
-
     try:
         return json.loads(source.index_bytes).get("metadata") or {}
     except (ValueError, AttributeError):
