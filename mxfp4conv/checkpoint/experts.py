@@ -25,11 +25,14 @@ class ExpertData:
     w2_input_scale: float | None = None
 
 
-def _bytes2d(source, r: TensorRef) -> torch.Tensor:
+def _rows_u8(t: torch.Tensor) -> torch.Tensor:
     """A packed weight or scale as raw uint8 [rows, bytes per row]."""
-    t = source.read_tensor(r.name)
     t = t.view(torch.uint8) if t.dtype != torch.uint8 else t
     return t.reshape(t.shape[0], -1) if t.dim() >= 1 else t
+
+
+def _bytes2d(source, r: TensorRef) -> torch.Tensor:
+    return _rows_u8(source.read_tensor(r.name))
 
 
 def _float(source, r: TensorRef | None) -> torch.Tensor | None:
@@ -88,9 +91,7 @@ def _deinterleave(t: torch.Tensor) -> torch.Tensor:
 
 def _read_fused(source, f: FusedExperts, e: int) -> ExpertData:
     def u8(r: TensorRef) -> torch.Tensor:
-        t = read_expert_slice(source, r, e)
-        t = t.view(torch.uint8) if t.dtype != torch.uint8 else t
-        return t.reshape(t.shape[0], -1)
+        return _rows_u8(read_expert_slice(source, r, e))
 
     def bias(r: TensorRef | None) -> torch.Tensor | None:
         return None if r is None else read_expert_slice(source, r, e).to(torch.float32).reshape(-1)
