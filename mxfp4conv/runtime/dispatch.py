@@ -7,7 +7,7 @@ import torch
 from mxfp4conv.errors import RuntimeInputError
 from mxfp4conv.runtime.act_quant import resolve_act_quant
 from mxfp4conv.runtime.experts import MoEExperts
-from mxfp4conv.runtime.loader import aiter_available, is_rocm, triton_layouts
+from mxfp4conv.runtime.loader import choose_backend, triton_layouts
 
 BACKENDS = ("auto", "torch", "triton", "aiter")
 FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -62,24 +62,6 @@ def _validate(x, experts, topk_weights, topk_ids, out) -> None:
         )
 
 
-def select_backend(experts: MoEExperts, act_quant: str) -> str:
-    """``auto``: aiter for an AITER layout with aiter on ROCm, else triton on a GPU, else torch."""
-    dev = experts.device
-    if experts.is_aiter and is_rocm(dev) and aiter_available():
-        return "aiter"
-    if dev.type == "cuda" and act_quant == "none" and _triton_available():
-        return "triton"
-    return "torch"
-
-
-def _triton_available() -> bool:
-    try:
-        from mxfp4conv.runtime import triton_moe  # noqa: F401
-    except Exception:
-        return False
-    return True
-
-
 def _run_triton(x, experts, topk_weights, topk_ids, act_quant):
     if act_quant != "none":
         raise RuntimeInputError(
@@ -124,7 +106,7 @@ def fused_moe(
         raise RuntimeInputError(f"backend={backend!r} is not one of {', '.join(BACKENDS)}.")
     _validate(hidden_states, experts, topk_weights, topk_ids, out)
     aq = resolve_act_quant(act_quant, experts.act_quant)
-    chosen = select_backend(experts, aq) if backend == "auto" else backend
+    chosen = choose_backend(backend, experts.layout, experts.device, aq)
     if chosen == "torch":
         from mxfp4conv.runtime.reference import torch_fused_moe
 

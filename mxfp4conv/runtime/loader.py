@@ -88,23 +88,28 @@ def aiter_available() -> bool:
     return importlib.util.find_spec("aiter") is not None
 
 
-def triton_layouts() -> tuple[str, ...]:
-    """Layouts the Triton backend reads (its module may declare more than identity)."""
+def _triton_moe():
     try:
         from mxfp4conv.runtime import triton_moe
-    except Exception:
-        return ("identity",)
-    return tuple(getattr(triton_moe, "LAYOUTS", ("identity",)))
+    except Exception:  # no triton (or no usable build) here
+        return None
+    return triton_moe
+
+
+def triton_layouts() -> tuple[str, ...]:
+    """Layouts the Triton backend reads (its module may declare more than identity)."""
+    return tuple(getattr(_triton_moe(), "LAYOUTS", ("identity",)))
 
 
 def choose_backend(requested: str, layout: dict[str, str], device: torch.device, act_quant: str = "none") -> str:
-    """Runtime backend (torch | triton | aiter) for ``auto`` or an explicit request."""
+    """Runtime backend (torch | triton | aiter) for ``auto`` or an explicit request: aiter for an
+    AITER layout with aiter on ROCm, else triton on a GPU (W4A16 only), else torch."""
     if requested != "auto":
         return requested
     stored_aiter = any(is_aiter_layout(layout.get(k, "identity")) for k in WEIGHT_KINDS)
     if stored_aiter and is_rocm(device) and aiter_available():
         return "aiter"
-    if device.type == "cuda" and act_quant == "none":
+    if device.type == "cuda" and act_quant == "none" and _triton_moe() is not None:
         return "triton"
     return "torch"
 
