@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from mxfp4conv.checkpoint.safetensors_io import DTYPE_BITS
+from mxfp4conv.checkpoint.safetensors_io import DTYPE_BITS, read_header
 from mxfp4conv.errors import Mxfp4convError
 
 TEMP_PREFIX = "."
@@ -270,33 +270,19 @@ def write_safetensors(path: Path, tensors: list[tuple[TensorSpec, Iterable]],
 def shard_checksum(path: Path, chunk_bytes: int = 64 << 20) -> tuple[str, int]:
     """Recompute a finished shard's checksum from its bytes (same definition as the writer's).
     Returns (checksum, file size)."""
+    h = read_header(path)
+    crcs = []
+    buf = bytearray(chunk_bytes)
     with open(path, "rb") as f:
-        raw = f.read(8)
-        if len(raw) != 8:
-            raise Mxfp4convError(f"{path} is too short to be a safetensors file")
-        (n,) = struct.unpack("<Q", raw)
-        text = f.read(n)
-        header = raw + text
-        try:
-            obj = json.loads(text)
-        except ValueError as exc:
-            raise Mxfp4convError(f"{path} has a corrupt safetensors header") from exc
-        entries = sorted(((k, v) for k, v in obj.items() if k != "__metadata__"),
-                         key=lambda kv: kv[1]["data_offsets"][0])
-        crcs = []
-        base = 8 + n
-        buf = bytearray(chunk_bytes)
-        for name, v in entries:
-            b, e = v["data_offsets"]
-            f.seek(base + b)
-            crc, left = 0, e - b
+        # the writer hashes in header order, which is the data order
+        for e in sorted(h.tensors.values(), key=lambda e: e.begin):
+            f.seek(h.data_start + e.begin)
+            crc, left = 0, e.nbytes
             while left:
                 k = f.readinto(memoryview(buf)[: min(left, chunk_bytes)])
                 if not k:
-                    raise Mxfp4convError(f"{path} is truncated inside tensor {name}")
+                    raise Mxfp4convError(f"{path} is truncated inside tensor {e.name}")
                 crc = zlib.crc32(memoryview(buf)[:k], crc)
                 left -= k
-            crcs.append((name, e - b, crc))
-        size = os.fstat(f.fileno()).st_size
-    # the writer hashes in header order, which is the data order
-    return combine_digest(header, crcs), size
+            crcs.append((e.name, e.nbytes, crc))
+    return combine_digest(h.raw, crcs), h.file_size
