@@ -323,7 +323,7 @@ def _remote_header(repo: str, revision: str | None, shard: str) -> st.ShardHeade
 
 # ---- opening -------------------------------------------------------------------------
 
-def _load_json(path: Path, what: str) -> object:
+def _load_json(path: Path, what: str) -> tuple[bytes, object]:
     try:
         with open(path, "rb") as f:
             raw = f.read()
@@ -332,7 +332,8 @@ def _load_json(path: Path, what: str) -> object:
         raise CheckpointError(f"{path}: the {what} is not valid JSON ({exc}). Fix or replace "
                               f"the file.") from None
     except OSError as exc:
-        raise CheckpointError(f"{path}: cannot read the {what} ({exc.strerror}).") from None
+        raise CheckpointError(f"{path}: cannot read the {what} ({exc.strerror}). Check that the "
+                              f"file exists and is readable.") from None
 
 
 def _check_shard_name(root: Path, shard: object, index_path: Path, *, local: bool) -> None:
@@ -398,7 +399,8 @@ def _read_config(path: Path, where: str) -> dict:
                               f"its config.json next to the safetensors files.")
     _, cfg = _load_json(path, CONFIG_NAME)
     if not isinstance(cfg, dict):
-        raise CheckpointError(f"{path}: config.json must hold a JSON object.")
+        raise CheckpointError(f"{path}: config.json must hold a JSON object. Fix or replace "
+                              f"the file with the model's original config.json.")
     return cfg
 
 
