@@ -94,8 +94,8 @@ class Source:
                 f"{self.root / shard}: the index maps tensor {name!r} to this shard but its "
                 f"header does not contain it. The index and the shards disagree; download the "
                 f"checkpoint again or fix {INDEX_NAME}.")
-        return TensorInfo(name=name, dtype=e.dtype, shape=e.shape, shard=shard,
-                          begin=h.data_start + e.begin, end=h.data_start + e.end)
+        begin, end = h.absolute(name)
+        return TensorInfo(name=name, dtype=e.dtype, shape=e.shape, shard=shard, begin=begin, end=end)
 
     def fingerprint(self) -> str:
         """sha256 of the index file, or of the single shard's header."""
