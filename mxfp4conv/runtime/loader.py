@@ -21,15 +21,15 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
+from mxfp4conv.convert.manifest import FORMAT, MANIFEST_NAME, VERSION, validate_manifest
 from mxfp4conv.errors import CheckpointError, RuntimeInputError
 from mxfp4conv.runtime.experts import TENSOR_NAMES, WEIGHT_KINDS, MoEExperts, is_aiter_layout
 from mxfp4conv.runtime.relayout import to_canonical
 
 log = logging.getLogger(__name__)
 
-MANIFEST = "mxfp4conv.json"
-FORMAT = "mxfp4conv-kernel-layout"
-VERSIONS = (1,)
+MANIFEST = MANIFEST_NAME
+VERSIONS = (VERSION,)
 INDEX = "model.safetensors.index.json"
 RUNTIME_BACKENDS = ("auto", "torch", "triton", "aiter")
 
@@ -62,8 +62,6 @@ def read_manifest(path: str | os.PathLike) -> dict[str, Any]:
             f"version(s) {', '.join(map(str, VERSIONS))}. Upgrade mxfp4conv or re-convert the "
             "checkpoint with this version."
         )
-    from mxfp4conv.convert.manifest import validate_manifest
-
     return validate_manifest(manifest, str(mpath))
 
 
@@ -254,7 +252,7 @@ def load_moe_layers(
     num_experts = _check_int(moe, "num_experts", where)
     m_tp = int(target.get("tp", 1))
     ep = bool(target.get("ep", False))
-    experts_per_rank = int(moe.get("experts_per_rank") or (num_experts // m_tp if ep else num_experts))
+    experts_per_rank = _check_int(moe, "experts_per_rank", where)  # validate_manifest checked it against tp / ep
     geometry = dict(
         hidden=hidden,
         hidden_padded=_check_int(moe, "hidden_padded", where),
@@ -266,12 +264,10 @@ def load_moe_layers(
         expert_offset=rank * experts_per_rank if ep else 0,
         top_k=int(moe.get("top_k", 0)),
     )
-    if ep and experts_per_rank * m_tp != num_experts:
-        raise CheckpointError(f"{where}: moe.experts_per_rank={experts_per_rank} x tp={m_tp} != num_experts={num_experts}.")
-    activation = target.get("activation", manifest.get("activation"))
+    activation = target["activation"]
     if not activation:
         raise CheckpointError(f"{where}: the manifest's target has no 'activation'; re-run `mxfp4conv convert`.")
-    params = target.get("activation_params", manifest.get("activation_params")) or {}
+    params = target["activation_params"] or {}
     runtime_env = {str(k): str(v) for k, v in (manifest.get("runtime_env") or {}).items()}
     applied = apply_runtime_env(runtime_env) if run_backend == "aiter" else {}
     if runtime_env and run_backend != "aiter":
