@@ -8,6 +8,7 @@ once for every rank and kind), then each layout's trailing 0x7F padding.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator
 
 import torch
@@ -42,7 +43,7 @@ def _copy_tasks(src, t, chunk_bytes: int) -> Iterator[Task]:
 def expert_chunks(plan: OutputPlan, chunk_bytes: int) -> list[range]:
     """Global expert ranges, each inside one rank's share, sized to the chunk budget."""
     g = plan.geometry
-    per_expert = sum(_numel(plan.canonical[k][1:]) * (4 if k not in plan.layouts else 1)
+    per_expert = sum(math.prod(plan.canonical[k][1:]) * (4 if k not in plan.layouts else 1)
                      for k in plan.kinds) * (1 if g.ep else g.tp)
     n = max(1, chunk_bytes // max(per_expert, 1))
     out = []
@@ -51,13 +52,6 @@ def expert_chunks(plan: OutputPlan, chunk_bytes: int) -> list[range]:
         for a in range(span.start, span.stop, n):
             out.append(range(a, min(a + n, span.stop)))
     return out
-
-
-def _numel(shape) -> int:
-    k = 1
-    for d in shape:
-        k *= d
-    return k
 
 
 def _layer_tasks(src, model, plan: OutputPlan, unit: Unit, chunk_bytes: int, allow_nan: bool,
@@ -89,7 +83,7 @@ def _layer_tasks(src, model, plan: OutputPlan, unit: Unit, chunk_bytes: int, all
             for e in experts:
                 ex = read_expert(src, layer, e)
                 if not allow_nan:
-                    _check_nan(layer, e, ex, g)
+                    _check_nan(layer, e, ex)
                 data.append(ex)
             pieces = []
             ranks = g.owner(experts.start)
@@ -117,18 +111,18 @@ def _layer_tasks(src, model, plan: OutputPlan, unit: Unit, chunk_bytes: int, all
         yield lambda: [(name, torch.full((n,), SHUFFLE_PAD_BYTE, dtype=torch.uint8)) for name, n in tails]
 
 
-def _check_nan(layer, e: int, ex, g) -> None:
+def _check_nan(layer, e: int, ex) -> None:
     for kind, t in (("w13_weight_scale", ex.w13_scale), ("w2_weight_scale", ex.w2_scale)):
         i = find_nan_scale(t)
         if i is not None:
-            name, off = nan_location(layer, e, kind, i, tuple(t.shape), g)
+            name, off = nan_location(layer, e, kind, i, tuple(t.shape))
             raise Mxfp4convError(
                 f"tensor {name} holds a NaN scale byte (0xFF) at byte offset {off} (MoE layer "
                 f"{layer.prefix}, expert {e}). vLLM would load it as NaN and the expert would "
                 f"produce NaNs. Fix the checkpoint, or pass --allow-nan-scales to copy it as is.")
 
 
-def nan_location(layer, e: int, kind: str, flat: int, shape: tuple[int, int], g) -> tuple[str, int]:
+def nan_location(layer, e: int, kind: str, flat: int, shape: tuple[int, int]) -> tuple[str, int]:
     """Source tensor name and byte offset of element ``flat`` of expert ``e``'s canonical scale."""
     rows, cols = shape
     row, col = divmod(flat, cols)

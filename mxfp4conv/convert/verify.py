@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -235,8 +236,8 @@ def _verify_against_source(out, source, manifest, weight_map, expected, reader, 
     rep.checks.append(f"{len(plain)} non-expert tensors byte-identical (sha256)")
 
     g = _geometry(manifest)
-    for li, layer in enumerate(model.layers):
-        n = _verify_layer(out, src, manifest, g, layer, expected, reader)
+    for layer in model.layers:
+        n = _verify_layer(src, manifest, g, layer, expected, reader)
         rep.bytes_compared += n
         rep.layers.append({"prefix": layer.prefix, "status": "ok", "bytes": n})
     rep.checks.append(f"{len(model.layers)} MoE layers inverted and equal to the source")
@@ -267,7 +268,7 @@ def _first_diff_plain(reader, src, info) -> int:
     return -1
 
 
-def _verify_layer(out, src, manifest, g: RankGeometry, layer, expected, reader, chunk_experts: int | None = None) -> int:
+def _verify_layer(src, manifest, g: RankGeometry, layer, expected, reader) -> int:
     from mxfp4conv.checkpoint.experts import read_expert
     from mxfp4conv.shuffle.layouts import get_layout
 
@@ -276,18 +277,15 @@ def _verify_layer(out, src, manifest, g: RankGeometry, layer, expected, reader, 
     layouts = {k: get_layout(manifest["layout"][LAYOUT_FIELD[k]]) for k in WEIGHT_KINDS}
     per_expert = {}
     for k in WEIGHT_KINDS:
-        total = 1
-        for d in expected[expert_tensor_name(layer.prefix, 0, k)][1]:
-            total *= d
+        total = math.prod(expected[expert_tensor_name(layer.prefix, 0, k)][1])
         tail = int(layouts[k].tail_bytes(canonical[k]))
         body = total - tail
         if body % g.experts_per_rank:
             raise VerifyError("layout", f"layout {layouts[k].name} of {k} is not per-expert ({body} bytes "
                               f"for {g.experts_per_rank} experts).")
         per_expert[k] = (body // g.experts_per_rank, tail, body)
-    if chunk_experts is None:
-        per = sum(v[0] for v in per_expert.values()) * (1 if g.ep else g.tp)
-        chunk_experts = max(1, (48 << 20) // max(per, 1))
+    per = sum(v[0] for v in per_expert.values()) * (1 if g.ep else g.tp)
+    chunk_experts = max(1, (48 << 20) // max(per, 1))
     compared = 0
     # trailing shuffle padding of each rank's tensors
     for r in g.ranks():
@@ -319,7 +317,7 @@ def _verify_layer(out, src, manifest, g: RankGeometry, layer, expected, reader, 
     return compared
 
 
-def _fail(cls, layer, rank, name, kind, e_global, coord, got, want, what):
+def _fail(cls, layer, rank, name, e_global, coord, got, want, what):
     return VerifyError(cls, f"MoE layer {layer}, rank {rank}, tensor {name}: expert {e_global}, "
                        f"canonical (pre-layout) position {coord}: stored {got}, expected {want} ({what}).",
                        layer=layer, rank=rank, tensor=name, expert=e_global, offset=list(coord))
@@ -339,7 +337,7 @@ def _check_weight_chunk(name, kind, lay, pe, cshape, g, r, local0, data, reader,
                           f"is not what the layout {lay.name} produces from its own inverse (padding the "
                           f"layout adds must be 0x7F).", layer=prefix, rank=r, tensor=name,
                           offset=local0 * pe + i)
-    H, Hp, I, Ip = g.hidden, g.hidden_padded, g.intermediate, g.inter_rank_padded
+    H, I, Ip = g.hidden, g.intermediate, g.inter_rank_padded
     sl = g.inter_slice(r)
     ir = sl.stop - sl.start
     w13 = kind.startswith("w13")
@@ -360,22 +358,20 @@ def _check_weight_chunk(name, kind, lay, pe, cshape, g, r, local0, data, reader,
             got = xi[rs, cs]
             if not torch.equal(got, want):
                 rr, cc = (got != want).nonzero()[0].tolist()
-                raise _fail("expert bytes", prefix, r, name, kind, e0 + i, (rr + rs.start, cc),
+                raise _fail("expert bytes", prefix, r, name, e0 + i, (rr + rs.start, cc),
                             f"0x{int(got[rr, cc]):02X}", f"0x{int(want[rr, cc]):02X}", "source data")
             mask[rs, cs] = False
         bad = (xi != pad) & mask
         if bad.any():
             rr, cc = bad.nonzero()[0].tolist()
-            raise _fail("pad bytes", prefix, r, name, kind, e0 + i, (rr, cc), f"0x{int(xi[rr, cc]):02X}",
+            raise _fail("pad bytes", prefix, r, name, e0 + i, (rr, cc), f"0x{int(xi[rr, cc]):02X}",
                         f"0x{pad:02X}", "padding vLLM allocates")
     return n * pe
 
 
 def _check_float_chunk(name, kind, cshape, g, r, local0, data, reader, prefix, e0) -> int:
     n = len(data)
-    per = 4
-    for d in cshape[1:]:
-        per *= d
+    per = 4 * math.prod(cshape[1:])
     x = torch.frombuffer(reader.read(name, local0 * per, n * per), dtype=torch.float32).reshape(n, *cshape[1:])
     H, I, Ip = g.hidden, g.intermediate, g.inter_rank_padded
     sl = g.inter_slice(r)
@@ -394,6 +390,6 @@ def _check_float_chunk(name, kind, cshape, g, r, local0, data, reader, prefix, e
         got = x[i]
         if not torch.equal(got.view(torch.int32), want.to(torch.float32).view(torch.int32)):
             j = int((got.view(torch.int32) != want.view(torch.int32)).reshape(-1).nonzero()[0, 0])
-            raise _fail("expert bytes", prefix, r, name, kind, e0 + i, (j,), float(got.reshape(-1)[j]),
+            raise _fail("expert bytes", prefix, r, name, e0 + i, (j,), float(got.reshape(-1)[j]),
                         float(want.reshape(-1)[j]), "bias / input scale")
     return n * per
