@@ -12,14 +12,14 @@ from mxfp4conv.runtime.experts import TENSOR_NAMES, WEIGHT_KINDS, MoEExperts
 
 def invert_tensor(layout_name: str, stored: torch.Tensor, shape3d: tuple[int, int, int], where: str) -> torch.Tensor:
     """Stored bytes in ``layout_name`` -> canonical uint8 ``[E, N, K']``."""
+    b = stored.view(torch.uint8)
     if layout_name == "identity":
-        t = stored.view(torch.uint8) if stored.dtype != torch.uint8 else stored
-        return t.reshape(shape3d)
+        return b.reshape(shape3d)
     from mxfp4conv.shuffle.layouts import get_layout
 
     try:
         layout = get_layout(layout_name)
-        out = layout.inverse(stored.view(torch.uint8) if stored.dtype != torch.uint8 else stored, shape3d)
+        out = layout.inverse(b, shape3d)
     except (LayoutError, KeyError, ValueError, RuntimeError) as exc:
         raise CheckpointError(
             f"{where}: cannot undo layout {layout_name!r} for canonical shape {list(shape3d)} "
