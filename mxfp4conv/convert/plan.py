@@ -35,6 +35,9 @@ def parse_size(text: str | int) -> int:
     return n
 
 
+SHARD_RE = re.compile(r"^model-(\d{5})-of-(\d{5})\.safetensors$")  # what shard_name writes
+
+
 def shard_name(i: int, n: int) -> str:
     return f"model-{i:05d}-of-{n:05d}.safetensors"
 

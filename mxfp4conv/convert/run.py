@@ -10,17 +10,17 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from mxfp4conv.checkpoint.source import INDEX_NAME
 from mxfp4conv.convert.memory import keep_freed_memory
 from mxfp4conv.convert.manifest import MANIFEST_NAME, build_manifest, write_manifest_json
 from mxfp4conv.convert.plan import (
-    DEFAULT_SHARD_SIZE, OutputPlan, build_plan, parse_size, plan_metadata, resolve_layouts,
+    DEFAULT_SHARD_SIZE, SHARD_RE, OutputPlan, build_plan, parse_size, plan_metadata, resolve_layouts,
 )
 from mxfp4conv.convert.direct_read import DirectReader
 from mxfp4conv.convert.producers import unit_tasks
@@ -30,9 +30,7 @@ from mxfp4conv.convert.writer import (
 )
 from mxfp4conv.errors import CheckpointError, Mxfp4convError
 
-INDEX_NAME = "model.safetensors.index.json"
 PROGRESS_NAME = ".mxfp4conv-progress.json"
-_SHARD_RE = re.compile(r"^model-\d{5}-of-\d{5}\.safetensors$")
 DEFAULT_CHUNK_BYTES = 24 << 20  # per task; keeps every buffer under glibc's mmap threshold
 
 
@@ -82,7 +80,7 @@ def convert(source, out, target, shard_size=DEFAULT_SHARD_SIZE, resume=False, wo
         record = {"plan": fingerprint, "shards": {}}
     kept = _keep_finished(out, plan, record)
     for p in out.glob("model-*-of-*.safetensors"):
-        if _SHARD_RE.match(p.name) and p.name not in kept:
+        if SHARD_RE.match(p.name) and p.name not in kept:
             _remove(p)
     record["shards"] = {k: v for k, v in record["shards"].items() if k in kept}
     _save_progress(out, record)

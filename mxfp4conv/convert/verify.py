@@ -14,22 +14,20 @@ import hashlib
 import json
 import math
 import os
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from mxfp4conv.checkpoint.safetensors_io import pread_exact, read_header
+from mxfp4conv.checkpoint.source import INDEX_NAME
 from mxfp4conv.convert.manifest import (
     EXPERT_KINDS, MANIFEST_NAME, SHUFFLE_PAD_BYTE, build_manifest, load_manifest, target_from_manifest,
 )
-from mxfp4conv.convert.plan import LAYOUT_FIELD, expert_kinds, expert_tensor_name, stored_shape
+from mxfp4conv.convert.plan import LAYOUT_FIELD, SHARD_RE, expert_kinds, expert_tensor_name, stored_shape
 from mxfp4conv.convert.rank_tensors import WEIGHT_KINDS, RankGeometry
 from mxfp4conv.errors import CheckpointError, Mxfp4convError
 
-INDEX_NAME = "model.safetensors.index.json"
-_SHARD_RE = re.compile(r"^model-(\d{5})-of-(\d{5})\.safetensors$")
 HASH_CHUNK = 32 << 20
 
 
@@ -161,7 +159,7 @@ def _check_index_and_headers(out: Path, manifest: dict):
         raise VerifyError("index", f"{p}: missing or malformed ({exc}). Convert again.") from None
     shards = sorted(set(weight_map.values()))
     for i, s in enumerate(shards):
-        m = _SHARD_RE.match(s)
+        m = SHARD_RE.match(s)
         if not m or int(m.group(1)) != i + 1 or int(m.group(2)) != len(shards):
             raise VerifyError("index", f"{p}: shard names {shards} do not follow model-NNNNN-of-NNNNN.safetensors "
                               f"numbered 1..{len(shards)}.")
