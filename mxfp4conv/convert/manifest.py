@@ -106,7 +106,7 @@ def validate_manifest(m: Any, where: str = MANIFEST_NAME) -> dict[str, Any]:
     if not isinstance(m, dict):
         raise bad("the manifest is not a JSON object")
     if m.get("format") != FORMAT:
-        raise bad(f"format is {m.get('format')!r}, expected {FORMAT!r}")
+        raise bad(f"it declares format {m.get('format')!r}, expected {FORMAT!r}")
     if m.get("version") != VERSION:
         raise CheckpointError(
             f"{where}: manifest version {m.get('version')!r} is not known to this mxfp4conv "
@@ -149,6 +149,7 @@ def load_manifest(root: Path) -> dict[str, Any] | None:
         return None
     try:
         m = json.loads(p.read_text())
-    except ValueError as exc:
-        raise CheckpointError(f"{p}: not valid JSON ({exc}). Convert the source again.") from None
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"{p}: the manifest of this converted checkpoint cannot be read as "
+                              f"JSON ({exc}). Convert the source again.") from None
     return validate_manifest(m, str(p))

@@ -21,15 +21,13 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
-from mxfp4conv.convert.manifest import FORMAT, MANIFEST_NAME, VERSION, validate_manifest
+from mxfp4conv.convert.manifest import MANIFEST_NAME, load_manifest
 from mxfp4conv.errors import CheckpointError, RuntimeInputError
 from mxfp4conv.runtime.experts import TENSOR_NAMES, WEIGHT_KINDS, MoEExperts, is_aiter_layout
 from mxfp4conv.runtime.relayout import to_canonical
 
 log = logging.getLogger(__name__)
 
-MANIFEST = MANIFEST_NAME
-VERSIONS = (VERSION,)
 INDEX = "model.safetensors.index.json"
 RUNTIME_BACKENDS = ("auto", "torch", "triton", "aiter")
 
@@ -40,29 +38,13 @@ class LayoutConversionWarning(UserWarning):
 
 def read_manifest(path: str | os.PathLike) -> dict[str, Any]:
     root = Path(path)
-    mpath = root / MANIFEST
-    if not mpath.is_file():
+    manifest = load_manifest(root)
+    if manifest is None:
         raise CheckpointError(
-            f"{root} has no {MANIFEST}, so it is not a checkpoint converted by mxfp4conv. Convert it "
-            "first with `mxfp4conv convert SOURCE OUT --arch ...`, and load OUT."
+            f"{root} has no {MANIFEST_NAME}, so it is not a checkpoint converted by mxfp4conv. "
+            "Convert it first with `mxfp4conv convert SOURCE OUT --arch ...`, and load OUT."
         )
-    try:
-        manifest = json.loads(mpath.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise CheckpointError(f"{mpath} is not valid JSON ({exc}); re-run `mxfp4conv convert`.") from exc
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        got = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__
-        raise CheckpointError(
-            f"{mpath} declares format {got!r}, expected {FORMAT!r}; this file was not written by "
-            "mxfp4conv convert."
-        )
-    if manifest.get("version") not in VERSIONS:
-        raise CheckpointError(
-            f"{mpath} has kernel-layout version {manifest.get('version')!r}; this mxfp4conv reads "
-            f"version(s) {', '.join(map(str, VERSIONS))}. Upgrade mxfp4conv or re-convert the "
-            "checkpoint with this version."
-        )
-    return validate_manifest(manifest, str(mpath))
+    return manifest
 
 
 def _resolve_arch(name: str) -> str:
