@@ -7,9 +7,9 @@ from pathlib import Path
 from typing import Any
 
 from mxfp4conv import __version__
+from mxfp4conv.checkpoint.source import MANIFEST_NAME
 from mxfp4conv.errors import CheckpointError
 
-MANIFEST_NAME = "mxfp4conv.json"
 FORMAT = "mxfp4conv-kernel-layout"
 VERSION = 1
 SHUFFLE_PAD_BYTE = 0x7F

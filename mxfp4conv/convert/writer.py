@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from mxfp4conv.checkpoint.safetensors_io import DTYPE_BITS, read_header
+from mxfp4conv.checkpoint.safetensors_io import DTYPE_BITS, expected_nbytes, read_header
 from mxfp4conv.errors import Mxfp4convError
 
 TEMP_PREFIX = "."
@@ -37,13 +37,10 @@ class WriteError(Mxfp4convError):
 def tensor_nbytes(dtype: str, shape: Iterable[int]) -> int:
     if dtype not in DTYPE_BITS:
         raise Mxfp4convError(f"unknown safetensors dtype {dtype!r}")
-    numel = 1
-    for d in shape:
-        numel *= int(d)
-    bits = numel * DTYPE_BITS[dtype]
-    if bits % 8:
+    nbytes = expected_nbytes(dtype, tuple(int(d) for d in shape))
+    if nbytes is None:
         raise Mxfp4convError(f"a {dtype} tensor of shape {tuple(shape)} is not a whole number of bytes")
-    return bits // 8
+    return nbytes
 
 
 @dataclass(frozen=True)
