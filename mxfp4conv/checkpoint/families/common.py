@@ -132,6 +132,16 @@ def build_layers(source, found: Found, num_experts: int, problems: Problems,
     return layers, prefixes
 
 
+def expert_layers(source, found: Found, geometry: MoEGeometry, problems: Problems,
+                  name_for: Callable[[str, int, str], str], required: tuple[str, ...] = REQUIRED
+                  ) -> tuple[list[MoELayer], list[str], dict[str, str]]:
+    """The per-expert layers with their checks: completeness, dtype variants, shapes."""
+    layers, prefixes = build_layers(source, found, geometry.num_experts, problems, name_for, required)
+    variants = dtype_variants(layers, problems)
+    check_expert_shapes(layers, geometry, problems)
+    return layers, prefixes, variants
+
+
 def dtype_variants(layers: list[MoELayer], problems: Problems) -> dict[str, str]:
     """Which dtype strings hold the packed weights and the scales; bad ones are problems."""
     seen: dict[str, set[str]] = {"weight": set(), "scale": set()}

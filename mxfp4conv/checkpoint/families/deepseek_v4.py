@@ -54,9 +54,7 @@ def build(source, problems: Problems) -> tuple[MoEModel | None, list[str]]:
         problems.error(f"{source.spec}: a DeepSeek-V4 config but no routed-expert tensors named "
                        f"'layers.L.ffn.experts.E.w1.weight' in the index. The checkpoint is not "
                        f"a DeepSeek-V4 MXFP4 release.")
-    layers, prefixes = common.build_layers(source, found, geometry.num_experts, problems, _name_for)
-    variants = common.dtype_variants(layers, problems)
-    common.check_expert_shapes(layers, geometry, problems)
+    layers, prefixes, variants = common.expert_layers(source, found, geometry, problems, _name_for)
     model = MoEModel(
         family=NAME, quant_scheme="w_mxfp4", moe_method="mxfp4",
         activation=Activation(str(config.get("hidden_act", "silu")), params),

@@ -83,9 +83,7 @@ def build(source, problems: Problems) -> tuple[MoEModel | None, list[str]]:
         problems.error(f"{source.spec}: a Kimi-K3 config but no routed-expert tensors named "
                        f"'...layers.L.block_sparse_moe.experts.E.w1.weight_packed' in the index. "
                        f"The checkpoint is not a Kimi-K3 MXFP4 release.")
-    layers, prefixes = common.build_layers(source, found, geometry.num_experts, problems, _name_for)
-    variants = common.dtype_variants(layers, problems)
-    common.check_expert_shapes(layers, geometry, problems)
+    layers, prefixes, variants = common.expert_layers(source, found, geometry, problems, _name_for)
     model = MoEModel(
         family=NAME, quant_scheme=scheme, moe_method="mxfp4",
         activation=Activation(act_name, params), routing="DeepSeekV3", geometry=geometry,

@@ -140,10 +140,8 @@ def build(source, problems: Problems) -> tuple[MoEModel | None, list[str]]:
         proj = f"{role}_proj" if hf_names else {"gate": "w1", "up": "w3", "down": "w2"}[role]
         return f"{prefix}.experts.{e}.{proj}.{('weight_' + kind) if kind else 'weight'}"
 
-    layers, prefixes = common.build_layers(source, found, geometry.num_experts, problems,
-                                           name_for, required)
-    variants = common.dtype_variants(layers, problems)
-    common.check_expert_shapes(layers, geometry, problems)
+    layers, prefixes, variants = common.expert_layers(source, found, geometry, problems,
+                                                      name_for, required)
     has_bias = any(ex.gate_bias is not None for layer in layers for ex in layer.experts)
     model = MoEModel(
         family=NAME, quant_scheme=scheme, moe_method="quark", activation=_activation(cfg),
