@@ -28,6 +28,7 @@ import torch
 from mxfp4conv.codec import dequantize_mxfp4
 
 from mxfp4conv.runtime.triton_moe import fused_moe_triton, select_config, uses_gemv
+from mxfp4conv.shuffle import get_layout
 
 
 def act64(name, params, g, u):
@@ -110,6 +111,8 @@ CASES = [
     ("oss H2880 swigluoai bias fp16 ragged", 19, 2880, 2880, 32, 4, "swigluoai", {"alpha": 1.702, "limit": 7.0}, True, torch.float16, "ragged"),
     ("odd tiles situ-nolin fp16", 23, 1056, 96, 8, 3, "situ", {"beta": 4.0}, False, torch.float16, "ragged"),
     ("odd tiles silu fp32", 9, 1056, 160, 8, 2, "silu", {}, False, torch.float32, "ragged"),
+    ("64-tiles situ ragged", 29, 1088, 192, 8, 3, "situ", {"beta": 4.0, "linear_beta": 25.0}, False, torch.bfloat16, "ragged"),
+    ("64-tiles silu fp32", 9, 1088, 192, 8, 2, "silu", {}, False, torch.float32, "ragged"),
 ]
 
 
@@ -140,7 +143,17 @@ def variants_for(T, H, I, k, E, dtype, quick):
     return out
 
 
-def path_name(cfg, T, k, E, dtype):
+def hopper_variants(T, H, I, k, E):
+    default = select_config(T * k, E, H, I, "hopper_mma")
+    out = [("default", default), ("split", dataclasses.replace(default, split_k1=3, split_k2=2))]
+    if T * k / min(E, T * k) > 16:
+        out.append(("bt16", dataclasses.replace(default, block_t=16, block_n2=128)))
+    return out
+
+
+def path_name(cfg, T, k, E, dtype, layout="identity"):
+    if layout != "identity":
+        return f"{layout} bt{cfg.block_t}"
     if uses_gemv(cfg, T * k, E):
         return "gemv"
     mode = 0 if dtype == torch.float32 or (dtype == torch.float16 and cfg.mode == 1) else cfg.mode
@@ -151,22 +164,32 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--layout", default="identity", help="identity, hopper_mma or both")
     args = ap.parse_args()
+    layouts = ("identity", "hopper_mma") if args.layout == "both" else (args.layout,)
     dev = torch.device("cuda")
     rows, ok_all = [], True
     for i, (name, T, H, I, E, k, act, params, bias, dtype, routing) in enumerate(CASES):
         x, w13, s13, w2, s2, tw, ids, b13, b2 = make_case(T, H, I, E, k, bias=bias, routing=routing, seed=100 + i, dev=dev)
         xin = x.to(dtype)
         ref = reference(xin.float(), w13, s13, w2, s2, tw, ids, act, params, b13, b2)
-        for vname, cfg in variants_for(T, H, I, k, E, dtype, args.quick):
+        runs = []
+        for layout in layouts:
+            if layout == "identity":
+                runs += [(layout, v, c, (w13, s13, w2, s2)) for v, c in variants_for(T, H, I, k, E, dtype, args.quick)]
+            elif H % 64 == 0 and I % 64 == 0:
+                Wl, Sl = get_layout("hopper_mma_w"), get_layout("hopper_mma_s")
+                stored = (Wl.forward(w13), Sl.forward(s13), Wl.forward(w2), Sl.forward(s2))
+                runs += [(layout, v, c, stored) for v, c in hopper_variants(T, H, I, k, E)]
+        for layout, vname, cfg, weights in runs:
             t0 = time.time()
-            label = f"{name} [{path_name(cfg, T, k, E, dtype)}{' splitK' if vname == 'split' else ''}]"
+            label = f"{name} [{path_name(cfg, T, k, E, dtype, layout)}{' splitK' if vname == 'split' else ''}]"
             outs = []
             try:
                 for _ in range(2):
                     poison_free_memory(dev)
-                    outs.append(fused_moe_triton(xin, w13, s13, w2, s2, tw, ids, activation=act, activation_params=params,
-                                                 w13_bias=b13, w2_bias=b2, config=cfg))
+                    outs.append(fused_moe_triton(xin, *weights, tw, ids, activation=act, activation_params=params,
+                                                 w13_bias=b13, w2_bias=b2, config=cfg, layout=layout))
                 torch.cuda.synchronize()
             except Exception as exc:  # a kernel that fails to compile or launch is a failed case, not a crash
                 print(f"{label}: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
@@ -187,7 +210,7 @@ def main() -> int:
             rows.append((label, str(dtype).split(".")[-1], T, ntouch, err, maxerr, finite, det, ok, time.time() - t0))
             print(f"{label}: err {err:.2e} {'PASS' if ok else 'FAIL'}", flush=True)
             del outs, out
-        del x, w13, s13, w2, s2, ref
+        del x, w13, s13, w2, s2, ref, runs
         torch.cuda.empty_cache()
     hdr = f"{'case':52s} {'dtype':8s} {'T':>5s} {'experts':>7s} {'relL2':>9s} {'max/ref':>9s} {'finite':>6s} {'determ':>6s} {'ok':>4s} {'s':>5s}"
     lines = [hdr] + [f"{r[0]:52s} {r[1]:8s} {r[2]:5d} {r[3]:7d} {r[4]:9.2e} {r[5]:9.2e} {str(r[6]):>6s} {str(r[7]):>6s} {('PASS' if r[8] else 'FAIL'):>4s} {r[9]:5.1f}" for r in rows]

@@ -36,6 +36,7 @@ from mxfp4conv.codec import dequantize_mxfp4
 import dataclasses
 
 from mxfp4conv.runtime.triton_moe import MoEConfig, fused_moe_triton, select_config, uses_gemv
+from mxfp4conv.shuffle import get_layout
 
 SHAPES = {"dsv3": (7168, 2048, 256, 8), "k3": (3584, 384, 896, 16)}
 BPW = 0.5 + 1 / 32
@@ -51,6 +52,12 @@ GEMV_SWEEP = [dict(gemv_block_n1=16, gemv_block_n2=16, gemv_block_k=256),
 SWEEP_LARGE = [C(64, 128, 128, 64, 8, 3, 0), C(64, 128, 128, 64, 8, 3, 0, maxnreg=128),
                C(64, 128, 128, 64, 8, 2, 0), C(64, 64, 128, 64, 4, 3, 0), C(64, 64, 128, 64, 4, 3, 0, maxnreg=128),
                C(128, 128, 128, 64, 8, 3, 0)]
+
+
+# hopper_mma layout: tiles around the default (block_t, block_n1, block_n2, block_k, warps, stages)
+HOPPER_SWEEP = [dict(block_n1=64, block_n2=128), dict(block_k=256), dict(num_stages=4), dict(num_stages=2),
+                dict(block_n1=128, block_n2=128, num_warps=8), dict(block_t=32), dict(block_t=64, block_n1=128,
+                block_n2=128, num_warps=8, block_k=64)]
 
 
 def _short(cfg, pairs, E) -> str:
@@ -141,7 +148,7 @@ def dequant_all(w, s, out, chunk=16):
         out[a:a + chunk].copy_(dequantize_mxfp4(w[a:a + chunk], s[a:a + chunk], dtype=torch.bfloat16))
 
 
-def bench_shape(name, tokens, copy_bw, sweep, rows, log, gemv_sweep=False):
+def bench_shape(name, tokens, copy_bw, sweep, rows, log, gemv_sweep=False, layout="identity"):
     H, I, E, k = SHAPES[name]
     gen = torch.Generator(device="cuda").manual_seed(0)
     layer = E * 3 * H * I * BPW
@@ -152,6 +159,9 @@ def bench_shape(name, tokens, copy_bw, sweep, rows, log, gemv_sweep=False):
     dequant_all(copies[0][0], copies[0][1], w13b)
     dequant_all(copies[0][2], copies[0][3], w2b)
     bf16 = Bf16MoE(w13b, w2b)
+    if layout == "hopper_mma":
+        Wl, Sl = get_layout("hopper_mma_w"), get_layout("hopper_mma_s")
+        copies = [(Wl.forward(a), Sl.forward(b), Wl.forward(c), Sl.forward(d)) for a, b, c, d in copies]
     for T in tokens:
         routes = [routing(T, E, k, gen) for _ in range(ncopies)]
         xs = [torch.randn(T, H, device="cuda", generator=gen).to(torch.bfloat16) for _ in range(ncopies)]
@@ -160,11 +170,12 @@ def bench_shape(name, tokens, copy_bw, sweep, rows, log, gemv_sweep=False):
 
         def tri(cfg):
             return [lambda c=c, cfg=cfg: fused_moe_triton(xs[c], *copies[c], routes[c][1], routes[c][0],
-                                                           activation="situ", activation_params=SITU, config=cfg)
+                                                           activation="situ", activation_params=SITU, config=cfg,
+                                                           layout=layout)
                     for c in range(ncopies)]
 
-        default = select_config(T * k, E, H, I)
-        path = "gemv" if uses_gemv(default, T * k, E) else "mma"
+        default = select_config(T * k, E, H, I, layout)
+        path = layout if layout != "identity" else "gemv" if uses_gemv(default, T * k, E) else "mma"
         try:
             t_def = graph_time_us(tri(default))
         except Exception as exc:  # the decode path failed here: report it and time the MMA path instead
@@ -177,7 +188,9 @@ def bench_shape(name, tokens, copy_bw, sweep, rows, log, gemv_sweep=False):
             extra = [dataclasses.replace(default, gemv_max_pairs=0)] + [dataclasses.replace(default, **g) for g in GEMV_SWEEP]
         elif gemv_sweep and uses_gemv(dataclasses.replace(default, gemv_max_pairs=4), T * k, E):
             extra = [dataclasses.replace(default, gemv_max_pairs=4)]  # the decode path just past its threshold
-        if sweep:
+        if sweep and layout == "hopper_mma":
+            extra += [dataclasses.replace(default, **h) for h in HOPPER_SWEEP]
+        elif sweep:
             extra += SWEEP_LARGE if T * k / min(E, T * k) > 32 else SWEEP_SMALL
         if extra:
             for cfg in extra:
@@ -186,7 +199,7 @@ def bench_shape(name, tokens, copy_bw, sweep, rows, log, gemv_sweep=False):
                 except Exception as exc:  # a tile set that does not fit (shared memory) is skipped
                     log(f"  {name} T={T} {cfg}: failed {type(exc).__name__}: {str(exc)[:120]}")
                     continue
-                log(f"  {name} T={T} {_short(cfg, T * k, E)}: {t:.1f} us")
+                log(f"  {name} T={T} {_short(cfg, T * k, E) if layout == 'identity' else cfg}: {t:.1f} us")
                 if t < best_t:
                     best_t, best_cfg = t, cfg
         try:
@@ -253,6 +266,7 @@ def main() -> int:
     ap.add_argument("--gemv-sweep", action="store_true")
     ap.add_argument("--shapes", default="dsv3,k3")
     ap.add_argument("--tokens", default="1,8,64,256,4096")
+    ap.add_argument("--layout", default="identity", help="weight layout the kernel reads: identity or hopper_mma")
     args = ap.parse_args()
     logf = open(f"{args.out}/moe_bench.log", "w")
 
@@ -265,7 +279,8 @@ def main() -> int:
     log(f"{torch.cuda.get_device_name()} copy bandwidth {copy_bw / 1e12:.2f} TB/s; torch {torch.__version__}, triton {triton.__version__}")
     rows = []
     for name in args.shapes.split(","):
-        bench_shape(name, [int(t) for t in args.tokens.split(",")], copy_bw, args.sweep, rows, log, args.gemv_sweep)
+        bench_shape(name, [int(t) for t in args.tokens.split(",")], copy_bw, args.sweep, rows, log, args.gemv_sweep,
+                    args.layout)
     with open(f"{args.out}/moe_bench.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()

@@ -7,7 +7,7 @@ import torch
 from mxfp4conv.errors import RuntimeInputError
 from mxfp4conv.runtime.act_quant import resolve_act_quant
 from mxfp4conv.runtime.experts import MoEExperts
-from mxfp4conv.runtime.loader import choose_backend, triton_layouts
+from mxfp4conv.runtime.loader import choose_backend, triton_layout
 
 BACKENDS = ("auto", "torch", "triton", "aiter")
 FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -71,8 +71,9 @@ def _run_triton(x, experts, topk_weights, topk_ids, act_quant):
     from mxfp4conv.runtime.triton_moe import fused_moe_triton
 
     ex = experts
-    if any(ex.layout[k] not in triton_layouts() for k in ex.layout):
-        ex = ex.canonical()
+    layout = triton_layout(ex.layout)
+    if layout is None:
+        ex, layout = ex.canonical(), "identity"
     H = x.shape[1]
     xp = x if ex.hidden_padded == H else torch.nn.functional.pad(x, (0, ex.hidden_padded - H))
     local = ex.local_ids(topk_ids).to(torch.int32)
@@ -80,7 +81,7 @@ def _run_triton(x, experts, topk_weights, topk_ids, act_quant):
         xp.contiguous(), ex.w13_weight, ex.w13_weight_scale, ex.w2_weight, ex.w2_weight_scale,
         topk_weights.to(torch.float32), local,
         activation=ex.activation, activation_params=dict(ex.activation_params),
-        w13_bias=ex.w13_bias, w2_bias=ex.w2_bias, layout=ex.layout["w13"],
+        w13_bias=ex.w13_bias, w2_bias=ex.w2_bias, layout=layout,
     )
     return y[:, :H]
 

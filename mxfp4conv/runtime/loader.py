@@ -76,9 +76,13 @@ def _triton_moe():
     return triton_moe
 
 
-def triton_layouts() -> tuple[str, ...]:
-    """Layouts the Triton backend reads (its module may declare more than identity)."""
-    return tuple(getattr(_triton_moe(), "LAYOUTS", ("identity",)))
+def triton_layout(layout: dict[str, str]) -> str | None:
+    """The Triton kernels' name for a set of stored layouts (w13, w13_scale, w2, w2_scale), or
+    None when they cannot read it."""
+    tm = _triton_moe()
+    if tm is None:
+        return "identity" if all(layout.get(k, "identity") == "identity" for k in WEIGHT_KINDS) else None
+    return tm.layout_of(layout)
 
 
 def choose_backend(requested: str, layout: dict[str, str], device: torch.device, act_quant: str = "none") -> str:
@@ -99,7 +103,7 @@ def _consumable(backend: str, layout: dict[str, str]) -> bool:
     if backend == "aiter":
         return True  # checked separately: must be an AITER layout
     if backend == "triton":
-        return all(n in triton_layouts() for n in names)
+        return triton_layout(layout) is not None
     return all(n == "identity" for n in names)
 
 

@@ -24,10 +24,13 @@ import torch
 import triton
 
 from mxfp4conv.errors import RuntimeInputError
+from mxfp4conv.runtime import triton_hopper_kernels as HK
 from mxfp4conv.runtime import triton_moe_kernels as K
 from mxfp4conv.runtime.activations import activation_params
 
-LAYOUTS = ("identity",)
+LAYOUTS = ("identity", "hopper_mma_w", "hopper_mma_s")  # per tensor; see layout_of for the combinations
+# layout argument of fused_moe_triton -> (weights, scales) layouts it means
+LAYOUT_SETS = {"identity": ("identity", "identity"), "hopper_mma": ("hopper_mma_w", "hopper_mma_s")}
 _ACT_IDS = {"silu": K.ACT_SILU, "situ": K.ACT_SITU, "swigluoai": K.ACT_SWIGLUOAI}
 _TL_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
 
@@ -63,6 +66,16 @@ class MoEConfig:
     gemv_kmajor: int = -1  # word tile stored [K words, rows] (1) or [rows, K words] (0); -1: by Triton version
 
 
+def layout_of(layout: Mapping[str, str]) -> str | None:
+    """The ``layout`` argument of fused_moe_triton for per-kind stored layouts (w13, w13_scale,
+    w2, w2_scale), or None when the kernels cannot read that combination."""
+    for name, (w, s) in LAYOUT_SETS.items():
+        if all(layout.get(k, "identity") == (s if k.endswith("scale") else w)
+               for k in ("w13", "w13_scale", "w2", "w2_scale")):
+            return name
+    return None
+
+
 # The word tile's loads carry no contiguity information (see triton_moe_kernels), and Triton's
 # layout choice for such a tile differs by version: 3.6 puts a warp's threads along the tile's
 # first axis, 3.9 along its last (read from the compiled layouts). Threads must run along K
@@ -70,12 +83,17 @@ class MoEConfig:
 _KMAJOR_AUTO = tuple(int(v) for v in triton.__version__.split(".")[:2]) < (3, 9)
 
 
-def select_config(num_pairs: int, num_experts: int, hidden: int, inter: int) -> MoEConfig:
+def select_config(num_pairs: int, num_experts: int, hidden: int, inter: int, layout: str = "identity") -> MoEConfig:
     """Tiles measured best on an H200 (benchmarks/moe_bench.py --sweep / --gemv-sweep,
     docs/performance.md): the decode path without tensor cores at <= 1 pair per touched expert,
     swap-AB 16-pair blocks with the int32-word decode while experts see few tokens (K split
     automatically when that leaves SMs idle), 64/128-pair blocks with the byte decode in prefill."""
     per_expert = num_pairs / max(1, min(num_experts, num_pairs))
+    if layout == "hopper_mma":  # measured on an H200 (moe_bench.py --layout hopper_mma --sweep)
+        if per_expert > 96:
+            return MoEConfig(block_t=128, block_n1=128, block_n2=128, block_k=128, num_warps=8, num_stages=3)
+        bt = 16 if per_expert <= 16 else 32 if per_expert <= 32 else 64
+        return MoEConfig(block_t=bt, block_n1=64, block_n2=128, block_k=128, num_warps=4, num_stages=3)
     if per_expert <= 32:
         # decode path without tensor cores (taken at <= 1 pair per touched expert): 16-row tiles
         # with 256-code K steps where I_pad allows them in GEMM2 (DSV3-like), else 32-row tiles
@@ -145,8 +163,8 @@ def _check_inputs(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_b
     def bad(msg: str):
         raise RuntimeInputError(f"fused_moe_triton: {msg}")
 
-    if layout not in LAYOUTS:
-        bad(f"layout {layout!r} is not readable by the Triton kernel (readable: {', '.join(LAYOUTS)}); "
+    if layout not in LAYOUT_SETS:
+        bad(f"layout {layout!r} is not readable by the Triton kernel (readable: {', '.join(LAYOUT_SETS)}); "
             "convert the weights to the canonical layout first (the loader does this with the layout's inverse).")
     if x.dim() != 2 or x.dtype not in _TL_DTYPES:
         bad(f"x must be a 2-D bf16/fp16/fp32 tensor [T, H_pad], got {tuple(x.shape)} {x.dtype}.")
@@ -166,6 +184,8 @@ def _check_inputs(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_b
     i_pad = two_i // 2
     if H % 32 or i_pad % 32:
         bad(f"H_pad ({H}) and I_pad ({i_pad}) must be multiples of 32 (one e8m0 scale per 32 weights).")
+    if layout == "hopper_mma" and (H % 64 or i_pad % 64):
+        bad(f"the hopper_mma layout needs H_pad ({H}) and I_pad ({i_pad}) to be multiples of 64.")
     if tuple(w13_scale.shape) != (E, two_i, H // 32):
         bad(f"w13_scale {tuple(w13_scale.shape)} must be {(E, two_i, H // 32)}.")
     if tuple(w2.shape) != (E, H, i_pad // 2):
@@ -241,7 +261,10 @@ def fused_moe_triton(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, *,
     out = torch.empty_like(x)
     if num_pairs == 0:
         return out.zero_()
-    cfg = config or select_config(num_pairs, E, H, i_pad)
+    cfg = config or select_config(num_pairs, E, H, i_pad, layout)
+    if layout == "hopper_mma":
+        return _hopper_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias,
+                               act, cfg, out)
     if uses_gemv(cfg, num_pairs, E):
         try:
             w13q, w2q = w13.view(torch.int32), w2.view(torch.int32)
@@ -351,6 +374,75 @@ def _gemv_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_b
         b2.stride(0), pair_out.stride(1), pair_out.stride(0), 1,
         HAS_BIAS=w2_bias is not None,
         BLOCK_N=cfg.gemv_block_n2, BLOCK_T=bt, BLOCK_KW=bk2 // 8, EVEN_K=i_pad % bk2 == 0, ASM=asm, KT=kt,
+        **launch,
+    )
+    _sum_launch(pair_out, ids, out, H, top_k, E, s2)
+    return out
+
+
+def _big_scales(*scales: torch.Tensor) -> bool:
+    """Whether any e8m0 byte exceeds 128 (a scale above 2: the one-multiply decode of the Hopper
+    kernels would overflow). Remembered on the tensor with its version counter, so repeated calls
+    (and CUDA graph capture after a first call) cost nothing and in-place changes are seen."""
+    big = False
+    for t in scales:
+        memo = getattr(t, "_mxfp4conv_big_scale", None)
+        if memo is None or memo[0] != t._version:
+            memo = (t._version, bool(t.numel()) and int(t.view(torch.uint8).max()) > 128)
+            t._mxfp4conv_big_scale = memo
+        big = big or memo[1]
+    return big
+
+
+def _hopper_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias, act, cfg, out):
+    """The MMA path over the hopper_mma layouts (moe_hgemm1/2_kernel)."""
+    T, H = x.shape
+    E, two_i, _ = w13.shape
+    i_pad = two_i // 2
+    top_k = topk_ids.shape[1]
+    num_pairs = T * top_k
+    dtype = getattr(triton.language, _TL_DTYPES[x.dtype])
+    interp = os.environ.get("TRITON_INTERPRET") == "1"
+    asm = x.is_cuda and torch.version.cuda is not None and not interp
+    big = _big_scales(w13_scale, w2_scale)
+    if cfg.block_k % 64 or cfg.block_n1 % 16 or cfg.block_n2 % 16:
+        raise RuntimeInputError(
+            f"fused_moe_triton: the hopper_mma kernels need block_k a multiple of 64 and block_n1/block_n2 "
+            f"multiples of 16, got {cfg.block_k}, {cfg.block_n1}, {cfg.block_n2}.")
+    x = x.contiguous()
+    w13, w13_scale, w2, w2_scale = (t.contiguous() for t in (w13, w13_scale, w2, w2_scale))
+    ids = topk_ids.contiguous()
+    tw = topk_weights.reshape(-1).contiguous()
+    sorted_ids, block_expert, num_post_pad, max_blocks = moe_align(ids, E, cfg.block_t)
+    blocks_est = num_pairs // cfg.block_t + min(E, num_pairs)
+    s1, ks1 = _splits(cfg.split_k1, blocks_est * triton.cdiv(i_pad, cfg.block_n1), H, cfg.block_k)
+    s2, ks2 = _splits(cfg.split_k2, blocks_est * triton.cdiv(H, cfg.block_n2), i_pad, cfg.block_k)
+    acts = dict(ACT=act["ACT"], HAS_LIMIT=act["HAS_LIMIT"], HAS_LINEAR=act["HAS_LINEAR"])
+    launch = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    if cfg.maxnreg and not interp:
+        launch["maxnreg"] = cfg.maxnreg
+
+    inter = torch.empty(num_pairs, i_pad, dtype=x.dtype, device=x.device)
+    part = torch.empty(s1, num_pairs, 2 * i_pad, dtype=torch.float32, device=x.device) if s1 > 1 else inter
+    b13 = w13_bias.contiguous() if w13_bias is not None else w13_scale  # dummy pointer when absent
+    HK.moe_hgemm1_kernel[(max_blocks, triton.cdiv(i_pad, cfg.block_n1), s1)](
+        x, w13, w13_scale, b13, inter, part, sorted_ids, block_expert, num_post_pad,
+        num_pairs, top_k, H, i_pad, ks1,
+        x.stride(0), w13.stride(0), w13_scale.stride(0), b13.stride(0), inter.stride(0),
+        act["p0"], act["p1"], **acts, HAS_BIAS=w13_bias is not None,
+        BLOCK_N=cfg.block_n1, BLOCK_T=cfg.block_t, BLOCK_K=cfg.block_k, DTYPE=dtype, SPLIT=s1 > 1,
+        ASM=asm, BIG=big, **launch,
+    )
+    if s1 > 1:
+        _act_launch(part, ids, b13, inter, num_pairs, i_pad, E, s1, act, acts, w13_bias is not None)
+    pair_out = torch.empty(s2, num_pairs, H, dtype=x.dtype if s2 == 1 else torch.float32, device=x.device)
+    b2 = w2_bias.contiguous() if w2_bias is not None else w2_scale
+    HK.moe_hgemm2_kernel[(max_blocks, triton.cdiv(H, cfg.block_n2), s2)](
+        inter, w2, w2_scale, b2, tw, pair_out, sorted_ids, block_expert, num_post_pad,
+        num_pairs, i_pad, H, ks2,
+        inter.stride(0), w2.stride(0), w2_scale.stride(0), b2.stride(0), pair_out.stride(1), pair_out.stride(0),
+        HAS_BIAS=w2_bias is not None,
+        BLOCK_N=cfg.block_n2, BLOCK_T=cfg.block_t, BLOCK_K=cfg.block_k, DTYPE=dtype, ASM=asm, BIG=big,
         **launch,
     )
     _sum_launch(pair_out, ids, out, H, top_k, E, s2)

@@ -23,6 +23,7 @@ import torch
 
 from mxfp4conv.errors import LayoutError
 from mxfp4conv.shuffle import aiter as A
+from mxfp4conv.shuffle import hopper as Hop
 
 Shape3 = tuple[int, int, int]
 
@@ -267,11 +268,36 @@ def _n32k4_scale(gate_up: bool):
     )
 
 
+# ---- mxfp4conv's Triton kernel on Hopper (sm90): wgmma register-operand order -------------
+
+_HOPPER_W = _make(
+    "hopper_mma_w",
+    "fp4 in 16-row x 64-code blocks, one 16-byte wgmma A fragment per lane, bits re-encoded for a 4-op bf16 decode",
+    None,
+    "weight",
+    Hop.check_weight,
+    lambda s: s,
+    lambda x, s: Hop.weight_forward(x),
+    lambda y, s: Hop.weight_inverse(y, s),
+)
+
+_HOPPER_S = _make(
+    "hopper_mma_s",
+    "e8m0 in 16-row x 2-group blocks, each lane group's rows g and g+8 in one 4-byte word",
+    None,
+    "scale",
+    Hop.check_scale,
+    lambda s: s,
+    lambda x, s: Hop.scale_forward(x),
+    lambda y, s: Hop.scale_inverse(y, s),
+)
+
+
 _REGISTRY: dict[str, Layout] = {
     lay.name: lay
     for lay in (
         _IDENTITY, _P16, _P16_GU16, _E8M0, _a16w4_scale(False), _a16w4_scale(True),
-        _GFX1250_GU1, _n32k4_scale(False), _n32k4_scale(True),
+        _GFX1250_GU1, _n32k4_scale(False), _n32k4_scale(True), _HOPPER_W, _HOPPER_S,
     )
 }
 LAYOUTS = MappingProxyType(_REGISTRY)  # read-only view; add with register_layout

@@ -1,0 +1,247 @@
+"""Triton GEMMs of the fused MoE over the ``hopper_mma_w`` / ``hopper_mma_s`` layouts.
+
+Same swap-AB shape of work as ``moe_gemm1_kernel`` / ``moe_gemm2_kernel`` (weight rows on the
+MMA M dimension, the pairs of one expert block on N), but each program loads its weights as
+[BLOCK_N/16, BLOCK_K/64, 512] bytes: one 16-byte vector per lane per 16 x 64 block, which is
+that lane's MMA operand fragment (see ``mxfp4conv.shuffle.hopper``). The decode is four
+mask/shift groups per 32-bit word straight into bf16 pairs, one multiply by the e8m0 factor,
+and register-only reshapes into the [BLOCK_N, BLOCK_K] operand: Triton 3.6 compiles the chain
+without a shared-memory layout conversion (checked on its sm_90 output: no convert_layout is
+left in the loop apart from the per-16-K operand slices, which are identities).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from mxfp4conv.runtime.triton_moe_kernels import _activate
+
+
+@triton.jit
+def _words_asm(w):
+    """[..., 4] bytes (one encoded word) -> the 8 codes as two bf16 [..., 4] (``e2m1 * 2**-126``):
+    output A holds registers R0, R1, output B holds R2, R3 (see ``mxfp4conv.shuffle.hopper``)."""
+    return tl.inline_asm_elementwise(
+        asm="""{
+        .reg .b32 a, b, c;
+        and.b32 $0, $4, 0x81C081C0;
+        shl.b32 a, $4, 3;
+        and.b32 $1, a, 0x81C081C0;
+        shl.b32 a, $4, 6;
+        and.b32 $2, a, 0x81C081C0;
+        shr.b32 a, $4, 4;
+        and.b32 a, a, 0x00C000C0;
+        shr.b32 b, $4, 5;
+        and.b32 b, b, 0x01000100;
+        shl.b32 c, $4, 1;
+        and.b32 c, c, 0x80008000;
+        or.b32 a, a, b;
+        or.b32 $3, a, c;
+        }""",
+        constraints="=r,=r,=r,=r,r", args=[w], dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
+
+
+@triton.jit
+def _halves_f32(r):
+    """The two bf16 halves of each int32 as fp32 (their bits moved up: exact, subnormals too)."""
+    return (r << 16).to(tl.float32, bitcast=True), (r & -0x10000).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _words_generic(w):
+    """``_words_asm`` in plain Triton integer operations, as fp32 ``e2m1 * 2**-126`` (the
+    interpreter's bf16 arithmetic and conversions flush those subnormals; fp32 keeps them)."""
+    b02, b13 = tl.split(w.to(tl.int32).reshape(w.shape[0], w.shape[1], 8, 4, 4, 2, 2))
+    b0, b2 = tl.split(b02)
+    b1, b3 = tl.split(b13)
+    word = b0 | (b1 << 8) | (b2 << 16) | (b3 << 24)
+    r0 = word & -0x7E3F7E40  # 0x81C081C0 as int32
+    r1 = (word << 3) & -0x7E3F7E40
+    r2 = (word << 6) & -0x7E3F7E40
+    r3 = ((word >> 4) & 0x00C000C0) | ((word >> 5) & 0x01000100) | ((word << 1) & -0x7FFF8000)
+    r0l, r0h = _halves_f32(r0)
+    r1l, r1h = _halves_f32(r1)
+    r2l, r2h = _halves_f32(r2)
+    r3l, r3h = _halves_f32(r3)
+    a = tl.join(tl.join(r0l, r1l), tl.join(r0h, r1h)).reshape(w.shape)  # element 2 * reg + half
+    b = tl.join(tl.join(r2l, r3l), tl.join(r2h, r3h)).reshape(w.shape)
+    return a, b
+
+
+@triton.jit
+def _hopper_tile(w, s, NB: tl.constexpr, KB: tl.constexpr, BIG: tl.constexpr, ASM: tl.constexpr,
+                 DTYPE: tl.constexpr):
+    """w [NB, KB, 512] and s [NB, KB, 128] (each lane's 4 scale bytes, repeated for the 4 lanes of
+    a row group) -> the dequantised [16 NB, 64 KB] operand tile: bf16 with ASM (exact: every MXFP4
+    value is a bf16), else DTYPE."""
+    w = w.reshape(NB, KB, 8, 4, 4, 4)  # nb b g t kt byte
+    if ASM:
+        a, b = _words_asm(w)
+        s16 = s.to(tl.int16)
+        if BIG:  # some scale > 2 (2**(s-1) would overflow bf16): restore 2**126 first, then 2**(s-127)
+            bits = tl.where(s16 == 255, 0x7FC0, tl.where(s16 == 0, 0x0040, s16 << 7))
+        else:
+            bits = (s16 + 126) << 7
+        f = bits.to(tl.int16).to(tl.bfloat16, bitcast=True)
+    else:
+        a, b = _words_generic(w)
+        s32 = s.to(tl.int32)
+        f = tl.where(s32 == 255, float("nan"), tl.where(s32 == 0, 5.877471754111438e-39, (s32 << 23).to(tl.float32, bitcast=True)))
+    v = tl.join(a, b)  # nb b g t kt (c kk) h
+    if BIG or not ASM:
+        v = v * 8.507059e37  # 2**126
+    f = f.reshape(NB, KB, 8, 4, 2, 2).permute(0, 1, 2, 3, 5, 4)  # nb b g t j h
+    v = v.reshape(NB, KB, 8, 4, 2, 2, 2, 2, 2) * f.reshape(NB, KB, 8, 4, 2, 1, 1, 1, 2)  # j: the 32-group
+    v = v.reshape(NB, KB, 8, 4, 4, 2, 2, 2).permute(0, 7, 2, 1, 4, 5, 3, 6)  # nb h g b kt c t kk
+    v = v.reshape(NB * 16, KB * 64)
+    if not ASM and v.dtype != DTYPE:
+        v = v.to(DTYPE)
+    return v
+
+
+@triton.jit
+def _mma(a, x, acc, ASM: tl.constexpr):
+    """acc + a @ x. With ASM the weights are bf16; fp16 / fp32 activations then go in as two bf16
+    parts (x = hi + lo, exact for fp16, 16 significant bits for fp32) so the tile keeps the
+    register-operand path (an fp32 / tf32 operand would not)."""
+    if ASM and x.dtype != tl.bfloat16:
+        xf = x.to(tl.float32)
+        hi = xf.to(tl.bfloat16)
+        acc = tl.dot(a, hi, acc)
+        return tl.dot(a, (xf - hi.to(tl.float32)).to(tl.bfloat16), acc)
+    return tl.dot(a, x.to(a.dtype), acc)
+
+
+@triton.jit
+def _hopper_ptrs(w_ptr, s_ptr, e, stride_we, stride_se, nb0, K, NB: tl.constexpr, KB: tl.constexpr):
+    """Pointers of the [NB, KB, 512] weight and [NB, KB, 128] scale tiles of row slabs nb0.. at K 0."""
+    o_nb = nb0 + tl.arange(0, NB)
+    o_b = tl.arange(0, KB)
+    o_l = tl.arange(0, 512)
+    o_s = tl.arange(0, 128)
+    o_s = tl.max_contiguous(tl.multiple_of((o_s // 16) * 4 + o_s % 4, 4), 4)  # lane 4g + t -> bytes 4g..
+    wp = (w_ptr + e * stride_we + o_nb[:, None, None].to(tl.int64) * (8 * K) + o_b[None, :, None] * 512
+          + o_l[None, None, :])
+    sp = s_ptr + e * stride_se + o_nb[:, None, None].to(tl.int64) * (K // 2) + o_b[None, :, None] * 32 + o_s[None, None, :]
+    return wp, sp, o_nb, o_b
+
+
+@triton.jit
+def moe_hgemm1_kernel(
+    x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, part_ptr,
+    sorted_ids_ptr, block_expert_ptr, num_post_pad_ptr,
+    num_pairs, top_k, K, I_pad, K_SPLIT,
+    stride_xt, stride_we, stride_se, stride_be, stride_ot,
+    p0, p1,
+    ACT: tl.constexpr, HAS_LIMIT: tl.constexpr, HAS_LINEAR: tl.constexpr, HAS_BIAS: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, DTYPE: tl.constexpr,
+    SPLIT: tl.constexpr, ASM: tl.constexpr, BIG: tl.constexpr,
+):
+    """``moe_gemm1_kernel`` over the Hopper layouts: inter[pair, j] = act(gate_j . x, up_j . x)."""
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    if pid_m * BLOCK_T >= tl.load(num_post_pad_ptr):
+        return
+    e = tl.load(block_expert_ptr + pid_m).to(tl.int64)
+    if e < 0:
+        return
+    NB: tl.constexpr = BLOCK_N // 16
+    KB: tl.constexpr = BLOCK_K // 64
+    offs_t = pid_m * BLOCK_T + tl.arange(0, BLOCK_T)
+    pair = tl.load(sorted_ids_ptr + offs_t)
+    tmask = pair < num_pairs
+    tok = (pair // top_k).to(tl.int64)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    nmask = offs_n < I_pad
+    wg, sg, o_nb, o_b = _hopper_ptrs(w_ptr, s_ptr, e, stride_we, stride_se, pid_n * NB, K, NB, KB)
+    wu = wg + (I_pad // 16) * (8 * K)
+    su = sg + (I_pad // 16) * (K // 2)
+    offs_k = tl.arange(0, BLOCK_K)
+    xt = x_ptr + tok[None, :] * stride_xt + offs_k[:, None]
+    k_lo = tl.program_id(2) * (K_SPLIT // BLOCK_K) * BLOCK_K  # keeps k_lo's known divisibility: 16-byte loads
+    wg += k_lo * 8  # a slab stores K in 64-code blocks of 512 weight bytes and 32 scale bytes
+    wu += k_lo * 8
+    sg += k_lo // 2
+    su += k_lo // 2
+    xt += k_lo
+    acc_g = tl.zeros([BLOCK_N, BLOCK_T], tl.float32)
+    acc_u = tl.zeros([BLOCK_N, BLOCK_T], tl.float32)
+    nbm = (o_nb < I_pad // 16)[:, None, None]
+    for k0 in range(k_lo, tl.minimum(K, k_lo + K_SPLIT), BLOCK_K):
+        m = nbm & (o_b < (K - k0) // 64)[None, :, None]
+        x = tl.load(xt, mask=tmask[None, :] & (offs_k[:, None] < K - k0), other=0.0)
+        a = _hopper_tile(tl.load(wg, mask=m, other=0), tl.load(sg, mask=m, other=0), NB, KB, BIG, ASM, DTYPE)
+        acc_g = _mma(a, x, acc_g, ASM)
+        a = _hopper_tile(tl.load(wu, mask=m, other=0), tl.load(su, mask=m, other=0), NB, KB, BIG, ASM, DTYPE)
+        acc_u = _mma(a, x, acc_u, ASM)
+        wg += BLOCK_K * 8
+        wu += BLOCK_K * 8
+        sg += BLOCK_K // 2
+        su += BLOCK_K // 2
+        xt += BLOCK_K
+    if SPLIT:
+        p_ptrs = part_ptr + (tl.program_id(2) * num_pairs + pair[None, :].to(tl.int64)) * (2 * I_pad) + offs_n[:, None]
+        pmask = tmask[None, :] & nmask[:, None]
+        tl.store(p_ptrs, acc_g, mask=pmask)
+        tl.store(p_ptrs + I_pad, acc_u, mask=pmask)
+        return
+    if HAS_BIAS:
+        acc_g += tl.load(b_ptr + e * stride_be + offs_n, mask=nmask, other=0.0).to(tl.float32)[:, None]
+        acc_u += tl.load(b_ptr + e * stride_be + I_pad + offs_n, mask=nmask, other=0.0).to(tl.float32)[:, None]
+    h = _activate(acc_g, acc_u, p0, p1, ACT, HAS_LIMIT, HAS_LINEAR)
+    out_ptrs = out_ptr + pair[None, :].to(tl.int64) * stride_ot + offs_n[:, None]
+    tl.store(out_ptrs, h.to(out_ptr.dtype.element_ty), mask=tmask[None, :] & nmask[:, None])
+
+
+@triton.jit
+def moe_hgemm2_kernel(
+    a_ptr, w_ptr, s_ptr, b_ptr, tw_ptr, out_ptr,
+    sorted_ids_ptr, block_expert_ptr, num_post_pad_ptr,
+    num_pairs, K, N, K_SPLIT,
+    stride_at, stride_we, stride_se, stride_be, stride_ot, stride_os,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, DTYPE: tl.constexpr,
+    ASM: tl.constexpr, BIG: tl.constexpr,
+):
+    """``moe_gemm2_kernel`` over the Hopper layouts:
+    pair_out[split, pair, n] = w_pair * (w2[e, n, split's K range] . inter[pair] (+ b2[e, n] in split 0))."""
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    if pid_m * BLOCK_T >= tl.load(num_post_pad_ptr):
+        return
+    e = tl.load(block_expert_ptr + pid_m).to(tl.int64)
+    if e < 0:
+        return
+    NB: tl.constexpr = BLOCK_N // 16
+    KB: tl.constexpr = BLOCK_K // 64
+    offs_t = pid_m * BLOCK_T + tl.arange(0, BLOCK_T)
+    pair = tl.load(sorted_ids_ptr + offs_t)
+    tmask = pair < num_pairs
+    pair64 = pair.to(tl.int64)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    nmask = offs_n < N
+    wp, sp, o_nb, o_b = _hopper_ptrs(w_ptr, s_ptr, e, stride_we, stride_se, pid_n * NB, K, NB, KB)
+    offs_k = tl.arange(0, BLOCK_K)
+    at = a_ptr + pair64[None, :] * stride_at + offs_k[:, None]
+    k_lo = tl.program_id(2) * (K_SPLIT // BLOCK_K) * BLOCK_K  # keeps k_lo's known divisibility: 16-byte loads
+    wp += k_lo * 8  # a slab stores K in 64-code blocks of 512 weight bytes and 32 scale bytes
+    sp += k_lo // 2
+    at += k_lo
+    acc = tl.zeros([BLOCK_N, BLOCK_T], tl.float32)
+    nbm = (o_nb < N // 16)[:, None, None]
+    for k0 in range(k_lo, tl.minimum(K, k_lo + K_SPLIT), BLOCK_K):
+        m = nbm & (o_b < (K - k0) // 64)[None, :, None]
+        x = tl.load(at, mask=tmask[None, :] & (offs_k[:, None] < K - k0), other=0.0)
+        a = _hopper_tile(tl.load(wp, mask=m, other=0), tl.load(sp, mask=m, other=0), NB, KB, BIG, ASM, DTYPE)
+        acc = _mma(a, x, acc, ASM)
+        wp += BLOCK_K * 8
+        sp += BLOCK_K // 2
+        at += BLOCK_K
+    if HAS_BIAS:
+        if tl.program_id(2) == 0:
+            acc += tl.load(b_ptr + e * stride_be + offs_n, mask=nmask, other=0.0).to(tl.float32)[:, None]
+    tw = tl.load(tw_ptr + pair, mask=tmask, other=0.0).to(tl.float32)
+    acc = acc * tw[None, :]
+    out_ptrs = out_ptr + tl.program_id(2) * stride_os + pair64[None, :] * stride_ot + offs_n[:, None]
+    tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=tmask[None, :] & nmask[:, None])

@@ -1,0 +1,127 @@
+"""Triton-on-Hopper MMA layouts: fp4 weights and e8m0 scales in the order each thread of a
+``wgmma`` with the weights as the register (A) operand holds them.
+
+Why: a Triton kernel that loads canonical fp4 bytes and decodes them must re-distribute the
+decoded tile into the MMA operand layout, which goes through shared memory with barriers and
+bounds the whole GEMM. Stored in this order, one 16-byte load per thread is exactly that
+thread's operand fragment for 16 rows x 64 codes, and the decode is a few bit operations.
+
+Fragment facts (PTX ISA, ``wgmma`` / ``mma.m16n8k16`` A operand, bf16): in a 16-row x 16-K
+tile, lane ``4g + t`` holds rows ``g`` and ``g + 8`` at K ``2t, 2t + 1`` and ``2t + 8, 2t + 9``;
+each 32-bit register is one row's two consecutive K values.
+
+Values (``hopper_mma_w``), per expert, canonical bytes ``[N, K/2]`` (two codes a byte, low
+nibble first), N % 16 == 0 and K % 64 == 0. Rows come in slabs of 16 and each slab in blocks
+of 64 codes (512 bytes, stored in K order). In a block, lane ``L = 4g + t`` owns bytes
+``16L .. 16L + 15``: four 32-bit words, word ``kt`` for the K sub-tile ``16kt .. 16kt + 15``.
+A word holds the 8 codes ``(h, c, kk)`` of rows ``8h + g`` at K ``16kt + 8c + 2t + kk``, bits
+re-encoded so that four masks/shifts give four bf16 pairs, each ``e2m1 * 2**-126``:
+
+    R0 = w & 0x81C081C0                                  (h=0, c=0), kk in the halves
+    R1 = (w << 3) & 0x81C081C0                           (h=0, c=1)
+    R2 = (w << 6) & 0x81C081C0                           (h=1, c=0)
+    R3 = (w >> 4) & 0x00C000C0 | (w >> 5) & 0x01000100 | (w << 1) & 0x80008000   (h=1, c=1)
+
+i.e. the code of register r, half q puts its magnitude bits (m, e0, e1) and sign at
+``_BITS[r] + 16q``. Multiplying by ``2**(s - 1)`` (bf16 bits ``(s + 126) << 7``) then gives
+the dequantised weight.
+
+Scales (``hopper_mma_s``), per expert, canonical ``[N, K/32]``: the same 16-row slabs and
+64-code blocks, 32 bytes per block stored in K order; byte ``4g + 2h + j`` is the scale of row
+``8h + g``, K group ``2kb + j``. Lanes ``4g .. 4g + 3`` read the same 4 bytes.
+
+Both keep the canonical tensor's shape and size and are independent per expert, so the
+converter streams them like the other layouts.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from mxfp4conv.errors import LayoutError
+
+# magnitude bit 0 (m), 1, 2 (e) and sign position of the low-half code of each register
+_BITS = ((6, 7, 8, 15), (3, 4, 5, 12), (0, 1, 2, 9), (10, 11, 13, 14))
+ROWS = 16  # rows per slab
+CODES = 64  # codes per block
+
+
+def check_weight(s) -> None:
+    _, n, kb = s
+    if n % ROWS or (2 * kb) % CODES:
+        raise LayoutError(
+            f"hopper_mma_w: fp4 weights of shape {tuple(s)} (N = {n} rows, K = {2 * kb} codes) need "
+            f"N a multiple of {ROWS} and K a multiple of {CODES}; pad the layer to those sizes.")
+
+
+def check_scale(s) -> None:
+    _, n, g = s
+    if n % ROWS or (32 * g) % CODES:
+        raise LayoutError(
+            f"hopper_mma_s: e8m0 scales of shape {tuple(s)} (N = {n} rows, K = {32 * g} codes) need "
+            f"N a multiple of {ROWS} and K a multiple of {CODES}; pad the layer to those sizes.")
+
+
+def _luts() -> tuple[torch.Tensor, torch.Tensor]:
+    """Byte lookup tables of the bit re-encoding, a fixed permutation of the 32 bits of a word.
+
+    The "plain" word has byte ``2h + c`` = the canonical byte of row ``8h + g`` holding K
+    ``16kt + 8c + 2t`` (low nibble) and ``+1`` (high nibble). ``fwd[p, v]``: encoded bits of
+    plain byte ``p`` = v; ``inv[p, v]``: plain bits of encoded byte ``p`` = v.
+    """
+    src, dst = [], []  # plain bit -> encoded bit
+    for r in range(4):
+        for kk in range(2):
+            for j, pos in enumerate(_BITS[r]):
+                src.append(8 * r + 4 * kk + j)
+                dst.append(pos + 16 * kk)
+    v = torch.arange(256, dtype=torch.int64)
+    fwd = torch.zeros(4, 256, dtype=torch.int64)
+    inv = torch.zeros(4, 256, dtype=torch.int64)
+    for a, b in zip(src, dst):
+        fwd[a // 8] |= ((v >> (a % 8)) & 1) << b
+        inv[b // 8] |= ((v >> (b % 8)) & 1) << a
+    return fwd, inv
+
+
+_FWD, _INV = _luts()
+
+
+def _permute_bits(words: torch.Tensor, lut: torch.Tensor) -> torch.Tensor:
+    """[..., 4] bytes of little-endian words -> [..., 4] bytes with the bits moved by ``lut``."""
+    b = words.to(torch.int64)
+    lut = lut.to(b.device)
+    out = lut[0][b[..., 0]] | lut[1][b[..., 1]] | lut[2][b[..., 2]] | lut[3][b[..., 3]]
+    return torch.stack([(out >> (8 * i)) & 0xFF for i in range(4)], dim=-1).to(torch.uint8)
+
+
+def weight_forward(x: torch.Tensor) -> torch.Tensor:
+    e, n, kb = x.shape
+    out = torch.empty_like(x)
+    for i in range(e):  # one expert at a time bounds the temporaries
+        # row = 16 nb + 8 h + g ; byte = 32 b + 8 kt + 4 c + t
+        plain = x[i].reshape(n // 16, 2, 8, kb // 32, 4, 2, 4).permute(0, 3, 2, 6, 4, 1, 5)  # nb b g t kt h c
+        out[i] = _permute_bits(plain.reshape(-1, 4), _FWD).reshape(n, kb)
+    return out
+
+
+def weight_inverse(y: torch.Tensor, shape) -> torch.Tensor:
+    e, n, kb = shape
+    y = y.reshape(e, n * kb // 4, 4)
+    out = torch.empty(shape, dtype=torch.uint8, device=y.device)
+    for i in range(e):
+        plain = _permute_bits(y[i], _INV).reshape(n // 16, kb // 32, 8, 4, 4, 2, 2)  # nb b g t kt h c
+        out[i] = plain.permute(0, 5, 2, 1, 4, 6, 3).reshape(n, kb)
+    return out
+
+
+def scale_forward(x: torch.Tensor) -> torch.Tensor:
+    e, n, g = x.shape
+    s = x.reshape(e, n // 16, 2, 8, g // 2, 2)  # e nb h g b j
+    return s.permute(0, 1, 4, 3, 2, 5).contiguous().reshape(e, n, g)  # e nb b g h j
+
+
+def scale_inverse(y: torch.Tensor, shape) -> torch.Tensor:
+    e, n, g = shape
+    s = y.reshape(e, n // 16, g // 2, 8, 2, 2)  # e nb b g h j
+    return s.permute(0, 1, 4, 3, 2, 5).contiguous().reshape(e, n, g)
