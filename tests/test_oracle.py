@@ -53,6 +53,7 @@ GU16 = dict(w13="aiter_p16_gu16", w13_scale="aiter_scale_a16w4_gu16", w2="aiter_
 W4A4 = dict(w13="aiter_p16", w13_scale="aiter_e8m0_shuffle", w2="aiter_p16",
             w2_scale="aiter_e8m0_shuffle")
 IDENT = dict(w13="identity", w13_scale="identity", w2="identity", w2_scale="identity")
+HOPPER = dict(w13="hopper_mma_w", w13_scale="hopper_mma_s", w2="hopper_mma_w", w2_scale="hopper_mma_s")
 AITER_ENV = {"VLLM_ROCM_USE_AITER": "1"}
 S_ENV = {"VLLM_ROCM_USE_AITER": "1", "AITER_BF16_FP8_MOE_BOUND": "0"}
 
@@ -85,11 +86,22 @@ CASES = [
     ("k3-gfx950-no-aiter", K3, Target("gfx950", tp=8, aiter=False),
      dict(backend="EMULATION", I=384, rejected={"AITER_MXFP4_BF16": "AITER is disabled"})),
     ("k3-h200-tp8", K3, Target("h200", tp=8),
-     dict(backend="EMULATION", vllm="MARLIN", I=384, layout=IDENT,
+     dict(backend="EMULATION", vllm="MARLIN", I=384, layout=HOPPER,
           tried=["FLASHINFER_TRTLLM_MXFP4_MXFP8", "DEEPGEMM_MXFP4", "MARLIN", "EMULATION"],
           rejected={"FLASHINFER_TRTLLM_MXFP4_MXFP8": "family 100",
                     "DEEPGEMM_MXFP4": "family 100 or 120", "MARLIN": "gptq_marlin_repack"},
           selected_reason="mxfp4conv fallback", producible=["EMULATION"])),
+    # --layout identity keeps the canonical bytes (32-aligned); hopper_mma pads to 64
+    ("k3-h200-identity", K3, Target("h200", tp=8, layout="identity"),
+     dict(backend="EMULATION", vllm="MARLIN", I=384, layout=IDENT)),
+    ("gptoss-h200-tp2", GPT_OSS, Target("h200", tp=2),
+     dict(backend="EMULATION", H=2880, I=1472, I_real=1440, layout=HOPPER)),
+    ("gptoss-h200-tp2-identity", GPT_OSS, Target("h200", tp=2, layout="identity"),
+     dict(backend="EMULATION", H=2880, I=1440, I_real=1440, layout=IDENT)),
+    ("quark-h200-tp3-hopper", QUARK_W4A16, Target("h200", tp=3),
+     dict(backend="EMULATION", H=4096, I=512, I_real=512, layout=HOPPER)),
+    ("k3-b200-hopper-forced", K3, Target("b200", layout="hopper_mma"),
+     dict(backend="EMULATION", I=3072, layout=HOPPER)),
     ("k3-b200", K3, Target("b200"),
      dict(backend="EMULATION", vllm="FLASHINFER_TRTLLM_MXFP4_MXFP8",
           selected_reason="mxfp4conv fallback")),
@@ -234,9 +246,12 @@ def _check_invariants(d: Decision) -> None:
     assert d.backend in d.options["producible"]
     vllm = d.options["vllm_backend"]
     if vllm != d.backend:
-        assert d.backend == "EMULATION" and d.layout.as_dict()["w13"] == "identity"
+        kernel_layout = d.options["kernel_layout"]
+        assert d.backend == "EMULATION" and d.layout.as_dict()["w13"] == {"identity": "identity",
+                                                                          "hopper_mma": "hopper_mma_w"}[kernel_layout]
         assert any("cannot write" in n or "no MXFP4 MoE backend" in n for n in d.notes)
-        assert d.hidden_padded % 32 == 0 and d.intermediate_per_rank_padded % 32 == 0
+        align = 64 if kernel_layout == "hopper_mma" else 32
+        assert d.hidden_padded % align == 0 and d.intermediate_per_rank_padded % align == 0
     assert d.intermediate_per_rank_padded >= d.intermediate_per_rank
     assert any(n.startswith("Modelled vLLM server") for n in d.notes)
 
@@ -268,6 +283,8 @@ REFUSALS = [
     ("quark-w4a4-as-bf16", QUARK_K3_W4A4, Target("gfx950", act_quant="bf16"), ["no override"]),
     ("quark-w4a4-as-fp8", QUARK_K3_W4A4, Target("gfx950", act_quant="fp8"), ["conflicts"]),
     ("bad-act-quant", K3, Target("gfx950", act_quant="int8"), ["Unknown --act-quant"]),
+    ("bad-layout", K3, Target("h200", layout="marlin"), ["Unknown --layout", "hopper_mma"]),
+    ("layout-on-aiter", K3, Target("gfx950", layout="hopper_mma"), ["--layout hopper_mma", "AITER_MXFP4_BF16"]),
     ("quark-dynamic-fp8", model("quark", "w_mxfp4_a_fp8", "quark", "swigluoai", {},
                                 "Renormalize", 2048, 1024, 8, 2, static=False),
      Target("gfx950"), ["dynamic fp8"]),

@@ -103,6 +103,7 @@ TARGETS = [
     dict(arch="gfx942", tp=2),
     dict(arch="gfx942", tp=2, ep=True),
     dict(arch="gfx950", tp=2),  # AITER layouts, loaded back through the inverses
+    dict(arch="sm90", tp=2),  # hopper_mma layouts (64-padded), inverted for the torch backend
 ]
 
 
@@ -144,11 +145,19 @@ def _triton_ready():
 
 
 @pytest.mark.skipif(not _triton_ready(), reason="the Triton kernel module is not importable here")
-@pytest.mark.parametrize("target", [dict(arch="gfx942", tp=2, ep=True), dict(arch="gfx950", tp=2)],
-                         ids=["ep2", "gfx950-tp2"])
+@pytest.mark.parametrize("target", [dict(arch="gfx942", tp=2, ep=True), dict(arch="gfx950", tp=2),
+                                    dict(arch="sm90", tp=2)],
+                         ids=["ep2", "gfx950-tp2", "sm90-tp2"])
 def test_triton_backend_through_dispatcher(sources, tmp_path, target):
     src = sources("kimi_k3")
     out = _convert(src, tmp_path / "out", **target)
+    if target["arch"] == "sm90":  # the kernels read the Hopper layouts as stored: no conversion at load
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            ex = next(iter(load_moe_layers(out, rank=0, backend="triton").values()))
+        assert ex.layout == ex.stored_layout and ex.layout["w13"] == "hopper_mma_w"
     model, oracle = _source_oracle(src)
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     # on a GPU the kernel's fp32 tl.dot runs in TF32 (10-bit mantissa): bf16-class tolerance there

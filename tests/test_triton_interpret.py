@@ -281,3 +281,83 @@ def test_dispatcher_picks_gemv_for_few_pairs_per_expert(monkeypatch):
     assert triton_moe.uses_gemv(triton_moe.MoEConfig(), 4, 256)
     assert not triton_moe.uses_gemv(triton_moe.MoEConfig(), 12, 2)
     assert not triton_moe.uses_gemv(triton_moe.MoEConfig(gemv_max_pairs=0), 1, 256)
+
+
+# ---- the hopper_mma layouts (weights in the wgmma operand order, mxfp4conv.shuffle.hopper) ----
+
+
+def _hopper(w13, s13, w2, s2):
+    from mxfp4conv.shuffle.layouts import get_layout
+
+    W, S = get_layout("hopper_mma_w"), get_layout("hopper_mma_s")
+    return W.forward(w13), S.forward(s13), W.forward(w2), S.forward(s2)
+
+
+@pytest.mark.parametrize("split", [False, True], ids=["fused-epilogue", "split-k"])
+@pytest.mark.parametrize("act,params,bias", ACTS)
+def test_hopper_layout_kernels_fp32_ragged(act, params, bias, split):
+    # H = 320: five 64-code blocks, so 128-code K steps end on a half step; I = 192: three 64-row
+    # tiles in GEMM1 and a K tail in GEMM2; GEMM2's 128-row tiles end on a half tile
+    T, k, E, H, I = 20, 2, 4, 320, 192
+    ids = torch.zeros(T, k, dtype=torch.int64)
+    ids[:, 1] = -1
+    ids[0, 1], ids[1, 1], ids[2, 1], ids[3, 1] = 1, 3, 3, 3
+    ids[5] = torch.tensor([-1, -1])
+    x, w13, s13, w2, s2, tw, ids, b13, b2 = make_problem(5, T, H, I, E, k, bias=bias, ids=ids)
+    ref = reference(x, w13, s13, w2, s2, tw, ids, act, params, b13, b2)
+    cfg = triton_moe.select_config(T * k, E, H, I, "hopper_mma")
+    if split:
+        cfg = triton_moe.MoEConfig(**{**cfg.__dict__, "split_k1": 2, "split_k2": 2})
+    out = triton_moe.fused_moe_triton(x, *_hopper(w13, s13, w2, s2), tw, ids, activation=act,
+                                      activation_params=params, w13_bias=b13, w2_bias=b2, config=cfg,
+                                      layout="hopper_mma")
+    assert out.dtype == torch.float32 and out.shape == x.shape
+    assert torch.all(out[5] == 0)
+    assert rel_err(out, ref) < 1e-5
+
+
+@pytest.mark.parametrize("block_t", [16, 32])
+def test_hopper_layout_fp16_and_larger_blocks(block_t):
+    T, k, E, H, I = 9, 3, 5, 128, 128
+    x, w13, s13, w2, s2, tw, ids, _, _ = make_problem(6, T, H, I, E, k)
+    params = {"beta": 4.0, "linear_beta": 25.0}
+    ref = reference(x.half().float(), w13, s13, w2, s2, tw, ids, "situ", params)
+    cfg = triton_moe.MoEConfig(block_t=block_t, block_n1=64, block_n2=128, block_k=64)
+    out = triton_moe.fused_moe_triton(x.half(), *_hopper(w13, s13, w2, s2), tw, ids, activation="situ",
+                                      activation_params=params, config=cfg, layout="hopper_mma")
+    assert out.dtype == torch.float16 and rel_err(out, ref) < 1e-2
+
+
+def test_hopper_layout_every_code_special_scales_and_big_scale_flag():
+    H, I, E = 256, 64, 1
+    x, w13, s13, w2, s2, tw, ids, _, _ = make_problem(7, 1, H, I, E, 1)
+    w13[0, :, :128] = torch.arange(128, dtype=torch.uint8) * 2 + 1
+    s13[0, 3, 1] = 0  # 2**-127
+    s2[0, 5, 0] = 140  # a scale above 2: the kernels' two-multiply decode
+    ref = reference(x, w13, s13, w2, s2, tw, ids, "silu", {})
+    stored = _hopper(w13, s13, w2, s2)
+    out = triton_moe.fused_moe_triton(x, *stored, tw, ids, activation="silu", activation_params={},
+                                      layout="hopper_mma")
+    assert rel_err(out, ref) < 1e-5
+    assert triton_moe._big_scales(stored[1], stored[3]) and not triton_moe._big_scales(stored[1])
+    stored[3][stored[3] == 140] = 120  # in place: the remembered flag follows the tensor's version
+    assert not triton_moe._big_scales(stored[3])
+    s13[0, 2, 3] = 0xFF  # NaN scale: NaN must reach the output
+    stored = _hopper(w13, s13, w2, s2)
+    out = triton_moe.fused_moe_triton(x, *stored, tw, ids, activation="silu", activation_params={},
+                                      layout="hopper_mma")
+    assert torch.isnan(out).any()
+
+
+def test_hopper_layout_bad_inputs():
+    x, w13, s13, w2, s2, tw, ids, _, _ = make_problem(8, 2, 96, 64, 2, 1)
+    with pytest.raises(RuntimeInputError, match="multiples of 64"):
+        triton_moe.fused_moe_triton(x, w13, s13, w2, s2, tw, ids, activation="silu", activation_params={},
+                                    layout="hopper_mma")
+    with pytest.raises(RuntimeInputError, match="readable"):
+        triton_moe.fused_moe_triton(x, w13, s13, w2, s2, tw, ids, activation="silu", activation_params={},
+                                    layout="aiter_p16")
+    assert triton_moe.layout_of({"w13": "hopper_mma_w", "w13_scale": "hopper_mma_s", "w2": "hopper_mma_w",
+                                 "w2_scale": "hopper_mma_s"}) == "hopper_mma"
+    assert triton_moe.layout_of({"w13": "hopper_mma_w", "w13_scale": "identity", "w2": "hopper_mma_w",
+                                 "w2_scale": "hopper_mma_s"}) is None

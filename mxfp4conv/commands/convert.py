@@ -7,7 +7,8 @@ from pathlib import Path
 import typer
 
 
-def target_from_options(arch: str, tp: int, ep: bool, act_quant: str, no_aiter: bool, backend: str | None):
+def target_from_options(arch: str, tp: int, ep: bool, act_quant: str, no_aiter: bool, backend: str | None,
+                        layout: str = "auto"):
     from mxfp4conv.errors import Mxfp4convError
     from mxfp4conv.oracle import resolve_arch
     from mxfp4conv.oracle.decision import Target
@@ -17,7 +18,11 @@ def target_from_options(arch: str, tp: int, ep: bool, act_quant: str, no_aiter: 
     if act_quant not in ("auto", "bf16", "fp8", "mxfp4"):
         raise Mxfp4convError(f"--act-quant must be one of auto, bf16, fp8, mxfp4; got {act_quant!r}.")
     return Target(arch=resolve_arch(arch), tp=tp, ep=ep, act_quant=act_quant, aiter=not no_aiter,
-                  backend=backend)
+                  backend=backend, layout=layout)
+
+
+LAYOUT_HELP = ("Layout of mxfp4conv's own (EMULATION) format: auto (hopper_mma on sm90 with bf16 "
+               "activations, else identity), identity (canonical bytes) or hopper_mma.")
 
 
 def register(app: typer.Typer) -> None:
@@ -31,6 +36,7 @@ def register(app: typer.Typer) -> None:
         act_quant: str = typer.Option("auto", "--act-quant", help="auto, bf16, fp8 or mxfp4."),
         no_aiter: bool = typer.Option(False, "--no-aiter", help="Model a ROCm server without AITER."),
         backend: str = typer.Option(None, "--backend", help="Force a vLLM MXFP4 MoE backend."),
+        layout: str = typer.Option("auto", "--layout", help=LAYOUT_HELP),
         shard_size: str = typer.Option("5GB", "--shard-size", help="Maximum output shard size, e.g. 5GB, 500MB."),
         resume: bool = typer.Option(False, "--resume", help="Keep finished shards of an interrupted run into OUT."),
         workers: int = typer.Option(2, "--workers", help="Threads that read and transform experts."),
@@ -42,6 +48,6 @@ def register(app: typer.Typer) -> None:
         """Convert SOURCE into per-rank, pre-shuffled kernel-ready safetensors in OUT."""
         from mxfp4conv.convert.run import convert
 
-        target = target_from_options(arch, tp, ep, act_quant, no_aiter, backend)
+        target = target_from_options(arch, tp, ep, act_quant, no_aiter, backend, layout)
         convert(source, out, target, shard_size=shard_size, resume=resume, workers=workers, force=force,
                 progress="none" if quiet else "auto", allow_nan_scales=allow_nan_scales)

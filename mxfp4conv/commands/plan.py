@@ -8,6 +8,8 @@ from typing import Any
 
 import typer
 
+from mxfp4conv.commands.convert import LAYOUT_HELP
+
 
 def _manifest_of(spec: str, root: Path | None = None) -> dict | None:
     from mxfp4conv.checkpoint.source import MANIFEST_NAME
@@ -124,6 +126,7 @@ def register(app: typer.Typer) -> None:
         no_aiter: bool = typer.Option(False, "--no-aiter", help="Model a ROCm server without AITER."),
         backend: str = typer.Option(None, "--backend", help="Force a backend (vLLM --moe-backend "
                                     "string or Mxfp4MoeBackend name)."),
+        layout: str = typer.Option("auto", "--layout", help=LAYOUT_HELP),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object on stdout."),
     ) -> None:
         """Show which backend vLLM would pick, why, and the padding, layouts and server
@@ -142,7 +145,7 @@ def register(app: typer.Typer) -> None:
             return
         model = load_model(src)
         d = decide(model, Target(arch=canonical, tp=tp, ep=ep, act_quant=act_quant,
-                                 aiter=not no_aiter, backend=backend))
+                                 aiter=not no_aiter, backend=backend, layout=layout))
         if as_json:
             out: dict[str, Any] = d.plan_json()
             out["family"] = model.family

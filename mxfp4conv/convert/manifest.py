@@ -73,7 +73,7 @@ def _request(target) -> dict[str, Any] | None:
     if target is None:
         return None
     return {"arch": target.arch, "tp": target.tp, "ep": target.ep, "act_quant": target.act_quant,
-            "aiter": target.aiter, "backend": target.backend}
+            "aiter": target.aiter, "backend": target.backend, "layout": target.layout}
 
 
 def target_from_manifest(m: dict[str, Any]):
@@ -84,7 +84,7 @@ def target_from_manifest(m: dict[str, Any]):
     r = t.get("request") or {"arch": t["arch"], "tp": t["tp"], "ep": t["ep"], "act_quant": t["act_quant"],
                              "aiter": t.get("options", {}).get("aiter", True), "backend": t["backend"]}
     return Target(arch=r["arch"], tp=r["tp"], ep=bool(r["ep"]), act_quant=r["act_quant"],
-                  aiter=bool(r["aiter"]), backend=r["backend"])
+                  aiter=bool(r["aiter"]), backend=r["backend"], layout=r.get("layout", "auto"))
 
 
 _REQUIRED = {

@@ -21,6 +21,9 @@ class Target:
     act_quant: str = "auto"  # auto | bf16 | fp8 | mxfp4
     aiter: bool = True  # False models a ROCm server without VLLM_ROCM_USE_AITER
     backend: str | None = None  # forced backend (vLLM --moe-backend string or enum name)
+    # layout of the EMULATION fallback (mxfp4conv's own runtime): auto (hopper_mma on sm90 for
+    # bf16 activations, else identity), identity (the canonical bytes) or hopper_mma
+    layout: str = "auto"
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ the global intermediate size, then the backend's alignment rule on the per-rank 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from mxfp4conv.errors import OracleError
@@ -96,7 +97,8 @@ def k3_min_per_rank(intermediate: int, tp: int, ep: bool, minimum: int) -> int |
 
 def padded_geometry(*, backend: str, platform: str, activation: str | None, hidden: int,
                     intermediate: int, num_experts: int, tp: int, ep: bool,
-                    k3_minimum: int | None = None) -> Geometry:
+                    k3_minimum: int | None = None, align: int = 1, align_rule: str = "") -> Geometry:
+    """``align``: a further multiple both padded sizes must have (a layout's block size)."""
     per_rank, experts = split(hidden, intermediate, num_experts, tp, ep)
     start, k3_rule = per_rank, None
     if k3_minimum is not None:
@@ -106,6 +108,10 @@ def padded_geometry(*, backend: str, platform: str, activation: str | None, hidd
             k3_rule = (f"Kimi-K3 model rule: per-rank intermediate {per_rank} < {k3_minimum} "
                        f"at tp {tp} without EP, padded to {k3_minimum} (global {k3_minimum * tp})")
     i_mult, h_mult, rule = backend_alignment(backend, platform, activation)
+    if align > 1:
+        i_mult = i_mult * align // math.gcd(i_mult, align)
+        h_mult = (h_mult or 1) * align // math.gcd(h_mult or 1, align)
+        rule = f"{rule}; {align_rule or f'layout block {align}'}"
     return Geometry(
         hidden=hidden,
         hidden_padded=round_up(hidden, h_mult) if h_mult else hidden,

@@ -43,8 +43,8 @@ from mxfp4conv.oracle.backends import (
 )
 from mxfp4conv.oracle.decision import Candidate, Decision, Target
 from mxfp4conv.oracle.formats import (
-    ActQuantRefused, KernelFormat, NotProducible, emulation_format, kernel_format_g,
-    kernel_format_s,
+    HOPPER_MMA_ALIGN, KERNEL_LAYOUTS, ActQuantRefused, KernelFormat, NotProducible, emulation_format,
+    kernel_format_g, kernel_format_s,
 )
 from mxfp4conv.oracle.roundup import (
     K3_MIN_INTERMEDIATE_PER_PARTITION, k3_min_per_rank, padded_geometry, split,
@@ -53,6 +53,7 @@ from mxfp4conv.oracle.roundup import (
 SELECTOR_S = "select_deepseek_v4_mxfp4_moe_backend"
 SELECTOR_G = "select_mxfp4_moe_backend"
 ACT_QUANTS = ("auto", "bf16", "fp8", "mxfp4")
+KERNEL_LAYOUT_CHOICES = ("auto", *KERNEL_LAYOUTS)
 QUARK_SCHEME_KEYS = {"w_mxfp4": None, "w_mxfp4_a_mxfp4": MXFP4_DYN, "w_mxfp4_a_fp8": FP8_STATIC}
 KEY_ACT = {None: "bf16", MXFP4_DYN: "mxfp4", FP8_STATIC: "fp8"}
 ACT_OVERRIDE = {"fp8": FP8_STATIC, "mxfp4": MXFP4_DYN}  # fp8_per_tensor_static, mxfp4
@@ -287,6 +288,9 @@ def decide(model: MoEModel, target: Target, server: Server | None = None) -> Dec
     if target.act_quant not in ACT_QUANTS:
         raise OracleError(
             f"Unknown --act-quant {target.act_quant!r}; use one of {', '.join(ACT_QUANTS)}.")
+    if target.layout not in KERNEL_LAYOUT_CHOICES:
+        raise OracleError(
+            f"Unknown --layout {target.layout!r}; use one of {', '.join(KERNEL_LAYOUT_CHOICES)}.")
     target = replace(target, arch=arch.name)
     geo = model.geometry
     split(geo.hidden, geo.intermediate, geo.num_experts, target.tp, target.ep)
@@ -333,19 +337,34 @@ def decide(model: MoEModel, target: Target, server: Server | None = None) -> Dec
         candidates.append(Candidate("EMULATION", True,
                                     f"mxfp4conv fallback: {why}; identity layout that "
                                     "mxfp4conv's runtime reads"))
+        if _kernel_layout(target, arch, "EMULATION", final) == "identity":
+            what = ("the checkpoint bytes unchanged (identity, [gate; up] rows) padded to multiples "
+                    "of 32, which mxfp4conv's own runtime reads (Triton on a GPU, torch on CPU); vLLM "
+                    "reads it only with --moe-backend emulation where amd-quark is installed")
+        else:
+            what = ("mxfp4conv's own format, which its runtime reads (Triton on a GPU, torch on CPU); "
+                    "its layout is below")
         notes.append(
-            f"{head} This plan writes the EMULATION layout instead: the checkpoint bytes "
-            "unchanged (identity, [gate; up] rows) padded to multiples of 32, which mxfp4conv's "
-            "own runtime reads (Triton on a GPU, torch on CPU); vLLM reads it only with "
-            "--moe-backend emulation where amd-quark is installed. Layouts mxfp4conv can "
+            f"{head} This plan writes the EMULATION format instead: {what}. Layouts mxfp4conv can "
             f"produce for {arch.name}: {', '.join(producible)}.")
 
+    kernel_layout = _kernel_layout(target, arch, backend, final)
+    if kernel_layout != "identity":
+        final = replace(final, layout=KERNEL_LAYOUTS[kernel_layout])
+        notes.append(
+            f"Layout {kernel_layout}: mxfp4conv's Triton kernel reads the weights and scales in the "
+            "order each thread of a Hopper wgmma holds them (mxfp4conv.shuffle.hopper), so it "
+            f"decodes without a shared-memory shuffle; both sizes are padded to multiples of "
+            f"{HOPPER_MMA_ALIGN}. Only mxfp4conv's runtime reads this layout (its torch backend "
+            "inverts it); pass --layout identity for the canonical bytes.")
     k3_minimum = _k3_minimum(model)
     g = padded_geometry(
         backend=backend, platform=arch.platform,
         activation=model.activation.name if model.moe_method == "mxfp4" else None,
         hidden=geo.hidden, intermediate=geo.intermediate, num_experts=geo.num_experts,
-        tp=target.tp, ep=target.ep, k3_minimum=k3_minimum)
+        tp=target.tp, ep=target.ep, k3_minimum=k3_minimum,
+        align=HOPPER_MMA_ALIGN if kernel_layout == "hopper_mma" else 1,
+        align_rule=f"{kernel_layout} layout: {HOPPER_MMA_ALIGN}")
     notes.extend(final.notes)
     if g.k3_rule:
         notes.append(g.k3_rule + ".")
@@ -399,8 +418,25 @@ def decide(model: MoEModel, target: Target, server: Server | None = None) -> Dec
             "hidden_pad": g.hidden_padded - g.hidden,
             "intermediate_pad": g.intermediate_per_rank_padded - g.intermediate_per_rank,
             "quark_literal_deinterleave": server.quark_literal_deinterleave,
+            "kernel_layout": kernel_layout,
+            "requested_layout": target.layout,
         },
     )
+
+
+def _kernel_layout(target: Target, arch: Arch, backend: str, final: KernelFormat) -> str:
+    """The EMULATION layout mxfp4conv writes: ``--layout``, or for ``auto`` hopper_mma where
+    mxfp4conv's Triton kernel serves the layer on Hopper (sm90, bf16 activations)."""
+    if backend != "EMULATION":
+        if target.layout != "auto":
+            raise OracleError(
+                f"--layout {target.layout} chooses the layout of mxfp4conv's EMULATION format, but this "
+                f"target is served by {backend}, whose layout is fixed; drop --layout, or pass "
+                "--backend emulation.")
+        return "identity"
+    if target.layout != "auto":
+        return target.layout
+    return "hopper_mma" if arch.name == "sm90" and final.kernel_act == "bf16" else "identity"
 
 
 def _k3_minimum(model: MoEModel) -> int | None:

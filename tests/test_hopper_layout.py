@@ -1,0 +1,103 @@
+"""The hopper_mma layouts: exact inverses, streaming, and the register contract the Triton
+kernel relies on, checked from the stored bytes with the documented masks (not with the
+layout's own code)."""
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mxfp4conv.codec import dequantize_mxfp4
+from mxfp4conv.errors import LayoutError
+from mxfp4conv.shuffle.layouts import get_layout
+
+W, S = get_layout("hopper_mma_w"), get_layout("hopper_mma_s")
+PROPS = settings(max_examples=25, deadline=None)
+E2M1 = torch.tensor([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6], dtype=torch.float64)
+MASK = 0x81C081C0
+
+
+def rand_u8(*shape, seed=0):
+    return torch.randint(0, 256, shape, dtype=torch.uint8, generator=torch.Generator().manual_seed(seed))
+
+
+@st.composite
+def weights(draw):
+    e, nb, kb = draw(st.integers(1, 4)), draw(st.integers(1, 3)), draw(st.integers(1, 3))
+    cuts = sorted(set(draw(st.lists(st.integers(0, e), max_size=3))) | {0, e})
+    return rand_u8(e, 16 * nb, 32 * kb, seed=draw(st.integers(0, 9999))), cuts
+
+
+@PROPS
+@given(data=weights())
+def test_weight_layout_round_trip_and_streaming(data):
+    x, cuts = data
+    y = W.forward(x)
+    assert y.shape == x.shape and y.dtype == torch.uint8
+    assert torch.equal(W.inverse(y, x.shape), x)
+    assert torch.equal(y.flatten(), torch.cat([W.forward_chunk(x[a:b]) for a, b in zip(cuts, cuts[1:])]))
+    assert W.tail_bytes(x.shape) == 0
+    # a permutation of bits inside each 16-row slab: the bit count of every slab is kept
+    slabs = x.shape[0] * x.shape[1] // 16
+    pop = lambda t: torch.stack([(t.reshape(slabs, -1) >> i) & 1 for i in range(8)]).sum((0, 2))  # noqa: E731
+    assert torch.equal(pop(y), pop(x))
+
+
+@PROPS
+@given(e=st.integers(1, 3), nb=st.integers(1, 3), kb=st.integers(1, 3), seed=st.integers(0, 9999))
+def test_scale_layout_round_trip(e, nb, kb, seed):
+    s = rand_u8(e, 16 * nb, 2 * kb, seed=seed)
+    y = S.forward(s)
+    assert y.shape == s.shape and torch.equal(S.inverse(y, s.shape), s)
+    assert torch.equal(torch.sort(y.flatten()).values, torch.sort(s.flatten()).values)
+
+
+def _registers(y: torch.Tensor) -> list[torch.Tensor]:
+    """The four bf16-pair registers of every stored word, as the kernel computes them."""
+    w = y.reshape(-1).view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+    return [w & MASK, (w << 3) & MASK, (w << 6) & MASK,
+            ((w >> 4) & 0x00C000C0) | ((w >> 5) & 0x01000100) | ((w << 1) & 0x80008000)]
+
+
+def _bf16_half(r: torch.Tensor, half: int) -> torch.Tensor:
+    bits = ((r >> (16 * half)) & 0xFFFF).to(torch.int32) << 16
+    return bits.view(torch.float32).double() * 2.0 ** 126
+
+
+@pytest.mark.parametrize("shape", [(1, 16, 32), (2, 48, 96), (3, 32, 160)])
+def test_stored_words_are_each_lanes_mma_fragment(shape):
+    """Lane 4g+t of a 16x64 block holds rows g and g+8 at K 16kt + 2t (+1) and + 8 (+9): the
+    masks give, for word kt, registers (h=0,c=0), (h=0,c=1), (h=1,c=0), (h=1,c=1), halves = kk."""
+    e, n, kb = shape
+    x = rand_u8(*shape, seed=sum(shape))
+    x[0, 0, :16] = torch.arange(0, 256, 16, dtype=torch.uint8) + torch.arange(16, dtype=torch.uint8)  # every code
+    ones = torch.full((e, n, 2 * kb // 32), 127, dtype=torch.uint8)
+    want = dequantize_mxfp4(x, ones).double()  # [e, n, K]: the e2m1 values
+    regs = _registers(W.forward(x))
+    lanes = torch.arange(32)
+    g, t = lanes // 4, lanes % 4
+    blocks = e * (n // 16) * (2 * kb // 64)
+    for kt in range(4):
+        for r, (h, c) in enumerate(((0, 0), (0, 1), (1, 0), (1, 1))):
+            for kk in range(2):
+                got = _bf16_half(regs[r], kk).reshape(blocks, 32, 4)[:, :, kt]  # [block, lane]
+                rows = 8 * h + g
+                cols = 16 * kt + 8 * c + 2 * t + kk
+                ref = want.reshape(e, n // 16, 16, 2 * kb // 64, 64).permute(0, 1, 3, 2, 4)
+                ref = ref.reshape(blocks, 16, 64)[:, rows, cols]
+                assert torch.equal(got, ref), (kt, r, kk)
+
+
+def test_scale_words_hold_rows_g_and_g_plus_8():
+    s = rand_u8(2, 32, 6, seed=3)
+    y = S.forward(s).reshape(2, 2, 3, 8, 2, 2)  # e, slab, 64-code block, g, h, j
+    for h in range(2):
+        for j in range(2):
+            ref = s.reshape(2, 2, 2, 8, 3, 2)[:, :, h, :, :, j].permute(0, 1, 3, 2)  # e slab b g
+            assert torch.equal(y[..., h, j], ref)
+
+
+@pytest.mark.parametrize("layout,shape", [(W, (1, 24, 32)), (W, (1, 16, 48)), (S, (1, 8, 2)), (S, (2, 16, 3))])
+def test_shapes_off_the_blocks_are_refused(layout, shape):
+    with pytest.raises(LayoutError, match="multiple of"):
+        layout.forward(torch.zeros(shape, dtype=torch.uint8))
