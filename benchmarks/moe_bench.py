@@ -58,6 +58,11 @@ SWEEP_LARGE = [C(64, 128, 128, 64, 8, 3, 0), C(64, 128, 128, 64, 8, 3, 0, maxnre
 HOPPER_SWEEP = [dict(block_n1=64, block_n2=128), dict(block_k=256), dict(num_stages=4), dict(num_stages=2),
                 dict(block_n1=128, block_n2=128, num_warps=8), dict(block_t=32), dict(block_t=64, block_n1=128,
                 block_n2=128, num_warps=8, block_k=64)]
+# more pairs per expert (prefill): block_t, tile rows and warps
+HOPPER_SWEEP_LARGE = [dict(block_t=bt, block_n1=n1, block_n2=n2, num_warps=w, num_stages=s)
+                      for bt, n1, n2, w, s in ((16, 64, 128, 4, 3), (32, 64, 128, 4, 3), (64, 64, 128, 4, 3),
+                                               (64, 128, 128, 8, 3), (128, 128, 128, 8, 3), (128, 64, 128, 4, 3),
+                                               (128, 128, 128, 8, 4), (64, 64, 64, 4, 4), (128, 128, 256, 8, 3))]
 
 
 def _short(cfg, pairs, E) -> str:
@@ -189,7 +194,8 @@ def bench_shape(name, tokens, copy_bw, sweep, rows, log, gemv_sweep=False, layou
         elif gemv_sweep and uses_gemv(dataclasses.replace(default, gemv_max_pairs=4), T * k, E):
             extra = [dataclasses.replace(default, gemv_max_pairs=4)]  # the decode path just past its threshold
         if sweep and layout == "hopper_mma":
-            extra += [dataclasses.replace(default, **h) for h in HOPPER_SWEEP]
+            grid = HOPPER_SWEEP if T * k / min(E, T * k) <= 8 else HOPPER_SWEEP_LARGE
+            extra += [dataclasses.replace(default, **h) for h in grid]
         elif sweep:
             extra += SWEEP_LARGE if T * k / min(E, T * k) > 32 else SWEEP_SMALL
         if extra:

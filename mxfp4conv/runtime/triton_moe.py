@@ -89,10 +89,10 @@ def select_config(num_pairs: int, num_experts: int, hidden: int, inter: int, lay
     swap-AB 16-pair blocks with the int32-word decode while experts see few tokens (K split
     automatically when that leaves SMs idle), 64/128-pair blocks with the byte decode in prefill."""
     per_expert = num_pairs / max(1, min(num_experts, num_pairs))
-    if layout == "hopper_mma":  # measured on an H200 (moe_bench.py --layout hopper_mma --sweep)
-        if per_expert > 96:
-            return MoEConfig(block_t=128, block_n1=128, block_n2=128, block_k=128, num_warps=8, num_stages=3)
-        bt = 16 if per_expert <= 16 else 32 if per_expert <= 32 else 64
+    if layout == "hopper_mma":  # measured on an H200 (moe_bench.py --layout hopper_mma --sweep, both layers)
+        if per_expert > 48:
+            return MoEConfig(block_t=128, block_n1=128, block_n2=256, block_k=128, num_warps=8, num_stages=3)
+        bt = 16 if per_expert <= 12 else 32 if per_expert <= 34 else 64
         return MoEConfig(block_t=bt, block_n1=64, block_n2=128, block_k=128, num_warps=4, num_stages=3)
     if per_expert <= 32:
         # decode path without tensor cores (taken at <= 1 pair per touched expert): 16-row tiles
