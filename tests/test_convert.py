@@ -40,6 +40,12 @@ CASES = [
     ("quark", "w_mxfp4_a_fp8", "gfx950", 1, False, "auto"),
     ("quark", "w_mxfp4_a_fp8", "gfx950", 2, True, "auto"),
     ("quark", "w_mxfp4_a_fp8", "gfx942", 2, False, "auto"),
+    # sm90: mxfp4conv's Hopper layouts (64-padded)
+    ("kimi_k3", None, "sm90", 1, False, "auto"),
+    ("kimi_k3", None, "sm90", 2, False, "auto"),
+    ("gpt_oss", None, "sm90", 2, False, "auto"),
+    ("deepseek_v4", None, "sm90", 2, True, "auto"),
+    ("quark", "w_mxfp4_a_mxfp4", "sm90", 1, False, "auto"),  # W4A4: raw bytes
 ]
 
 _SOURCES: dict = {}
@@ -127,7 +133,32 @@ def apply_layout(name: str, x: torch.Tensor) -> torch.Tensor:
         return aiter.shuffle_scale_a16w4(x.reshape(E * N, K), E, False)
     if name == "aiter_scale_a16w4_gu16":
         return aiter.shuffle_scale_a16w4(x.reshape(E * N, K), E, True)
+    if name == "hopper_mma_w":
+        return hopper_words(x)
+    if name == "hopper_mma_s":  # byte 4g + 2h + j of a 16-row x 2-group block: row 8h + g, group 2b + j
+        return x.reshape(E, N // 16, 2, 8, K // 2, 2).permute(0, 1, 4, 3, 2, 5).reshape(E, N, K)
     raise AssertionError(f"test does not know layout {name}")
+
+
+# docs/kernel-ready-format.md: magnitude bits (m, e0, e1) and sign of the low-half code of the
+# registers (h, c) = (0, 0), (0, 1), (1, 0), (1, 1); the high-half code (kk = 1) sits 16 bits up
+HOPPER_BITS = ((6, 7, 8, 15), (3, 4, 5, 12), (0, 1, 2, 9), (10, 11, 13, 14))
+
+
+def hopper_words(x: torch.Tensor) -> torch.Tensor:
+    """hopper_mma_w written out from its definition, bit by bit."""
+    E, N, K2 = x.shape
+    codes = torch.stack((x & 0xF, x >> 4), -1).reshape(E, N, 2 * K2).long()
+    # row = 16 nb + 8 h + g, k = 64 b + 16 kt + 8 c + 2 t + kk  ->  [E, nb, b, g, t, kt, h, c, kk]
+    codes = codes.reshape(E, N // 16, 2, 8, 2 * K2 // 64, 4, 2, 4, 2).permute(0, 1, 4, 3, 7, 5, 2, 6, 8)
+    word = torch.zeros(codes.shape[:6], dtype=torch.long)
+    for h in range(2):
+        for c in range(2):
+            for kk in range(2):
+                for j, pos in enumerate(HOPPER_BITS[2 * h + c]):
+                    word |= ((codes[..., h, c, kk] >> j) & 1) << (pos + 16 * kk)
+    b = torch.stack([(word >> (8 * i)) & 0xFF for i in range(4)], -1).to(torch.uint8)
+    return b.reshape(E, N, K2)
 
 
 def expected_rank_tensors(src: dict, d, rank: int) -> dict[str, torch.Tensor]:
