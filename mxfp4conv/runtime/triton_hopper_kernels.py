@@ -15,7 +15,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from mxfp4conv.runtime.triton_moe_kernels import _activate
+from mxfp4conv.runtime.triton_moe_kernels import gemm1_finish, gemm2_finish
 
 
 @triton.jit
@@ -180,18 +180,8 @@ def moe_hgemm1_kernel(
         sg += BLOCK_K // 2
         su += BLOCK_K // 2
         xt += BLOCK_K
-    if SPLIT:
-        p_ptrs = part_ptr + (tl.program_id(2) * num_pairs + pair[None, :].to(tl.int64)) * (2 * I_pad) + offs_n[:, None]
-        pmask = tmask[None, :] & nmask[:, None]
-        tl.store(p_ptrs, acc_g, mask=pmask)
-        tl.store(p_ptrs + I_pad, acc_u, mask=pmask)
-        return
-    if HAS_BIAS:
-        acc_g += tl.load(b_ptr + e * stride_be + offs_n, mask=nmask, other=0.0).to(tl.float32)[:, None]
-        acc_u += tl.load(b_ptr + e * stride_be + I_pad + offs_n, mask=nmask, other=0.0).to(tl.float32)[:, None]
-    h = _activate(acc_g, acc_u, p0, p1, ACT, HAS_LIMIT, HAS_LINEAR)
-    out_ptrs = out_ptr + pair[None, :].to(tl.int64) * stride_ot + offs_n[:, None]
-    tl.store(out_ptrs, h.to(out_ptr.dtype.element_ty), mask=tmask[None, :] & nmask[:, None])
+    gemm1_finish(acc_g, acc_u, pair, tmask, e, offs_n, nmask, b_ptr, out_ptr, part_ptr, num_pairs, I_pad,
+                 stride_be, stride_ot, p0, p1, ACT, HAS_LIMIT, HAS_LINEAR, HAS_BIAS, SPLIT)
 
 
 @triton.jit
@@ -238,10 +228,4 @@ def moe_hgemm2_kernel(
         wp += BLOCK_K * 8
         sp += BLOCK_K // 2
         at += BLOCK_K
-    if HAS_BIAS:
-        if tl.program_id(2) == 0:
-            acc += tl.load(b_ptr + e * stride_be + offs_n, mask=nmask, other=0.0).to(tl.float32)[:, None]
-    tw = tl.load(tw_ptr + pair, mask=tmask, other=0.0).to(tl.float32)
-    acc = acc * tw[None, :]
-    out_ptrs = out_ptr + tl.program_id(2) * stride_os + pair64[None, :] * stride_ot + offs_n[:, None]
-    tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=tmask[None, :] & nmask[:, None])
+    gemm2_finish(acc, pair, tmask, e, offs_n, nmask, b_ptr, tw_ptr, out_ptr, stride_be, stride_ot, stride_os, HAS_BIAS)

@@ -246,11 +246,13 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_t: int):
 def fused_moe_triton(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, *, activation,
                      activation_params, w13_bias=None, w2_bias=None, layout="identity",
                      config: MoEConfig | None = None) -> torch.Tensor:
-    """sum_k topk_weights[:, k] * expert_k(x) with MXFP4 weights in the canonical 3-D layout.
+    """sum_k topk_weights[:, k] * expert_k(x) with MXFP4 weights stored in ``layout``.
 
     x [T, H_pad] bf16/fp16/fp32 (zero-padded); w13 uint8 [E, 2*I_pad, H_pad/2] rows
     [gate | up]; w13_scale [E, 2*I_pad, H_pad/32]; w2 [E, H_pad, I_pad/2]; w2_scale
     [E, H_pad, I_pad/32]; topk_ids [T, k] local expert ids, -1 = not on this rank.
+    ``layout``: "identity" (those canonical bytes) or "hopper_mma" (weights in hopper_mma_w and
+    scales in hopper_mma_s, same shapes; H_pad and I_pad multiples of 64).
     Returns [T, H_pad] in x's dtype.
     """
     T, H, E, i_pad = _check_inputs(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids,
@@ -287,44 +289,87 @@ def fused_moe_triton(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, *,
             mma["MODE"] = 0
     x = x.contiguous()
     w13, w13_scale, w2, w2_scale = (t if t.stride(-1) == 1 else t.contiguous() for t in (w13, w13_scale, w2, w2_scale))
-    ids = topk_ids.contiguous()
-    tw = topk_weights.reshape(-1).contiguous()
-    sorted_ids, block_expert, num_post_pad, max_blocks = moe_align(ids, E, cfg.block_t)
-
-    blocks_est = num_pairs // cfg.block_t + min(E, num_pairs)
-    s1, ks1 = _splits(cfg.split_k1, blocks_est * triton.cdiv(i_pad, cfg.block_n1), H, cfg.block_k)
-    s2, ks2 = _splits(cfg.split_k2, blocks_est * triton.cdiv(H, cfg.block_n2), i_pad, cfg.block_k)
     acts = dict(ACT=act["ACT"], HAS_LIMIT=act["HAS_LIMIT"], HAS_LINEAR=act["HAS_LINEAR"])
+    launch = _launch_options(cfg)
+
+    def gemm1(grid, r):
+        K.moe_gemm1_kernel[grid](
+            x, w13, w13_scale, r.b13, r.inter, r.part, r.sorted_ids, r.block_expert, r.num_post_pad,
+            num_pairs, top_k, H, i_pad, r.ks1,
+            x.stride(0), w13.stride(0), w13.stride(1), w13_scale.stride(0), w13_scale.stride(1),
+            r.b13.stride(0), r.inter.stride(0),
+            act["p0"], act["p1"], **acts, HAS_BIAS=w13_bias is not None,
+            BLOCK_N=cfg.block_n1, BLOCK_T=cfg.block_t, BLOCK_K=cfg.block_k, DTYPE=dtype, **mma, SPLIT=r.s1 > 1,
+            **launch,
+        )
+
+    def gemm2(grid, r):
+        K.moe_gemm2_kernel[grid](
+            r.inter, w2, w2_scale, r.b2, r.tw, r.pair_out, r.sorted_ids, r.block_expert, r.num_post_pad,
+            num_pairs, i_pad, H, r.ks2,
+            r.inter.stride(0), w2.stride(0), w2.stride(1), w2_scale.stride(0), w2_scale.stride(1),
+            r.b2.stride(0), r.pair_out.stride(1), r.pair_out.stride(0),
+            HAS_BIAS=w2_bias is not None,
+            BLOCK_N=cfg.block_n2, BLOCK_T=cfg.block_t, BLOCK_K=cfg.block_k, DTYPE=dtype, **mma,
+            **launch,
+        )
+
+    return _two_gemms(x, topk_weights, topk_ids, w13_scale, w2_scale, w13_bias, w2_bias, act, cfg, out, gemm1, gemm2)
+
+
+@dataclass
+class _Run:
+    """Buffers and split sizes of one fused call, shared by its launches."""
+
+    sorted_ids: torch.Tensor
+    block_expert: torch.Tensor
+    num_post_pad: torch.Tensor
+    tw: torch.Tensor
+    s1: int
+    ks1: int
+    s2: int
+    ks2: int
+    inter: torch.Tensor
+    part: torch.Tensor
+    b13: torch.Tensor
+    b2: torch.Tensor | None = None
+    pair_out: torch.Tensor | None = None
+
+
+def _launch_options(cfg: MoEConfig) -> dict:
     launch = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if cfg.maxnreg and os.environ.get("TRITON_INTERPRET") != "1":
         launch["maxnreg"] = cfg.maxnreg
+    return launch
 
+
+def _two_gemms(x, topk_weights, topk_ids, w13_scale, w2_scale, w13_bias, w2_bias, act, cfg, out, gemm1, gemm2):
+    """What both tensor-core paths do around their two GEMM kernels: align the pairs into expert
+    blocks, size the K splits, GEMM1 (then the activation over its K-split partials), GEMM2 and
+    the deterministic sum over k. ``gemm1(grid, run)`` / ``gemm2(grid, run)`` launch the kernels."""
+    T, H = x.shape
+    E, i_pad = w13_scale.shape[0], w13_scale.shape[1] // 2
+    top_k = topk_ids.shape[1]
+    num_pairs = T * top_k
+    ids = topk_ids.contiguous()
+    sorted_ids, block_expert, num_post_pad, max_blocks = moe_align(ids, E, cfg.block_t)
+    blocks_est = num_pairs // cfg.block_t + min(E, num_pairs)
+    s1, ks1 = _splits(cfg.split_k1, blocks_est * triton.cdiv(i_pad, cfg.block_n1), H, cfg.block_k)
+    s2, ks2 = _splits(cfg.split_k2, blocks_est * triton.cdiv(H, cfg.block_n2), i_pad, cfg.block_k)
     inter = torch.empty(num_pairs, i_pad, dtype=x.dtype, device=x.device)
-    part = torch.empty(s1, num_pairs, 2 * i_pad, dtype=torch.float32, device=x.device) if s1 > 1 else inter
-    b13 = w13_bias.contiguous() if w13_bias is not None else w13_scale  # dummy pointer when absent
-    K.moe_gemm1_kernel[(max_blocks, triton.cdiv(i_pad, cfg.block_n1), s1)](
-        x, w13, w13_scale, b13, inter, part, sorted_ids, block_expert, num_post_pad,
-        num_pairs, top_k, H, i_pad, ks1,
-        x.stride(0), w13.stride(0), w13.stride(1), w13_scale.stride(0), w13_scale.stride(1),
-        b13.stride(0), inter.stride(0),
-        act["p0"], act["p1"], **acts, HAS_BIAS=w13_bias is not None,
-        BLOCK_N=cfg.block_n1, BLOCK_T=cfg.block_t, BLOCK_K=cfg.block_k, DTYPE=dtype, **mma, SPLIT=s1 > 1,
-        **launch,
+    run = _Run(
+        sorted_ids, block_expert, num_post_pad, topk_weights.reshape(-1).contiguous(), s1, ks1, s2, ks2, inter,
+        part=torch.empty(s1, num_pairs, 2 * i_pad, dtype=torch.float32, device=x.device) if s1 > 1 else inter,
+        b13=w13_bias.contiguous() if w13_bias is not None else w13_scale,  # dummy pointer when absent
     )
+    gemm1((max_blocks, triton.cdiv(i_pad, cfg.block_n1), s1), run)
+    acts = dict(ACT=act["ACT"], HAS_LIMIT=act["HAS_LIMIT"], HAS_LINEAR=act["HAS_LINEAR"])
     if s1 > 1:
-        _act_launch(part, ids, b13, inter, num_pairs, i_pad, E, s1, act, acts, w13_bias is not None)
-    pair_out = torch.empty(s2, num_pairs, H, dtype=x.dtype if s2 == 1 else torch.float32, device=x.device)
-    b2 = w2_bias.contiguous() if w2_bias is not None else w2_scale
-    K.moe_gemm2_kernel[(max_blocks, triton.cdiv(H, cfg.block_n2), s2)](
-        inter, w2, w2_scale, b2, tw, pair_out, sorted_ids, block_expert, num_post_pad,
-        num_pairs, i_pad, H, ks2,
-        inter.stride(0), w2.stride(0), w2.stride(1), w2_scale.stride(0), w2_scale.stride(1),
-        b2.stride(0), pair_out.stride(1), pair_out.stride(0),
-        HAS_BIAS=w2_bias is not None,
-        BLOCK_N=cfg.block_n2, BLOCK_T=cfg.block_t, BLOCK_K=cfg.block_k, DTYPE=dtype, **mma,
-        **launch,
-    )
-    _sum_launch(pair_out, ids, out, H, top_k, E, s2)
+        _act_launch(run.part, ids, run.b13, inter, num_pairs, i_pad, E, s1, act, acts, w13_bias is not None)
+    run.pair_out = torch.empty(s2, num_pairs, H, dtype=x.dtype if s2 == 1 else torch.float32, device=x.device)
+    run.b2 = w2_bias.contiguous() if w2_bias is not None else w2_scale
+    gemm2((max_blocks, triton.cdiv(H, cfg.block_n2), s2), run)
+    _sum_launch(run.pair_out, ids, out, H, top_k, E, s2)
     return out
 
 
@@ -411,39 +456,28 @@ def _hopper_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13
             f"multiples of 16, got {cfg.block_k}, {cfg.block_n1}, {cfg.block_n2}.")
     x = x.contiguous()
     w13, w13_scale, w2, w2_scale = (t.contiguous() for t in (w13, w13_scale, w2, w2_scale))
-    ids = topk_ids.contiguous()
-    tw = topk_weights.reshape(-1).contiguous()
-    sorted_ids, block_expert, num_post_pad, max_blocks = moe_align(ids, E, cfg.block_t)
-    blocks_est = num_pairs // cfg.block_t + min(E, num_pairs)
-    s1, ks1 = _splits(cfg.split_k1, blocks_est * triton.cdiv(i_pad, cfg.block_n1), H, cfg.block_k)
-    s2, ks2 = _splits(cfg.split_k2, blocks_est * triton.cdiv(H, cfg.block_n2), i_pad, cfg.block_k)
     acts = dict(ACT=act["ACT"], HAS_LIMIT=act["HAS_LIMIT"], HAS_LINEAR=act["HAS_LINEAR"])
-    launch = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    if cfg.maxnreg and not interp:
-        launch["maxnreg"] = cfg.maxnreg
+    launch = _launch_options(cfg)
 
-    inter = torch.empty(num_pairs, i_pad, dtype=x.dtype, device=x.device)
-    part = torch.empty(s1, num_pairs, 2 * i_pad, dtype=torch.float32, device=x.device) if s1 > 1 else inter
-    b13 = w13_bias.contiguous() if w13_bias is not None else w13_scale  # dummy pointer when absent
-    HK.moe_hgemm1_kernel[(max_blocks, triton.cdiv(i_pad, cfg.block_n1), s1)](
-        x, w13, w13_scale, b13, inter, part, sorted_ids, block_expert, num_post_pad,
-        num_pairs, top_k, H, i_pad, ks1,
-        x.stride(0), w13.stride(0), w13_scale.stride(0), b13.stride(0), inter.stride(0),
-        act["p0"], act["p1"], **acts, HAS_BIAS=w13_bias is not None,
-        BLOCK_N=cfg.block_n1, BLOCK_T=cfg.block_t, BLOCK_K=cfg.block_k, DTYPE=dtype, SPLIT=s1 > 1,
-        ASM=asm, BIG=big, **launch,
-    )
-    if s1 > 1:
-        _act_launch(part, ids, b13, inter, num_pairs, i_pad, E, s1, act, acts, w13_bias is not None)
-    pair_out = torch.empty(s2, num_pairs, H, dtype=x.dtype if s2 == 1 else torch.float32, device=x.device)
-    b2 = w2_bias.contiguous() if w2_bias is not None else w2_scale
-    HK.moe_hgemm2_kernel[(max_blocks, triton.cdiv(H, cfg.block_n2), s2)](
-        inter, w2, w2_scale, b2, tw, pair_out, sorted_ids, block_expert, num_post_pad,
-        num_pairs, i_pad, H, ks2,
-        inter.stride(0), w2.stride(0), w2_scale.stride(0), b2.stride(0), pair_out.stride(1), pair_out.stride(0),
-        HAS_BIAS=w2_bias is not None,
-        BLOCK_N=cfg.block_n2, BLOCK_T=cfg.block_t, BLOCK_K=cfg.block_k, DTYPE=dtype, ASM=asm, BIG=big,
-        **launch,
-    )
-    _sum_launch(pair_out, ids, out, H, top_k, E, s2)
-    return out
+    def gemm1(grid, r):
+        HK.moe_hgemm1_kernel[grid](
+            x, w13, w13_scale, r.b13, r.inter, r.part, r.sorted_ids, r.block_expert, r.num_post_pad,
+            num_pairs, top_k, H, i_pad, r.ks1,
+            x.stride(0), w13.stride(0), w13_scale.stride(0), r.b13.stride(0), r.inter.stride(0),
+            act["p0"], act["p1"], **acts, HAS_BIAS=w13_bias is not None,
+            BLOCK_N=cfg.block_n1, BLOCK_T=cfg.block_t, BLOCK_K=cfg.block_k, DTYPE=dtype, SPLIT=r.s1 > 1,
+            ASM=asm, BIG=big, **launch,
+        )
+
+    def gemm2(grid, r):
+        HK.moe_hgemm2_kernel[grid](
+            r.inter, w2, w2_scale, r.b2, r.tw, r.pair_out, r.sorted_ids, r.block_expert, r.num_post_pad,
+            num_pairs, i_pad, H, r.ks2,
+            r.inter.stride(0), w2.stride(0), w2_scale.stride(0), r.b2.stride(0), r.pair_out.stride(1),
+            r.pair_out.stride(0),
+            HAS_BIAS=w2_bias is not None,
+            BLOCK_N=cfg.block_n2, BLOCK_T=cfg.block_t, BLOCK_K=cfg.block_k, DTYPE=dtype, ASM=asm, BIG=big,
+            **launch,
+        )
+
+    return _two_gemms(x, topk_weights, topk_ids, w13_scale, w2_scale, w13_bias, w2_bias, act, cfg, out, gemm1, gemm2)

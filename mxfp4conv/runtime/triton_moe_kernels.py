@@ -157,6 +157,38 @@ def _mx_dot(w, s, xt, acc, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DTYPE: 
 
 
 @triton.jit
+def gemm1_finish(acc_g, acc_u, pair, tmask, e, offs_n, nmask, b_ptr, out_ptr, part_ptr, num_pairs, I_pad,
+                 stride_be, stride_ot, p0, p1, ACT: tl.constexpr, HAS_LIMIT: tl.constexpr,
+                 HAS_LINEAR: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr):
+    """GEMM1 epilogue of a [BLOCK_N, BLOCK_T] tile: with SPLIT the fp32 gate/up partials of this K
+    split (part[split, pair, :]), else bias, activation and the intermediate row of each pair."""
+    if SPLIT:
+        p_ptrs = part_ptr + (tl.program_id(2) * num_pairs + pair[None, :].to(tl.int64)) * (2 * I_pad) + offs_n[:, None]
+        pmask = tmask[None, :] & nmask[:, None]
+        tl.store(p_ptrs, acc_g, mask=pmask)
+        tl.store(p_ptrs + I_pad, acc_u, mask=pmask)
+    else:
+        if HAS_BIAS:
+            acc_g += tl.load(b_ptr + e * stride_be + offs_n, mask=nmask, other=0.0).to(tl.float32)[:, None]
+            acc_u += tl.load(b_ptr + e * stride_be + I_pad + offs_n, mask=nmask, other=0.0).to(tl.float32)[:, None]
+        h = _activate(acc_g, acc_u, p0, p1, ACT, HAS_LIMIT, HAS_LINEAR)
+        out_ptrs = out_ptr + pair[None, :].to(tl.int64) * stride_ot + offs_n[:, None]
+        tl.store(out_ptrs, h.to(out_ptr.dtype.element_ty), mask=tmask[None, :] & nmask[:, None])
+
+
+@triton.jit
+def gemm2_finish(acc, pair, tmask, e, offs_n, nmask, b_ptr, tw_ptr, out_ptr, stride_be, stride_ot, stride_os,
+                 HAS_BIAS: tl.constexpr):
+    """GEMM2 epilogue: bias (split 0 only), the pair's top-k weight, row pair_out[split, pair]."""
+    if HAS_BIAS:
+        if tl.program_id(2) == 0:
+            acc += tl.load(b_ptr + e * stride_be + offs_n, mask=nmask, other=0.0).to(tl.float32)[:, None]
+    acc = acc * tl.load(tw_ptr + pair, mask=tmask, other=0.0).to(tl.float32)[None, :]
+    out_ptrs = out_ptr + tl.program_id(2) * stride_os + pair[None, :].to(tl.int64) * stride_ot + offs_n[:, None]
+    tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=tmask[None, :] & nmask[:, None])
+
+
+@triton.jit
 def moe_align_kernel(
     topk_ids_ptr, sorted_ids_ptr, block_expert_ptr, num_post_pad_ptr, counts_ptr, cursor_ptr,
     num_pairs, num_experts, max_blocks,
@@ -281,20 +313,8 @@ def moe_gemm1_kernel(
         sg_ptr += BLOCK_K // 32
         su_ptr += BLOCK_K // 32
         xt_ptr += BLOCK_K
-    if SPLIT:
-        p_ptrs = part_ptr + (tl.program_id(2) * num_pairs + pair[None, :].to(tl.int64)) * (2 * I_pad) + offs_n[:, None]
-        pmask = tmask[None, :] & nmask[:, None]
-        tl.store(p_ptrs, acc_g, mask=pmask)
-        tl.store(p_ptrs + I_pad, acc_u, mask=pmask)
-        return
-    if HAS_BIAS:
-        bg = tl.load(b_ptr + e * stride_be + offs_n, mask=nmask, other=0.0).to(tl.float32)
-        bu = tl.load(b_ptr + e * stride_be + I_pad + offs_n, mask=nmask, other=0.0).to(tl.float32)
-        acc_g += bg[:, None]
-        acc_u += bu[:, None]
-    h = _activate(acc_g, acc_u, p0, p1, ACT, HAS_LIMIT, HAS_LINEAR)
-    out_ptrs = out_ptr + pair[None, :].to(tl.int64) * stride_ot + offs_n[:, None]
-    tl.store(out_ptrs, h.to(out_ptr.dtype.element_ty), mask=tmask[None, :] & nmask[:, None])
+    gemm1_finish(acc_g, acc_u, pair, tmask, e, offs_n, nmask, b_ptr, out_ptr, part_ptr, num_pairs, I_pad,
+                 stride_be, stride_ot, p0, p1, ACT, HAS_LIMIT, HAS_LINEAR, HAS_BIAS, SPLIT)
 
 
 @triton.jit
@@ -353,14 +373,7 @@ def moe_gemm2_kernel(
         w_ptrs += BLOCK_K // PACK
         s_ptrs += BLOCK_K // 32
         at_ptrs += BLOCK_K
-    if HAS_BIAS:
-        if tl.program_id(2) == 0:
-            b = tl.load(b_ptr + e * stride_be + offs_n, mask=nmask, other=0.0).to(tl.float32)
-            acc += b[:, None]
-    tw = tl.load(tw_ptr + pair, mask=tmask, other=0.0).to(tl.float32)
-    acc = acc * tw[None, :]
-    out_ptrs = out_ptr + tl.program_id(2) * stride_os + pair64[None, :] * stride_ot + offs_n[:, None]
-    tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=tmask[None, :] & nmask[:, None])
+    gemm2_finish(acc, pair, tmask, e, offs_n, nmask, b_ptr, tw_ptr, out_ptr, stride_be, stride_ot, stride_os, HAS_BIAS)
 
 
 @triton.jit
