@@ -101,3 +101,15 @@ def test_scale_words_hold_rows_g_and_g_plus_8():
 def test_shapes_off_the_blocks_are_refused(layout, shape):
     with pytest.raises(LayoutError, match="multiple of"):
         layout.forward(torch.zeros(shape, dtype=torch.uint8))
+
+
+@PROPS
+@given(data=weights())
+def test_cpu_tables_and_device_path_agree(data):
+    # the numpy path (CPU) and the torch-only path (used on GPU tensors) write the same bytes
+    from mxfp4conv.shuffle import hopper
+
+    x, _ = data
+    y = hopper._forward_cpu(x)
+    assert torch.equal(hopper._forward_torch(x), y)
+    assert torch.equal(hopper._inverse_torch(y, x.shape), x)

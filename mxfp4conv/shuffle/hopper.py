@@ -141,10 +141,9 @@ def _permute_bits_torch(words: torch.Tensor, lut: torch.Tensor) -> torch.Tensor:
     return torch.stack([(out >> (8 * i)) & 0xFF for i in range(4)], dim=-1).to(torch.uint8)
 
 
-def weight_forward(x: torch.Tensor) -> torch.Tensor:
-    if x.device.type == "cpu":
-        return _forward_cpu(x)
-    e, n, kb = x.shape  # on a GPU: the byte tables, one expert at a time
+def _forward_torch(x: torch.Tensor) -> torch.Tensor:
+    """``weight_forward`` with torch operations only, on any device (one expert at a time)."""
+    e, n, kb = x.shape
     out = torch.empty_like(x)
     for i in range(e):
         # row = 16 nb + 8 h + g ; byte = 32 b + 8 kt + 4 c + t
@@ -153,9 +152,7 @@ def weight_forward(x: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def weight_inverse(y: torch.Tensor, shape) -> torch.Tensor:
-    if y.device.type == "cpu":
-        return _inverse_cpu(y, shape)
+def _inverse_torch(y: torch.Tensor, shape) -> torch.Tensor:
     e, n, kb = shape
     y = y.reshape(e, n * kb // 4, 4)
     out = torch.empty(shape, dtype=torch.uint8, device=y.device)
@@ -163,6 +160,14 @@ def weight_inverse(y: torch.Tensor, shape) -> torch.Tensor:
         plain = _permute_bits_torch(y[i], _INV).reshape(n // 16, kb // 32, 8, 4, 4, 2, 2)  # nb b g t kt h c
         out[i] = plain.permute(0, 5, 2, 1, 4, 6, 3).reshape(n, kb)
     return out
+
+
+def weight_forward(x: torch.Tensor) -> torch.Tensor:
+    return _forward_cpu(x) if x.device.type == "cpu" else _forward_torch(x)
+
+
+def weight_inverse(y: torch.Tensor, shape) -> torch.Tensor:
+    return _inverse_cpu(y, shape) if y.device.type == "cpu" else _inverse_torch(y, shape)
 
 
 def scale_forward(x: torch.Tensor) -> torch.Tensor:
