@@ -307,6 +307,7 @@ def decide(model: MoEModel, target: Target, server: Server | None = None) -> Dec
     producible = _producible(model, target, arch, server)
     notes: list[str] = []
     candidates = [Candidate(b, False, r) for b, _, r in walk.tried]
+    head = None  # set when mxfp4conv falls back to its own format
     if walk.pick is not None and isinstance(fmt, KernelFormat):
         backend, final = walk.pick, fmt
         idx = max(i for i, c in enumerate(candidates) if c.backend == backend)
@@ -335,9 +336,11 @@ def decide(model: MoEModel, target: Target, server: Server | None = None) -> Dec
             head = f"vLLM has no MXFP4 MoE backend for this deployment ({walk.error})."
             why = "vLLM has no backend for this deployment"
         candidates.append(Candidate("EMULATION", True,
-                                    f"mxfp4conv fallback: {why}; identity layout that "
-                                    "mxfp4conv's runtime reads"))
-        if _kernel_layout(target, arch, "EMULATION", final) == "identity":
+                                    f"mxfp4conv fallback: {why}; the format mxfp4conv's runtime reads"))
+
+    kernel_layout = _kernel_layout(target, arch, backend, final)
+    if head is not None:  # the fallback: say what is written instead
+        if kernel_layout == "identity":
             what = ("the checkpoint bytes unchanged (identity, [gate; up] rows) padded to multiples "
                     "of 32, which mxfp4conv's own runtime reads (Triton on a GPU, torch on CPU); vLLM "
                     "reads it only with --moe-backend emulation where amd-quark is installed")
@@ -347,8 +350,6 @@ def decide(model: MoEModel, target: Target, server: Server | None = None) -> Dec
         notes.append(
             f"{head} This plan writes the EMULATION format instead: {what}. Layouts mxfp4conv can "
             f"produce for {arch.name}: {', '.join(producible)}.")
-
-    kernel_layout = _kernel_layout(target, arch, backend, final)
     if kernel_layout != "identity":
         final = replace(final, layout=KERNEL_LAYOUTS[kernel_layout])
         notes.append(
