@@ -305,14 +305,22 @@ def load_moe_layers(
         _check_shapes(ex, base)
         if convert:
             ex = to_canonical(ex)
-        result[prefix] = _to_device(ex, dev)
+        ex = _to_device(ex, dev)
+        if triton_layout(ex.layout) == "hopper_mma" and _triton_moe() is not None:
+            # the Hopper kernels' large-scale flag: one reduction now rather than at the first forward
+            # (which may be inside a CUDA graph capture)
+            _triton_moe()._big_scales(ex.w13_weight_scale, ex.w2_weight_scale)
+        result[prefix] = ex
     return result
+
+
+SHAPE_KEEPING = ("identity", "hopper_mma_w", "hopper_mma_s")  # stored with the canonical 3-D shape
 
 
 def _check_shapes(ex: MoEExperts, base: str) -> None:
     for kind in WEIGHT_KINDS:
         t = ex.tensor(kind)
-        if ex.layout[kind] == "identity" and tuple(t.shape) != ex.shape3d(kind):
+        if ex.layout[kind] in SHAPE_KEEPING and tuple(t.shape) != ex.shape3d(kind):
             raise CheckpointError(
                 f"{base}{TENSOR_NAMES[kind]} has shape {list(t.shape)}, but the manifest's geometry (experts "
                 f"{ex.experts_per_rank}, hidden_padded {ex.hidden_padded}, intermediate_per_rank_padded "
