@@ -15,7 +15,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from mxfp4conv.runtime.triton_moe_kernels import gemm1_finish, gemm2_finish
+from mxfp4conv.runtime.triton_moe_kernels import block_pairs, gemm1_finish, gemm2_finish
 
 
 @triton.jit
@@ -114,16 +114,18 @@ def _mma(a, x, acc, ASM: tl.constexpr):
 
 
 @triton.jit
-def _hopper_ptrs(w_ptr, s_ptr, e, stride_we, stride_se, nb0, K, NB: tl.constexpr, KB: tl.constexpr):
-    """Pointers of the [NB, KB, 512] weight and [NB, KB, 128] scale tiles of row slabs nb0.. at K 0."""
+def _hopper_ptrs(w_ptr, s_ptr, e, stride_we, stride_se, nb0, K, k0, NB: tl.constexpr, KB: tl.constexpr):
+    """Pointers of the [NB, KB, 512] weight and [NB, KB, 128] scale tiles of row slabs nb0.. at
+    code k0 (a multiple of 64: a slab stores K in 64-code blocks of 512 weight and 32 scale bytes)."""
     o_nb = nb0 + tl.arange(0, NB)
     o_b = tl.arange(0, KB)
     o_l = tl.arange(0, 512)
     o_s = tl.arange(0, 128)
     o_s = tl.max_contiguous(tl.multiple_of((o_s // 16) * 4 + o_s % 4, 4), 4)  # lane 4g + t -> bytes 4g..
-    wp = (w_ptr + e * stride_we + o_nb[:, None, None].to(tl.int64) * (8 * K) + o_b[None, :, None] * 512
+    wp = (w_ptr + e * stride_we + o_nb[:, None, None].to(tl.int64) * (8 * K) + k0 * 8 + o_b[None, :, None] * 512
           + o_l[None, None, :])
-    sp = s_ptr + e * stride_se + o_nb[:, None, None].to(tl.int64) * (K // 2) + o_b[None, :, None] * 32 + o_s[None, None, :]
+    sp = (s_ptr + e * stride_se + o_nb[:, None, None].to(tl.int64) * (K // 2) + k0 // 2 + o_b[None, :, None] * 32
+          + o_s[None, None, :])
     return wp, sp, o_nb, o_b
 
 
@@ -148,23 +150,16 @@ def moe_hgemm1_kernel(
         return
     NB: tl.constexpr = BLOCK_N // 16
     KB: tl.constexpr = BLOCK_K // 64
-    offs_t = pid_m * BLOCK_T + tl.arange(0, BLOCK_T)
-    pair = tl.load(sorted_ids_ptr + offs_t)
-    tmask = pair < num_pairs
+    pair, tmask = block_pairs(sorted_ids_ptr, pid_m, num_pairs, BLOCK_T)
     tok = (pair // top_k).to(tl.int64)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = offs_n < I_pad
-    wg, sg, o_nb, o_b = _hopper_ptrs(w_ptr, s_ptr, e, stride_we, stride_se, pid_n * NB, K, NB, KB)
+    k_lo = tl.program_id(2) * (K_SPLIT // BLOCK_K) * BLOCK_K  # keeps k_lo's known divisibility: 16-byte loads
+    wg, sg, o_nb, o_b = _hopper_ptrs(w_ptr, s_ptr, e, stride_we, stride_se, pid_n * NB, K, k_lo, NB, KB)
     wu = wg + (I_pad // 16) * (8 * K)
     su = sg + (I_pad // 16) * (K // 2)
     offs_k = tl.arange(0, BLOCK_K)
-    xt = x_ptr + tok[None, :] * stride_xt + offs_k[:, None]
-    k_lo = tl.program_id(2) * (K_SPLIT // BLOCK_K) * BLOCK_K  # keeps k_lo's known divisibility: 16-byte loads
-    wg += k_lo * 8  # a slab stores K in 64-code blocks of 512 weight bytes and 32 scale bytes
-    wu += k_lo * 8
-    sg += k_lo // 2
-    su += k_lo // 2
-    xt += k_lo
+    xt = x_ptr + tok[None, :] * stride_xt + offs_k[:, None] + k_lo
     acc_g = tl.zeros([BLOCK_N, BLOCK_T], tl.float32)
     acc_u = tl.zeros([BLOCK_N, BLOCK_T], tl.float32)
     nbm = (o_nb < I_pad // 16)[:, None, None]
@@ -205,19 +200,14 @@ def moe_hgemm2_kernel(
         return
     NB: tl.constexpr = BLOCK_N // 16
     KB: tl.constexpr = BLOCK_K // 64
-    offs_t = pid_m * BLOCK_T + tl.arange(0, BLOCK_T)
-    pair = tl.load(sorted_ids_ptr + offs_t)
-    tmask = pair < num_pairs
+    pair, tmask = block_pairs(sorted_ids_ptr, pid_m, num_pairs, BLOCK_T)
     pair64 = pair.to(tl.int64)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = offs_n < N
-    wp, sp, o_nb, o_b = _hopper_ptrs(w_ptr, s_ptr, e, stride_we, stride_se, pid_n * NB, K, NB, KB)
-    offs_k = tl.arange(0, BLOCK_K)
-    at = a_ptr + pair64[None, :] * stride_at + offs_k[:, None]
     k_lo = tl.program_id(2) * (K_SPLIT // BLOCK_K) * BLOCK_K  # keeps k_lo's known divisibility: 16-byte loads
-    wp += k_lo * 8  # a slab stores K in 64-code blocks of 512 weight bytes and 32 scale bytes
-    sp += k_lo // 2
-    at += k_lo
+    wp, sp, o_nb, o_b = _hopper_ptrs(w_ptr, s_ptr, e, stride_we, stride_se, pid_n * NB, K, k_lo, NB, KB)
+    offs_k = tl.arange(0, BLOCK_K)
+    at = a_ptr + pair64[None, :] * stride_at + offs_k[:, None] + k_lo
     acc = tl.zeros([BLOCK_N, BLOCK_T], tl.float32)
     nbm = (o_nb < N // 16)[:, None, None]
     for k0 in range(k_lo, tl.minimum(K, k_lo + K_SPLIT), BLOCK_K):

@@ -157,6 +157,13 @@ def _mx_dot(w, s, xt, acc, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DTYPE: 
 
 
 @triton.jit
+def block_pairs(sorted_ids_ptr, pid_m, num_pairs, BLOCK_T: tl.constexpr):
+    """The (token, k) pairs of expert block pid_m (padding slots hold num_pairs) and their mask."""
+    pair = tl.load(sorted_ids_ptr + pid_m * BLOCK_T + tl.arange(0, BLOCK_T))
+    return pair, pair < num_pairs
+
+
+@triton.jit
 def gemm1_finish(acc_g, acc_u, pair, tmask, e, offs_n, nmask, b_ptr, out_ptr, part_ptr, num_pairs, I_pad,
                  stride_be, stride_ot, p0, p1, ACT: tl.constexpr, HAS_LIMIT: tl.constexpr,
                  HAS_LINEAR: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr):
@@ -260,9 +267,7 @@ def moe_gemm1_kernel(
     e = tl.load(block_expert_ptr + pid_m).to(tl.int64)
     if e < 0:
         return
-    offs_t = pid_m * BLOCK_T + tl.arange(0, BLOCK_T)
-    pair = tl.load(sorted_ids_ptr + offs_t)
-    tmask = pair < num_pairs
+    pair, tmask = block_pairs(sorted_ids_ptr, pid_m, num_pairs, BLOCK_T)
     tok = (pair // top_k).to(tl.int64)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = offs_n < I_pad
@@ -335,9 +340,7 @@ def moe_gemm2_kernel(
     e = tl.load(block_expert_ptr + pid_m).to(tl.int64)
     if e < 0:
         return
-    offs_t = pid_m * BLOCK_T + tl.arange(0, BLOCK_T)
-    pair = tl.load(sorted_ids_ptr + offs_t)
-    tmask = pair < num_pairs
+    pair, tmask = block_pairs(sorted_ids_ptr, pid_m, num_pairs, BLOCK_T)
     pair64 = pair.to(tl.int64)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = offs_n < N

@@ -47,20 +47,20 @@ ROWS = 16  # rows per slab
 CODES = 64  # codes per block
 
 
-def check_weight(s) -> None:
-    _, n, kb = s
-    if n % ROWS or (2 * kb) % CODES:
+def _check(name: str, what: str, s, k_codes: int) -> None:
+    _, n, _ = s
+    if n % ROWS or k_codes % CODES:
         raise LayoutError(
-            f"hopper_mma_w: fp4 weights of shape {tuple(s)} (N = {n} rows, K = {2 * kb} codes) need "
+            f"{name}: {what} of shape {tuple(s)} (N = {n} rows, K = {k_codes} codes) need "
             f"N a multiple of {ROWS} and K a multiple of {CODES}; pad the layer to those sizes.")
+
+
+def check_weight(s) -> None:
+    _check("hopper_mma_w", "fp4 weights", s, 2 * s[2])
 
 
 def check_scale(s) -> None:
-    _, n, g = s
-    if n % ROWS or (32 * g) % CODES:
-        raise LayoutError(
-            f"hopper_mma_s: e8m0 scales of shape {tuple(s)} (N = {n} rows, K = {32 * g} codes) need "
-            f"N a multiple of {ROWS} and K a multiple of {CODES}; pad the layer to those sizes.")
+    _check("hopper_mma_s", "e8m0 scales", s, 32 * s[2])
 
 
 def _luts() -> tuple[torch.Tensor, torch.Tensor]:
