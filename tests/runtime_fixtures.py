@@ -52,6 +52,25 @@ def act64(name: str, params: dict, g: torch.Tensor, u: torch.Tensor) -> torch.Te
     raise AssertionError(name)
 
 
+def mxfp4_qdq64(x):
+    """float64 dynamic MXFP4 (scale rounding 'even'): independent of the codec."""
+    b = x.reshape(*x.shape[:-1], -1, 32)
+    amax = b.abs().amax(-1, keepdim=True).to(torch.float32)
+    bits = (amax.view(torch.int32) + 0x200000) & 0x7F800000
+    e = torch.floor(torch.log2(bits.view(torch.float32).double().clamp_min(2.0**-126))) - 2
+    scale = torch.pow(2.0, e.clamp(-127, 127))
+    scale = torch.where(amax == 0, torch.full_like(scale, 2.0**-127), scale)
+    v = b / scale
+    grid = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], dtype=torch.float64)
+    a = v.abs().clamp(max=6.0)
+    idx = (a.unsqueeze(-1) - grid).abs().argmin(-1)
+    # ties go to the even code
+    lo, hi = grid[idx], grid[(idx + 1).clamp(max=7)]
+    tie = ((a - lo) == (hi - a)) & (idx % 2 == 1) & (idx < 7)
+    q = torch.where(tie, hi, grid[idx]) * torch.sign(v)
+    return (q * scale).reshape(x.shape)
+
+
 def moe64(x, topk_weights, topk_ids, expert_fn) -> torch.Tensor:
     """``sum_k w_k * expert_fn(e, x_t)`` in float64, token by token (no batching tricks)."""
     x = x.to(torch.float64)

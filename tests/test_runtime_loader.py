@@ -149,6 +149,12 @@ AITER_LAYOUTS = [
 ]
 
 
+def _situv2_env(layout):
+    """The SiTUv2 mode each w13 layout serves (a8w4 reads the gate/up interleave)."""
+    mode = "a8w4" if layout["w13"].endswith("gu16") else "a16w4"
+    return {"AITER_BF16_FP8_MOE_BOUND": "0", "VLLM_ROCM_USE_AITER_MOE_SITUV2": mode}
+
+
 def _forward(layout):
     from mxfp4conv.shuffle.layouts import get_layout
 
@@ -166,7 +172,7 @@ def test_aiter_checkpoint_unshuffled_for_torch(tmp_path, layout):
     gate_mode = "interleave" if layout["w13"].endswith("gu16") else "separated"
     ds, canon = _write(tmp_path, tp=2, layout=layout, arch="gfx950", backend="AITER_MXFP4_BF16",
                        activation="situ", params={"beta": 4.0, "linear_beta": 25.0},
-                       bias=False, transform=_forward(layout), runtime_env={"AITER_BF16_FP8_MOE_BOUND": "0"})
+                       bias=False, transform=_forward(layout), runtime_env=_situv2_env(layout))
     _edit_manifest(tmp_path, lambda m: m["target"].update(gate_mode=gate_mode))
     with pytest.warns(LayoutConversionWarning) as rec:
         layers = load_moe_layers(tmp_path, rank=1, backend="torch")
@@ -181,11 +187,12 @@ def test_aiter_checkpoint_unshuffled_for_torch(tmp_path, layout):
 @pytest.mark.parametrize("layout", AITER_LAYOUTS)
 def test_aiter_checkpoint_kept_for_aiter(tmp_path, layout, monkeypatch):
     pytest.importorskip("mxfp4conv.shuffle.layouts")
-    monkeypatch.delenv("AITER_BF16_FP8_MOE_BOUND", raising=False)
+    for var in ("AITER_BF16_FP8_MOE_BOUND", "VLLM_ROCM_USE_AITER_MOE_SITUV2", "AITER_SITUV2_A8W4", "AITER_SITUV2_A4W4"):
+        monkeypatch.delenv(var, raising=False)
     gate_mode = "interleave" if layout["w13"].endswith("gu16") else "separated"
     ds, canon = _write(tmp_path, tp=2, layout=layout, arch="gfx950", backend="AITER_MXFP4_BF16",
                        activation="situ", params={"beta": 4.0, "linear_beta": 25.0},
-                       bias=False, transform=_forward(layout), runtime_env={"AITER_BF16_FP8_MOE_BOUND": "0"})
+                       bias=False, transform=_forward(layout), runtime_env=_situv2_env(layout))
     _edit_manifest(tmp_path, lambda m: m["target"].update(gate_mode=gate_mode))
     with warnings.catch_warnings():
         warnings.simplefilter("error", LayoutConversionWarning)
@@ -194,12 +201,16 @@ def test_aiter_checkpoint_kept_for_aiter(tmp_path, layout, monkeypatch):
     assert ex.is_shuffled and ex.w13_weight.is_shuffled and ex.w2_weight.is_shuffled
     assert ex.layout == layout and not ex.is_canonical
     assert os.environ["AITER_BF16_FP8_MOE_BOUND"] == "0"
-    assert ex.runtime_env_applied == {"AITER_BF16_FP8_MOE_BOUND": "0"}
-    # the torch backend still computes the right answer from the shuffled bytes
+    env = _situv2_env(layout)
+    aiter_switch = {"AITER_SITUV2_A8W4": "1"} if ex.situv2 == "a8w4" else {}
+    assert ex.runtime_env_applied == {**env, **aiter_switch}
+    assert ex.situv2 == env["VLLM_ROCM_USE_AITER_MOE_SITUV2"] and "AITER_SITUV2_A4W4" not in os.environ
+    assert ex.act_quant == ("fp8" if ex.situv2 == "a8w4" else "none")
+    # the torch backend still computes the right answer from the shuffled bytes (W4A16 math)
     x = torch.randn(4, H, generator=torch.Generator().manual_seed(3))
     w, ids = _routing(4)
     total = sum(fused_moe(x, load_moe_layers(tmp_path, rank=r, backend="aiter")[LAYERS[1]], w, ids,
-                          backend="torch").double() for r in range(2))
+                          backend="torch", act_quant="none").double() for r in range(2))
     want = moe64(x, w, ids, expert64(ds[LAYERS[1]], "situ", {"beta": 4.0, "linear_beta": 25.0}))
     assert rel_err(total, want) < 2e-5
 

@@ -8,7 +8,7 @@ import torch
 from mxfp4conv.errors import Mxfp4convError, RuntimeInputError
 from mxfp4conv.runtime import fused_moe
 from mxfp4conv.runtime.activations import resolve_activation
-from runtime_fixtures import dequant64, expert64, global_experts, make_experts, moe64, rel_err
+from runtime_fixtures import dequant64, expert64, global_experts, make_experts, moe64, mxfp4_qdq64, rel_err
 
 
 # ---- activations ---------------------------------------------------------------------------
@@ -146,32 +146,13 @@ def test_poisoned_output_is_fully_written():
 
 
 # ---- activation quantisation ----------------------------------------------------------------
-def _mxfp4_qdq64(x):
-    """float64 dynamic MXFP4 (scale rounding 'even'): independent of the codec."""
-    b = x.reshape(*x.shape[:-1], -1, 32)
-    amax = b.abs().amax(-1, keepdim=True).to(torch.float32)
-    bits = (amax.view(torch.int32) + 0x200000) & 0x7F800000
-    e = torch.floor(torch.log2(bits.view(torch.float32).double().clamp_min(2.0**-126))) - 2
-    scale = torch.pow(2.0, e.clamp(-127, 127))
-    scale = torch.where(amax == 0, torch.full_like(scale, 2.0**-127), scale)
-    v = b / scale
-    grid = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], dtype=torch.float64)
-    a = v.abs().clamp(max=6.0)
-    idx = (a.unsqueeze(-1) - grid).abs().argmin(-1)
-    # ties go to the even code
-    lo, hi = grid[idx], grid[(idx + 1).clamp(max=7)]
-    tie = ((a - lo) == (hi - a)) & (idx % 2 == 1) & (idx < 7)
-    q = torch.where(tie, hi, grid[idx]) * torch.sign(v)
-    return (q * scale).reshape(x.shape)
-
-
 def test_mxfp4_activation_quant_matches_float64():
     d = global_experts(11, E=4, H=64, I=64)
     ex = make_experts(d, activation="silu", act_quant="mxfp4")
     x = torch.randn(6, 64, generator=torch.Generator().manual_seed(12))
     w, ids = _routing(6, 2, 4, 13)
     got = fused_moe(x, ex, w, ids, backend="torch")  # auto -> the target's mxfp4
-    want = moe64(x, w, ids, expert64(d, "silu", {}, act_q=lambda v, _: _mxfp4_qdq64(v)))
+    want = moe64(x, w, ids, expert64(d, "silu", {}, act_q=lambda v, _: mxfp4_qdq64(v)))
     plain = moe64(x, w, ids, expert64(d, "silu", {}))
     assert rel_err(got, want) < 1e-5
     assert rel_err(want, plain) > 1e-3  # the quantisation is visible at this tolerance

@@ -7,14 +7,18 @@
   is used: the max over this rank's experts. Without stored input scales the scale is dynamic
   per token (``amax / 448``). OCP ``float8_e4m3fn`` (gfx950, NVIDIA), saturating at +-448.
 - ``mxfp4``: W4A4 with dynamic MXFP4 activations, per 32 elements along K, scale rounding
-  "even" (vLLM's emulation ``qdq_mxfp4(x, "even")``, AITER's ``dynamic_mxfp4_quant``).
+  "even" (vLLM's emulation ``qdq_mxfp4(x, "even")``, AITER's ``dynamic_mxfp4_quant``). Kimi-K3's
+  SiTUv2 a4w4 on AITER is this too: both GEMM inputs quantised at run time.
+
+Which one a layer runs comes from its manifest (``served_act_quant``): the target's act_quant,
+except for SiTU layers on AITER, where the SiTUv2 mode decides (``situv2``).
 """
 
 from __future__ import annotations
 
 import torch
 
-from mxfp4conv.errors import RuntimeInputError
+from mxfp4conv.errors import CheckpointError, RuntimeInputError
 
 ACT_QUANTS = ("none", "fp8", "mxfp4")
 _ALIASES = {
@@ -38,6 +42,21 @@ def resolve_act_quant(requested: str, target_act_quant: str | None) -> str:
             "mxfp4 (W4A4)."
         )
     return _ALIASES[req]
+
+
+def served_act_quant(target: dict, runtime_env: dict, layout: dict, where: str) -> tuple[str, str | None]:
+    """(activation quantisation the served kernels apply: none | fp8 | mxfp4, SiTUv2 mode or None)."""
+    from mxfp4conv.runtime import situv2
+
+    raw = str(target.get("act_quant", "bf16"))
+    if (raw or "auto").lower() not in (*_ALIASES, "auto"):
+        raise CheckpointError(
+            f"{where}: the manifest's target.act_quant is {raw!r}, not one of bf16, fp8, mxfp4; the "
+            "manifest is damaged. Convert the source again."
+        )
+    declared = resolve_act_quant("auto", raw)
+    mode = situv2.resolve(target, runtime_env, layout, declared, where)
+    return (situv2.ACT_QUANT[mode], mode) if mode else (declared, None)
 
 
 def fp8_qdq(x: torch.Tensor, scale: float | None) -> torch.Tensor:

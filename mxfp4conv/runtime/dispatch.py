@@ -99,9 +99,11 @@ def fused_moe(
 
     ``sum_k topk_weights[:, k] * expert_{topk_ids[:, k]}(x)`` over this rank's share: tensor
     parallel ranks return partial sums (to be all-reduced), expert parallel ranks only their
-    experts' contributions. ``topk_ids`` are global expert ids. ``act_quant``: ``auto`` (the
-    target's), ``none`` (W4A16 on any checkpoint), ``fp8`` (W4A8), ``mxfp4`` (W4A4). ``out``:
-    optional preallocated result, fully overwritten.
+    experts' contributions. ``topk_ids`` are global expert ids. ``act_quant``: ``auto`` (what the
+    layer's manifest says the served kernels run: the target's act_quant, or for Kimi-K3 SiTU on
+    AITER the SiTUv2 mode, a4w4 = MXFP4 activations), or an explicit what-if: ``none`` (W4A16 on
+    any checkpoint), ``fp8`` (W4A8), ``mxfp4`` (W4A4). ``out``: optional preallocated result,
+    fully overwritten.
     """
     if backend not in BACKENDS:
         raise RuntimeInputError(f"backend={backend!r} is not one of {', '.join(BACKENDS)}.")

@@ -45,7 +45,7 @@ class MoEExperts:
     tp: int
     ep: bool
     rank: int
-    act_quant: str  # the target's resolved act_quant: bf16 | fp8 | mxfp4
+    act_quant: str  # what the served kernels feed both GEMMs: bf16 | none | fp8 | mxfp4 (served_act_quant)
     # geometry
     hidden: int
     hidden_padded: int
@@ -62,6 +62,7 @@ class MoEExperts:
     layout: dict[str, str] = field(default_factory=lambda: {k: "identity" for k in WEIGHT_KINDS})
     stored_layout: dict[str, str] = field(default_factory=dict)  # as in the manifest
     gate_mode: str = "separated"
+    situv2: str | None = None  # Kimi-K3 SiTUv2 mode on AITER (a4w4 | a8w4 | a16w4), from the manifest
     is_shuffled: bool = False
     runtime_env: dict[str, str] = field(default_factory=dict)  # what the manifest asks for
     runtime_env_applied: dict[str, str] = field(default_factory=dict)  # what the loader set

@@ -213,12 +213,11 @@ def load_moe_layers(
     dev = torch.device(device)
     stored_layout = {k: str(layout.get(k, "identity")) for k in WEIGHT_KINDS}
     stored_aiter = any(is_aiter_layout(n) for n in stored_layout.values())
-    target_act = str(target.get("act_quant", "bf16"))
-    from mxfp4conv.runtime.act_quant import resolve_act_quant
+    runtime_env = {str(k): str(v) for k, v in (manifest.get("runtime_env") or {}).items()}
+    from mxfp4conv.runtime.act_quant import served_act_quant
 
-    run_backend = choose_backend(
-        backend if backend in RUNTIME_BACKENDS else "auto", stored_layout, dev, resolve_act_quant("auto", target_act)
-    )
+    target_act, situv2_mode = served_act_quant(target, runtime_env, stored_layout, where)
+    run_backend = choose_backend(backend if backend in RUNTIME_BACKENDS else "auto", stored_layout, dev, target_act)
     if run_backend == "aiter" and not stored_aiter:
         raise RuntimeInputError(
             f"backend 'aiter' needs a checkpoint converted for an AITER backend (aiter_* layouts), but {where} "
@@ -254,8 +253,11 @@ def load_moe_layers(
     if not activation:
         raise CheckpointError(f"{where}: the manifest's target has no 'activation'; re-run `mxfp4conv convert`.")
     params = target["activation_params"] or {}
-    runtime_env = {str(k): str(v) for k, v in (manifest.get("runtime_env") or {}).items()}
     applied = apply_runtime_env(runtime_env) if run_backend == "aiter" else {}
+    if situv2_mode and run_backend == "aiter":
+        from mxfp4conv.runtime.situv2 import sync_aiter_env
+
+        applied.update(sync_aiter_env(situv2_mode))
     if runtime_env and run_backend != "aiter":
         log.info("runtime_env %s not applied: it is for AITER, and backend %s runs these experts", runtime_env, run_backend)
 
@@ -296,6 +298,7 @@ def load_moe_layers(
             layout=dict(stored_layout),
             stored_layout=dict(stored_layout),
             gate_mode=str(target.get("gate_mode", "separated")).lower(),
+            situv2=situv2_mode,
             is_shuffled=stored_aiter,
             runtime_env=runtime_env,
             runtime_env_applied=applied,
@@ -314,7 +317,7 @@ def load_moe_layers(
     return result
 
 
-SHAPE_KEEPING = ("identity", "hopper_mma_w", "hopper_mma_s")  # stored with the canonical 3-D shape
+SHAPE_KEEPING = ("identity", "triton_gu1", "hopper_mma_w", "hopper_mma_s")  # stored with the canonical 3-D shape
 
 
 def _check_shapes(ex: MoEExperts, base: str) -> None:
