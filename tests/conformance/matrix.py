@@ -1,0 +1,140 @@
+"""The conformance matrix: (checkpoint model, mxfp4conv Target) pairs and the vLLM layer each
+one becomes, as a ``probe_moe`` case.
+
+Families: Kimi-K3, DeepSeek-V4, gpt-oss, Quark w_mxfp4 / w_mxfp4_a_mxfp4 / w_mxfp4_a_fp8;
+archs gfx950, gfx942, gfx1250, sm90, sm100, cpu; tp 1, 2, 8 and 8 with EP; AITER on and off
+(ROCm); SiTUv2 modes (Kimi-K3 on ROCm); requested activation quantisation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from mxfp4conv.checkpoint.canonical import Activation, MoEGeometry, MoEModel
+from mxfp4conv.oracle import Target
+
+
+def _model(family, scheme, method, act, params, routing, H, I, E, k, static=False, bias=False):
+    return MoEModel(family=family, quant_scheme=scheme, moe_method=method,
+                    activation=Activation(act, params), routing=routing,
+                    geometry=MoEGeometry(H, I, E, k), layers=(), has_bias=bias,
+                    static_input_scales=static)
+
+
+# Published geometries (routed-expert hidden, global intermediate, experts, top-k).
+MODELS: dict[str, MoEModel] = {
+    "k3": _model("kimi_k3", "w_mxfp4", "mxfp4", "situ", {"beta": 4.0, "linear_beta": 25.0},
+                 "DeepSeekV3", 7168, 3072, 896, 16),
+    # a Kimi-K3-format export whose per-rank size falls under the models' 256 minimum at tp 8
+    "k3_small": _model("kimi_k3", "w_mxfp4", "mxfp4", "situ", {"beta": 4.0, "linear_beta": 25.0},
+                       "DeepSeekV3", 2048, 1024, 64, 4),
+    "dsv4": _model("deepseek_v4", "w_mxfp4", "mxfp4", "silu", {"swiglu_limit": 10.0},
+                   "DeepseekV4", 4096, 2048, 256, 6),
+    "gpt_oss": _model("gpt_oss", "w_mxfp4", "gpt_oss_mxfp4", "swigluoai",
+                      {"alpha": 1.702, "limit": 7.0}, "Renormalize", 2880, 2880, 128, 4,
+                      bias=True),
+    "quark_w4a16": _model("quark", "w_mxfp4", "quark", "silu", {}, "Renormalize",
+                          4096, 1536, 64, 8),
+    "quark_w4a4": _model("quark", "w_mxfp4_a_mxfp4", "quark", "silu", {}, "Renormalize",
+                         4096, 1536, 64, 8),
+    "quark_w4a8": _model("quark", "w_mxfp4_a_fp8", "quark", "swigluoai",
+                         {"alpha": 1.702, "limit": 7.0}, "Renormalize", 4096, 1536, 64, 8,
+                         static=True),
+}
+ARCHS = ("gfx950", "gfx942", "gfx1250", "sm90", "sm100", "cpu")
+PARALLEL = ((1, False), (2, False), (8, False), (8, True))
+QUARK_INPUT = {"w_mxfp4": None, "w_mxfp4_a_mxfp4": "mxfp4", "w_mxfp4_a_fp8": "fp8"}
+# mxfp4conv --act-quant -> vLLM quantization_config.moe.activation
+ACT_OVERRIDE = {"auto": None, "bf16": None, "fp8": "fp8_per_tensor_static", "mxfp4": "mxfp4"}
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    model_name: str
+    target: Target
+    situv2: str | None = None  # VLLM_ROCM_USE_AITER_MOE_SITUV2 (None: vLLM's default)
+    env: dict = field(default_factory=dict)
+
+    @property
+    def model(self) -> MoEModel:
+        return MODELS[self.model_name]
+
+    @property
+    def platform(self) -> str:
+        return self.target.arch
+
+
+def model_intermediate(case: Case) -> int:
+    """The per-rank intermediate size vLLM's model code hands to FusedMoE. Kimi-K3's models
+    raise a per-partition size below ``min_moe_intermediate_per_partition`` (256) to 256 at
+    tp > 1: the AMD model (models/kimi_k3/amd/linear.py) also under expert parallel, the
+    NVIDIA one (models/kimi_k3/nvidia/model.py) not. Other families pass I / tp (I with EP)."""
+    m, t = case.model, case.target
+    total = m.geometry.intermediate
+    if m.activation.name == "situ" and t.tp > 1:
+        amd = t.arch.startswith("gfx")
+        if (amd or not t.ep) and total // t.tp < 256:
+            total = 256 * t.tp
+    return total if t.ep else total // t.tp
+
+
+def vllm_case(case: Case) -> dict:
+    """The probe_moe case: the layer vLLM builds for ``case``."""
+    m, t = case.model, case.target
+    g = m.geometry
+    method = {"mxfp4": "mxfp4", "gpt_oss_mxfp4": "gpt_oss", "quark": "quark"}[m.moe_method]
+    p = m.activation.params
+    env = dict(case.env)
+    if t.arch.startswith("gfx"):
+        env["VLLM_ROCM_USE_AITER"] = "1" if t.aiter else "0"
+        if case.situv2 is not None:
+            env["VLLM_ROCM_USE_AITER_MOE_SITUV2"] = case.situv2
+    return {
+        "method": method,
+        "activation": m.activation.name,
+        "situ_beta": p.get("beta") if m.activation.name == "situ" else None,
+        "situ_linear_beta": p.get("linear_beta") if m.activation.name == "situ" else None,
+        "swiglu_limit": p.get("swiglu_limit"),
+        "routing": m.routing,
+        "hidden": g.hidden,
+        "intermediate_per_partition": model_intermediate(case),
+        "num_experts": g.num_experts,
+        "num_local_experts": g.num_experts // t.tp if t.ep else g.num_experts,
+        "top_k": g.top_k,
+        "tp": t.tp,
+        "ep": t.ep,
+        "has_bias": m.has_bias,
+        "quark_input": QUARK_INPUT.get(m.quant_scheme) if method == "quark" else None,
+        "moe_activation": ACT_OVERRIDE[t.act_quant],
+        "moe_backend": "auto" if t.backend is None else t.backend,
+        "model_type": "gpt_oss" if m.family == "gpt_oss" else m.family,
+        "env": env,
+        # mxfp4conv's modelled server: amd-quark on ROCm and wherever a Quark checkpoint is served
+        "packages": {"quark": t.arch.startswith("gfx") or m.moe_method == "quark"},
+    }
+
+
+def cases() -> list[Case]:
+    out: list[Case] = []
+    for name, m in MODELS.items():
+        for arch in ARCHS:
+            rocm = arch.startswith("gfx")
+            for tp, ep in PARALLEL:
+                if ep and m.geometry.num_experts % tp:
+                    continue
+                if not ep and (m.geometry.intermediate // tp) % 32:
+                    continue
+                par = f"tp{tp}{'-ep' if ep else ''}"
+                for aiter in ((True, False) if rocm else (True,)):
+                    base = Target(arch, tp=tp, ep=ep, aiter=aiter)
+                    tag = f"{name}-{arch}-{par}" + ("" if not rocm else ("-aiter" if aiter else "-noaiter"))
+                    out.append(Case(tag, name, base))
+                    if m.activation.name == "situ" and rocm and aiter:
+                        for mode in ("auto", "a4w4", "a8w4", "a16w4"):
+                            out.append(Case(f"{tag}-situv2_{mode}", name, base, situv2=mode))
+                    if m.moe_method != "mxfp4" and tp == 1 and not ep:
+                        for aq in ("fp8", "mxfp4"):
+                            out.append(Case(f"{tag}-act_{aq}", name,
+                                            Target(arch, tp=tp, ep=ep, aiter=aiter, act_quant=aq)))
+    return out

@@ -1,0 +1,158 @@
+"""Run vLLM 0.33.0's own Python code on an emulated platform, in a child process.
+
+vLLM is never imported into the test process: each call starts one worker process for one
+platform, which puts the pure-Python files of the ``vllm==0.33.0`` wheel on ``sys.path``,
+installs the stubs of ``stubs.STUBS`` (plus the platform's own, ``PLATFORM_STUBS``), makes
+vLLM's platform detection answer the requested GPU, runs a *probe* function once per case
+and sends the results back as JSON.
+
+API (all importable without vLLM)::
+
+    from tests.vllm033.harness import PLATFORMS, require_vllm, run_probe
+
+    src = require_vllm()            # the extracted source tree; pytest.skip(...) if unavailable
+    results = run_probe("gfx950", "tests/vllm033/probe_moe.py:probe", cases, src=src)
+
+- ``PLATFORMS``: ``gfx942``, ``gfx950``, ``gfx1250`` (ROCm, emulated through a fake amdsmi),
+  ``sm90``, ``sm100`` (CUDA, capability pinned), ``cpu`` (vLLM's CPU platform, x86 with
+  AMX) and ``cpu-noamx``.
+- ``run_probe(platform, probe, cases, src=None, env=None, timeout=600)``: ``probe`` is
+  ``"path/to/file.py:function"`` (relative to the repository root or absolute); the worker
+  calls ``function(case)`` for every JSON-able ``case`` dict and returns its JSON-able
+  result, or ``{"raised": ExceptionType, "message": str}`` when it raised. ``env`` is set
+  before vLLM is imported; a probe may set per-case variables itself (see ``probe_moe``).
+  ``packages`` adds (True) or removes (False) optional stubbed packages (``quark``,
+  ``flashinfer``, ``deep_gemm``, ``aiter``; see ``worker.OPTIONAL_STUBS``).
+  Every result list carries the stub set in ``results.stubs``.
+- ``vllm_source()``: the extracted tree or the reason it cannot be had
+  (``VllmUnavailable``); ``require_vllm()`` turns that into a pytest skip.
+
+Wheel: ``$MXFP4CONV_WHEEL_CACHE`` (default ``~/.cache/mxfp4conv-wheels``) holds
+``vllm-0.33.0-*.whl``; when it is missing it is fetched with
+``pip download --no-deps vllm==0.33.0`` (about 336 MB; set ``MXFP4CONV_NO_WHEEL_DOWNLOAD=1``
+to skip instead). Its ``*.py`` files are extracted once next to it (``vllm-0.33.0-py/``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+VLLM_RELEASE = "0.33.0"
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent.parent
+WORKER = HERE / "worker.py"
+
+# name -> (vLLM platform kind, device detail)
+PLATFORMS: dict[str, dict] = {
+    "gfx942": {"kind": "rocm", "gcn_arch": "gfx942"},
+    "gfx950": {"kind": "rocm", "gcn_arch": "gfx950"},
+    "gfx1250": {"kind": "rocm", "gcn_arch": "gfx1250"},
+    "sm90": {"kind": "cuda", "capability": [9, 0]},
+    "sm100": {"kind": "cuda", "capability": [10, 0]},
+    "cpu": {"kind": "cpu", "amx": True},
+    "cpu-noamx": {"kind": "cpu", "amx": False},
+}
+
+
+class VllmUnavailable(RuntimeError):
+    pass
+
+
+class ProbeResults(list):
+    """The per-case results of one worker run, with the stubs that run used."""
+
+    stubs: dict[str, str]
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("MXFP4CONV_WHEEL_CACHE",
+                               Path.home() / ".cache" / "mxfp4conv-wheels")).expanduser()
+
+
+def _wheel() -> Path:
+    d = cache_dir()
+    found = sorted(d.glob(f"vllm-{VLLM_RELEASE}-*.whl"))
+    if found:
+        return found[0]
+    if os.environ.get("MXFP4CONV_NO_WHEEL_DOWNLOAD"):
+        raise VllmUnavailable(
+            f"the vllm=={VLLM_RELEASE} wheel is not in {d} and MXFP4CONV_NO_WHEEL_DOWNLOAD is set")
+    d.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
+           "-q", "-d", str(d), f"vllm=={VLLM_RELEASE}"]
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise VllmUnavailable(f"pip download of vllm=={VLLM_RELEASE} failed: {e}") from None
+    found = sorted(d.glob(f"vllm-{VLLM_RELEASE}-*.whl"))
+    if r.returncode or not found:
+        tail = (r.stderr or r.stdout).strip().splitlines()[-1:] or ["no output"]
+        raise VllmUnavailable(f"pip download of vllm=={VLLM_RELEASE} failed: {tail[0]}")
+    return found[0]
+
+
+def vllm_source() -> Path:
+    """Directory holding ``vllm/`` (the wheel's Python files), extracted once."""
+    out = cache_dir() / f"vllm-{VLLM_RELEASE}-py"
+    if (out / ".complete").exists():
+        return out
+    wheel = _wheel()
+    tmp = Path(tempfile.mkdtemp(prefix=out.name + ".", dir=out.parent))
+    try:
+        with zipfile.ZipFile(wheel) as z:
+            for name in z.namelist():
+                if name.startswith("vllm/") and name.endswith(".py"):
+                    z.extract(name, tmp)
+    except zipfile.BadZipFile as e:
+        raise VllmUnavailable(f"{wheel} is not a readable wheel ({e}); delete it to refetch") from None
+    (tmp / ".complete").write_text(wheel.name + "\n")
+    try:
+        tmp.rename(out)
+    except OSError:  # another process finished first
+        if not (out / ".complete").exists():
+            raise
+    return out
+
+
+def require_vllm() -> Path:
+    """``vllm_source()``, or skip the calling test with the reason."""
+    import pytest
+
+    try:
+        return vllm_source()
+    except VllmUnavailable as e:
+        pytest.skip(f"vLLM {VLLM_RELEASE} conformance needs its wheel: {e}")
+
+
+def run_probe(platform: str, probe: str, cases: list[dict], *, src: Path | None = None,
+              env: dict[str, str] | None = None, packages: dict[str, bool] | None = None,
+              timeout: float = 600) -> ProbeResults:
+    """Results of ``probe(case)`` for each case, computed by vLLM's code on ``platform``."""
+    if platform not in PLATFORMS:
+        raise ValueError(f"unknown platform {platform!r}; known: {', '.join(PLATFORMS)}")
+    path, _, func = probe.rpartition(":")
+    path = str((REPO / path).resolve()) if not os.path.isabs(path) else path
+    src = src or vllm_source()
+    with tempfile.TemporaryDirectory() as tmp:
+        request = Path(tmp) / "request.json"
+        answer = Path(tmp) / "answer.json"
+        request.write_text(json.dumps({
+            "src": str(src), "platform": platform, "spec": {**PLATFORMS[platform], "packages": packages or {}},
+            "probe_path": path, "probe_func": func, "cases": cases, "answer": str(answer),
+        }))
+        child_env = {**os.environ, **(env or {}), "PYTHONPATH": str(HERE)}
+        r = subprocess.run([sys.executable, str(WORKER), str(request)], capture_output=True,
+                           text=True, timeout=timeout, env=child_env, cwd=tmp)
+        if r.returncode or not answer.exists():
+            raise RuntimeError(f"vLLM worker for {platform} failed (exit {r.returncode}):\n"
+                               + "\n".join((r.stderr or r.stdout).splitlines()[-30:]))
+        data = json.loads(answer.read_text())
+    out = ProbeResults(data["results"])
+    out.stubs = data["stubs"]
+    return out
