@@ -1,8 +1,11 @@
 """Stand-ins for what vLLM 0.33.0 imports but a CPU test machine does not have.
 
-Runs inside the worker process only (see ``harness``). Every stub is named in ``STUBS`` with
-the reason it exists; a module not listed there is imported for real or not at all, so
-vLLM's own "is it installed" checks (``find_spec``) see exactly the listed packages.
+Runs inside the worker process only (see ``harness``). Every stub is named with the reason it
+exists: ``STUBS`` always replace the real package (kernels, compiled ops: what a CPU machine
+cannot run and what decides backends), ``STUBS_IF_ABSENT`` only where the package is not
+installed (pure-Python helpers vLLM imports on the way; a real one is used when present).
+A module not listed is imported for real or not at all, so vLLM's own "is it installed"
+checks (``find_spec``) see exactly the listed packages.
 
 A stub module answers every attribute with another stub; calling one returns a stub, so
 decorators, ``torch.library`` registrations and type annotations that name it still import.
@@ -17,8 +20,20 @@ import sys
 import types
 
 # top-level module -> why it is stubbed. Platform-specific ones are added per platform
-# (``PLATFORM_STUBS``); the harness lists the set it used with every result.
+# (``worker.PLATFORM_STUBS``); the harness lists the set it used with every result.
 STUBS: dict[str, str] = {
+    "humming": "Humming MoE kernels (config.GemmType is a real enum): converters recorded, not run",
+    "tilelang": "tilelang kernels (CUDA)",
+    "flash_attn": "attention kernels",
+    "vllm._C": "vLLM's compiled ops",
+    "vllm._moe_C_stable_libtorch": "vLLM's compiled MoE ops",
+    "vllm._C_stable_libtorch": "vLLM's compiled ops",
+    "vllm._rocm_C": "vLLM's compiled ROCm ops",
+    "vllm._moe_C": "vLLM's compiled MoE ops",
+    "vllm._flashmla_C": "compiled attention ops",
+    "vllm.cumem_allocator": "compiled allocator",
+}
+STUBS_IF_ABSENT: dict[str, str] = {
     "psutil": "system metrics (vllm.utils); not read by the MoE code paths",
     "zmq": "engine IPC (vllm.utils.network_utils); not used by the MoE code paths",
     "msgspec": "engine serialisation; imported by vllm.config, not used here",
@@ -38,8 +53,6 @@ STUBS: dict[str, str] = {
     "compressed_tensors": "compressed-tensors quantization configs (not a path under test)",
     "depyf": "torch.compile debugging",
     "einops": "model code",
-    "tilelang": "tilelang kernels (CUDA)",
-    "humming": "Humming MoE kernels (config.GemmType is a real enum): converters recorded, not run",
     "aiohttp": "HTTP client (vllm.connections)",
     "av": "video decoding", "cv2": "image decoding", "soundfile": "audio", "soxr": "audio",
     "torchaudio": "audio", "torchcodec": "video",
@@ -48,20 +61,17 @@ STUBS: dict[str, str] = {
     "llguidance": "structured output", "xgrammar": "structured output",
     "fastsafetensors": "weight loading", "runai_model_streamer": "weight loading",
     "tensorizer": "weight loading", "xxhash": "hashing",
-    "flash_attn": "attention kernels",
     # imported at module level by vLLM files on the way, absent from a bare test venv
     # (discovered by running the suite in one); none is called by the MoE code paths
     "urllib3": "absent from a bare test environment",
     "requests": "absent from a bare test environment",
     "PIL": "absent from a bare test environment",
-    "vllm._C": "vLLM's compiled ops",
-    "vllm._moe_C_stable_libtorch": "vLLM's compiled MoE ops",
-    "vllm._C_stable_libtorch": "vLLM's compiled ops",
-    "vllm._rocm_C": "vLLM's compiled ROCm ops",
-    "vllm._moe_C": "vLLM's compiled MoE ops",
-    "vllm._flashmla_C": "compiled attention ops",
-    "vllm.cumem_allocator": "compiled allocator",
 }
+
+
+def absent(name: str) -> bool:
+    """Not installed (checked on the real path, before any stub finder)."""
+    return importlib.machinery.PathFinder.find_spec(name) is None
 
 calls: list[tuple[str, tuple, dict]] = []
 

@@ -74,6 +74,7 @@ def boot(src: str, spec: dict) -> dict[str, str]:
     """Make ``import vllm`` work on the emulated platform; returns the stubs in use."""
     kind = spec["kind"]
     names = dict(stubs.STUBS)
+    names.update({n: why for n, why in stubs.STUBS_IF_ABSENT.items() if stubs.absent(n)})
     for k, v in PLATFORM_STUBS.items():
         if k != kind:
             for n in v:
