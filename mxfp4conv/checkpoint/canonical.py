@@ -1,6 +1,7 @@
 """The canonical description of an MXFP4 mixture-of-experts checkpoint.
 
-Every family adapter (Kimi-K3, DeepSeek-V4, Quark OCP-MX, gpt-oss) turns a source
+Every family adapter (Kimi-K3, DeepSeek-V4, Quark OCP-MX, gpt-oss, compressed-tensors MXFP4
+MoE of other architectures) turns a source
 checkpoint into one ``MoEModel``; the oracle, the converter, the verifier and ``inspect``
 only ever look at this description, never at family-specific names.
 
@@ -17,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-FAMILIES = ("kimi_k3", "deepseek_v4", "quark", "gpt_oss")
+FAMILIES = ("kimi_k3", "deepseek_v4", "quark", "gpt_oss", "compressed_tensors")
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,30 @@ class ExpertTensors:
 
 
 @dataclass(frozen=True)
+class GateUpExpertTensors:
+    """One routed expert with gate and up fused in one tensor, rows interleaved g0,u0,g1,u1,...
+
+    Quark exports of gpt-oss: ``experts.E.gate_up_proj.{weight,weight_scale,bias,input_scale}``
+    (``[2I, H/2]``, ``[2I, H/32]``, ``[2I]``, one scalar) and ``experts.E.down_proj.*``.
+    """
+
+    gate_up: TensorRef
+    gate_up_scale: TensorRef
+    down: TensorRef
+    down_scale: TensorRef
+    gate_up_input_scale: TensorRef | None = None
+    down_input_scale: TensorRef | None = None
+    gate_up_bias: TensorRef | None = None
+    down_bias: TensorRef | None = None
+
+    def refs(self) -> list[TensorRef]:
+        return [r for r in (
+            self.gate_up, self.gate_up_scale, self.down, self.down_scale, self.gate_up_input_scale,
+            self.down_input_scale, self.gate_up_bias, self.down_bias,
+        ) if r is not None]
+
+
+@dataclass(frozen=True)
 class FusedExperts:
     """gpt-oss: every expert of a layer in one tensor; w13 rows interleaved g0,u0,g1,u1,..."""
 
@@ -82,12 +107,19 @@ class MoELayer:
     prefix: str
     experts: tuple[ExpertTensors, ...] | None = None  # per-expert formats, index = expert id
     fused: FusedExperts | None = None  # gpt-oss
+    gate_up_experts: tuple[GateUpExpertTensors, ...] | None = None  # Quark gpt-oss
 
     def source_refs(self) -> list[TensorRef]:
         """Every source tensor this layer's routed experts are made of."""
         if self.fused is not None:
             return self.fused.refs()
-        return [r for ex in (self.experts or ()) for r in ex.refs()]
+        return [r for ex in (self.experts or self.gate_up_experts or ()) for r in ex.refs()]
+
+    def expert_scale_refs(self) -> list[tuple[TensorRef, ...]]:
+        """The e8m0 scale tensors of each expert of a per-expert format, in expert order."""
+        if self.gate_up_experts is not None:
+            return [(ex.gate_up_scale, ex.down_scale) for ex in self.gate_up_experts]
+        return [(ex.gate_scale, ex.up_scale, ex.down_scale) for ex in self.experts or ()]
 
     def source_tensor_names(self) -> list[str]:
         return [r.name for r in self.source_refs()]
@@ -119,8 +151,10 @@ class MoEModel:
 
     family: str  # one of FAMILIES
     quant_scheme: str  # "w_mxfp4" (weight-only), "w_mxfp4_a_mxfp4", "w_mxfp4_a_fp8", ...
-    # vLLM's MoE quant method for this checkpoint: "mxfp4" (Mxfp4MoEMethod: K3, DSV4),
-    # "gpt_oss_mxfp4" (GptOssMxfp4MoEMethod), "quark" (QuarkOCP_MX_MoEMethod).
+    # vLLM's MoE quant method for this checkpoint: "mxfp4" (Mxfp4MoEMethod and its
+    # compressed-tensors W4A8 subclass: K3, DSV4), "gpt_oss_mxfp4" (GptOssMxfp4MoEMethod),
+    # "quark" (QuarkOCP_MX_MoEMethod), "compressed_tensors_mxfp4"
+    # (CompressedTensorsW4A4Mxfp4MoEMethod: its own fixed CUTLASS / XPU / Marlin choice).
     moe_method: str
     activation: Activation
     # vLLM RoutingMethodType name: "DeepSeekV3" (K3, DeepSeek-V3 bases), "DeepseekV4",
@@ -129,9 +163,19 @@ class MoEModel:
     geometry: MoEGeometry
     layers: tuple[MoELayer, ...]
     has_bias: bool = False
+    # The source stores w13 rows interleaved g0,u0,g1,u1,... (gpt-oss, Quark's gpt-oss
+    # exports); vLLM loads them so. read_expert always returns [gate; up].
+    gate_up_interleaved: bool = False
     static_input_scales: bool = False  # Quark w_mxfp4_a_fp8 with input_scale tensors
     # What the headers actually said, e.g. {"weight": "I8", "scale": "F8_E8M0"}.
     dtype_variants: dict[str, str] = field(default_factory=dict)
+    # vLLM 0.33.0's MoE method class for these experts, e.g. "Mxfp4MoEMethod",
+    # "CompressedTensorsW4A8Mxfp4MoEMethod", "CompressedTensorsW4A4Mxfp4MoEMethod".
+    moe_class: str = ""
+    # The input-activation quantisation the quant config declares for the experts, e.g.
+    # "fp8_dynamic_group128", "fp8_dynamic_token", "fp8_static_tensor", "mxfp4_dynamic_group32";
+    # None: weight-only. Whether vLLM honours it is the oracle's decision.
+    declared_act: str | None = None
     # Family-specific facts the oracle needs, e.g. kimi_k3:
     # {"min_moe_intermediate_per_partition": 256}.
     extra: dict[str, Any] = field(default_factory=dict)

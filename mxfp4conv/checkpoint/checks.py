@@ -61,7 +61,7 @@ def scale_refs(layer: MoELayer) -> list[tuple[TensorRef, int | None]]:
     """(scale tensor, expert row or None for the whole tensor) of a layer."""
     if layer.fused is not None:
         return [(layer.fused.gate_up_scales, None), (layer.fused.down_scales, None)]
-    return [(r, None) for ex in layer.experts for r in (ex.gate_scale, ex.up_scale, ex.down_scale)]
+    return [(r, None) for refs in layer.expert_scale_refs() for r in refs]
 
 
 def check_nan_scales(source: Source, layers: list[MoELayer], problems: Problems, *,
@@ -111,6 +111,7 @@ def _sample(layers: list[MoELayer]) -> list[tuple[TensorRef, int | None]]:
             for e in sorted({0, n - 1}):
                 picks += [(layer.fused.gate_up_scales, e), (layer.fused.down_scales, e)]
         else:
-            for ex in dict.fromkeys([layer.experts[0], layer.experts[-1]]):
-                picks += [(ex.gate_scale, None), (ex.up_scale, None), (ex.down_scale, None)]
+            per_expert = layer.expert_scale_refs()
+            for refs in dict.fromkeys([per_expert[0], per_expert[-1]]):
+                picks += [(r, None) for r in refs]
     return picks[:SAMPLE_TENSORS]

@@ -5,13 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from mxfp4conv.checkpoint.canonical import MoEModel
-from mxfp4conv.checkpoint.families import deepseek_v4, gpt_oss, kimi_k3, quark
+from mxfp4conv.checkpoint.families import compressed_tensors, deepseek_v4, gpt_oss, kimi_k3, quark
 from mxfp4conv.checkpoint.problems import Problems
 from mxfp4conv.checkpoint.source import MANIFEST_NAME, Source
 from mxfp4conv.errors import CheckpointError
 
 # Quark first: its exports keep the base model's model_type (deepseek_v3, gpt_oss, ...).
-ADAPTERS = (quark, gpt_oss, kimi_k3, deepseek_v4)
+# compressed-tensors last: the generic MXFP4 MoE reader for architectures without their own.
+ADAPTERS = (quark, gpt_oss, kimi_k3, deepseek_v4, compressed_tensors)
 
 
 @dataclass
@@ -34,7 +35,8 @@ def detect(config: dict, where: str = "config.json"):
         f"{qc.get('quant_method') if isinstance(qc, dict) else None!r} matches no supported "
         f"MXFP4 MoE family (Kimi-K3: model_type kimi_k3 with compressed-tensors "
         f"mxfp4-pack-quantized; DeepSeek-V4: expert_dtype \"fp4\"; AMD Quark OCP-MX: "
-        f"quant_method \"quark\"; gpt-oss: model_type gpt_oss with quant_method \"mxfp4\"). "
+        f"quant_method \"quark\"; gpt-oss: model_type gpt_oss with quant_method \"mxfp4\"; "
+        f"any other MoE: quant_method \"compressed-tensors\" with mxfp4-pack-quantized experts). "
         f"Point at an MXFP4 mixture-of-experts checkpoint with its original config.json.")
 
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from mxfp4conv.checkpoint import safetensors_io as st
-from mxfp4conv.checkpoint.canonical import FusedExperts, MoELayer, TensorRef
+from mxfp4conv.checkpoint.canonical import FusedExperts, GateUpExpertTensors, MoELayer, TensorRef
 from mxfp4conv.errors import CheckpointError
 
 
@@ -53,6 +53,8 @@ def read_expert(source, layer: MoELayer, e: int) -> ExpertData:
     """Expert ``e`` of ``layer``; reads only that expert's bytes."""
     if layer.fused is not None:
         return _read_fused(source, layer.fused, e)
+    if layer.gate_up_experts is not None and 0 <= e < len(layer.gate_up_experts):
+        return _read_gate_up(source, layer.gate_up_experts[e])
     if layer.experts is None or not 0 <= e < len(layer.experts):
         raise CheckpointError(f"MoE layer {layer.prefix}: no expert {e}.")
     ex = layer.experts[e]
@@ -87,6 +89,21 @@ def read_expert_slice(source, r: TensorRef, e: int) -> torch.Tensor:
 def _deinterleave(t: torch.Tensor) -> torch.Tensor:
     """gpt-oss rows g0, u0, g1, u1, ... -> [g0, g1, ...; u0, u1, ...]."""
     return torch.cat([t[0::2], t[1::2]])
+
+
+def _read_gate_up(source, ex: GateUpExpertTensors) -> ExpertData:
+    """A per-expert fused, row-interleaved gate_up (Quark gpt-oss), de-interleaved."""
+    w13_bias = _float(source, ex.gate_up_bias)
+    return ExpertData(
+        w13=_deinterleave(_bytes2d(source, ex.gate_up)),
+        w13_scale=_deinterleave(_bytes2d(source, ex.gate_up_scale)),
+        w2=_bytes2d(source, ex.down),
+        w2_scale=_bytes2d(source, ex.down_scale),
+        w13_bias=None if w13_bias is None else _deinterleave(w13_bias),
+        w2_bias=_float(source, ex.down_bias),
+        w13_input_scale=_scalar(source, ex.gate_up_input_scale),
+        w2_input_scale=_scalar(source, ex.down_input_scale),
+    )
 
 
 def _read_fused(source, f: FusedExperts, e: int) -> ExpertData:

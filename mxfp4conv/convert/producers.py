@@ -133,6 +133,13 @@ def nan_location(layer, e: int, kind: str, flat: int, shape: tuple[int, int]) ->
             src_row = 2 * row if row < half else 2 * (row - half) + 1
             return f.gate_up_scales.name, (e * rows + src_row) * cols + col
         return f.down_scales.name, e * rows * cols + flat
+    if layer.gate_up_experts is not None:
+        gu = layer.gate_up_experts[e]
+        if kind == "w13_weight_scale":
+            half = rows // 2
+            src_row = 2 * row if row < half else 2 * (row - half) + 1
+            return gu.gate_up_scale.name, src_row * cols + col
+        return gu.down_scale.name, flat
     ex = layer.experts[e]
     if kind == "w13_weight_scale":
         half = rows // 2

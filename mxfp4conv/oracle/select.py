@@ -36,6 +36,7 @@ from dataclasses import dataclass, field, replace
 
 from mxfp4conv.checkpoint.canonical import MoEModel
 from mxfp4conv.errors import OracleError
+from mxfp4conv.oracle import compressed_tensors as ct_methods
 from mxfp4conv.oracle.arch import Arch, get_arch
 from mxfp4conv.oracle.backends import (
     BACKENDS, DSV4_ROCM_PRIORITY, FP8_STATIC, GPT_OSS_PRIORITY, KEY_TEXT, MXFP4_DYN, Ctx,
@@ -202,6 +203,11 @@ def _resolve(model: MoEModel, target: Target, arch: Arch, server: Server) -> _Re
             walk.pick, arch, target.tp, model.activation.name, target.act_quant,
             model.static_input_scales)
         return _Resolved(walk, fmt)
+    if model.moe_method == "compressed_tensors_mxfp4":
+        choice = ct_methods.choose(model, arch, target.backend, target.act_quant)
+        return _Resolved(choice, NotProducible(
+            f"{choice.pick} ({choice.cls}) repacks or swizzles the weights at load time in a "
+            "layout mxfp4conv does not write"))
     if model.moe_method not in ("gpt_oss_mxfp4", "quark"):
         raise OracleError(
             f"Unknown MoE quant method {model.moe_method!r} for family {model.family}; the "
@@ -216,7 +222,7 @@ def _resolve(model: MoEModel, target: Target, arch: Arch, server: Server) -> _Re
     walk = _select_g(ctx, key, forced, target.backend)
     fmt = None if walk.pick is None else kernel_format_g(
         walk.pick, arch, target.tp, walk.act_quant,
-        interleaved_source=model.family == "gpt_oss", quark=quark,
+        interleaved_source=model.gate_up_interleaved, quark=quark,
         has_static_input_scales=model.static_input_scales,
         literal_deinterleave=server.quark_literal_deinterleave)
     return _Resolved(walk, fmt)
@@ -248,7 +254,7 @@ def _fallback_format(model: MoEModel, target: Target, arch: Arch,
                               target.act_quant, model.static_input_scales)
         assert isinstance(fmt, (KernelFormat, ActQuantRefused))
         return fmt
-    return emulation_format(walk.act_quant, gpt_oss=model.family == "gpt_oss")
+    return emulation_format(walk.act_quant, gpt_oss=model.gate_up_interleaved)
 
 
 def _producible(model: MoEModel, target: Target, arch: Arch, server: Server) -> list[str]:
@@ -379,6 +385,9 @@ def decide(model: MoEModel, target: Target, server: Server | None = None) -> Dec
     if model.moe_method == "quark" and model.quant_scheme not in QUARK_SCHEME_KEYS:
         notes.append(f"Quark scheme {model.quant_scheme}: vLLM's oracle does not select a "
                      "backend for it; EMULATION dequantises every forward pass.")
+    declared = ct_methods.declared_act_note(model)
+    if declared:
+        notes.append(declared)
     assumed = server.assumptions(arch, model.moe_method == "quark")
     notes.append("Modelled vLLM server: " + ", ".join(assumed) + ".")
 

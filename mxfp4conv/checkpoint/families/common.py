@@ -7,7 +7,11 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Callable
 
-from mxfp4conv.checkpoint.canonical import ExpertTensors, MoEGeometry, MoELayer, TensorRef
+import dataclasses
+
+from mxfp4conv.checkpoint.canonical import (
+    Activation, ExpertTensors, GateUpExpertTensors, MoEGeometry, MoELayer, TensorRef,
+)
 from mxfp4conv.checkpoint.problems import Problems
 from mxfp4conv.errors import CheckpointError
 
@@ -15,8 +19,7 @@ GROUP = 32
 WEIGHT_DTYPES = ("U8", "I8", "F4")  # packed e2m1 pairs (F4: logical shape in the header)
 SCALE_DTYPES = ("U8", "I8", "F8_E8M0")  # raw e8m0 bytes
 REQUIRED = ("gate", "gate_scale", "up", "up_scale", "down", "down_scale")
-OPTIONAL = ("gate_input_scale", "up_input_scale", "down_input_scale", "gate_bias", "up_bias",
-            "down_bias")
+GATE_UP_REQUIRED = ("gate_up", "gate_up_scale", "down", "down_scale")
 _MAX_LISTED = 5
 
 
@@ -34,6 +37,28 @@ def quant_config(config: dict) -> dict | None:
         if isinstance(qc, dict):
             return qc
     return None
+
+
+def text_config(config: dict) -> dict:
+    """The config holding the model dimensions: ``text_config`` when it has them, else the top."""
+    tc = config.get("text_config")
+    return tc if isinstance(tc, dict) and "hidden_size" in tc else config
+
+
+def activation_from_config(cfg: dict) -> Activation:
+    """The routed experts' gated activation with its parameters, from the model config."""
+    if cfg.get("model_type") == "gpt_oss":
+        return Activation("swigluoai", {"alpha": float(cfg.get("swiglu_alpha", 1.702)),
+                                        "limit": float(cfg.get("swiglu_limit", 7.0))})
+    name = str(cfg.get("hidden_act", "silu"))
+    if name == "situ":
+        params = {"beta": float(cfg.get("activation_situ_beta", 4.0))}
+        if cfg.get("activation_situ_linear_beta") is not None:
+            params["linear_beta"] = float(cfg["activation_situ_linear_beta"])
+        return Activation(name, params)
+    if cfg.get("swiglu_limit") is not None:
+        return Activation(name, {"swiglu_limit": float(cfg["swiglu_limit"])})
+    return Activation(name, {})
 
 
 def cfg_get(config: dict, where: str, *keys: str, default=None, required: bool = True):
@@ -88,7 +113,12 @@ def _listed(items: list) -> str:
 def build_layers(source, found: Found, num_experts: int, problems: Problems,
                  name_for: Callable[[str, int, str], str],
                  required: tuple[str, ...] = REQUIRED) -> tuple[list[MoELayer], list[str]]:
-    """Complete per-expert layers (sorted) and the prefixes of every layer found."""
+    """Complete per-expert layers (sorted) and the prefixes of every layer found.
+
+    Experts whose ``required`` fields name a fused ``gate_up`` become ``GateUpExpertTensors``,
+    the others ``ExpertTensors``."""
+    cls = GateUpExpertTensors if "gate_up" in required else ExpertTensors
+    known = {f.name for f in dataclasses.fields(cls)}
     prefixes = sorted(found.layers, key=natural_key)
     layers = []
     for prefix in prefixes:
@@ -123,12 +153,14 @@ def build_layers(source, found: Found, num_experts: int, problems: Problems,
             built = []
             for e in range(num_experts):
                 fields = {f: ref(source, names[0]) for f, names in experts[e].items()}
-                built.append(ExpertTensors(**{k: v for k, v in fields.items()
-                                              if k in REQUIRED or k in OPTIONAL}))
+                built.append(cls(**{k: v for k, v in fields.items() if k in known}))
         except CheckpointError as exc:
             problems.error(str(exc))
             continue
-        layers.append(MoELayer(prefix=prefix, experts=tuple(built)))
+        if cls is GateUpExpertTensors:
+            layers.append(MoELayer(prefix=prefix, gate_up_experts=tuple(built)))
+        else:
+            layers.append(MoELayer(prefix=prefix, experts=tuple(built)))
     return layers, prefixes
 
 
@@ -162,6 +194,9 @@ def _weight_scale_refs(layer: MoELayer):
     if layer.fused is not None:
         f = layer.fused
         return [f.gate_up_blocks, f.gate_up_scales, f.down_blocks, f.down_scales]
+    if layer.gate_up_experts is not None:
+        return [r for ex in layer.gate_up_experts
+                for r in (ex.gate_up, ex.gate_up_scale, ex.down, ex.down_scale)]
     return [r for ex in layer.experts for r in (ex.gate, ex.gate_scale, ex.up, ex.up_scale,
                                                 ex.down, ex.down_scale)]
 
@@ -185,13 +220,14 @@ def check_expert_shapes(layers: list[MoELayer], g: MoEGeometry, problems: Proble
     H, I = g.hidden, g.intermediate
     want = {"gate": (I, H // 2), "up": (I, H // 2), "down": (H, I // 2),
             "gate_scale": (I, H // GROUP), "up_scale": (I, H // GROUP),
-            "down_scale": (H, I // GROUP)}
+            "down_scale": (H, I // GROUP), "gate_up": (2 * I, H // 2),
+            "gate_up_scale": (2 * I, H // GROUP)}
     for layer in layers:
         bad: dict[str, list[TensorRef]] = defaultdict(list)
-        for ex in layer.experts or ():
+        for ex in layer.experts or layer.gate_up_experts or ():
             for f, shape in want.items():
-                r = getattr(ex, f)
-                if packed_shape(r) != shape:
+                r = getattr(ex, f, None)
+                if r is not None and packed_shape(r) != shape:
                     bad[f].append(r)
         for f, refs in bad.items():
             r = refs[0]
@@ -207,13 +243,17 @@ def routing_from_config(cfg: dict) -> str:
     model_type = cfg.get("model_type")
     if model_type == "gpt_oss":
         return "Renormalize"
-    scoring = cfg.get("scoring_func") or cfg.get("moe_router_activation_func") or "softmax"
+    # Kimi-Linear routes with sigmoid scores and a correction bias whatever its config says
+    # (transformers' KimiLinearConfig has no key for it).
+    default = "sigmoid" if model_type == "kimi_linear" else "softmax"
+    scoring = cfg.get("scoring_func") or cfg.get("moe_router_activation_func") or default
     renorm = bool(cfg.get("norm_topk_prob", cfg.get("moe_renormalize", True)))
     groups = cfg.get("n_group") or cfg.get("num_expert_group") or 0
     if scoring == "sqrtsoftplus" or model_type == "deepseek_v4":
         return "DeepseekV4" if renorm else "Unspecified"
     if scoring == "sigmoid":
-        has_bias = cfg.get("topk_method") == "noaux_tc" or model_type in ("deepseek_v3", "kimi_k2")
+        has_bias = cfg.get("topk_method") == "noaux_tc" or model_type in (
+            "deepseek_v3", "kimi_k2", "kimi_linear")
         if has_bias and renorm and groups:
             return "DeepSeekV3"
         if has_bias and renorm and cfg.get("routed_scaling_factor") in (None, 1.0):

@@ -18,7 +18,9 @@ _ROLE = {"w1": "gate", "w3": "up", "w2": "down"}
 
 
 def matches(config: dict) -> bool:
-    return config.get("model_type") == "deepseek_v4" or "expert_dtype" in config
+    cfg = common.text_config(config)
+    return "deepseek_v4" in (config.get("model_type"), cfg.get("model_type")) or \
+        "expert_dtype" in config or "expert_dtype" in cfg
 
 
 def _field(m: re.Match) -> str:
@@ -32,9 +34,9 @@ def _name_for(prefix: str, e: int, field: str) -> str:
 
 
 def build(source, problems: Problems) -> tuple[MoEModel | None, list[str]]:
-    config = source.config
+    config = common.text_config(source.config)  # the dimensions may sit under text_config
     where = f"{source.spec} (config.json)"
-    expert_dtype = config.get("expert_dtype", "fp4")
+    expert_dtype = config.get("expert_dtype", source.config.get("expert_dtype", "fp4"))
     if expert_dtype != "fp4":
         raise CheckpointError(f"{where}: DeepSeek-V4 with expert_dtype {expert_dtype!r}; only "
                               f"the MXFP4 release (expert_dtype \"fp4\") has MXFP4 experts to "
@@ -56,7 +58,7 @@ def build(source, problems: Problems) -> tuple[MoEModel | None, list[str]]:
                        f"a DeepSeek-V4 MXFP4 release.")
     layers, prefixes, variants = common.expert_layers(source, found, geometry, problems, _name_for)
     model = MoEModel(
-        family=NAME, quant_scheme="w_mxfp4", moe_method="mxfp4",
+        family=NAME, quant_scheme="w_mxfp4", moe_method="mxfp4", moe_class="Mxfp4MoEMethod",
         activation=Activation(str(config.get("hidden_act", "silu")), params),
         routing="DeepseekV4", geometry=geometry, layers=tuple(layers), dtype_variants=variants,
         extra={"num_hash_layers": int(config.get("num_hash_layers", 0) or 0),

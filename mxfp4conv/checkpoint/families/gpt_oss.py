@@ -91,7 +91,7 @@ def build(source, problems: Problems) -> tuple[MoEModel | None, list[str]]:
                                             "limit": float(config.get("swiglu_limit", 7.0))}),
         routing="Renormalize", geometry=geometry, layers=tuple(layers),
         has_bias=any(layer.fused.gate_up_bias is not None for layer in layers),
-        dtype_variants=variants,
+        dtype_variants=variants, moe_class="GptOssMxfp4MoEMethod", gate_up_interleaved=True,
     )
     return model, prefixes
 

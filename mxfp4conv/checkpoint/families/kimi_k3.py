@@ -5,12 +5,11 @@ from __future__ import annotations
 import re
 
 from mxfp4conv.checkpoint.canonical import Activation, MoEGeometry, MoEModel
-from mxfp4conv.checkpoint.families import common
+from mxfp4conv.checkpoint.families import common, ct_config
 from mxfp4conv.checkpoint.problems import Problems
 from mxfp4conv.errors import CheckpointError
 
 NAME = "kimi_k3"
-FORMAT = "mxfp4-pack-quantized"
 # vLLM pads a TP-split K3 intermediate to at least this many columns per rank.
 MIN_MOE_INTERMEDIATE_PER_PARTITION = 256
 
@@ -20,13 +19,9 @@ PATTERN = re.compile(r"^(?P<prefix>(?:.+\.)?layers\.\d+\.block_sparse_moe)\.expe
 _ROLE = {"w1": "gate", "w3": "up", "w2": "down"}
 
 
-def text_config(config: dict) -> dict:
-    tc = config.get("text_config")
-    return tc if isinstance(tc, dict) else config
-
-
 def matches(config: dict) -> bool:
-    return config.get("model_type") == "kimi_k3" or text_config(config).get("model_type") == "kimi_linear"
+    archs = config.get("architectures") or []
+    return config.get("model_type") == "kimi_k3" or bool(set(archs) & set(ct_config.K3_ARCHITECTURES))
 
 
 def _field(m: re.Match) -> str:
@@ -39,32 +34,31 @@ def _name_for(prefix: str, e: int, field: str) -> str:
     return f"{prefix}.experts.{e}.{proj}.{'weight_scale' if field.endswith('scale') else 'weight_packed'}"
 
 
-def _scheme(qc: dict | None, where: str) -> str:
-    if not qc or qc.get("quant_method") != "compressed-tensors":
+def _scheme(config: dict, prefix: str, where: str) -> ct_config.CTScheme:
+    qc = common.quant_config(config)
+    if not ct_config.is_ct(qc):
         raise CheckpointError(f"{where}: a Kimi-K3 config without a compressed-tensors "
                               f"quantization_config; only the MXFP4 release "
-                              f"({FORMAT}) is supported.")
-    groups = qc.get("config_groups") or {}
-    fmts = {qc.get("format")} | {g.get("format") for g in groups.values() if isinstance(g, dict)}
-    if FORMAT not in fmts:
-        raise CheckpointError(f"{where}: Kimi-K3 quantization format is {qc.get('format')!r}, "
-                              f"not {FORMAT!r}; only MXFP4 Kimi-K3 checkpoints are supported.")
-    acts = [g.get("input_activations") for g in groups.values() if isinstance(g, dict)]
-    act = next((a for a in acts if a), None)
-    if not act:
-        return "w_mxfp4"
-    if act.get("type") == "float" and act.get("num_bits") == 4:
-        return "w_mxfp4_a_mxfp4"
-    if act.get("type") == "float" and act.get("num_bits") == 8:
-        return "w_mxfp4_a_mxfp8" if act.get("group_size") == 32 else "w_mxfp4_a_fp8"
-    return "w_mxfp4"
+                              f"({ct_config.MXFP4_FORMAT}) is supported.")
+    modules = [f"{prefix}.experts.0.{w}" for w in ("w1", "w3", "w2")]
+    scheme = ct_config.scheme_for(qc, modules, where, architectures=ct_config.K3_ARCHITECTURES)
+    if scheme is None:
+        raise CheckpointError(f"{where}: the compressed-tensors ignore list leaves the Kimi-K3 "
+                              f"routed experts unquantised; there are no MXFP4 experts to convert.")
+    return scheme
 
 
 def build(source, problems: Problems) -> tuple[MoEModel | None, list[str]]:
     config = source.config
-    tc = text_config(config)
+    tc = common.text_config(config)
     where = f"{source.spec} (config.json)"
-    scheme = _scheme(common.quant_config(config), where)
+    found = common.scan(source.tensor_names(), PATTERN, _field)
+    first = min(found.layers, key=common.natural_key) if found.layers else "model.layers.1.block_sparse_moe"
+    scheme = _scheme(config, first, where)
+    if not found.layers:
+        problems.error(f"{source.spec}: a Kimi-K3 config but no routed-expert tensors named "
+                       f"'...layers.L.block_sparse_moe.experts.E.w1.weight_packed' in the index. "
+                       f"The checkpoint is not a Kimi-K3 MXFP4 release.")
     geometry = MoEGeometry(
         hidden=int(common.cfg_get(tc, where, "routed_expert_hidden_size", "hidden_size")),
         intermediate=int(common.cfg_get(tc, where, "moe_intermediate_size")),
@@ -78,14 +72,10 @@ def build(source, problems: Problems) -> tuple[MoEModel | None, list[str]]:
         params["beta"] = float(common.cfg_get(tc, where, "activation_situ_beta"))
         if tc.get("activation_situ_linear_beta") is not None:
             params["linear_beta"] = float(tc["activation_situ_linear_beta"])
-    found = common.scan(source.tensor_names(), PATTERN, _field)
-    if not found.layers:
-        problems.error(f"{source.spec}: a Kimi-K3 config but no routed-expert tensors named "
-                       f"'...layers.L.block_sparse_moe.experts.E.w1.weight_packed' in the index. "
-                       f"The checkpoint is not a Kimi-K3 MXFP4 release.")
     layers, prefixes, variants = common.expert_layers(source, found, geometry, problems, _name_for)
     model = MoEModel(
-        family=NAME, quant_scheme=scheme, moe_method="mxfp4",
+        family=NAME, quant_scheme=scheme.quant_scheme, moe_method=scheme.moe_method,
+        moe_class=scheme.moe_class, declared_act=scheme.declared_act,
         activation=Activation(act_name, params), routing="DeepSeekV3", geometry=geometry,
         layers=tuple(layers), dtype_variants=variants,
         extra={"min_moe_intermediate_per_partition": MIN_MOE_INTERMEDIATE_PER_PARTITION,

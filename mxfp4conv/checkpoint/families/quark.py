@@ -5,7 +5,7 @@ from __future__ import annotations
 import fnmatch
 import re
 
-from mxfp4conv.checkpoint.canonical import Activation, MoEGeometry, MoEModel
+from mxfp4conv.checkpoint.canonical import MoEGeometry, MoEModel
 from mxfp4conv.checkpoint.families import common
 from mxfp4conv.checkpoint.problems import Problems
 from mxfp4conv.errors import CheckpointError
@@ -13,12 +13,12 @@ from mxfp4conv.errors import CheckpointError
 NAME = "quark"
 SUPPORTED = ("w_mxfp4", "w_mxfp4_a_mxfp4", "w_mxfp4_a_fp8")
 
-# HF names (gate_proj/up_proj/down_proj) and native ones (w1/w3/w2) of the base model.
-PATTERN = re.compile(r"^(?P<prefix>.+)\.experts\.(?P<e>\d+)\.(?P<proj>gate_proj|up_proj|down_proj|w[123])"
-                     r"\.(?P<kind>weight|weight_scale|scale|input_scale|bias)$")
-_FUSED_PER_EXPERT = re.compile(r"\.experts\.\d+\.gate_up_proj\.weight$")
+# HF names (gate_proj/up_proj/down_proj), native ones (w1/w3/w2) of the base model, and the
+# per-expert fused, row-interleaved gate_up_proj of Quark's gpt-oss exports.
+PATTERN = re.compile(r"^(?P<prefix>.+)\.experts\.(?P<e>\d+)\.(?P<proj>gate_up_proj|gate_proj|up_proj"
+                     r"|down_proj|w[123])\.(?P<kind>weight|weight_scale|scale|input_scale|bias)$")
 _ROLE = {"gate_proj": "gate", "w1": "gate", "up_proj": "up", "w3": "up", "down_proj": "down",
-         "w2": "down"}
+         "w2": "down", "gate_up_proj": "gate_up"}
 _KIND = {"weight": "", "weight_scale": "_scale", "scale": "_scale", "input_scale": "_input_scale",
          "bias": "_bias"}
 _MX = {"fp4": "mxfp4", "fp6_e3m2": "mxfp6_e3m2", "fp6_e2m3": "mxfp6_e2m3"}
@@ -73,37 +73,21 @@ def expert_spec(qc: dict, module: str) -> dict | None:
     return qc.get("global_quant_config") or {}
 
 
-def _base_config(config: dict) -> dict:
-    tc = config.get("text_config")
-    return tc if isinstance(tc, dict) and "hidden_size" in tc else config
-
-
-def _activation(cfg: dict) -> Activation:
-    if cfg.get("model_type") == "gpt_oss":
-        return Activation("swigluoai", {"alpha": 1.702, "limit": float(cfg.get("swiglu_limit", 7.0))})
-    name = str(cfg.get("hidden_act", "silu"))
-    if name == "situ":
-        params = {"beta": float(cfg.get("activation_situ_beta", 4.0))}
-        if cfg.get("activation_situ_linear_beta") is not None:
-            params["linear_beta"] = float(cfg["activation_situ_linear_beta"])
-        return Activation(name, params)
-    if cfg.get("swiglu_limit") is not None:
-        return Activation(name, {"swiglu_limit": float(cfg["swiglu_limit"])})
-    return Activation(name, {})
+def _declared_act(act: dict) -> str | None:
+    if not act:
+        return None
+    kind = _MX.get(act.get("dtype"), "fp8" if act.get("dtype") in ("fp8_e4m3", "fp8") else act.get("dtype"))
+    where = f"group{act.get('group_size')}" if act.get("qscheme") == "per_group" else \
+        str(act.get("qscheme", "")).replace("per_", "")
+    return f"{kind}_{'dynamic' if act.get('is_dynamic') else 'static'}_{where}"
 
 
 def build(source, problems: Problems) -> tuple[MoEModel | None, list[str]]:
     config = source.config
-    cfg = _base_config(config)
+    cfg = common.text_config(config)
     qc = common.quant_config(config)
     where = f"{source.spec} (config.json)"
-    names = source.tensor_names()
-    fused = [n for n in names if _FUSED_PER_EXPERT.search(n)]
-    if fused:
-        raise CheckpointError(f"{source.spec}: Quark export with fused per-expert gate_up_proj "
-                              f"tensors (e.g. {fused[0]!r}); only exports with separate "
-                              f"gate/up/down expert projections are supported.")
-    found = common.scan(names, PATTERN, _field)
+    found = common.scan(source.tensor_names(), PATTERN, _field)
     if not found.layers:
         raise CheckpointError(f"{source.spec}: a Quark config but no routed-expert tensors named "
                               f"'...experts.E.gate_proj.weight' in the index; nothing to convert.")
@@ -130,23 +114,32 @@ def build(source, problems: Problems) -> tuple[MoEModel | None, list[str]]:
                                  "experts_per_token")),
     )
     common.check_geometry(geometry, problems, where)
-    required = common.REQUIRED + (("gate_input_scale", "up_input_scale", "down_input_scale")
-                                  if static else ())
-    hf_names = any(".gate_proj." in n or ".down_proj." in n
+    gate_up = any("gate_up" in f for e in found.layers[first_prefix].values() for f in e)
+    if gate_up:
+        required = common.GATE_UP_REQUIRED + (("gate_up_input_scale", "down_input_scale")
+                                              if static else ())
+    else:
+        required = common.REQUIRED + (("gate_input_scale", "up_input_scale", "down_input_scale")
+                                      if static else ())
+    hf_names = any(".gate_proj." in n or ".down_proj." in n or ".gate_up_proj." in n
                    for e in found.layers[first_prefix].values() for v in e.values() for n in v)
 
     def name_for(prefix: str, e: int, field: str) -> str:
-        role, _, kind = field.partition("_")
+        role = "gate_up" if field.startswith("gate_up") else field.split("_")[0]
+        kind = field[len(role) + 1:]
         proj = f"{role}_proj" if hf_names else {"gate": "w1", "up": "w3", "down": "w2"}[role]
-        return f"{prefix}.experts.{e}.{proj}.{('weight_' + kind) if kind else 'weight'}"
+        return f"{prefix}.experts.{e}.{proj}.{('weight_' + kind) if kind == 'scale' else kind or 'weight'}"
 
     layers, prefixes, variants = common.expert_layers(source, found, geometry, problems,
                                                       name_for, required)
-    has_bias = any(ex.gate_bias is not None for layer in layers for ex in layer.experts)
+    has_bias = any(ex.down_bias is not None for layer in layers
+                   for ex in layer.experts or layer.gate_up_experts)
     model = MoEModel(
-        family=NAME, quant_scheme=scheme, moe_method="quark", activation=_activation(cfg),
-        routing=common.routing_from_config(cfg), geometry=geometry, layers=tuple(layers),
-        has_bias=has_bias, static_input_scales=static, dtype_variants=variants,
+        family=NAME, quant_scheme=scheme, moe_method="quark",
+        activation=common.activation_from_config(cfg), routing=common.routing_from_config(cfg),
+        geometry=geometry, layers=tuple(layers), has_bias=has_bias, static_input_scales=static,
+        dtype_variants=variants, moe_class="QuarkOCP_MX_MoEMethod",
+        declared_act=_declared_act(act), gate_up_interleaved=gate_up,
         extra={"base_model_type": cfg.get("model_type"),
                "input_dynamic": bool(act.get("is_dynamic")) if act else None},
     )
