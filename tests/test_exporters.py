@@ -205,3 +205,29 @@ def test_compressed_tensors_w4a4_refuses_a_forced_backend():
         decide(m, Target("sm90", backend="marlin"))
     with pytest.raises(OracleError, match="takes no activation override"):
         decide(m, Target("sm90", act_quant="mxfp4"))
+
+
+def _header(root: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
+    src = open_source(root)
+    return {n: (src.tensor_info(n).dtype, tuple(src.tensor_info(n).shape)) for n in src.tensor_names()}
+
+
+@pytest.mark.parametrize("family, scheme, export", [
+    ("compressed_tensors", "w_mxfp4", "ct_qwen3_moe_w_mxfp4"),
+    ("compressed_tensors", "w_mxfp4_a_mxfp4", "ct_qwen3_moe_w_mxfp4_a_mxfp4"),
+    ("compressed_tensors", "w_mxfp4_a_fp8", "ct_qwen3_moe_w_mxfp4_a_fp8"),
+    ("quark_gpt_oss", "w_mxfp4_a_fp8", "quark_gpt_oss_w_mxfp4_a_fp8"),
+])
+def test_example_matches_the_real_export(tmp_path, family, scheme, export):
+    from mxfp4conv.checkpoint.synthetic import make_checkpoint
+
+    root = make_checkpoint(family, tmp_path / "x", scheme=scheme, hidden=128, intermediate=64,
+                           num_experts=4, top_k=2, num_layers=1, vocab=64)
+    assert _header(root) == _header(DATA / export)  # names, dtype strings, shapes
+    got, real = open_source(root).config, open_source(DATA / export).config
+    assert got["quantization_config"] == real["quantization_config"]
+    assert set(got) == set(real)
+    a, b = load_model(open_source(root)), load_model(open_source(DATA / export))
+    for k in ("family", "quant_scheme", "moe_method", "moe_class", "declared_act", "activation",
+              "routing", "geometry", "has_bias", "static_input_scales", "gate_up_interleaved"):
+        assert getattr(a, k) == getattr(b, k), k

@@ -274,7 +274,7 @@ def test_synthetic_is_deterministic_per_seed(tmp_path):
 def test_synthetic_refuses_bad_options(tmp_path):
     with pytest.raises(CheckpointError, match="multiple of 32"):
         make_checkpoint("quark", tmp_path / "x", hidden=100)
-    with pytest.raises(CheckpointError, match="Quark exports only"):
+    with pytest.raises(CheckpointError, match="Quark and compressed-tensors exports only"):
         make_checkpoint("gpt_oss", tmp_path / "x", scheme="w_mxfp4_a_fp8")
     with pytest.raises(CheckpointError, match="unknown option"):
         make_checkpoint("gpt_oss", tmp_path / "x", hiden=64)
@@ -291,3 +291,45 @@ def test_quark_export_with_deepseek_v4_native_names(synth, tmp_path):
     assert (m.activation.name, m.activation.params) == ("silu", {"swiglu_limit": 10.0})
     assert [layer.prefix for layer in m.layers] == ["layers.0.ffn", "layers.1.ffn", "mtp.0.ffn"]
     assert m.dtype_variants == {"weight": "I8", "scale": "F8_E8M0"}
+
+
+def test_deepseek_v4_dimensions_under_text_config(synth):
+    nested = load_model(open_source(synth("deepseek_v4", text_config=True)))
+    flat = load_model(open_source(synth("deepseek_v4")))
+    cfg = open_source(synth("deepseek_v4", text_config=True)).config
+    assert "hidden_size" not in cfg and cfg["text_config"]["expert_dtype"] == "fp4"
+    assert (nested.family, nested.geometry, nested.activation, nested.routing) == (
+        flat.family, flat.geometry, flat.activation, flat.routing)
+    assert [layer.prefix for layer in nested.layers] == [layer.prefix for layer in flat.layers]
+
+
+def test_kimi_linear_top_level_is_not_kimi_k3(synth, tmp_path):
+    # transformers' Kimi-Linear (model_type kimi_linear at the top) is served by vLLM's
+    # compressed-tensors MoE method, not by Kimi-K3's mxfp4 rewrite.
+    root = copy_of(synth("kimi_k3"), tmp_path / "k")
+
+    def flatten(cfg):
+        text = cfg.pop("text_config")
+        cfg.clear()
+        cfg.update(text, architectures=["KimiLinearForCausalLM"])
+    _edit_config(root, flatten)
+    m = load_model(open_source(root))
+    assert (m.family, m.moe_method, m.moe_class) == (
+        "compressed_tensors", "compressed_tensors_mxfp4", "CompressedTensorsW4A4Mxfp4MoEMethod")
+    assert m.activation.name == "situ" and m.activation.params == {"beta": 4.0, "linear_beta": 25.0}
+
+
+def test_kimi_k3_declared_activations_are_rewritten_away(synth, tmp_path):
+    root = copy_of(synth("kimi_k3"), tmp_path / "k")
+    fp8 = {"num_bits": 8, "type": "float", "strategy": "token", "dynamic": True, "symmetric": True}
+    _edit_config(root, lambda c: c["text_config"]["quantization_config"]["config_groups"]["group_0"]
+                 .update(input_activations=fp8))
+    m = load_model(open_source(root))
+    assert (m.quant_scheme, m.moe_method, m.moe_class, m.declared_act) == (
+        "w_mxfp4_a_fp8", "mxfp4", "Mxfp4MoEMethod", "fp8_dynamic_token")
+    from mxfp4conv.oracle import decide
+    from mxfp4conv.oracle.decision import Target
+
+    d = decide(m, Target("gfx950", tp=2))
+    assert d.act_quant == "bf16"
+    assert any("KimiK3ForConditionalGenerationConfig" in n for n in d.notes)

@@ -180,5 +180,9 @@ class MoEModel:
     # {"min_moe_intermediate_per_partition": 256}.
     extra: dict[str, Any] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        if self.family == "gpt_oss":  # the release's fused tensors always interleave gate/up
+            self.gate_up_interleaved = True
+
     def expert_tensor_names(self) -> set[str]:
         return {n for layer in self.layers for n in layer.source_tensor_names()}

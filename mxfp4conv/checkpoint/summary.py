@@ -106,6 +106,9 @@ def _inspect(source: Source, full: bool) -> Report:
         "problems": [p.to_json() for p in problems],
         # Beyond the contract: what the oracle and a reader find useful.
         "moe_method": model.moe_method if model else None,
+        "moe_class": model.moe_class if model else None,
+        "declared_act": model.declared_act if model else None,
+        "gate_up_interleaved": model.gate_up_interleaved if model else None,
         "routing": model.routing if model else None,
         "has_bias": model.has_bias if model else None,
         "static_input_scales": model.static_input_scales if model else None,

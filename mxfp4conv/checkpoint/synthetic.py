@@ -20,15 +20,20 @@ from safetensors.torch import save_file
 
 from mxfp4conv.errors import CheckpointError
 
-FAMILIES = ("kimi_k3", "deepseek_v4", "quark", "gpt_oss")
+FAMILIES = ("kimi_k3", "deepseek_v4", "quark", "gpt_oss", "compressed_tensors", "quark_gpt_oss")
 QUARK_SCHEMES = ("w_mxfp4", "w_mxfp4_a_mxfp4", "w_mxfp4_a_fp8")
-_OPTIONS = ("weight_dtype", "scale_dtype", "num_shards", "quant_config_location")
+# compressed-tensors presets of llmcompressor: MXFP4A16, MXFP4 (W4A4), MXFP4XFP8 (W4A8 dynamic)
+CT_SCHEMES = ("w_mxfp4", "w_mxfp4_a_mxfp4", "w_mxfp4_a_fp8")
+SCHEMES = {"quark": QUARK_SCHEMES, "quark_gpt_oss": QUARK_SCHEMES, "compressed_tensors": CT_SCHEMES}
+_OPTIONS = ("weight_dtype", "scale_dtype", "num_shards", "quant_config_location", "text_config")
 _GEOMETRY = ("hidden", "intermediate", "num_experts", "top_k", "num_layers", "vocab")
 DEFAULTS = {
     "kimi_k3": dict(hidden=256, intermediate=256, num_experts=8, top_k=2, num_layers=2),
     "deepseek_v4": dict(hidden=256, intermediate=256, num_experts=8, top_k=2, num_layers=2),
     "quark": dict(hidden=256, intermediate=256, num_experts=8, top_k=2, num_layers=2),
     "gpt_oss": dict(hidden=256, intermediate=256, num_experts=8, top_k=2, num_layers=2),
+    "compressed_tensors": dict(hidden=256, intermediate=256, num_experts=8, top_k=2, num_layers=2),
+    "quark_gpt_oss": dict(hidden=256, intermediate=256, num_experts=8, top_k=2, num_layers=2),
 }
 
 
@@ -108,7 +113,8 @@ def make_checkpoint(family: str, out_dir: str | os.PathLike, *, scheme: str | No
     Geometry keywords: hidden (the width routed experts see), intermediate, num_experts,
     top_k, num_layers (MoE layers), vocab. Options: weight_dtype / scale_dtype (the dtype
     strings of expert weights and scales, default the family's real ones), num_shards (>= 2),
-    quant_config_location (Kimi-K3: "text_config" or "top").
+    quant_config_location (Kimi-K3: "text_config" or "top"), text_config (DeepSeek-V4: the
+    model dimensions nested under ``text_config``, as multimodal wrappers write them).
     """
     if family not in FAMILIES:
         raise CheckpointError(f"unknown family {family!r}; choose one of {', '.join(FAMILIES)}.")
@@ -116,9 +122,13 @@ def make_checkpoint(family: str, out_dir: str | os.PathLike, *, scheme: str | No
     if unknown:
         raise CheckpointError(f"make_checkpoint: unknown option(s) {', '.join(sorted(unknown))}; "
                               f"known: {', '.join(_GEOMETRY + _OPTIONS)}.")
-    if scheme is not None and family != "quark" and scheme != "w_mxfp4":
-        raise CheckpointError(f"--scheme {scheme} applies to Quark exports only; {family} "
-                              f"checkpoints are weight-only MXFP4 (w_mxfp4).")
+    if scheme is not None and scheme != "w_mxfp4" and scheme not in SCHEMES.get(family, ()):
+        if family not in SCHEMES:
+            raise CheckpointError(f"--scheme {scheme} applies to Quark and compressed-tensors "
+                                  f"exports only; {family} checkpoints are weight-only MXFP4 "
+                                  f"(w_mxfp4).")
+        raise CheckpointError(f"unknown {family} scheme {scheme!r}; choose one of "
+                              f"{', '.join(SCHEMES[family])}.")
     g = {**DEFAULTS[family], "vocab": 128}
     g.update({k: int(v) for k, v in geometry.items() if k in _GEOMETRY})
     opts = {k: geometry[k] for k in _OPTIONS if k in geometry}
@@ -134,7 +144,8 @@ def make_checkpoint(family: str, out_dir: str | os.PathLike, *, scheme: str | No
     default_w, default_s = {"deepseek_v4": ("I8", "F8_E8M0")}.get(family, ("U8", "U8"))
     ts = _Tensors(seed, opts.get("weight_dtype", default_w), opts.get("scale_dtype", default_s))
     builder = {"kimi_k3": _kimi_k3, "deepseek_v4": _deepseek_v4, "quark": _quark,
-               "gpt_oss": _gpt_oss}[family]
+               "gpt_oss": _gpt_oss, "compressed_tensors": _compressed_tensors,
+               "quark_gpt_oss": _quark_gpt_oss}[family]
     config = builder(ts, g, scheme or "w_mxfp4", opts)
     sidecars = {"tokenizer_config.json": {"model_max_length": 4096, "tokenizer_class": "PreTrainedTokenizerFast",
                                           "bos_token": "<s>", "eos_token": "</s>"},
@@ -290,7 +301,7 @@ def _deepseek_v4(ts: _Tensors, g: dict, scheme: str, opts: dict) -> dict:
                 ts.expert(f"{f}.experts.{e}.{w}.weight", f"{f}.experts.{e}.{w}.scale", n, kk)
     ts.ones("norm.weight", H)
     ts.bf16("head.weight", V, H)
-    return {
+    config = {
         "architectures": ["DeepseekV4ForCausalLM"], "model_type": "deepseek_v4",
         "expert_dtype": "fp4", "hidden_size": H, "num_hidden_layers": L, "n_routed_experts": E,
         "num_experts_per_tok": k, "n_shared_experts": 1, "moe_intermediate_size": I,
@@ -304,16 +315,25 @@ def _deepseek_v4(ts: _Tensors, g: dict, scheme: str, opts: dict) -> dict:
                                 "quant_method": "fp8", "scale_fmt": "ue8m0",
                                 "weight_block_size": [128, 128]},
     }
+    if opts.get("text_config"):
+        top = ("architectures", "model_type", "quantization_config")
+        config = {**{k: config[k] for k in top},
+                  "text_config": {k: v for k, v in config.items() if k not in top}}
+    return config
 
 
 def _quark_spec(dtype: str) -> dict:
-    return {"dtype": dtype, "qscheme": "per_group", "ch_axis": -1, "group_size": 32,
-            "is_dynamic": False, "symmetric": None, "round_method": "half_even",
-            "scale_type": "float", "scale_format": "e8m0", "scale_calculation_mode": "even",
-            "mx_element_dtype": None, "observer_cls": "PerBlockMXObserver", "is_scale_quant": False}
+    """An OCP-MX tensor spec as amd-quark 0.13 exports it."""
+    return {"block_size": None, "ch_axis": -1, "dtype": dtype, "enable_buffer_reuse": False,
+            "group_size": 32, "is_dynamic": False, "is_scale_quant": False,
+            "max_input_numel": 4194304, "mx_element_dtype": None,
+            "observer_cls": "PerBlockMXObserver", "qscheme": "per_group",
+            "round_method": "half_even", "scale_calculation_mode": "even", "scale_format": "e8m0",
+            "scale_type": "float", "symmetric": None, "zero_point_type": "int32"}
 
 
 def _quark_config(scheme: str) -> dict:
+    """A Quark ``quantization_config`` as amd-quark 0.13's export_safetensors writes it."""
     w_part, _, a_part = scheme.partition("_a_")
     mx = {"w_mxfp4": "fp4", "w_mxfp6_e3m2": "fp6_e3m2", "w_mxfp6_e2m3": "fp6_e2m3"}
     if w_part not in mx or a_part not in ("", "mxfp4", "fp8", "mxfp6_e3m2", "mxfp6_e2m3"):
@@ -322,21 +342,24 @@ def _quark_config(scheme: str) -> dict:
     if not a_part:
         inputs = None
     elif a_part == "fp8":
-        inputs = {"dtype": "fp8_e4m3", "qscheme": "per_tensor", "ch_axis": None,
-                  "group_size": None, "is_dynamic": False, "symmetric": True,
-                  "round_method": "half_even", "scale_type": "float", "scale_format": None,
-                  "observer_cls": "PerTensorMinMaxObserver", "is_scale_quant": False}
+        inputs = {"block_size": None, "ch_axis": None, "dtype": "fp8_e4m3",
+                  "enable_buffer_reuse": False, "group_size": None, "is_dynamic": False,
+                  "is_scale_quant": False, "max_input_numel": 4194304, "mx_element_dtype": None,
+                  "observer_cls": "PerTensorMinMaxObserver", "qscheme": "per_tensor",
+                  "round_method": "half_even", "scale_calculation_mode": None,
+                  "scale_format": None, "scale_type": None, "symmetric": True,
+                  "zero_point_type": "int32"}
     else:
         inputs = {**_quark_spec(a_part.replace("mx", "")), "is_dynamic": True}
     return {
-        "quant_method": "quark", "quant_mode": "eager_mode", "version": "0.10",
+        "algo_config": None, "exclude": ["*self_attn*", "*mlp.gate", "lm_head"],
         "export": {"kv_cache_group": [], "min_kv_scale": 0.0, "pack_method": "reorder",
                    "weight_format": "real_quantized", "weight_merge_groups": None},
-        "global_quant_config": {"weight": _quark_spec(mx[w_part]), "input_tensors": inputs,
-                                "output_tensors": None, "bias": None, "target_device": None},
-        "layer_quant_config": {}, "layer_type_quant_config": {}, "kv_cache_quant_config": {},
-        "kv_cache_post_rope": False, "exclude": ["*self_attn*", "*mlp.gate", "lm_head"],
-        "algo_config": None, "softmax_quant_spec": None,
+        "global_quant_config": {"bias": None, "input_tensors": inputs, "output_tensors": None,
+                                "target_device": None, "weight": _quark_spec(mx[w_part])},
+        "kv_cache_post_rope": False, "kv_cache_quant_config": {}, "layer_quant_config": {},
+        "layer_type_quant_config": {}, "quant_method": "quark", "quant_mode": "eager_mode",
+        "softmax_quant_spec": None, "version": "0.13",
     }
 
 
@@ -439,4 +462,140 @@ def _gpt_oss(ts: _Tensors, g: dict, scheme: str, opts: dict) -> dict:
                                                            "model.layers.*.mlp.router",
                                                            "model.embed_tokens", "lm_head"],
                                 "quant_method": "mxfp4"},
+    }
+
+
+def _qwen3_moe_body(ts: _Tensors, g: dict, expert) -> dict:
+    """transformers' Qwen3-MoE tensors (attention kept in bf16), experts written by ``expert``."""
+    H, I, E, L, V = g["hidden"], g["intermediate"], g["num_experts"], g["num_layers"], g["vocab"]
+    heads, kv, hd = 2, 1, 32
+    ts.bf16("lm_head.weight", V, H)
+    ts.bf16("model.embed_tokens.weight", V, H)
+    for layer in range(L):
+        p = f"model.layers.{layer}"
+        ts.ones(f"{p}.input_layernorm.weight", H)
+        ts.bf16(f"{p}.mlp.gate.weight", E, H)
+        for e in range(E):
+            if layer == 0 and e == E // 2:
+                ts.mark_split()
+            for proj, n, k in (("down_proj", H, I), ("gate_proj", I, H), ("up_proj", I, H)):
+                expert(f"{p}.mlp.experts.{e}.{proj}", n, k)
+        ts.ones(f"{p}.post_attention_layernorm.weight", H)
+        ts.ones(f"{p}.self_attn.k_norm.weight", hd)
+        ts.bf16(f"{p}.self_attn.k_proj.weight", kv * hd, H)
+        ts.bf16(f"{p}.self_attn.o_proj.weight", H, heads * hd)
+        ts.ones(f"{p}.self_attn.q_norm.weight", hd)
+        ts.bf16(f"{p}.self_attn.q_proj.weight", heads * hd, H)
+        ts.bf16(f"{p}.self_attn.v_proj.weight", kv * hd, H)
+    ts.ones("model.norm.weight", H)
+    return {
+        "architectures": ["Qwen3MoeForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+        "bos_token_id": 1, "decoder_sparse_step": 1, "dtype": "bfloat16", "eos_token_id": 2,
+        "head_dim": hd, "hidden_act": "silu", "hidden_size": H, "initializer_range": 0.02,
+        "intermediate_size": 2 * I, "max_position_embeddings": 4096, "mlp_only_layers": [],
+        "model_type": "qwen3_moe", "moe_intermediate_size": I, "norm_topk_prob": True,
+        "num_attention_heads": heads, "num_experts_per_tok": g["top_k"], "num_hidden_layers": L,
+        "num_key_value_heads": kv, "num_local_experts": E, "output_router_logits": False,
+        "pad_token_id": 0, "rms_norm_eps": 1e-06,
+        "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"},
+        "router_aux_loss_coef": 0.001, "sliding_window": None, "tie_word_embeddings": False,
+        "transformers_version": "5.23.0", "use_cache": True, "use_sliding_window": False,
+        "vocab_size": V,
+    }
+
+
+def _ct_config(scheme: str, num_layers: int) -> dict:
+    """What llmcompressor 0.14 / compressed-tensors 0.20 write for its MXFP4 presets."""
+    weights = {"dynamic": False, "group_size": 32, "num_bits": 4, "observer": "memoryless_minmax",
+               "scale_dtype": "torch.uint8", "strategy": "group", "symmetric": True, "type": "float"}
+    inputs = {
+        "w_mxfp4": None,
+        "w_mxfp4_a_mxfp4": {"dynamic": True, "group_size": 32, "num_bits": 4,
+                            "scale_dtype": "torch.uint8", "strategy": "group", "symmetric": True,
+                            "type": "float"},
+        "w_mxfp4_a_fp8": {"dynamic": True, "group_size": 128, "num_bits": 8, "strategy": "group",
+                          "symmetric": True, "type": "float"},
+    }[scheme]
+    ignore = [f"model.layers.{i}.{m}" for i in range(num_layers)
+              for m in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+                        "self_attn.o_proj", "mlp.gate")] + ["lm_head"]
+    return {
+        "config_groups": {"group_0": {"format": "mxfp4-pack-quantized", "input_activations": inputs,
+                                      "output_activations": None, "targets": ["Linear"],
+                                      "weights": weights}},
+        "format": "mxfp4-pack-quantized", "global_compression_ratio": None, "ignore": ignore,
+        "kv_cache_scheme": None, "moe_sparsity_config": None, "quant_method": "compressed-tensors",
+        "quantization_status": "compressed", "sparsity_config": {}, "transform_config": {},
+        "version": "0.20.0",
+    }
+
+
+def _compressed_tensors(ts: _Tensors, g: dict, scheme: str, opts: dict) -> dict:
+    """llmcompressor's MXFP4 export of a Qwen3-MoE: per-expert weight_packed / weight_scale."""
+    def expert(p: str, n: int, k: int) -> None:
+        ts.expert(f"{p}.weight_packed", f"{p}.weight_scale", n, k)
+
+    config = _qwen3_moe_body(ts, g, expert)
+    config["quantization_config"] = _ct_config(scheme, g["num_layers"])
+    return config
+
+
+def _quark_gpt_oss(ts: _Tensors, g: dict, scheme: str, opts: dict) -> dict:
+    """amd-quark 0.13's export of gpt-oss: per-expert nn.Linear, gate_up rows interleaved."""
+    H, I, E, L, V = g["hidden"], g["intermediate"], g["num_experts"], g["num_layers"], g["vocab"]
+    heads, kv, hd = 2, 1, 32
+    static_fp8 = scheme.endswith("_a_fp8")
+    ts.bf16("lm_head.weight", V, H)
+    ts.bf16("model.embed_tokens.weight", V, H)
+    for layer in range(L):
+        p = f"model.layers.{layer}"
+        ts.ones(f"{p}.input_layernorm.weight", H)
+        for e in range(E):
+            if layer == 0 and e == E // 2:
+                ts.mark_split()
+            x = f"{p}.mlp.experts.{e}"
+            ts.bf16(f"{x}.down_proj.bias", H)
+            if static_fp8:
+                ts.add(f"{x}.down_proj.input_scale",
+                       (torch.rand((), generator=ts.gen) * 0.01 + 0.001).to(torch.bfloat16))
+            ts.expert(f"{x}.down_proj.weight", f"{x}.down_proj.weight_scale", H, I)
+            ts.bf16(f"{x}.gate_up_proj.bias", 2 * I)
+            if static_fp8:
+                ts.add(f"{x}.gate_up_proj.input_scale",
+                       (torch.rand((), generator=ts.gen) * 0.01 + 0.001).to(torch.bfloat16))
+            gw, gs = ts.mxfp4(I, H)
+            uw, us = ts.mxfp4(I, H)
+            # Rows interleaved: 2i = gate channel i, 2i+1 = up channel i.
+            ts.add(f"{x}.gate_up_proj.weight",
+                   _as_dtype(torch.stack([gw, uw], 1).reshape(2 * I, H // 2), ts.weight_dtype))
+            ts.add(f"{x}.gate_up_proj.weight_scale",
+                   _as_dtype(torch.stack([gs, us], 1).reshape(2 * I, H // 32), ts.scale_dtype))
+        ts.bf16(f"{p}.mlp.router.bias", E)
+        ts.bf16(f"{p}.mlp.router.weight", E, H)
+        ts.ones(f"{p}.post_attention_layernorm.weight", H)
+        for proj, n, k in (("k_proj", kv * hd, H), ("o_proj", H, heads * hd),
+                           ("q_proj", heads * hd, H), ("v_proj", kv * hd, H)):
+            ts.bf16(f"{p}.self_attn.{proj}.bias", n)
+            ts.bf16(f"{p}.self_attn.{proj}.weight", n, k)
+        ts.bf16(f"{p}.self_attn.sinks", heads)
+    ts.ones("model.norm.weight", H)
+    qc = _quark_config(scheme)
+    qc["exclude"] = [f"model.layers.{i}.{m}" for i in range(L)
+                     for m in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+                               "self_attn.o_proj", "mlp.router")] + ["lm_head"]
+    return {
+        "architectures": ["GptOssForCausalLM"], "attention_bias": True, "attention_dropout": 0.0,
+        "bos_token_id": 1, "dtype": "bfloat16", "eos_token_id": 2, "head_dim": hd,
+        "hidden_act": "silu", "hidden_size": H, "initializer_range": 0.02,
+        "intermediate_size": I, "layer_types": ["full_attention"] * L,
+        "max_position_embeddings": 4096, "model_type": "gpt_oss", "num_attention_heads": heads,
+        "num_experts_per_tok": g["top_k"], "num_hidden_layers": L, "num_key_value_heads": kv,
+        "num_local_experts": E, "output_router_logits": False, "pad_token_id": 0,
+        "rms_norm_eps": 1e-05,
+        "rope_parameters": {"beta_fast": 32.0, "beta_slow": 1.0, "factor": 32.0,
+                            "original_max_position_embeddings": 4096, "rope_theta": 150000.0,
+                            "rope_type": "yarn", "truncate": False},
+        "router_aux_loss_coef": 0.001, "sliding_window": 128, "swiglu_alpha": 1.702,
+        "swiglu_limit": 7.0, "tie_word_embeddings": False, "transformers_version": "5.23.0",
+        "use_cache": True, "vocab_size": V, "quantization_config": qc,
     }

@@ -8,10 +8,12 @@ import typer
 def register(app: typer.Typer) -> None:
     @app.command("example")
     def example_cmd(
-        family: str = typer.Argument(..., help="kimi_k3, deepseek_v4, quark or gpt_oss."),
+        family: str = typer.Argument(..., help="kimi_k3, deepseek_v4, quark (DeepSeek-V3 base), gpt_oss, compressed_tensors "
+                                   "(llmcompressor's Qwen3-MoE export) or quark_gpt_oss (Quark's gpt-oss export)."),
         out: str = typer.Argument(..., help="New (or empty) directory to write."),
         scheme: str = typer.Option(None, "--scheme",
-                                   help="Quark scheme: w_mxfp4, w_mxfp4_a_mxfp4 or w_mxfp4_a_fp8."),
+                                   help="Quark / compressed-tensors scheme: w_mxfp4, w_mxfp4_a_mxfp4 "
+                                        "or w_mxfp4_a_fp8."),
         seed: int = typer.Option(0, "--seed", help="Random seed of the synthetic weights."),
     ) -> None:
         """Write a tiny synthetic checkpoint in FAMILY's real on-disk format."""

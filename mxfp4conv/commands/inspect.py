@@ -31,7 +31,10 @@ def _render(data: dict) -> None:
     con.print(f"family        {data['family']}   quant scheme {data['quant_scheme']}")
     con.print(f"activation    {data['activation']}{f' ({params})' if params else ''}")
     if data.get("routing"):
-        con.print(f"routing       {data['routing']}   vLLM MoE method {data.get('moe_method')}")
+        con.print(f"routing       {data['routing']}   vLLM MoE method "
+                  f"{data.get('moe_class') or data.get('moe_method')}")
+    if data.get("declared_act"):
+        con.print(f"declared act  {data['declared_act']} (input activations in the quant config)")
     layers = moe.get("layers") or []
     con.print(f"MoE           {len(layers)} layers, {moe['num_experts']} experts, top-k "
               f"{moe['top_k']}, hidden {moe['hidden']}, intermediate {moe['intermediate']}")

@@ -57,7 +57,7 @@ def build(source, problems: Problems) -> tuple[MoEModel | None, list[str]]:
                               f"experts (e.g. {modules[0]!r}) unquantised; there are no MXFP4 "
                               f"experts to convert.")
     geometry = MoEGeometry(
-        hidden=int(common.cfg_get(cfg, where, "hidden_size")),
+        hidden=int(common.cfg_get(cfg, where, "routed_expert_hidden_size", "hidden_size")),
         intermediate=int(common.cfg_get(cfg, where, "moe_intermediate_size", "intermediate_size")),
         num_experts=int(common.cfg_get(cfg, where, "n_routed_experts", "num_experts",
                                        "num_local_experts")),
