@@ -46,6 +46,9 @@ EXPORTS = {
                                     "fp8_static_tensor", ["model.layers.0.mlp"]),
     "quark_qwen3_moe_w_mxfp4": ("quark", "w_mxfp4", "quark", "QuarkOCP_MX_MoEMethod", None,
                                 ["model.layers.0.mlp"]),
+    "quark_deepseek_v3_w_mxfp4_a_mxfp4": ("quark", "w_mxfp4_a_mxfp4", "quark",
+                                          "QuarkOCP_MX_MoEMethod", "mxfp4_dynamic_group32",
+                                          ["model.layers.1.mlp"]),
 }
 TARGETS = [Target("gfx950", tp=2), Target("sm90")]
 

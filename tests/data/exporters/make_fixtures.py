@@ -181,6 +181,7 @@ def make_quark(arch: str, scheme: str) -> None:
 FIXTURES = {
     "quark_gpt_oss_w_mxfp4_a_fp8": (make_quark, "gpt_oss", "w_mxfp4_a_fp8"),
     "quark_qwen3_moe_w_mxfp4": (make_quark, "qwen3_moe", "w_mxfp4"),
+    "quark_deepseek_v3_w_mxfp4_a_mxfp4": (make_quark, "deepseek_v3", "w_mxfp4_a_mxfp4"),
     **{f"ct_qwen3_moe_{s}": (make_compressed_tensors, "qwen3_moe", s) for s in CT_SCHEMES},
     "ct_deepseek_v3_w_mxfp4": (make_compressed_tensors, "deepseek_v3", "w_mxfp4"),
     "ct_kimi_linear_w_mxfp4": (make_compressed_tensors, "kimi_linear", "w_mxfp4"),
