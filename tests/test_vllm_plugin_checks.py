@@ -101,6 +101,12 @@ def test_ep_checkpoint_on_tp_server(synth):  # noqa: F811
     refused(m, facts, "expert parallelism over 2", "no --enable-expert-parallel", "--enable-expert-parallel")
 
 
+def test_ep_round_robin_placement(synth):  # noqa: F811
+    m = manifest_of(synth("kimi_k3"), Target("gfx950", tp=2, ep=True))
+    check_layer(m, live_facts(m, "kimi_k3", rank=1), m["moe"]["layers"][0], "OUT")
+    refused(m, dataclasses.replace(live_facts(m, "kimi_k3"), placement="round_robin"), "round_robin", "linear")
+
+
 def test_rank_out_of_range(k3_gfx950):
     refused(k3_gfx950, dataclasses.replace(live_facts(k3_gfx950, "kimi_k3"), tp_rank=2), "0..1", "rank 2")
 

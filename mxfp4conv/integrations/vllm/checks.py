@@ -101,6 +101,10 @@ def check_layer(manifest: dict[str, Any], facts: EngineFacts, prefix: str, where
         raise refuse("", ours, theirs,
                      f"Serve it with --tensor-parallel-size {size}{flag} (data parallel 1), or convert the source "
                      f"again with --tp {facts.parallel_size}{' --ep' if facts.use_ep else ''}.")
+    if ep and facts.placement != "linear":
+        raise refuse("expert placement", "linear (rank r holds experts [r*E/T, (r+1)*E/T))",
+                     f"--expert-placement-strategy {facts.placement}",
+                     "Serve it with --expert-placement-strategy linear (vLLM's default).")
     rank = facts.parallel_rank
     if not 0 <= rank < size:
         raise refuse("ranks", f"0..{size - 1}", f"rank {rank}", "Check the server's parallel configuration.")

@@ -30,6 +30,7 @@ class EngineFacts:
     activation: str  # MoEActivation value (silu, situ, swigluoai, ...)
     situv2: str | None  # SiTUv2 activation dtype (a16w4 | a8w4 | a4w4) when AITER MoE runs SiTU
     aiter_moe: bool  # AITER fused MoE enabled (ROCm)
+    placement: str = "linear"  # expert placement across EP ranks (vLLM's expert_placement_strategy)
 
     @property
     def parallel_size(self) -> int:
@@ -106,4 +107,5 @@ def layer_facts(layer) -> EngineFacts:
         activation=activation,
         situv2=situv2,
         aiter_moe=aiter_moe,
+        placement=str(getattr(layer, "expert_placement_strategy", "linear")),
     )

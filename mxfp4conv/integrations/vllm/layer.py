@@ -9,7 +9,7 @@
 - ``kernel_ready``: the layer's ``process_weights_after_loading`` becomes vLLM's own with its
   weight converter answering with the converted bytes; everything vLLM does after its
   conversion (parameter replacement, quant config, kernel and experts set-up) runs unchanged.
-- ``mxfp4conv_kernel``: refused for now (mxfp4conv's own format on CUDA).
+- ``mxfp4conv_kernel`` layers are loaded by ``experts.install_mxfp4conv_kernel``.
 """
 
 from __future__ import annotations
@@ -77,11 +77,8 @@ def install(layer, plan: LayerPlan, stored: dict[str, torch.Tensor], manifest: d
     """Load ``stored`` (one rank's tensors of one layer, by kind) into ``layer`` as ``plan`` says."""
     qm = layer.quant_method
     method = type(qm).__name__
-    if plan.mode == "mxfp4conv_kernel":
-        raise RuntimeInputError(
-            f"{where} is in mxfp4conv's own format ({manifest['target']['backend']}, layouts "
-            f"{manifest['layout']['w13']}), which this version of the vLLM plugin does not run inside vLLM on "
-            "CUDA yet. Serve it with mxfp4conv.runtime, or convert the source for vLLM's own backend.")
+    if plan.mode not in ("vllm_transforms", "kernel_ready"):
+        raise ValueError(f"install() loads vllm_transforms / kernel_ready layers, not {plan.mode}")
     if plan.mode == "vllm_transforms":
         for name, t in weights.loaded_form(method, stored).items():
             _copy_into(layer, name, t, where)

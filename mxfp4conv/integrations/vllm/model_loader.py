@@ -58,7 +58,8 @@ def moe_layers(model: torch.nn.Module) -> list[Any]:
 
 def match_layers(model: torch.nn.Module, prefixes: list[str], where: str) -> dict[str, Any]:
     """{manifest prefix: vLLM layer}: each checkpoint MoE prefix ``P`` is vLLM's ``P.experts``
-    after the model's checkpoint-name mapper; every MXFP4 MoE layer of the model must be covered."""
+    after the model's checkpoint-name mapper; every MXFP4 MoE layer of the model must be covered
+    (manifest layers the model lacks, such as an MTP draft model's, are left to that model)."""
     layers = {m.layer_name: m for m in moe_layers(model)}
     mapper = getattr(model, "hf_to_vllm_mapper", None)
 
@@ -73,11 +74,13 @@ def match_layers(model: torch.nn.Module, prefixes: list[str], where: str) -> dic
         if not candidates:  # a model that nests the checkpoint's tree (or drops its root)
             want = f"{p}.experts"
             candidates = [n for n in layers if n.endswith("." + want) or want.endswith("." + n)]
-        if len(candidates) < 1 or len({id(layers[c]) for c in candidates}) != 1:
+        if not candidates:  # a layer of another module of the checkpoint (e.g. an MTP draft model)
+            log.info("mxfp4conv: %s: MoE layer %s is not part of this model", where, p)
+            continue
+        if len({id(layers[c]) for c in candidates}) != 1:
             raise CheckpointError(
-                f"{where}: the manifest's MoE layer {p!r} matches {'no' if not candidates else 'more than one'} "
-                f"MoE layer of vLLM's model ({', '.join(sorted(layers)) or 'none'}). The checkpoint's config "
-                "and its converted experts disagree; convert the source again.")
+                f"{where}: the manifest's MoE layer {p!r} matches more than one MoE layer of vLLM's model "
+                f"({', '.join(sorted(candidates))}); convert the source again.")
         out[p] = layers[candidates[0]]
     covered = {id(m) for m in out.values()}
     left = [n for n, m in layers.items() if id(m) not in covered and type(m.quant_method).__name__ in METHODS]
@@ -102,6 +105,18 @@ def plan_layers(model, manifest: dict[str, Any], where: str) -> list[tuple[Any, 
     """Check every MoE layer against the live engine before anything is loaded."""
     layers = match_layers(model, list(manifest["moe"]["layers"]), where)
     return [(layer, check_layer(manifest, layer_facts(layer), p, where)) for p, layer in layers.items()]
+
+
+def load_into_mxfp4conv_kernel(root: Path, own: list[tuple[Any, LayerPlan]]) -> None:
+    """Layers that run mxfp4conv's kernel: vLLM's parameters are freed first (they were sized for
+    vLLM's pick), then the runtime loader puts this rank's experts on the layers' device."""
+    from mxfp4conv.integrations.vllm.experts import free_vllm_experts, install_mxfp4conv_kernel
+    from mxfp4conv.runtime import load_moe_layers
+
+    device = [free_vllm_experts(layer) for layer, _ in own][0]
+    loaded = load_moe_layers(root, rank=own[0][1].rank, device=device, backend="triton")
+    for layer, plan in own:
+        install_mxfp4conv_kernel(layer, loaded[plan.prefix])
 
 
 def loader_class():
@@ -145,8 +160,12 @@ def loader_class():
             weight_map = _weight_map(root)
             model.load_weights(non_expert_tensors(root, weight_map))
             for layer, plan in plans:
-                stored = read_layer(root, weight_map, manifest, plan.prefix, plan.rank)
-                install(layer, plan, stored, manifest, f"{where} ({plan.prefix}.experts.rank{plan.rank})")
+                if plan.mode != "mxfp4conv_kernel":
+                    stored = read_layer(root, weight_map, manifest, plan.prefix, plan.rank)
+                    install(layer, plan, stored, manifest, f"{where} ({plan.prefix}.experts.rank{plan.rank})")
+            own = [(layer, plan) for layer, plan in plans if plan.mode == "mxfp4conv_kernel"]
+            if own:
+                load_into_mxfp4conv_kernel(root, own)
             modes = sorted({p.mode for _, p in plans})
             log.info("mxfp4conv: %d MoE layers of %s loaded for rank %s (%s)", len(plans), where,
                      plans[0][1].rank if plans else "-", ", ".join(modes))

@@ -4,8 +4,9 @@
   ``process_weights_after_loading`` (identity bytes; gpt-oss keeps its checkpoint's gate/up row
   interleave, which mxfp4conv's format stores as ``[gate; up]``).
 - ``kernel_form``: what vLLM's weight converter returns for the backend (the converted bytes, in
-  the dtype and with the ``is_shuffled`` flag vLLM's conversion gives them), for the
-  (method, backend) pairs whose layout mxfp4conv writes.
+  the dtype and with the ``is_shuffled`` flag vLLM's conversion gives them: AITER's shuffles mark
+  their outputs, scales included, unless vLLM writes the result back into its own parameter),
+  for the (method, backend) pairs whose layout mxfp4conv writes.
 """
 
 from __future__ import annotations
@@ -77,10 +78,12 @@ def kernel_form(method: str, backend: str, activation: str, stored: dict[str, to
             t = weight_view(t)
             t.is_shuffled = True
         elif kind in ("w13_scale", "w2_scale"):
-            if scale_3d:
+            if scale_3d:  # vLLM assigns the shuffle to its parameter's .data, viewed 3-D
                 t = t.reshape(e, 2 * i if kind == "w13_scale" else h, -1)
             if scale_view is not None:
                 t = scale_view(t)
+            if not scale_3d:
+                t.is_shuffled = True
         elif kind in ("w13_bias", "w2_bias"):
             t = t.to(torch.float32)
         out[PARAM[kind]] = t

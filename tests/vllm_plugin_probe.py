@@ -1,0 +1,216 @@
+"""Probe run inside the vLLM 0.33.0 harness worker (tests/vllm033): one MoE layer, two loads.
+
+For a case ``{"method", "source", "converted", "prefix", "tp", "rank", "geometry", "env"}`` it
+builds vLLM's ``RoutedExperts`` layer twice on the emulated platform and reports, for each,
+every parameter (dtype, shape, sha256 of the bytes, ``is_shuffled``), the experts class vLLM's
+kernel was built with and the environment after loading:
+
+- ``normal``: the source checkpoint through vLLM's own weight loading (the layer's slicing and
+  padding ``weight_loader``; gpt-oss through ``GptOssModel._load_weights_mxfp4``), then vLLM's
+  ``process_weights_after_loading`` with its real converters;
+- ``plugin``: the converted checkpoint through the mxfp4conv plugin (``check_layer``,
+  ``read_layer``, ``install``), then the layer's ``process_weights_after_loading``.
+
+AITER's shuffles are mxfp4conv's pure-torch ones (``mxfp4conv.shuffle.aiter``, checked against
+AITER's golden vectors), installed over the harness's recording stub of ``aiter``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import sys
+import types
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+_BASE_ENV = dict(os.environ)
+SHARD = {"w1": "w1", "gate_proj": "w1", "w3": "w3", "up_proj": "w3", "w2": "w2", "down_proj": "w2"}
+SUFFIX = {"weight_packed": "weight", "weight": "weight", "weight_scale": "weight_scale", "scale": "weight_scale",
+          "input_scale": "input_scale"}
+EXPERT_RE = re.compile(r"\.experts\.(\d+)\.(\w+)\.(\w+)$")
+
+
+def _aiter_from_mxfp4conv() -> None:
+    """``aiter.ops.shuffle`` and ``aiter.utility.fp4_utils`` answered by mxfp4conv's shuffles."""
+    from mxfp4conv.shuffle import aiter as ours
+
+    shuffle = types.ModuleType("aiter.ops.shuffle")
+    for name in ("shuffle_weight", "shuffle_scale", "shuffle_weight_a16w4", "shuffle_scale_a16w4"):
+        setattr(shuffle, name, getattr(ours, name))
+    fp4 = types.ModuleType("aiter.utility.fp4_utils")
+    fp4.e8m0_shuffle = ours.e8m0_shuffle
+    sys.modules["aiter.ops.shuffle"] = shuffle
+    sys.modules["aiter.utility.fp4_utils"] = fp4
+
+
+def _env(extra: dict[str, str]) -> None:
+    for k in list(os.environ):
+        if k not in _BASE_ENV:
+            del os.environ[k]
+    os.environ.update(_BASE_ENV)
+    os.environ.update(extra)
+    from vllm._aiter_ops import rocm_aiter_ops
+
+    rocm_aiter_ops.refresh_env_variables()
+
+
+def _quant_config(method: str, case: dict):
+    from vllm.model_executor.layers.quantization.mxfp4 import GptOssMxfp4Config, Mxfp4Config
+
+    if method == "mxfp4":
+        return Mxfp4Config()
+    if method == "gpt_oss":
+        return GptOssMxfp4Config()
+    import probe_moe  # the harness's method builder (Quark needs its quant keys)
+
+    qc = types.SimpleNamespace(online_quantization_config=None, get_name=lambda: "quark")
+    qc.get_quant_method = lambda layer, prefix: probe_moe.make_method(
+        {"method": "quark", "quark_input": case.get("quark_input")}, layer.moe_config)
+    return qc
+
+
+def build_layer(case: dict):
+    """vLLM's RoutedExperts for one layer of ``case`` on ``case['rank']``."""
+    import vllm.config.vllm as V
+    from vllm.model_executor.layers.fused_moe.activation import MoEActivation
+    from vllm.model_executor.layers.fused_moe.config import (
+        FusedMoEConfig, FusedMoEParallelConfig, RoutingMethodType,
+    )
+    from vllm.model_executor.layers.fused_moe.expert_map_manager import ExpertMapManager
+    from vllm.model_executor.layers.fused_moe.routed_experts import RoutedExperts
+
+    g, tp, rank, ep = case["geometry"], case["tp"], case["rank"], case.get("ep", False)
+    V._current_vllm_config = types.SimpleNamespace(model_config=types.SimpleNamespace(
+        quantization_config=None, hf_config=types.SimpleNamespace(model_type=case.get("model_type"))))
+    par = FusedMoEParallelConfig(
+        tp_size=1 if ep else tp, pcp_size=1, dp_size=1, ep_size=tp if ep else 1,
+        tp_rank=0 if ep else rank, pcp_rank=0, dp_rank=0, ep_rank=rank if ep else 0, sp_size=1,
+        use_ep=ep, all2all_backend="allgather_reducescatter", enable_eplb=False)
+    manager = ExpertMapManager(max_num_batched_tokens=256, top_k=g["top_k"], global_num_experts=g["num_experts"],
+                               num_redundant_experts=0, num_expert_group=None, moe_parallel_config=par,
+                               placement_strategy="linear", enable_eplb=False)
+    moe = FusedMoEConfig(
+        num_experts=g["num_experts"], experts_per_token=g["top_k"], hidden_dim=g["hidden"],
+        intermediate_size=g["intermediate"], num_local_experts=manager.local_num_experts,
+        num_logical_experts=g["num_experts"], activation=MoEActivation(case["activation"]), device="cpu",
+        routing_method=RoutingMethodType[case["routing"]], moe_parallel_config=par, in_dtype=torch.bfloat16,
+        has_bias=case.get("has_bias", False), activation_situ_linear_beta=case.get("situ_linear_beta"),
+        activation_situ_beta=case.get("situ_beta"), swiglu_limit=case.get("swiglu_limit"))
+    layer = RoutedExperts(f"{case['prefix']}.experts", torch.bfloat16, moe, _quant_config(case["method"], case),
+                          expert_map_manager=manager, swiglu_limit=case.get("swiglu_limit"))
+    return layer
+
+
+def _source_tensors(root: Path, prefix: str):
+    from safetensors import safe_open
+
+    weight_map = json.loads((root / "model.safetensors.index.json").read_text())["weight_map"]
+    for name, shard in weight_map.items():
+        if name.startswith(prefix + ".experts."):
+            with safe_open(str(root / shard), framework="pt") as f:
+                yield name, f.get_tensor(name)
+
+
+def load_normal(layer, case: dict) -> None:
+    """The source checkpoint's experts of the layer, loaded the way vLLM's models load them."""
+    root, prefix = Path(case["source"]), case["prefix"]
+    if case["method"] == "gpt_oss":
+        _load_gpt_oss(layer, case, _source_tensors(root, prefix))
+        return
+    for name, t in _source_tensors(root, prefix):
+        m = EXPERT_RE.search(name)
+        expert, proj, suffix = int(m.group(1)), m.group(2), m.group(3)
+        shard = SHARD[proj]
+        param_name = ("w2" if shard == "w2" else "w13") + "_" + SUFFIX[suffix]
+        param = getattr(layer, param_name)
+        param.weight_loader(param, t, weight_name=f"{layer.layer_name}.{param_name}", shard_id=shard, expert_id=expert)
+
+
+def _load_gpt_oss(layer, case: dict, weights) -> None:
+    from vllm.model_executor.layers.fused_moe import config as moe_config
+    from vllm.model_executor.models import gpt_oss
+
+    tp, rank = case["tp"], case["rank"]
+    one = types.SimpleNamespace(world_size=1, rank_in_group=0)
+    # the process groups a tp-rank worker has (no torch.distributed here)
+    gpt_oss.get_tensor_model_parallel_world_size = lambda: tp
+    moe_config.get_tensor_model_parallel_rank = lambda: rank
+    gpt_oss.get_dp_group = lambda: one
+    gpt_oss.get_pcp_group = lambda: one
+    root = torch.nn.Module()
+    node = root
+    parts = layer.layer_name.split(".")
+    for part in parts[:-1]:
+        child = torch.nn.Module()
+        node.add_module(part, child)
+        node = child
+    node.add_module(parts[-1], layer)
+    g = case["geometry"]
+    root.parallel_config = types.SimpleNamespace(enable_expert_parallel=False)
+    root.config = types.SimpleNamespace(num_local_experts=g["num_experts"], intermediate_size=g["intermediate"])
+    root._try_load_streamed_expert = lambda *a, **k: False
+    weights = gpt_oss.GptOssForCausalLM.hf_to_vllm_mapper.apply(weights)  # what GptOssForCausalLM does
+    gpt_oss.GptOssModel._load_weights_mxfp4(root, g["num_experts"], 0, weights, [])
+
+
+def load_plugin(layer, case: dict) -> None:
+    from mxfp4conv.integrations.vllm.checks import check_layer
+    from mxfp4conv.integrations.vllm.facts import layer_facts
+    from mxfp4conv.integrations.vllm.layer import install
+    from mxfp4conv.integrations.vllm.rank_tensors import read_layer
+    from mxfp4conv.runtime.loader import _weight_map, read_manifest
+
+    root = Path(case["converted"])
+    manifest = read_manifest(root)
+    plan = check_layer(manifest, layer_facts(layer), case["prefix"], str(root))
+    stored = read_layer(root, _weight_map(root), manifest, plan.prefix, plan.rank)
+    install(layer, plan, stored, manifest, str(root))
+    return plan.mode
+
+
+def state(layer) -> dict:
+    params = {}
+    for name, p in sorted(layer.named_parameters()):
+        t = p.detach().contiguous()
+        data = t.reshape(-1).view(torch.uint8).numpy().tobytes()
+        params[name] = [str(t.dtype), list(t.shape), hashlib.sha256(data).hexdigest(),
+                        getattr(p, "is_shuffled", None)]
+    qm = layer.quant_method
+    kernel = getattr(qm, "moe_kernel", None)
+    return {"params": params, "backend": qm.mxfp4_backend.name,
+            "experts": type(kernel.fused_experts).__name__ if kernel is not None else None,
+            "env": {k: v for k, v in os.environ.items() if _BASE_ENV.get(k) != v}}
+
+
+def probe(case: dict) -> dict:
+    if "boto3" not in sys.modules:  # vLLM's S3 helpers, imported by its model loader: not used here
+        import stubs
+
+        stubs.install({"boto3"}, {})
+    torch.accelerator.empty_cache = lambda: None  # no accelerator in the emulated platform
+    _aiter_from_mxfp4conv()
+    _env(case["server_env"])  # what a server of the source sets by hand (`mxfp4conv plan` says it)
+    normal_layer = build_layer(case)
+    load_normal(normal_layer, case)
+    loaded = all(bool(getattr(normal_layer, n).any()) for n in ("w13_weight", "w2_weight", "w13_weight_scale"))
+    normal_layer.quant_method.process_weights_after_loading(normal_layer)
+    normal = state(normal_layer)
+
+    _env({})
+    from mxfp4conv.integrations.vllm.model_loader import refresh_engine_env
+    from mxfp4conv.runtime.loader import apply_runtime_env, read_manifest
+
+    apply_runtime_env(read_manifest(Path(case["converted"]))["runtime_env"])  # the loader's load_model
+    refresh_engine_env()
+    plugin_layer = build_layer(case)
+    mode = load_plugin(plugin_layer, case)
+    plugin_layer.quant_method.process_weights_after_loading(plugin_layer)
+    return {"normal": {**normal, "loaded": loaded}, "plugin": {**state(plugin_layer), "mode": mode}}
