@@ -214,3 +214,43 @@ def probe(case: dict) -> dict:
     mode = load_plugin(plugin_layer, case)
     plugin_layer.quant_method.process_weights_after_loading(plugin_layer)
     return {"normal": {**normal, "loaded": loaded}, "plugin": {**state(plugin_layer), "mode": mode}}
+
+
+def probe_kernel(case: dict) -> dict:
+    """CUDA (emulated): the plugin builds vLLM's modular kernel around mxfp4conv's Triton experts;
+    the layer's ``apply`` (vLLM's prepare / finalize around the experts) against mxfp4conv's torch
+    reference on the same converted experts."""
+    if "boto3" not in sys.modules:
+        import stubs
+
+        stubs.install({"boto3"}, {})
+    torch.accelerator.empty_cache = lambda: None
+    from mxfp4conv.integrations.vllm.checks import check_layer
+    from mxfp4conv.integrations.vllm.facts import layer_facts
+    from mxfp4conv.integrations.vllm.model_loader import load_into_mxfp4conv_kernel
+    from mxfp4conv.runtime import fused_moe, load_moe_layers
+    from mxfp4conv.runtime.loader import read_manifest
+
+    root = Path(case["converted"])
+    manifest = read_manifest(root)
+    layer = build_layer(case)
+    plan = check_layer(manifest, layer_facts(layer), case["prefix"], str(root))
+    picked = layer.quant_method.mxfp4_backend.name
+    load_into_mxfp4conv_kernel(root, [(layer, plan)])
+    layer.quant_method.process_weights_after_loading(layer)
+    g = torch.Generator().manual_seed(0)
+    tokens, hidden, e, k = 5, case["geometry"]["hidden"], case["geometry"]["num_experts"], case["geometry"]["top_k"]
+    x = torch.randn(tokens, hidden, generator=g).to(torch.float16)  # bf16 tl.dot is wrong in the Triton interpreter
+    topk_weights = torch.rand(tokens, k, generator=g).softmax(-1)
+    topk_ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(tokens)]).to(torch.int32)
+    from vllm.v1.worker.workspace import init_workspace_manager
+
+    init_workspace_manager(torch.device("cpu"))  # what a vLLM worker does at start
+    out = layer.quant_method.apply(layer, x, topk_weights, topk_ids, None, None)
+    ref = fused_moe(x, load_moe_layers(root, rank=plan.rank)[case["prefix"]], topk_weights, topk_ids,
+                    backend="torch", act_quant="none")
+    err = ((out.float() - ref.float()).norm() / ref.float().norm()).item()
+    kernel = layer.quant_method.moe_kernel
+    return {"mode": plan.mode, "picked": picked, "experts": type(kernel.fused_experts).__name__,
+            "prepare": type(kernel.prepare_finalize).__name__, "rel_err": err, "ref_norm": ref.float().norm().item(),
+            "w13_layout": manifest["layout"]["w13"]}

@@ -8,8 +8,10 @@ Load modes:
 - ``kernel_ready``: the checkpoint holds the bytes vLLM's own conversion produces for the backend
   vLLM picked (AITER layouts); vLLM's conversion is skipped and its kernel built on them.
 - ``vllm_transforms``: the checkpoint holds identity bytes and vLLM's backend transforms them
-  itself (CPU prepack, EMULATION, triton_kernels swizzles): the bytes are loaded as vLLM's
-  weight loader would leave them and vLLM's usual ``process_weights_after_loading`` runs.
+  itself (CPU prepack, EMULATION, triton_kernels swizzles), or a layout vLLM's converter
+  cannot be handed ready-made (triton_kernels objects): the bytes, brought back to the identity
+  layout with the layouts' inverses, are loaded as vLLM's weight loader would leave them and
+  vLLM's usual ``process_weights_after_loading`` runs.
 - ``mxfp4conv_kernel``: a CUDA target written in mxfp4conv's own format (EMULATION, identity
   or hopper_mma): the layer runs mxfp4conv's Triton MoE kernel in place of vLLM's pick.
 """
@@ -21,9 +23,9 @@ from typing import Any
 
 from mxfp4conv.errors import RuntimeInputError
 from mxfp4conv.integrations.vllm.facts import METHODS, EngineFacts
+from mxfp4conv.integrations.vllm.weights import KERNEL_READY
 from mxfp4conv.runtime.experts import WEIGHT_KINDS
 
-SITUV2_ENV = "VLLM_ROCM_USE_AITER_MOE_SITUV2"
 MXFP4CONV_FORMAT = "EMULATION"  # the backend name of mxfp4conv's own format
 OWN_LAYOUTS = ("identity", "hopper_mma_w", "hopper_mma_s")  # what mxfp4conv's Triton kernel reads
 
@@ -55,12 +57,6 @@ def manifest_vllm_backend(manifest: dict[str, Any]) -> str:
     """The backend vLLM's oracle picks for the manifest's target (what the server must pick)."""
     t = manifest["target"]
     return str((t.get("options") or {}).get("vllm_backend") or t["backend"])
-
-
-def situv2_mode(value: str) -> str:
-    """vLLM's reading of VLLM_ROCM_USE_AITER_MOE_SITUV2 (auto and 1 mean a4w4, 0 means a16w4)."""
-    v = str(value).strip().lower()
-    return {"auto": "a4w4", "1": "a4w4", "0": "a16w4"}.get(v, v)
 
 
 def _stored_layouts(manifest: dict[str, Any]) -> dict[str, str]:
@@ -120,15 +116,13 @@ def check_layer(manifest: dict[str, Any], facts: EngineFacts, prefix: str, where
 
     stored = _stored_layouts(manifest)
     written = str(t["backend"])
+    identity = all(v == "identity" for v in stored.values())
     if written == MXFP4CONV_FORMAT and facts.platform == "cuda" and all(v in OWN_LAYOUTS for v in stored.values()):
         mode = "mxfp4conv_kernel"
-    elif all(v == "identity" for v in stored.values()):
-        mode = "vllm_transforms"
-    elif written == facts.backend:
+    elif not identity and written == facts.backend and (facts.method, written, activation == "situ") in KERNEL_READY:
         mode = "kernel_ready"
-    else:
-        raise refuse("backend and layouts", f"{written} {stored}", f"vLLM's pick {facts.backend}",
-                     "These bytes are for another kernel; convert the source again for this server.")
+    else:  # identity bytes, or a layout vLLM's converter cannot be handed: undone at load, vLLM converts
+        mode = "vllm_transforms"
 
     if mode != "mxfp4conv_kernel":
         geometry = (("hidden size (padded)", moe["hidden_padded"], facts.hidden_padded),
@@ -144,18 +138,16 @@ def check_layer(manifest: dict[str, Any], facts: EngineFacts, prefix: str, where
 
 
 def _check_situv2(manifest, facts: EngineFacts, stored: dict[str, str], refuse) -> None:
-    env = manifest.get("runtime_env") or {}
-    interleaved = stored["w13"].endswith("gu16") or str(manifest["target"].get("gate_mode", "")).lower() == "interleave"
-    live = facts.situv2
-    if SITUV2_ENV in env:
-        want = situv2_mode(env[SITUV2_ENV])
-        ok = live == want
-        ours = f"{SITUV2_ENV}={env[SITUV2_ENV]} ({want})"
-    else:  # only the gate/up order of the bytes is recorded: a8w4 interleaves, a16w4 / a4w4 do not
-        want = "a8w4" if interleaved else "a16w4 or a4w4"
-        ok = (live == "a8w4") == interleaved and live is not None
-        ours = f"SiTUv2 {want} (w13 layout {stored['w13']})"
-    if not ok:
-        raise refuse("", ours, f"SiTUv2 mode {live}" if live else "no AITER SiTUv2 MoE",
-                     f"Set {SITUV2_ENV} as the manifest's runtime_env says (mxfp4conv applies it before the model is "
-                     "built; an explicit setting elsewhere wins only if it agrees), or convert the source again.")
+    """The SiTUv2 mode the bytes were written for (the runtime's reading of the manifest) must be
+    the one vLLM's AITER ops run."""
+    from mxfp4conv.runtime.act_quant import served_act_quant
+    from mxfp4conv.runtime.situv2 import ENV
+
+    env = {str(k): str(v) for k, v in (manifest.get("runtime_env") or {}).items()}
+    _, want = served_act_quant(manifest["target"], env, stored, "the manifest")
+    if want is not None and facts.situv2 != want:
+        pinned = f" ({ENV}={env[ENV]})" if ENV in env else ""
+        raise refuse("SiTUv2 mode", f"{want}{pinned} (w13 layout {stored['w13']})",
+                     f"SiTUv2 mode {facts.situv2}" if facts.situv2 else "no AITER SiTUv2 MoE",
+                     f"Set {ENV} as the manifest's runtime_env says (the plugin applies it before the model "
+                     "is built), or convert the source again for this mode.")

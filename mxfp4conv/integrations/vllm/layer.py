@@ -3,9 +3,9 @@
 ``install`` runs after the rest of the model is loaded and before vLLM's
 ``process_weights_after_loading``:
 
-- ``vllm_transforms``: the bytes go into the layer's parameters as vLLM's weight loader would
-  leave them (no slicing or padding: they are this rank's, padded already), and vLLM's own
-  ``process_weights_after_loading`` converts them as usual.
+- ``vllm_transforms``: the bytes (in the identity layout, undoing any other) go into the layer's
+  parameters as vLLM's weight loader would leave them (no slicing or padding: they are this
+  rank's, padded already), and vLLM's own ``process_weights_after_loading`` converts them.
 - ``kernel_ready``: the layer's ``process_weights_after_loading`` becomes vLLM's own with its
   weight converter answering with the converted bytes; everything vLLM does after its
   conversion (parameter replacement, quant config, kernel and experts set-up) runs unchanged.
@@ -80,6 +80,7 @@ def install(layer, plan: LayerPlan, stored: dict[str, torch.Tensor], manifest: d
     if plan.mode not in ("vllm_transforms", "kernel_ready"):
         raise ValueError(f"install() loads vllm_transforms / kernel_ready layers, not {plan.mode}")
     if plan.mode == "vllm_transforms":
+        stored = canonical(stored, manifest, where)
         for name, t in weights.loaded_form(method, stored).items():
             _copy_into(layer, name, t, where)
         return
@@ -97,6 +98,21 @@ def install(layer, plan: LayerPlan, stored: dict[str, torch.Tensor], manifest: d
             vllm_process(qm, layer_)
 
     qm.process_weights_after_loading = process_weights_after_loading
+
+
+def canonical(stored: dict[str, torch.Tensor], manifest: dict[str, Any], where: str) -> dict[str, torch.Tensor]:
+    """``stored`` with every weight and scale in the identity layout (the layouts' inverses)."""
+    from mxfp4conv.integrations.vllm.rank_tensors import canonical_shapes
+    from mxfp4conv.runtime.relayout import invert_tensor
+
+    layout, shapes = manifest.get("layout") or {}, canonical_shapes(manifest)
+    out = dict(stored)
+    for kind in ("w13", "w13_scale", "w2", "w2_scale"):
+        name = str(layout.get(kind, "identity"))
+        if name != "identity":
+            out[kind] = invert_tensor(name, stored[kind], shapes[kind], f"{where} {kind}")
+            log.info("%s: %s stored as %s, undone at load for vLLM's own conversion", where, kind, name)
+    return out
 
 
 def _to(t: torch.Tensor, device: torch.device) -> torch.Tensor:

@@ -1,0 +1,40 @@
+"""CUDA targets in mxfp4conv's format: vLLM's modular MoE kernel around mxfp4conv's Triton experts.
+
+On vLLM 0.33.0's code (the ``tests/vllm033`` harness, an emulated sm90), the plugin loads a
+converted gpt-oss layer (identity and hopper_mma layouts), builds the layer's kernel with
+``Mxfp4convTritonExperts`` in place of vLLM's pick, and the layer's ``apply`` (vLLM's routing
+prepare / finalize, then our kernel, in the Triton CPU interpreter with fp16 activations) is
+compared with mxfp4conv's torch reference on the same experts. No GPU runs vLLM here.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from checkpoint_fixtures import synth  # noqa: F401 (fixture)
+from mxfp4conv.convert import convert
+from mxfp4conv.oracle import Target
+from mxfp4conv.runtime.loader import read_manifest
+
+harness = pytest.importorskip("tests.vllm033.harness", reason="needs the vLLM 0.33.0 harness (tests/vllm033)")
+
+
+@pytest.mark.parametrize("layout", ["identity", "hopper_mma"])
+def test_layer_runs_mxfp4conv_triton_experts_inside_vllm(synth, tmp_path, layout):  # noqa: F811
+    src_dir = harness.require_vllm()
+    src = synth("gpt_oss")
+    out = tmp_path / "gpt-oss-sm90"
+    convert(src, out, Target("sm90", tp=1, layout=layout), force=True, progress="off")
+    m = read_manifest(out)
+    assert m["target"]["backend"] == "EMULATION"
+    moe, params = m["moe"], m["target"]["activation_params"]
+    case = {"method": "gpt_oss", "source": str(src), "converted": str(out), "prefix": moe["layers"][0],
+            "tp": 1, "rank": 0, "geometry": {k: moe[k] for k in ("hidden", "intermediate", "num_experts", "top_k")},
+            "activation": "swigluoai", "routing": moe["routing"], "has_bias": True,
+            "swiglu_limit": params["limit"], "model_type": "gpt_oss"}
+    (r,) = harness.run_probe("sm90", "tests/vllm_plugin_probe.py:probe_kernel", [case], src=src_dir, timeout=900)
+    assert "raised" not in r, r
+    assert (r["mode"], r["experts"], r["w13_layout"]) == ("mxfp4conv_kernel", "Mxfp4convTritonExperts",
+                                                        m["layout"]["w13"])
+    assert r["picked"] == m["target"]["options"]["vllm_backend"]
+    assert r["ref_norm"] > 0 and r["rel_err"] < 2e-3
