@@ -159,9 +159,16 @@ def test_situv2_mode_from_runtime_env(k3_gfx950):
 
 
 def test_vllm_release_mismatch(k3_gfx950):
-    m = {**k3_gfx950, "vllm": "0.33"}
+    m = {**k3_gfx950, "vllm": "0.33.0"}
     check_layer(m, live_facts(m, "kimi_k3"), m["moe"]["layers"][0], "OUT")
     refused(m, dataclasses.replace(live_facts(m, "kimi_k3"), vllm_release="0.32.0"), "release 0.33", "vLLM 0.32.0")
+
+
+def test_other_release_converting_identity_bytes_is_accepted(synth, caplog):  # noqa: F811
+    m = {**manifest_of(synth("gpt_oss"), Target("cpu", tp=1)), "vllm": "0.33.0"}
+    facts = dataclasses.replace(live_facts(m, "gpt_oss"), vllm_release="0.32.0")
+    assert check_layer(m, facts, m["moe"]["layers"][0], "OUT").mode == "vllm_transforms"
+    assert "decided for vLLM 0.33" in caplog.text and "0.32.0" in caplog.text
 
 
 def test_other_quant_method(k3_gfx950):

