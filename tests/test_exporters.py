@@ -234,3 +234,45 @@ def test_example_matches_the_real_export(tmp_path, family, scheme, export):
     for k in ("family", "quant_scheme", "moe_method", "moe_class", "declared_act", "activation",
               "routing", "geometry", "has_bias", "static_input_scales", "gate_up_interleaved"):
         assert getattr(a, k) == getattr(b, k), k
+
+
+def _vllm_record() -> dict:
+    import json
+
+    return json.loads((DATA / "vllm033_ct_methods.json").read_text())["results"]
+
+
+def _k3_declaring_fp8(tmp_path) -> Path:
+    import json
+
+    from mxfp4conv.checkpoint.synthetic import make_checkpoint
+
+    root = make_checkpoint("kimi_k3", tmp_path / "k3", num_layers=1)
+    cfg = json.loads((root / "config.json").read_text())
+    cfg["text_config"]["quantization_config"]["config_groups"]["group_0"]["input_activations"] = {
+        "num_bits": 8, "type": "float", "strategy": "token", "dynamic": True, "symmetric": True}
+    (root / "config.json").write_text(json.dumps(cfg))
+    return root
+
+
+@pytest.mark.parametrize("name", sorted(_vllm_record()))
+def test_moe_method_is_the_one_vllm_033_builds(tmp_path, name):
+    """vllm033_ct_methods.json: what vLLM 0.33.0's own code built for these configs
+    (probe_vllm_ct.py); mxfp4conv names the same method, experts class and activations."""
+    root = _k3_declaring_fp8(tmp_path) if name == "kimi_k3_declared_fp8" else DATA / name
+    m = load_model(open_source(root))
+    for arch, rec in _vllm_record()[name].items():
+        assert m.moe_class == rec["method"], arch
+        assert m.moe_method == ("compressed_tensors_mxfp4" if rec["quant_method"] == "compressed-tensors"
+                                and rec["method"] == "CompressedTensorsW4A4Mxfp4MoEMethod" else "mxfp4")
+        key = rec["activation_key"]
+        if key is None:  # the declared activations (if any) are not carried by the method
+            assert m.moe_method == "compressed_tensors_mxfp4" or m.moe_class == "Mxfp4MoEMethod"
+        else:
+            group = m.declared_act.rsplit("group", 1)[1]
+            assert m.declared_act.startswith("fp8_dynamic_") and "f8e4m3fn" in key
+            assert "dynamic" in key and f"col={group}" in key
+        if rec["method"] == "CompressedTensorsW4A4Mxfp4MoEMethod":
+            d = decide(m, Target(arch))
+            assert d.options["vllm_expert_class"] == rec["experts_cls"], arch
+            assert d.act_quant == ("mxfp4" if rec["use_cutlass_mxfp4"] else "bf16")
