@@ -87,15 +87,19 @@ def choose(model: MoEModel, arch: Arch, backend: str | None, act_quant: str) -> 
     return c
 
 
-def declared_act_note(model: MoEModel) -> str | None:
-    """Why an ``Mxfp4MoEMethod`` does not run the activations a checkpoint declares."""
+def declared_act_note(model: MoEModel, vllm_pick: str | None = None) -> str | None:
+    """Why an ``Mxfp4MoEMethod`` does (not) run the activations a checkpoint declares."""
     if model.moe_method != "mxfp4" or not model.declared_act:
         return None
     if model.moe_class == "CompressedTensorsW4A8Mxfp4MoEMethod":
-        return (f"The checkpoint declares {model.declared_act} input activations: vLLM 0.33.0 "
+        note = (f"The checkpoint declares {model.declared_act} input activations: vLLM 0.33.0 "
                 "serves it with CompressedTensorsW4A8Mxfp4MoEMethod, an Mxfp4MoEMethod whose "
-                "backend selection does not read the declared activations (only the Humming "
-                "backend consumes them), so the backend above runs its own activation format.")
+                "backend selection does not read them; only the Humming backend consumes the "
+                "declared activation key")
+        if vllm_pick == "HUMMING":
+            return note + (", and Humming is vLLM's pick here, so vLLM runs the declared "
+                           "activations.")
+        return note + ", so the backend vLLM picks here runs its own activation format."
     return (f"The checkpoint declares {model.declared_act} input activations, but vLLM 0.33.0 "
             "rewrites this Kimi-K3 compressed-tensors config to quant_method mxfp4 "
             "(KimiK3ForConditionalGenerationConfig), so Mxfp4MoEMethod serves the experts and the "

@@ -385,7 +385,7 @@ def decide(model: MoEModel, target: Target, server: Server | None = None) -> Dec
     if model.moe_method == "quark" and model.quant_scheme not in QUARK_SCHEME_KEYS:
         notes.append(f"Quark scheme {model.quant_scheme}: vLLM's oracle does not select a "
                      "backend for it; EMULATION dequantises every forward pass.")
-    declared = ct_methods.declared_act_note(model)
+    declared = ct_methods.declared_act_note(model, walk.pick)
     if declared:
         notes.append(declared)
     assumed = server.assumptions(arch, model.moe_method == "quark")
