@@ -107,8 +107,11 @@ def _as_dtype(t: torch.Tensor, dtype: str) -> torch.Tensor:
 
 
 def make_checkpoint(family: str, out_dir: str | os.PathLike, *, scheme: str | None = None,
-                    seed: int = 0, **geometry) -> Path:
+                    seed: int = 0, force: bool = False, **geometry) -> Path:
     """Write a tiny checkpoint of ``family`` into ``out_dir`` (new or empty) and return it.
+
+    ``force`` replaces an existing checkpoint directory (one holding a config.json) instead of
+    refusing it; the new checkpoint is complete before the old one is removed.
 
     Geometry keywords: hidden (the width routed experts see), intermediate, num_experts,
     top_k, num_layers (MoE layers), vocab. Options: weight_dtype / scale_dtype (the dtype
@@ -138,9 +141,12 @@ def make_checkpoint(family: str, out_dir: str | os.PathLike, *, scheme: str | No
     if not 0 < g["top_k"] <= g["num_experts"] or g["num_layers"] < 1:
         raise CheckpointError("make_checkpoint: need num_layers >= 1 and 0 < top_k <= num_experts.")
     out = Path(out_dir)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+    replace = force and out.is_dir() and (out / "config.json").is_file()
+    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not replace:
+        hint = ("--force replaces only a checkpoint directory (one with a config.json)" if force
+                else "pass --force to replace an earlier example")
         raise CheckpointError(f"{out}: exists and is not an empty directory; choose a new output "
-                              f"directory (the example never overwrites files).")
+                              f"directory ({hint}).")
     default_w, default_s = {"deepseek_v4": ("I8", "F8_E8M0")}.get(family, ("U8", "U8"))
     ts = _Tensors(seed, opts.get("weight_dtype", default_w), opts.get("scale_dtype", default_s))
     builder = {"kimi_k3": _kimi_k3, "deepseek_v4": _deepseek_v4, "quark": _quark,
@@ -159,9 +165,15 @@ def make_checkpoint(family: str, out_dir: str | os.PathLike, *, scheme: str | No
         for name, obj in sidecars.items():
             _write_json(tmp / name, obj)
         _write_shards(tmp, ts, int(opts.get("num_shards", 2)), zero_indexed=family == "gpt_oss")
-        if out.exists():
-            out.rmdir()
-        tmp.rename(out)
+        if replace:
+            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+            out.rename(old / out.name)
+            tmp.rename(out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            if out.exists():
+                out.rmdir()
+            tmp.rename(out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -1,6 +1,8 @@
-"""``mxfp4conv example FAMILY OUT [--scheme S]``: a tiny synthetic checkpoint to try things on."""
+"""``mxfp4conv example FAMILY OUT [--scheme S] [--force] [--json]``: a tiny synthetic checkpoint."""
 
 from __future__ import annotations
+
+import json
 
 import typer
 
@@ -15,10 +17,18 @@ def register(app: typer.Typer) -> None:
                                    help="Quark / compressed-tensors scheme: w_mxfp4, w_mxfp4_a_mxfp4 "
                                         "or w_mxfp4_a_fp8."),
         seed: int = typer.Option(0, "--seed", help="Random seed of the synthetic weights."),
+        force: bool = typer.Option(False, "--force",
+                                   help="Replace OUT if it already holds a checkpoint (e.g. an earlier example)."),
+        as_json: bool = typer.Option(False, "--json", help="Print one JSON object on stdout."),
     ) -> None:
         """Write a tiny synthetic checkpoint in FAMILY's real on-disk format."""
         from mxfp4conv.checkpoint.synthetic import make_checkpoint
 
-        path = make_checkpoint(family.replace("-", "_"), out, scheme=scheme, seed=seed)
+        family = family.replace("-", "_")
+        path = make_checkpoint(family, out, scheme=scheme, seed=seed, force=force)
+        if as_json:
+            print(json.dumps({"path": str(path), "family": family, "scheme": scheme or "w_mxfp4",
+                              "seed": seed}, indent=2))
+            return
         print(f"wrote a synthetic {family}{' ' + scheme if scheme else ''} checkpoint to {path}")
         print(f"next: mxfp4conv inspect {path}")
