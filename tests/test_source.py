@@ -185,23 +185,39 @@ def test_hub_offline_not_cached_is_a_clear_error(hub_cache):
 
 
 class _FakeHub:
-    """Serves a local checkpoint as if it were a hub repo: downloads copy files into a
-    snapshot dir, range requests read the local shard. Records everything fetched."""
+    """Serves a local checkpoint as if it were a hub repo, in place of huggingface_hub's
+    download functions and HTTP session: downloads copy files into a snapshot dir, range
+    requests read the local shard. Records everything fetched."""
 
     def __init__(self, ckpt, snap, http):
         self.ckpt, self.snap, self.http = ckpt, snap, http
-        self.downloads, self.ranges = [], []
+        self.downloads, self.ranges, self.snapshot_calls = [], [], []
 
-    def download(self, fetcher, rel):
-        if not (self.ckpt / rel).is_file():
-            raise CheckpointError(f"hub repo {fetcher.repo_id}: cannot get {rel!r} (EntryNotFoundError).")
+    def _copy(self, rel):
         self.downloads.append(rel)
         (self.snap / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(self.ckpt / rel, self.snap / rel)
-        return self.snap / rel
 
-    def cached(self, fetcher, rel):
-        return self.snap / rel if (self.snap / rel).is_file() else None
+    def hf_hub_download(self, repo_id, filename, revision=None, **kw):
+        from huggingface_hub.errors import EntryNotFoundError
+
+        if not (self.ckpt / filename).is_file():
+            raise EntryNotFoundError(f"{filename} is not in {repo_id}")
+        self._copy(filename)
+        return str(self.snap / filename)
+
+    def snapshot_download(self, repo_id, revision=None, allow_patterns=None, max_workers=8, **kw):
+        from huggingface_hub.utils import filter_repo_objects
+
+        self.snapshot_calls.append((list(allow_patterns), max_workers))
+        files = [p.relative_to(self.ckpt).as_posix() for p in self.ckpt.rglob("*") if p.is_file()]
+        for rel in filter_repo_objects(files, allow_patterns=allow_patterns):
+            if not (self.snap / rel).is_file():
+                self._copy(rel)
+        return str(self.snap)
+
+    def try_to_load_from_cache(self, repo_id, filename, revision=None, **kw):
+        return str(self.snap / filename) if (self.snap / filename).is_file() else None
 
     def get(self, url, headers, **kw):
         http = self.http
@@ -213,31 +229,44 @@ class _FakeHub:
                              headers={"content-range": f"bytes {first}-{last}/{len(data)}"})
 
 
-def test_hub_online_inspect_fetches_headers_by_range_only(synth, tmp_path, monkeypatch):
+@pytest.fixture
+def fake_hub(tmp_path, monkeypatch):
+    """fake_hub(ckpt) -> a _FakeHub serving ckpt, online."""
+    import huggingface_hub
     from huggingface_hub import constants, utils
-
-    from mxfp4conv.checkpoint import source as source_mod
-    from mxfp4conv.checkpoint.summary import inspect_source
 
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    ckpt = synth("kimi_k3")
-    snap = tmp_path / "snapshots" / COMMIT
-    snap.mkdir(parents=True)
     http = importlib.import_module(type(utils.get_session()).__module__.split(".")[0])
-    hub = _FakeHub(ckpt, snap, http)
-    monkeypatch.setattr(source_mod._HubFetcher, "download", lambda self, rel: hub.download(self, rel))
-    monkeypatch.setattr(source_mod._HubFetcher, "cached", lambda self, rel: hub.cached(self, rel))
-    monkeypatch.setattr(utils, "get_session", lambda: hub)
+
+    def serve(ckpt):
+        snap = tmp_path / "snapshots" / COMMIT
+        snap.mkdir(parents=True)
+        hub = _FakeHub(ckpt, snap, http)
+        for name in ("hf_hub_download", "snapshot_download", "try_to_load_from_cache"):
+            monkeypatch.setattr(huggingface_hub, name, getattr(hub, name))
+        monkeypatch.setattr(utils, "get_session", lambda: hub)
+        return hub
+
+    return serve
+
+
+def test_hub_online_inspect_fetches_headers_by_range_only(synth, fake_hub):
+    from mxfp4conv.checkpoint.summary import inspect_source
+
+    ckpt = synth("kimi_k3")
+    hub = fake_hub(ckpt)
     report = inspect_source("moonshotai/tiny-k3")
     d = report.data
     assert d["family"] == "kimi_k3" and len(d["moe"]["layers"]) == 2
     # Nothing wrong, but the NaN-scale sample could not look at shards not downloaded.
     assert [p["severity"] for p in d["problems"]] == ["warning"] and "--full" in d["problems"][0]["message"]
     assert d["source"]["revision"] == COMMIT
-    # Only config and index were downloaded (the manifest lookup found none); the shards
-    # were never downloaded, their headers came from ranged reads within the header.
-    assert hub.downloads == ["config.json", "model.safetensors.index.json"]
+    # Only config and index were downloaded, in one snapshot call (that also looked for a
+    # manifest and found none); the shards were never downloaded, their headers came from
+    # ranged reads within the header.
+    assert sorted(hub.downloads) == ["config.json", "model.safetensors.index.json"]
+    assert len(hub.snapshot_calls) == 1 and "mxfp4conv.json" in hub.snapshot_calls[0][0]
     shards = {"model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"}
     assert {r[0] for r in hub.ranges} == shards and all(first == 0 for _, first, _ in hub.ranges)
     for rel in shards:
@@ -251,3 +280,50 @@ def test_hub_online_inspect_fetches_headers_by_range_only(synth, tmp_path, monke
         assert torch.equal(src.read_tensor(name), f.get_tensor(name))
     assert hub.downloads[-1] == src.weight_map[name] and set(hub.downloads) - shards == {
         "config.json", "model.safetensors.index.json"}
+
+
+def test_hub_ids_follow_huggingface_hub_rules():
+    from mxfp4conv.checkpoint.source import hub_repo_id
+
+    assert hub_repo_id("gpt2") == ("gpt2", None)
+    assert hub_repo_id("openai/gpt-oss-20b@refs/pr/1") == ("openai/gpt-oss-20b", "refs/pr/1")
+    for bad in ("a/b/c", "foo--bar", "name.git", "x@", "-x", "a b"):
+        assert hub_repo_id(bad) is None, bad
+    with pytest.raises(CheckpointError, match="not a hub repo id"):
+        open_source("a/b/c")
+
+
+def test_namespace_less_hub_id_and_revision_argument(synth, fake_hub):
+    hub = fake_hub(synth("gpt_oss"))
+    src = open_source("gpt2")
+    assert src.is_hub and src.revision == COMMIT and len(src.weight_map) > 0
+    assert open_source("gpt2", revision=COMMIT).revision == COMMIT
+    with pytest.raises(CheckpointError, match="give one"):
+        open_source("gpt2@main", revision="v1")
+    assert len(hub.snapshot_calls) == 2
+
+
+def test_hub_prefetch_fetches_missing_files_in_one_parallel_call(synth, fake_hub):
+    hub = fake_hub(synth("deepseek_v4"))
+    src = open_source("org/dsv4")
+    calls = len(hub.snapshot_calls)
+    src.prefetch(src.shards(), max_workers=4)
+    assert hub.snapshot_calls[calls:] == [(src.shards(), 4)]
+    assert all(src.has_local(s) for s in src.shards())
+    src.prefetch(src.shards())  # nothing left to fetch: no call
+    assert len(hub.snapshot_calls) == calls + 1
+
+
+def test_hub_remote_header_is_validated_like_a_local_one(synth, fake_hub, tmp_path):
+    """Why the remote header reader is our own: the shard's size comes with the ranged read,
+    so a truncated shard on the hub is refused before anything is downloaded
+    (huggingface_hub's get_safetensors_metadata returns the parsed JSON only)."""
+    ckpt = copy_of(synth("kimi_k3"), tmp_path / "k3")
+    shard = ckpt / "model-00002-of-00002.safetensors"
+    shard.write_bytes(shard.read_bytes()[:-1])
+    hub = fake_hub(ckpt)
+    src = open_source("org/k3")
+    with pytest.raises(CheckpointError, match="truncated") as err:
+        src.header(shard.name)
+    assert "org/k3/model-00002-of-00002.safetensors" in str(err.value)
+    assert shard.name not in hub.downloads

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import re
-import struct
 import threading
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -26,8 +26,9 @@ INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
 CONFIG_NAME = "config.json"
 MANIFEST_NAME = "mxfp4conv.json"
+HUB_MAX_WORKERS = 8  # parallel downloads of one snapshot_download call
 
-_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*(@[A-Za-z0-9._/-]+)?$")
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -115,6 +116,10 @@ class Source:
         """Local path of a file of the checkpoint (fetched from the hub if needed)."""
         return self._fetcher.local_path(rel)
 
+    def prefetch(self, rels, max_workers: int = HUB_MAX_WORKERS) -> None:
+        """Fetch these files of a hub checkpoint in parallel now (a no-op for a local one)."""
+        self._fetcher.prefetch(list(rels), max_workers)
+
     # ---- data ----------------------------------------------------------------------
     def read_bytes(self, name: str) -> bytearray:
         info = self.tensor_info(name)
@@ -190,6 +195,9 @@ class _Fetcher:
     def has_local(self, rel: str) -> bool:
         return True
 
+    def prefetch(self, rels: list[str], max_workers: int) -> None:
+        pass
+
     def sidecar_files(self, shards: set[str]) -> list[str]:
         raise NotImplementedError
 
@@ -225,13 +233,35 @@ class _HubFetcher(_Fetcher):
         self.repo_id = repo_id
         self.revision = revision  # resolved commit once known
 
+    def snapshot(self, patterns: list[str], max_workers: int = HUB_MAX_WORKERS) -> Path:
+        """Fetch the repo's files matching ``patterns`` in parallel (cached ones are not fetched
+        again; offline, the cached snapshot) and return the snapshot directory. The first call
+        resolves the revision: every later fetch is pinned to that commit."""
+        from huggingface_hub import snapshot_download
+
+        log.info("hub %s@%s: fetching %s", self.repo_id, self.revision or "main", ", ".join(patterns))
+        try:
+            snap = Path(snapshot_download(self.repo_id, revision=self.revision, allow_patterns=patterns,
+                                          max_workers=max_workers))
+        except Exception as exc:  # huggingface_hub raises many kinds; all mean "not available"
+            raise _hub_error(self.repo_id, self.revision, ", ".join(patterns), exc) from None
+        if re.fullmatch(r"[0-9a-f]{40}", snap.name):
+            self.revision = snap.name
+        return snap
+
     def download(self, rel: str) -> Path:
         from huggingface_hub import hf_hub_download
 
+        log.info("hub %s@%s: downloading %s", self.repo_id, self.revision or "main", rel)
         try:
             return Path(hf_hub_download(self.repo_id, rel, revision=self.revision))
-        except Exception as exc:  # huggingface_hub raises many kinds; all mean "not available"
+        except Exception as exc:
             raise _hub_error(self.repo_id, self.revision, rel, exc) from None
+
+    def prefetch(self, rels: list[str], max_workers: int) -> None:
+        missing = [r for r in rels if not self.has_local(r)]
+        if missing:
+            self.snapshot(missing, max_workers)
 
     def cached(self, rel: str) -> Path | None:
         from huggingface_hub import try_to_load_from_cache
@@ -270,8 +300,22 @@ class _HubFetcher(_Fetcher):
 def _offline() -> bool:
     from huggingface_hub import constants
 
-    env = os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
-    return env or bool(constants.HF_HUB_OFFLINE)
+    return bool(constants.HF_HUB_OFFLINE)
+
+
+def hub_repo_id(text: str) -> tuple[str, str | None] | None:
+    """``(repo_id, revision)`` when ``text`` is a hub repo id ``[namespace/]name[@revision]``
+    by huggingface_hub's own rules, else None."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    repo, at, revision = text.partition("@")
+    if at and not revision.strip():
+        return None
+    try:
+        validate_repo_id(repo)
+    except HFValidationError:
+        return None
+    return repo, revision or None
 
 
 def _hub_error(repo: str, revision: str | None, rel: str, exc: Exception) -> CheckpointError:
@@ -287,14 +331,22 @@ def _hub_error(repo: str, revision: str | None, rel: str, exc: Exception) -> Che
 
 
 def _remote_header(repo: str, revision: str | None, shard: str) -> st.ShardHeader:
-    """Read a shard's header with HTTP range requests, without downloading the shard."""
-    from huggingface_hub import hf_hub_url
+    """A shard's header from HTTP range requests, without downloading the shard.
+
+    ``huggingface_hub.get_safetensors_metadata`` reads the same bytes but hands back only the
+    decoded JSON: without the header length (so no absolute offsets), the raw bytes (so no
+    duplicate-key check and no fingerprint) or the file size (so no truncation check). Here
+    huggingface_hub makes the requests (URL, auth headers, session, errors) and the bytes go
+    through the same validating parser as a local shard's.
+    """
+    from huggingface_hub import constants, hf_hub_url
     from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
 
     url = hf_hub_url(repo, shard, revision=revision)
     headers = build_hf_headers()
+    first = 8 + 100_000  # one request holds almost every header
     try:
-        r = get_session().get(url, headers={**headers, "range": "bytes=0-100007"}, timeout=30,
+        r = get_session().get(url, headers={**headers, "range": f"bytes=0-{first - 1}"}, timeout=30,
                               follow_redirects=True)
         hf_raise_for_status(r)
         content = r.content
@@ -302,8 +354,8 @@ def _remote_header(repo: str, revision: str | None, shard: str) -> st.ShardHeade
         if len(content) < 8:
             raise CheckpointError(f"hub repo {repo}: {shard} is too short to be a safetensors "
                                   f"file. The repo is damaged; report it to its owner.")
-        (n,) = struct.unpack("<Q", content[:8])
-        if n > st.MAX_HEADER_SIZE or 8 + n > total:
+        n = int.from_bytes(content[:8], "little")
+        if n > min(st.MAX_HEADER_SIZE, constants.SAFETENSORS_MAX_HEADER_LENGTH) or 8 + n > total:
             raise CheckpointError(f"hub repo {repo}: {shard} has an invalid safetensors header "
                                   f"length ({n} bytes for a {total}-byte file). The repo is "
                                   f"damaged or the file is not safetensors.")
@@ -404,16 +456,25 @@ def _read_config(path: Path, where: str) -> dict:
     return cfg
 
 
-def open_source(spec: str | os.PathLike) -> Source:
-    """Open a local checkpoint directory or a hub repo id ``org/name[@revision]``."""
+def open_source(spec: str | os.PathLike, revision: str | None = None) -> Source:
+    """Open a local checkpoint directory or a hub repo id ``[namespace/]name[@revision]``
+    (``revision`` is the same as ``@revision``)."""
     text = os.fspath(spec)
     path = Path(text).expanduser()
     if path.exists():
+        if revision:
+            raise CheckpointError(f"{text}: a local directory has no revision; pass a hub repo id "
+                                  f"to choose revision {revision!r}.")
         return _open_local(path, text)
-    if _HUB_ID.match(text) and not text.startswith((".", "/", "~")):
-        return _open_hub(text)
-    raise CheckpointError(f"{text}: no such directory, and not a hub repo id of the form "
-                          f"org/name[@revision]. Pass a checkpoint directory or a hub repo id.")
+    hub = None if text.startswith((".", "/", "~")) else hub_repo_id(text)
+    if hub is None:
+        raise CheckpointError(f"{text}: no such directory, and not a hub repo id of the form "
+                              f"org/name[@revision] or name[@revision]. Pass a checkpoint directory "
+                              f"or a hub repo id.")
+    if revision and hub[1] and revision != hub[1]:
+        raise CheckpointError(f"{text}: names revision {hub[1]!r} and revision {revision!r} was "
+                              f"also given; give one.")
+    return _open_hub(hub[0], revision or hub[1], text)
 
 
 def _open_local(path: Path, spec: str) -> Source:
@@ -427,11 +488,14 @@ def _open_local(path: Path, spec: str) -> Source:
     if index_path.is_file():
         raw, obj = _load_json(index_path, "safetensors index")
         weight_map = _parse_index(index_path, obj, root, local=True)
+        log.info("%s: %d tensors in %d shards (%s)", root, len(weight_map),
+                 len(set(weight_map.values())), INDEX_NAME)
         return Source(root=root, spec=spec, revision=None, config=config, weight_map=weight_map,
                       index_bytes=raw, fetcher=fetcher)
     single = root / SINGLE_NAME
     if single.is_file():
         header = st.read_header(single)
+        log.info("%s: %d tensors in %s", root, len(header.tensors), SINGLE_NAME)
         src = Source(root=root, spec=spec, revision=None, config=config,
                      weight_map={n: SINGLE_NAME for n in header.tensors}, index_bytes=None,
                      fetcher=fetcher)
@@ -441,24 +505,23 @@ def _open_local(path: Path, spec: str) -> Source:
                           f"directory holding a safetensors checkpoint.")
 
 
-def _open_hub(spec: str) -> Source:
-    repo, _, revision = spec.partition("@")
-    fetcher = _HubFetcher(repo, revision or None)
-    # hf_hub_download resolves the revision (or the cached one offline); snapshots/<commit>/
-    # then pins every later fetch to that commit.
-    config_path = fetcher.download(CONFIG_NAME)
-    commit = config_path.parent.name
-    if re.fullmatch(r"[0-9a-f]{40}", commit):
-        fetcher.revision = commit
-    root = config_path.parent
-    config = _read_config(config_path, spec)
+def _open_hub(repo: str, revision: str | None, spec: str) -> Source:
+    fetcher = _HubFetcher(repo, revision)
     try:
-        index_path = fetcher.local_path(INDEX_NAME)
-    except CheckpointError as missing_index:
+        # One listing; config, index and (for a converted checkpoint) the manifest, in parallel.
+        root = fetcher.snapshot([CONFIG_NAME, INDEX_NAME, MANIFEST_NAME])
+    except CheckpointError as exc:
+        raise CheckpointError(f"{spec} is not a local directory, so it was looked up on the hub: "
+                              f"{exc}") from None
+    where = f"hub repo {repo}@{fetcher.revision}" if fetcher.revision else f"hub repo {repo}"
+    config = _read_config(root / CONFIG_NAME, where)
+    index_path = root / INDEX_NAME
+    if not index_path.is_file():
         try:
             header = fetcher.header(SINGLE_NAME)
         except CheckpointError:
-            raise missing_index from None
+            raise CheckpointError(f"{where}: neither {INDEX_NAME} nor {SINGLE_NAME} found. Point "
+                                  f"at a repo holding a safetensors checkpoint.") from None
         src = Source(root=root, spec=spec, revision=fetcher.revision, config=config,
                      weight_map={n: SINGLE_NAME for n in header.tensors}, index_bytes=None,
                      fetcher=fetcher)
@@ -466,5 +529,6 @@ def _open_hub(spec: str) -> Source:
         return src
     raw, obj = _load_json(index_path, "safetensors index")
     weight_map = _parse_index(index_path, obj, root, local=False)
+    log.info("%s: %d tensors in %d shards", where, len(weight_map), len(set(weight_map.values())))
     return Source(root=root, spec=spec, revision=fetcher.revision, config=config,
                   weight_map=weight_map, index_bytes=raw, fetcher=fetcher)

@@ -10,13 +10,14 @@ import typer
 def register(app: typer.Typer) -> None:
     @app.command("example")
     def example_cmd(
-        family: str = typer.Argument(..., help="kimi_k3, deepseek_v4, quark (DeepSeek-V3 base), gpt_oss, compressed_tensors "
-                                   "(llmcompressor's Qwen3-MoE export) or quark_gpt_oss (Quark's gpt-oss export)."),
-        out: str = typer.Argument(..., help="New (or empty) directory to write."),
-        scheme: str = typer.Option(None, "--scheme",
+        family: str = typer.Argument(..., metavar="FAMILY", help="kimi_k3, deepseek_v4, quark (DeepSeek-V3 base), gpt_oss, "
+                                     "compressed_tensors (llmcompressor's Qwen3-MoE export) or quark_gpt_oss "
+                                     "(Quark's gpt-oss export)."),
+        out: str = typer.Argument(..., metavar="OUT", help="New (or empty) directory to write."),
+        scheme: str = typer.Option(None, "--scheme", metavar="S",
                                    help="Quark / compressed-tensors scheme: w_mxfp4, w_mxfp4_a_mxfp4 "
                                         "or w_mxfp4_a_fp8."),
-        seed: int = typer.Option(0, "--seed", help="Random seed of the synthetic weights."),
+        seed: int = typer.Option(0, "--seed", metavar="N", help="Random seed of the synthetic weights."),
         force: bool = typer.Option(False, "--force",
                                    help="Replace OUT if it already holds a checkpoint (e.g. an earlier example)."),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object on stdout."),

@@ -6,6 +6,7 @@ import json
 
 import typer
 
+from mxfp4conv.commands import options
 from mxfp4conv.errors import CheckpointError
 
 
@@ -22,7 +23,7 @@ def _render(data: dict) -> None:
     from rich.markup import escape
     from rich.table import Table
 
-    con = Console(highlight=False)
+    con = Console(highlight=False, soft_wrap=True)  # lines are never wrapped (copy-paste, pipes)
     moe = data["moe"]
     params = ", ".join(f"{k}={v:g}" for k, v in (data.get("activation_params") or {}).items())
     src = data.get("source") or {}
@@ -74,13 +75,15 @@ def _render(data: dict) -> None:
 def register(app: typer.Typer) -> None:
     @app.command("inspect")
     def inspect_cmd(
-        source: str = typer.Argument(..., help="Checkpoint directory or hub repo id org/name[@revision]."),
+        source: str = options.source_argument(),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of the summary."),
         full: bool = typer.Option(False, "--full", help="Scan every expert scale byte for NaN (reads all scales)."),
+        revision: str = options.revision_option(),
     ) -> None:
         """Describe a checkpoint from its headers: family, scheme, MoE geometry, problems."""
         from mxfp4conv.checkpoint.summary import inspect_source
 
+        source = options.with_revision(source, revision)
         report = inspect_source(source, full=full)
         if as_json:
             print(json.dumps(report.data, indent=2, default=str))

@@ -8,7 +8,11 @@ from typing import Any
 
 import typer
 
-from mxfp4conv.commands.convert import LAYOUT_HELP
+from mxfp4conv.commands import options
+
+# Bytes written per second by `convert --workers 2` on a 2-core machine
+# (docs/convert-benchmark.md); the time estimate scales the output size by it.
+CONVERT_RATE = 0.4e9
 
 
 def _manifest_of(spec: str, root: Path | None = None) -> dict | None:
@@ -52,12 +56,39 @@ def _already_converted(spec: str, manifest: dict, arch: str, tp: int, ep: bool, 
         print("Server environment: " + " ".join(f"{k}={v}" for k, v in env.items()))
 
 
-def _render(d, model, spec: str) -> None:
+def output_estimate(src, model, d, target) -> dict:
+    """Size of what convert writes for this decision, and roughly how long it takes."""
+    from mxfp4conv.convert.manifest import build_manifest
+    from mxfp4conv.convert.plan import DEFAULT_SHARD_SIZE, build_plan, plan_metadata, resolve_layouts
+    from mxfp4conv.shuffle.layouts import get_layout
+
+    manifest = build_manifest(src, model, d, target)
+    out = build_plan(src, model, d, resolve_layouts(d, get_layout), plan_metadata(manifest),
+                     DEFAULT_SHARD_SIZE)
+    size = out.total_size()
+    return {"source_bytes": sum(src.tensor_info(n).nbytes for n in src.tensor_names()),
+            "bytes": size, "shards": len(out.shards), "estimated_seconds": round(size / CONVERT_RATE, 1),
+            "estimate_rate_bytes_per_s": CONVERT_RATE}
+
+
+def _size(n: int) -> str:
+    return f"{n / 1e9:.2f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"{max(seconds, 1):.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def _render(d, model, spec: str, output: dict | None = None) -> None:
     from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
 
-    con = Console(highlight=False)
+    con = Console(highlight=False, soft_wrap=True)  # lines are never wrapped (copy-paste, pipes)
     params = ", ".join(f"{k}={v:g}" for k, v in d.activation_params.items())
     con.print(f"[bold]{escape(spec)}[/]: {model.family} ({model.quant_scheme}), activation "
               f"{d.activation}{f' ({params})' if params else ''}, {model.routing} routing, "
@@ -97,6 +128,12 @@ def _render(d, model, spec: str) -> None:
     geo.add_row("experts / rank", str(d.experts_per_rank), "")
     con.print(geo)
     con.print(f"Alignment: {o.get('alignment_rule')}")
+    if output:
+        n = output["shards"]
+        con.print(f"Output: {_size(output['bytes'])} of tensors in {n} shard{'s' if n != 1 else ''} "
+                  f"(source {_size(output['source_bytes'])}); convert takes about "
+                  f"{_duration(output['estimated_seconds'])} at {CONVERT_RATE / 1e9:.1f} GB/s written "
+                  f"(measured on 2 cores; more cores and a faster disk go faster, a hub download comes on top)")
 
     lay = Table(title="Layout recipe")
     lay.add_column("tensor")
@@ -117,23 +154,23 @@ def _render(d, model, spec: str) -> None:
 def register(app: typer.Typer) -> None:
     @app.command("plan")
     def plan_cmd(
-        source: str = typer.Argument(..., help="Local checkpoint directory or hub id org/name[@rev]."),
-        arch: str = typer.Option(..., "--arch", help="Target arch (gfx942, gfx950, gfx1250, sm90, "
-                                 "sm100, sm120, cpu, or an alias such as mi355x, h200)."),
-        tp: int = typer.Option(1, "--tp", help="Tensor-parallel ranks."),
+        source: str = options.source_argument(),
+        arch: str = options.arch_option(),
+        tp: int = options.tp_option(),
         ep: bool = typer.Option(False, "--ep", help="Expert parallel over the --tp ranks."),
-        act_quant: str = typer.Option("auto", "--act-quant", help="auto, bf16, fp8 or mxfp4."),
+        act_quant: str = options.act_quant_option(),
         no_aiter: bool = typer.Option(False, "--no-aiter", help="Model a ROCm server without AITER."),
-        backend: str = typer.Option(None, "--backend", help="Force a backend (vLLM --moe-backend "
-                                    "string or Mxfp4MoeBackend name)."),
-        layout: str = typer.Option("auto", "--layout", help=LAYOUT_HELP),
+        backend: str = options.backend_option(),
+        layout: str = options.layout_option(),
+        revision: str = options.revision_option(),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object on stdout."),
     ) -> None:
-        """Show which backend vLLM would pick, why, and the padding, layouts and server
-        environment a conversion for that target produces."""
+        """Show which backend vLLM would pick, why, and the padding, layouts, output size and
+        server environment a conversion for that target produces."""
         from mxfp4conv.checkpoint import load_model, open_source
         from mxfp4conv.oracle import Target, decide, resolve_arch
 
+        source = options.with_revision(source, revision)
         canonical = resolve_arch(arch)
         manifest = _manifest_of(source)
         src = None
@@ -144,12 +181,15 @@ def register(app: typer.Typer) -> None:
             _already_converted(source, manifest, canonical, tp, ep, as_json)
             return
         model = load_model(src)
-        d = decide(model, Target(arch=canonical, tp=tp, ep=ep, act_quant=act_quant,
-                                 aiter=not no_aiter, backend=backend, layout=layout))
+        target = Target(arch=canonical, tp=tp, ep=ep, act_quant=act_quant, aiter=not no_aiter,
+                        backend=backend, layout=layout)
+        d = decide(model, target)
+        output = output_estimate(src, model, d, target)
         if as_json:
             out: dict[str, Any] = d.plan_json()
             out["family"] = model.family
             out["quant_scheme"] = model.quant_scheme
+            out["output"] = output
             print(json.dumps(out, indent=2))
             return
-        _render(d, model, source)
+        _render(d, model, source, output)

@@ -12,8 +12,8 @@ import typer
 def register(app: typer.Typer) -> None:
     @app.command("verify")
     def verify_cmd(
-        out: Path = typer.Argument(..., help="A converted checkpoint directory."),
-        source: str = typer.Option(None, "--source", help="The source it was converted from: compare every byte."),
+        out: Path = typer.Argument(..., metavar="OUT", help="A converted checkpoint directory."),
+        source: str = typer.Option(None, "--source", metavar="SOURCE", help="The source it was converted from: compare every byte."),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object on stdout."),
     ) -> None:
         """Check OUT's manifest, index and headers; with --source, invert every expert transform

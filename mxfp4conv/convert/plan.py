@@ -18,18 +18,22 @@ from mxfp4conv.convert.writer import TensorSpec, build_header, header_entry_size
 from mxfp4conv.errors import Mxfp4convError
 
 DEFAULT_SHARD_SIZE = 5_000_000_000
-_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
-          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
 
 
 def parse_size(text: str | int) -> int:
-    """'5GB' -> 5e9 (decimal units like Hugging Face), '512MiB' -> 2**29, '1000' -> 1000."""
+    """Bytes from ``5GB`` / ``500MB`` / ``100KB`` (decimal units, parsed by huggingface_hub as
+    for its own ``max_shard_size``) or a plain number of bytes."""
+    from huggingface_hub.serialization._base import parse_size_to_int
+
     if isinstance(text, int):
-        return text
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", str(text))
-    if not m or m.group(2).upper() not in _UNITS:
-        raise Mxfp4convError(f"shard size {text!r} is not a size; write e.g. 5GB, 500MB or 2GiB.")
-    n = int(float(m.group(1)) * _UNITS[m.group(2).upper()])
+        n = text
+    else:
+        s = str(text).strip()
+        try:
+            n = int(s) if s.isdigit() else parse_size_to_int(s)
+        except ValueError:
+            raise Mxfp4convError(f"shard size {text!r} is not a size; write a number of bytes or "
+                                 f"one with a unit, e.g. 5GB, 500MB or 100KB.") from None
     if n < 1024:
         raise Mxfp4convError(f"shard size {text!r} is too small; use at least 1KB.")
     return n
