@@ -216,6 +216,9 @@ class _FakeHub:
                 self._copy(rel)
         return str(self.snap)
 
+    def list_repo_files(self, repo_id, revision=None, **kw):
+        return sorted(p.relative_to(self.ckpt).as_posix() for p in self.ckpt.rglob("*") if p.is_file())
+
     def try_to_load_from_cache(self, repo_id, filename, revision=None, **kw):
         return str(self.snap / filename) if (self.snap / filename).is_file() else None
 
@@ -243,7 +246,7 @@ def fake_hub(tmp_path, monkeypatch):
         snap = tmp_path / "snapshots" / COMMIT
         snap.mkdir(parents=True)
         hub = _FakeHub(ckpt, snap, http)
-        for name in ("hf_hub_download", "snapshot_download", "try_to_load_from_cache"):
+        for name in ("hf_hub_download", "snapshot_download", "try_to_load_from_cache", "list_repo_files"):
             monkeypatch.setattr(huggingface_hub, name, getattr(hub, name))
         monkeypatch.setattr(utils, "get_session", lambda: hub)
         return hub
@@ -327,3 +330,18 @@ def test_hub_remote_header_is_validated_like_a_local_one(synth, fake_hub, tmp_pa
         src.header(shard.name)
     assert "org/k3/model-00002-of-00002.safetensors" in str(err.value)
     assert shard.name not in hub.downloads
+
+
+def test_convert_from_the_hub_fetches_shards_and_sidecars_in_one_parallel_call(synth, fake_hub, tmp_path):
+    from mxfp4conv.convert import convert
+    from mxfp4conv.convert.verify import verify
+    from mxfp4conv.oracle import Target
+
+    ckpt = synth("quark", "w_mxfp4")
+    hub = fake_hub(ckpt)
+    convert("amd/tiny-quark", tmp_path / "out", Target("gfx950", tp=2), progress="none")
+    shards = sorted(open_source(ckpt).shards())
+    (opening, fetch) = hub.snapshot_calls
+    assert sorted(fetch[0]) == sorted(shards + ["generation_config.json", "tokenizer_config.json"])
+    assert fetch[1] == 8
+    assert verify(tmp_path / "out", str(ckpt)).ok

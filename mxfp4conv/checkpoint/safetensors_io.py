@@ -4,6 +4,16 @@ A shard is an 8-byte little-endian header length N, N bytes of JSON (one object,
 ``__metadata__`` of string -> string), then the tensor data. Headers are parsed and
 validated here without touching the data; single tensors are read on demand with
 ``os.pread`` from a read-only descriptor.
+
+Why not ``safetensors.safe_open``: it needs the whole file on local disk and maps it, so it
+cannot read a header that arrived by an HTTP range request (``inspect`` of a hub repo), and
+it rejects a bad shard with a generic message (a shard cut short by one byte: "incomplete
+metadata, file not fully covered") where this reader names the tensor that is truncated,
+overlaps another or leaves a gap, and says what to do. It also hands e8m0 scales and F4 weights
+out as numeric dtypes, where the converter must move the raw bytes. The bytes read here are
+checked against what ``safetensors`` itself reads (tests/test_source.py,
+tests/test_safetensors_io.py). Writing stays with our streaming writer too: ``safetensors``
+can only write a file from tensors that are all in memory at once.
 """
 
 from __future__ import annotations

@@ -67,7 +67,7 @@ def output_estimate(src, model, d, target) -> dict:
                      DEFAULT_SHARD_SIZE)
     size = out.total_size()
     return {"source_bytes": sum(src.tensor_info(n).nbytes for n in src.tensor_names()),
-            "bytes": size, "shards": len(out.shards), "estimated_seconds": round(size / CONVERT_RATE, 1),
+            "bytes": size, "shards": len(out.shards), "estimated_seconds": round(size / CONVERT_RATE, 3),
             "estimate_rate_bytes_per_s": CONVERT_RATE}
 
 

@@ -46,8 +46,9 @@ class Progress:
             return
         if text is None:
             el = max(time.monotonic() - self.start, 1e-9)
-            text = (f"{self.desc}: {self.done / 1e9:.2f} of {self.total / 1e9:.2f} GB "
-                    f"({100 * self.done / self.total:.0f}%), {self.done / el / 1e6:.0f} MB/s")
+            text = (f"{100 * self.done / self.total:.0f}% done: {self.done / 1e9:.2f} of "
+                    f"{self.total / 1e9:.2f} GB in all, {self.done / el / 1e6:.0f} MB/s"
+                    + (f"; now writing {self.desc}" if self.desc else ""))
         self.last_line = time.monotonic()
         if self._bar is not None:
             self._bar.console.print(text)

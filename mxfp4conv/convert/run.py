@@ -85,6 +85,7 @@ def convert(source, out, target, shard_size=DEFAULT_SHARD_SIZE, resume=False, wo
     record["shards"] = {k: v for k, v in record["shards"].items() if k in kept}
     _save_progress(out, record)
 
+    src.prefetch(src.shards() + src.sidecar_files())  # a hub source: fetch in parallel (no-op locally)
     _copy_sidecars(src, out)
 
     todo = sum(t.spec.size() for s in plan.shards if s.name not in kept for t in s.tensors)
@@ -99,7 +100,8 @@ def convert(source, out, target, shard_size=DEFAULT_SHARD_SIZE, resume=False, wo
     _atomic_write(out / INDEX_NAME, (json.dumps(index, indent=2, sort_keys=True) + "\n").encode())
     _atomic_write(out / MANIFEST_NAME, write_manifest_json(manifest))
     if progress != "none":
-        bar.line(f"converted {len(plan.shards)} shards into {out}"
+        n = len(plan.shards)
+        bar.line(f"converted {n} shard{'' if n == 1 else 's'} into {out}"
                  + (f" ({len(kept)} kept from an earlier run)" if kept else ""))
     return ConvertResult(out, [s.name for s in plan.shards], sorted(kept), written, manifest)
 
