@@ -133,3 +133,11 @@ def test_typer_exit_code_is_propagated():
 def test_global_flags_are_moved_in_front_of_the_command():
     assert cli.hoist_global_flags(["plan", "x", "--debug", "-vv"]) == ["--debug", "-v", "-v", "plan", "x"]
     assert cli.hoist_global_flags(["plan", "--", "--debug"]) == ["plan", "--", "--debug"]
+
+
+def test_option_choices_are_the_oracles():
+    from mxfp4conv.commands import options
+    from mxfp4conv.oracle.select import ACT_QUANTS, KERNEL_LAYOUT_CHOICES
+
+    assert options.LAYOUTS == tuple(KERNEL_LAYOUT_CHOICES)
+    assert options.ACT_QUANTS == tuple(ACT_QUANTS)

@@ -65,3 +65,13 @@ def test_plain_progress_line_says_the_total_is_for_the_whole_conversion():
     text = out.getvalue().strip()
     assert text.startswith("50% done: 1.50 of 3.00 GB in all")
     assert text.endswith("now writing model-00001-of-00005.safetensors")
+
+
+def test_inspect_of_a_converted_checkpoint_prints_the_env_line_whole(demo, tmp_path):
+    out = tmp_path / "out"
+    assert mxfp4conv("convert", demo, out, "--arch", "gfx950", "-q").returncode == 0
+    env = json.loads((out / "mxfp4conv.json").read_text())["runtime_env"]
+    r = mxfp4conv("inspect", out, env={"COLUMNS": "40"})
+    assert r.returncode == 0, r.stderr
+    (line,) = [ln for ln in r.stdout.splitlines() if "server env:" in ln]
+    assert line.split("server env: ", 1)[1].split() == [f"{k}={v}" for k, v in env.items()]

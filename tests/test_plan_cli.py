@@ -106,7 +106,6 @@ def test_plan_human_trace(capsys, ckpts):
 
 
 @pytest.mark.parametrize("args,texts", [
-    (["--arch", "gfx1100"], ["Unknown target arch 'gfx1100'", "mi355x"]),
     (["--arch", "gfx950", "--tp", "3"], ["cannot split", "512"]),
     (["--arch", "gfx950", "--tp", "32"], ["not a multiple of the MXFP4 block"]),
     (["--arch", "gfx942", "--backend", "aiter"], ["cannot serve", "only on gfx950"]),
