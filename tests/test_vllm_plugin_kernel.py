@@ -19,20 +19,32 @@ from mxfp4conv.runtime.loader import read_manifest
 harness = pytest.importorskip("tests.vllm033.harness", reason="needs the vLLM 0.33.0 harness (tests/vllm033)")
 
 
-@pytest.mark.parametrize("layout", ["identity", "hopper_mma"])
-def test_layer_runs_mxfp4conv_triton_experts_inside_vllm(synth, tmp_path, layout):  # noqa: F811
+LAYOUTS = ("identity", "hopper_mma")
+
+
+@pytest.fixture(scope="module")
+def results(synth, tmp_path_factory):  # noqa: F811
+    """Both layouts in one worker: {layout: (manifest, probe result)}."""
     src_dir = harness.require_vllm()
     src = synth("gpt_oss")
-    out = tmp_path / "gpt-oss-sm90"
-    convert(src, out, Target("sm90", tp=1, layout=layout), force=True, progress="off")
-    m = read_manifest(out)
+    manifests, cases = {}, []
+    for layout in LAYOUTS:
+        out = tmp_path_factory.mktemp("sm90") / f"gpt-oss-sm90-{layout}"
+        convert(src, out, Target("sm90", tp=1, layout=layout), force=True, progress="off")
+        m = manifests[layout] = read_manifest(out)
+        moe, params = m["moe"], m["target"]["activation_params"]
+        cases.append({"method": "gpt_oss", "source": str(src), "converted": str(out), "prefix": moe["layers"][0],
+                      "tp": 1, "rank": 0, "geometry": {k: moe[k] for k in ("hidden", "intermediate", "num_experts", "top_k")},
+                      "activation": "swigluoai", "routing": moe["routing"], "has_bias": True,
+                      "swiglu_limit": params["limit"], "model_type": "gpt_oss"})
+    got = harness.run_probe("sm90", "tests/vllm_plugin_probe.py:probe_kernel", cases, src=src_dir, timeout=900)
+    return {layout: (manifests[layout], r) for layout, r in zip(LAYOUTS, got)}
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_layer_runs_mxfp4conv_triton_experts_inside_vllm(results, layout):
+    m, r = results[layout]
     assert m["target"]["backend"] == "EMULATION"
-    moe, params = m["moe"], m["target"]["activation_params"]
-    case = {"method": "gpt_oss", "source": str(src), "converted": str(out), "prefix": moe["layers"][0],
-            "tp": 1, "rank": 0, "geometry": {k: moe[k] for k in ("hidden", "intermediate", "num_experts", "top_k")},
-            "activation": "swigluoai", "routing": moe["routing"], "has_bias": True,
-            "swiglu_limit": params["limit"], "model_type": "gpt_oss"}
-    (r,) = harness.run_probe("sm90", "tests/vllm_plugin_probe.py:probe_kernel", [case], src=src_dir, timeout=900)
     assert "raised" not in r, r
     assert (r["mode"], r["experts"], r["w13_layout"]) == ("mxfp4conv_kernel", "Mxfp4convTritonExperts",
                                                         m["layout"]["w13"])

@@ -11,6 +11,10 @@ Equality is expected of checkpoints converted for vLLM 0.33 (the manifest's ``vl
 Quark ``w_mxfp4`` on AITER_MXFP4_BF16 is the one designed difference: vLLM's converter
 de-interleaves its ``[gate; up]`` w13 rows as if they were gpt-oss's interleaved ones, and
 mxfp4conv writes the correct rows (`mxfp4conv plan` says so); there only w2 must be equal.
+Quark ``w_mxfp4_a_fp8``: vLLM keeps whichever of the gate / up static input scales it loads last
+(``_load_single_value``), the format keeps their max; every other parameter must be equal.
+Kimi-K3 is not compared yet: the probe builds the layer without the Kimi-K3 model's own
+intermediate padding, so vLLM's parameters there are smaller than the checkpoint's.
 """
 
 from __future__ import annotations
@@ -68,6 +72,8 @@ def results(synth, tmp_path_factory):  # noqa: F811
 
 @pytest.mark.parametrize("family,scheme", CASES)
 def test_plugin_load_equals_vllm_load(results, family, scheme):
+    if family == "kimi_k3":
+        pytest.skip("the probe does not build Kimi-K3's model-level intermediate padding")
     for rank in range(TP):
         r = results[(family, scheme, rank)]
         assert "raised" not in r, r
@@ -77,6 +83,10 @@ def test_plugin_load_equals_vllm_load(results, family, scheme):
             w2 = {k: v for k, v in normal["params"].items() if k.startswith("w2_")}
             assert {k: plugin["params"][k] for k in w2} == w2
             assert plugin["params"]["w13_weight"] != normal["params"]["w13_weight"]
+            continue
+        if (family, scheme) == ("quark", "w_mxfp4_a_fp8"):
+            rest = {k: v for k, v in normal["params"].items() if k != "w13_input_scale"}
+            assert {k: plugin["params"][k] for k in rest} == rest and "w2_input_scale" in rest
             continue
         assert plugin["params"] == normal["params"], (rank, plugin["mode"])
         assert (plugin["backend"], plugin["experts"], plugin["env"]) == (normal["backend"], normal["experts"], normal["env"])
