@@ -322,3 +322,14 @@ def test_quark_gpt_oss_weight_only_example_converts_without_the_deinterleave_not
     assert not any("Suspected vLLM bug" in n for n in d.notes)
     convert(root, tmp_path / "out", Target("gfx950", tp=2), force=True, progress="off")
     verify(tmp_path / "out", source=root)
+
+
+def test_kimi_linear_transformers_names_get_a_vllm_loader_warning():
+    from mxfp4conv.checkpoint.summary import inspect_source
+
+    rep = inspect_source(str(DATA / "ct_kimi_linear_w_mxfp4"))
+    warnings = [p.message for p in rep.problems if p.severity == "warning"]
+    assert any("maps only 'experts.E.w1/w3/w2'" in w for w in warnings)
+    assert not rep.problems.errors
+    rep = inspect_source(str(DATA / "ct_qwen3_moe_w_mxfp4"))
+    assert not list(rep.problems)
