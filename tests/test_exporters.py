@@ -276,3 +276,60 @@ def test_moe_method_is_the_one_vllm_033_builds(tmp_path, name):
             d = decide(m, Target(arch))
             assert d.options["vllm_expert_class"] == rec["experts_cls"], arch
             assert d.act_quant == ("mxfp4" if rec["use_cutlass_mxfp4"] else "bf16")
+
+
+def _ct_copy(tmp_path, edit) -> Path:
+    import json
+    import shutil
+
+    root = tmp_path / "ct"
+    shutil.copytree(DATA / "ct_qwen3_moe_w_mxfp4", root)
+    cfg = json.loads((root / "config.json").read_text())
+    edit(cfg["quantization_config"])
+    (root / "config.json").write_text(json.dumps(cfg))
+    return root
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda qc: qc["config_groups"]["group_0"]["weights"].update(num_bits=8),
+     "is not MXFP4 .float, 4 bits, strategy group, group_size 32, symmetric"),
+    (lambda qc: qc["config_groups"]["group_0"]["weights"].update(group_size=16),
+     "is not MXFP4"),
+    (lambda qc: qc.update(format="nvfp4-pack-quantized") or qc["config_groups"]["group_0"].update(
+        format="nvfp4-pack-quantized"), "not 'mxfp4-pack-quantized'"),
+    (lambda qc: qc["ignore"].append("re:.*experts.*"), "leaves the routed experts .* unquantised"),
+    (lambda qc: qc["ignore"].append("re:.*experts\\.0\\.down_proj$"), "needs all MoE projections"),
+    (lambda qc: qc.update(config_groups=[1]), "config_groups must be an object"),
+])
+def test_compressed_tensors_configs_it_cannot_convert(tmp_path, capsys, edit, message):
+    root = _ct_copy(tmp_path, edit)
+    rc, _, err = run_cli(["inspect", root], capsys)
+    assert rc == 1 and "Traceback" not in err
+    assert "config.json" in err
+    import re
+    assert re.search(message, " ".join(err.split())), err
+
+
+def test_quark_gpt_oss_weight_only_example_converts_without_the_deinterleave_note(tmp_path):
+    from mxfp4conv.checkpoint.synthetic import make_checkpoint
+
+    root = make_checkpoint("quark_gpt_oss", tmp_path / "q", scheme="w_mxfp4", hidden=128,
+                           intermediate=64, num_experts=4, num_layers=1)
+    m = load_model(open_source(root))
+    assert m.gate_up_interleaved and m.quant_scheme == "w_mxfp4" and m.has_bias
+    d = decide(m, Target("gfx950", tp=2))
+    assert d.backend == "AITER_MXFP4_BF16"
+    assert not any("Suspected vLLM bug" in n for n in d.notes)
+    convert(root, tmp_path / "out", Target("gfx950", tp=2), force=True, progress="off")
+    verify(tmp_path / "out", source=root)
+
+
+def test_kimi_linear_transformers_names_get_a_vllm_loader_warning():
+    from mxfp4conv.checkpoint.summary import inspect_source
+
+    rep = inspect_source(str(DATA / "ct_kimi_linear_w_mxfp4"))
+    warnings = [p.message for p in rep.problems if p.severity == "warning"]
+    assert any("maps only 'experts.E.w1/w3/w2'" in w for w in warnings)
+    assert not rep.problems.errors
+    rep = inspect_source(str(DATA / "ct_qwen3_moe_w_mxfp4"))
+    assert not list(rep.problems)

@@ -22,7 +22,7 @@ _GROUPS = (  # (group name, pattern), first match wins; routed experts are decid
     ("attention", re.compile(r"(self_)?attn\.|\.attn_sink|\.sinks$")),
     ("norms", re.compile(r"norm\.weight$|norm$")),
     ("embeddings and head", re.compile(r"(^|\.)(embed_tokens|embed|lm_head|head)\.")),
-    ("dense MLP", re.compile(r"\.(mlp|ffn)\.(gate_proj|up_proj|down_proj|w[123])\.")),
+    ("dense MLP", re.compile(r"\.(mlp|ffn|block_sparse_moe)\.(gate_proj|up_proj|down_proj|w[123])\.")),
     ("vision", re.compile(r"^(vision_tower|mm_projector)\.")),
 )
 

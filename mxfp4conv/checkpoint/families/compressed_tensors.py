@@ -72,6 +72,13 @@ def build(source, problems: Problems) -> tuple[MoEModel | None, list[str]]:
         return f"{prefix}.experts.{e}.{proj}.{'weight_scale' if field.endswith('scale') else 'weight_packed'}"
 
     layers, prefixes, variants = common.expert_layers(source, found, geometry, problems, name_for)
+    if cfg.get("model_type") == "kimi_linear" and hf_names:
+        problems.warning(
+            f"{source.spec}: this Kimi-Linear export names its routed experts "
+            f"'experts.E.gate_proj/up_proj/down_proj' (transformers' names); vLLM 0.33.0's "
+            f"Kimi-Linear loader maps only 'experts.E.w1/w3/w2', so stock vLLM does not load these "
+            f"expert tensors. mxfp4conv reads and converts them; a converted checkpoint is loaded "
+            f"by its '.experts.rank<r>.' names.")
     model = MoEModel(
         family=NAME, quant_scheme=scheme.quant_scheme, moe_method=scheme.moe_method,
         activation=common.activation_from_config(cfg), routing=common.routing_from_config(cfg),
