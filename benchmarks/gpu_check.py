@@ -145,8 +145,8 @@ def variants_for(T, H, I, k, E, dtype, quick):
 
 def hopper_variants(T, H, I, k, E):
     """The default, a forced K split, the v9 launch sequence (align, separate activation and k-sum
-    kernels), one block per pair with more than one token, and the fused reductions forced on
-    where the default leaves them off."""
+    kernels), one block per pair with more than one token, the fused reductions forced on where
+    the default leaves them off, and GEMM2 row tiles in one flat loop where it does not use them."""
     default = select_config(T * k, E, H, I, "hopper_mma")
     out = [("default", default), ("split", dataclasses.replace(default, split_k1=3, split_k2=2)),
            ("v9", dataclasses.replace(default, fused=0, direct=0, pdl=0))]
@@ -154,6 +154,8 @@ def hopper_variants(T, H, I, k, E):
         out.append(("split", dataclasses.replace(default, direct=1, split_k1=3, split_k2=2)))
     if not hopper_options(default, T, T * k, True)[1]:
         out.append(("fused", dataclasses.replace(default, fused=1)))
+    if default.rows2 == 1:  # GEMM2's flat loop over several row tiles
+        out.append(("rows3", dataclasses.replace(default, rows2=3, fused=0)))
     if T * k / min(E, T * k) > 16:
         out.append(("bt16", dataclasses.replace(default, block_t=16, block_n2=128)))
     return out
@@ -163,7 +165,7 @@ def path_name(cfg, T, k, E, dtype, layout="identity"):
     if layout != "identity":
         direct, fused, pdl = hopper_options(cfg, T, T * k, True)
         flags = "".join(f" {n}" for n, on in (("direct", direct), ("fused", fused), ("pdl", pdl)) if on)
-        return f"{layout} bt{cfg.block_t}{flags}"
+        return f"{layout} bt{cfg.block_t}{flags}{f' rows{cfg.rows2}' if cfg.rows2 > 1 and not fused else ''}"
     if uses_gemv(cfg, T * k, E):
         return "gemv"
     mode = 0 if dtype == torch.float32 or (dtype == torch.float16 and cfg.mode == 1) else cfg.mode

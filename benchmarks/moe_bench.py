@@ -158,10 +158,18 @@ def dequant_all(w, s, out, chunk=16):
         out[a:a + chunk].copy_(dequantize_mxfp4(w[a:a + chunk], s[a:a + chunk], dtype=torch.bfloat16))
 
 
+# --grid rows2: GEMM2 row tiles per program, the default repeated between them (clock drift reference)
+GRIDS = {"rows2": [dict(rows2=2), {}, dict(rows2=4), {}, dict(rows2=7), {}, dict(rows2=4, maxnreg2=0), {},
+                   dict(rows2=4, block_n2=64), {}, dict(rows2=14, block_n2=64)]}
+GRID = None  # set from --grid
+
+
 def sweep_for(layout, per_expert, T):
     """Config overrides tried besides the default (hopper_mma), by pairs per touched expert."""
     if layout != "hopper_mma":
         return None
+    if GRID is not None:
+        return GRIDS[GRID]
     if per_expert > 8:
         return HOPPER_SWEEP_LARGE
     return HOPPER_SWEEP + (HOPPER_SWEEP_T1 if T == 1 else [])
@@ -171,7 +179,7 @@ def _warm_worker(args):
     """Compile (run once on uninitialised weights) the configs of one shape in a child process,
     filling Triton's on-disk cache so the timing process finds every kernel compiled."""
     name, jobs, layout, before = args
-    H, I, E, k = SHAPES[name]
+    H, I, E, k = SHAPES[name]  # jobs carry their configs: the grid is not needed here
     impl = fused_moe_triton
     if before:
         import importlib
@@ -380,7 +388,10 @@ def main() -> int:
                     help="module path of another tree's triton_moe (e.g. a copy of the previous release under "
                          "another package name): its default timed beside ours, interleaved")
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds with --before (median)")
+    ap.add_argument("--grid", default=None, choices=sorted(GRIDS), help="hopper_mma sweep grid instead of the default ones")
     args = ap.parse_args()
+    global GRID
+    GRID = args.grid
     logf = open(f"{args.out}/moe_bench{'_compile' if args.compile_only else ''}.log", "w")
 
     def log(msg):

@@ -155,19 +155,13 @@ def _hopper_ptrs(w_ptr, s_ptr, e, stride_we, stride_se, nb0, K, k0, NB: tl.const
 
 
 @triton.jit
-def _block(sorted_ids_ptr, block_expert_ptr, num_post_pad_ptr, pid_m, num_pairs, num_experts,
-           BLOCK_T: tl.constexpr, DIRECT: tl.constexpr):
-    """(expert of block pid_m or -1 when there is nothing to do, its pairs, their mask). DIRECT:
-    block_expert_ptr is topk_ids itself and block pid_m holds pair pid_m alone."""
-    if DIRECT:
-        e = tl.load(block_expert_ptr + pid_m).to(tl.int64)
-        e = tl.where((e >= 0) & (e < num_experts), e, -1)
-        pair = tl.where(tl.arange(0, BLOCK_T) == 0, pid_m, num_pairs)
-        return e, pair, pair < num_pairs
+def _direct_block(block_expert_ptr, pid_m, num_pairs, num_experts, BLOCK_T: tl.constexpr):
+    """DIRECT: block_expert_ptr is topk_ids itself and block pid_m holds pair pid_m alone; (expert
+    or -1 for a skipped slot, the block's pairs, their mask)."""
     e = tl.load(block_expert_ptr + pid_m).to(tl.int64)
-    e = tl.where(pid_m * BLOCK_T < tl.load(num_post_pad_ptr), e, -1)
-    pair, tmask = block_pairs(sorted_ids_ptr, pid_m, num_pairs, BLOCK_T)
-    return e, pair, tmask
+    e = tl.where((e >= 0) & (e < num_experts), e, -1)
+    pair = tl.where(tl.arange(0, BLOCK_T) == 0, pid_m, num_pairs)
+    return e, pair, pair < num_pairs
 
 
 @triton.jit
@@ -229,8 +223,13 @@ def moe_hgemm1_kernel(
         _gdc_launch()  # let GEMM2's programs launch while the last of these run
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
-    e, pair, tmask = _block(sorted_ids_ptr, block_expert_ptr, num_post_pad_ptr, pid_m, num_pairs, num_experts,
-                            BLOCK_T, DIRECT)
+    if DIRECT:
+        e, pair, tmask = _direct_block(block_expert_ptr, pid_m, num_pairs, num_experts, BLOCK_T)
+    else:
+        if pid_m * BLOCK_T >= tl.load(num_post_pad_ptr):
+            return
+        e = tl.load(block_expert_ptr + pid_m).to(tl.int64)
+        pair, tmask = block_pairs(sorted_ids_ptr, pid_m, num_pairs, BLOCK_T)
     if e < 0:
         return
     NB: tl.constexpr = BLOCK_N // 16
@@ -281,40 +280,71 @@ def moe_hgemm2_kernel(
     BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, DTYPE: tl.constexpr,
     ASM: tl.constexpr, BIG: tl.constexpr,
     DIRECT: tl.constexpr = False, FUSED: tl.constexpr = False, PDL: tl.constexpr = False,
-    K_POW2: tl.constexpr = 1,
+    K_POW2: tl.constexpr = 1, ROW_TILES: tl.constexpr = 1,
 ):
     """``moe_gemm2_kernel`` over the Hopper layouts:
     pair_out[split, pair, n] = w_pair * (w2[e, n, split's K range] . inter[pair] (+ b2[e, n] in split 0)).
     With FUSED, the last program touching a (token, row tile) also writes y[token, tile] = the sum
-    over k and splits (module docstring)."""
+    over k and splits (module docstring). ROW_TILES > 1 (not with FUSED): a program does that many
+    consecutive row tiles in one flat loop over (tile, K step), so the loads of the next tile are in
+    flight while this one finishes, and the block's prologue is paid once (short K: few steps a tile)."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
-    e, pair, tmask = _block(sorted_ids_ptr, block_expert_ptr, num_post_pad_ptr, pid_m, num_pairs, num_experts,
-                            BLOCK_T, DIRECT)
+    if DIRECT:
+        e, pair, tmask = _direct_block(block_expert_ptr, pid_m, num_pairs, num_experts, BLOCK_T)
+    else:
+        if pid_m * BLOCK_T >= tl.load(num_post_pad_ptr):
+            return
+        e = tl.load(block_expert_ptr + pid_m).to(tl.int64)
+        pair, tmask = block_pairs(sorted_ids_ptr, pid_m, num_pairs, BLOCK_T)
     if e < 0:
         return
     NB: tl.constexpr = BLOCK_N // 16
     KB: tl.constexpr = BLOCK_K // 64
     pair64 = pair.to(tl.int64)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    tile0 = pid_n * ROW_TILES  # first row tile of this program
+    offs_n = tile0 * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = offs_n < N
     k_lo = tl.program_id(2) * (K_SPLIT // BLOCK_K) * BLOCK_K  # keeps k_lo's known divisibility: 16-byte loads
-    wp, sp, o_nb, o_b = _hopper_ptrs(w_ptr, s_ptr, e, stride_we, stride_se, pid_n * NB, K, k_lo, NB, KB)
+    wp, sp, o_nb, o_b = _hopper_ptrs(w_ptr, s_ptr, e, stride_we, stride_se, tile0 * NB, K, k_lo, NB, KB)
     offs_k = tl.arange(0, BLOCK_K)
     at = a_ptr + pair64[None, :] * stride_at + offs_k[:, None] + k_lo
     acc = tl.zeros([BLOCK_N, BLOCK_T], tl.float32)
-    nbm = (o_nb < N // 16)[:, None, None]
     if PDL:
         _gdc_wait()  # GEMM1's intermediate is complete and visible from here on
-    for k0 in range(k_lo, tl.minimum(K, k_lo + K_SPLIT), BLOCK_K):
-        m = nbm & (o_b < (K - k0) // 64)[None, :, None]
-        x = tl.load(at, mask=tmask[None, :] & (offs_k[:, None] < K - k0), other=0.0)
-        a = _hopper_tile(tl.load(wp, mask=m, other=0), tl.load(sp, mask=m, other=0), NB, KB, BIG, ASM, DTYPE)
-        acc = _mma(a, x, acc, ASM)
-        wp += BLOCK_K * 8
-        sp += BLOCK_K // 2
-        at += BLOCK_K
-    gemm2_finish(acc, pair, tmask, e, offs_n, nmask, b_ptr, tw_ptr, out_ptr, stride_be, stride_ot, stride_os, HAS_BIAS)
+    if ROW_TILES == 1:
+        nbm = (o_nb < N // 16)[:, None, None]
+        for k0 in range(k_lo, tl.minimum(K, k_lo + K_SPLIT), BLOCK_K):
+            m = nbm & (o_b < (K - k0) // 64)[None, :, None]
+            x = tl.load(at, mask=tmask[None, :] & (offs_k[:, None] < K - k0), other=0.0)
+            a = _hopper_tile(tl.load(wp, mask=m, other=0), tl.load(sp, mask=m, other=0), NB, KB, BIG, ASM, DTYPE)
+            acc = _mma(a, x, acc, ASM)
+            wp += BLOCK_K * 8
+            sp += BLOCK_K // 2
+            at += BLOCK_K
+        gemm2_finish(acc, pair, tmask, e, offs_n, nmask, b_ptr, tw_ptr, out_ptr, stride_be, stride_ot, stride_os,
+                     HAS_BIAS)
+    else:
+        # row tiles tile0, tile0 + 1, ...; _hopper_ptrs above placed wp / sp at the first
+        steps = tl.cdiv(tl.minimum(K, k_lo + K_SPLIT) - k_lo, BLOCK_K)
+        tiles = tl.minimum(ROW_TILES, tl.cdiv(N, BLOCK_N) - tile0)
+        ks = 0
+        nt = 0
+        for _ in range(0, tiles * steps):
+            k0 = k_lo + ks * BLOCK_K
+            slab = nt * NB  # 16-row slabs past the first tile's
+            m = ((o_nb + slab) < N // 16)[:, None, None] & (o_b < (K - k0) // 64)[None, :, None]
+            x = tl.load(at + ks * BLOCK_K, mask=tmask[None, :] & (offs_k[:, None] < K - k0), other=0.0)
+            w = tl.load(wp + slab.to(tl.int64) * (8 * K) + ks * (BLOCK_K * 8), mask=m, other=0)
+            sc = tl.load(sp + slab.to(tl.int64) * (K // 2) + ks * (BLOCK_K // 2), mask=m, other=0)
+            acc = _mma(_hopper_tile(w, sc, NB, KB, BIG, ASM, DTYPE), x, acc, ASM)
+            if ks == steps - 1:
+                offs_t = offs_n + nt * BLOCK_N
+                gemm2_finish(acc, pair, tmask, e, offs_t, offs_t < N, b_ptr, tw_ptr, out_ptr, stride_be, stride_ot,
+                             stride_os, HAS_BIAS)
+                acc = tl.zeros([BLOCK_N, BLOCK_T], tl.float32)
+            nt = tl.where(ks == steps - 1, nt + 1, nt)
+            ks = tl.where(ks == steps - 1, 0, ks + 1)
     if FUSED:
         tl.debug_barrier()
         splits = tl.num_programs(2)

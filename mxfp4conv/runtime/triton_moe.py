@@ -69,6 +69,7 @@ class MoEConfig:
     fused: int = -1  # split-K activation and the sum over k in the GEMMs' tails (automatic: with direct)
     pdl: int = -1  # GEMM2 launched as a programmatic dependent of GEMM1 (automatic: with direct, where Triton has it)
     num_warps2: int = 0  # warps of GEMM2 (0 = num_warps)
+    rows2: int = 1  # GEMM2 row tiles per program, in one flat loop (hopper_mma, not with fused)
     maxnreg2: int = -1  # register cap of GEMM2 (-1 = maxnreg)
 
 
@@ -104,10 +105,14 @@ def select_config(num_pairs: int, num_experts: int, hidden: int, inter: int, lay
             split2 = 1 if num_pairs * (hidden // 64) >= 768 else 0
             return MoEConfig(block_t=16, block_n1=64, block_n2=64, block_k=128, num_warps=4, num_stages=3,
                              split_k2=split2)
-        # short GEMM2 rows (I_pad <= 512: three 128-code steps a tile) gain from a fourth program per
-        # SM (GEMM2 needs 136 registers uncapped)
-        maxnreg = 128 if inter <= 512 and per_expert <= 12 else 0
-        return MoEConfig(block_t=bt, block_n1=64, block_n2=128, block_k=128, num_warps=4, num_stages=3, maxnreg=maxnreg)
+        # short GEMM2 rows (I_pad <= 512: three 128-code steps a tile): GEMM1 capped at 128 registers
+        # (a fourth program per SM) while experts see few pairs, and past one pair per expert four
+        # GEMM2 row tiles per program in one flat loop (uncapped)
+        short = inter <= 512
+        maxnreg = 128 if short and per_expert <= 12 else 0
+        rows2 = 4 if short and per_expert > 1.05 else 1
+        return MoEConfig(block_t=bt, block_n1=64, block_n2=128, block_k=128, num_warps=4, num_stages=3, maxnreg=maxnreg,
+                         rows2=rows2, maxnreg2=0 if rows2 > 1 else -1)
     if per_expert <= 32:
         # decode path without tensor cores (taken at <= 1 pair per touched expert): 16-row tiles
         # with 256-code K steps where I_pad allows them in GEMM2 (DSV3-like), else 32-row tiles
@@ -365,12 +370,13 @@ def _launch_options(cfg: MoEConfig, second: bool = False) -> dict:
 
 
 def _two_gemms(x, topk_weights, topk_ids, w13_scale, w2_scale, w13_bias, w2_bias, act, cfg, out, gemm1, gemm2,
-               direct=False, fused=False):
+               direct=False, fused=False, rows2=1):
     """What both tensor-core paths do around their two GEMM kernels: align the pairs into expert
     blocks, size the K splits, GEMM1 (then the activation over its K-split partials), GEMM2 and
     the deterministic sum over k. ``gemm1(grid, run)`` / ``gemm2(grid, run)`` launch the kernels.
     ``direct``: one block per pair, no align (the kernels read topk_ids); ``fused``: the GEMMs do
-    the activation over split-K partials and the sum over k themselves (arrival counters)."""
+    the activation over split-K partials and the sum over k themselves (arrival counters); ``rows2``:
+    GEMM2 row tiles per program."""
     T, H = x.shape
     E, i_pad = w13_scale.shape[0], w13_scale.shape[1] // 2
     top_k = topk_ids.shape[1]
@@ -384,7 +390,8 @@ def _two_gemms(x, topk_weights, topk_ids, w13_scale, w2_scale, w13_bias, w2_bias
         blocks_est = num_pairs // cfg.block_t + min(E, num_pairs)
     n1, n2 = triton.cdiv(i_pad, cfg.block_n1), triton.cdiv(H, cfg.block_n2)
     s1, ks1 = _splits(cfg.split_k1, blocks_est * n1, H, cfg.block_k)
-    s2, ks2 = _splits(cfg.split_k2, blocks_est * n2, i_pad, cfg.block_k)
+    g2 = triton.cdiv(n2, rows2)
+    s2, ks2 = _splits(cfg.split_k2, blocks_est * g2, i_pad, cfg.block_k)
     inter = torch.empty(num_pairs, i_pad, dtype=x.dtype, device=x.device)
     run = _Run(
         sorted_ids, block_expert, num_post_pad, topk_weights.reshape(-1).contiguous(), s1, ks1, s2, ks2, inter,
@@ -407,7 +414,7 @@ def _two_gemms(x, topk_weights, topk_ids, w13_scale, w2_scale, w13_bias, w2_bias
     run.pair_out = torch.empty(s2, num_pairs, H, dtype=x.dtype if s2 == 1 else torch.float32, device=x.device)
     run.b2 = w2_bias.contiguous() if w2_bias is not None else w2_scale
     run.out = out
-    gemm2((max_blocks, n2, s2), run)
+    gemm2((max_blocks, g2, s2), run)
     if not fused:
         _sum_launch(run.pair_out, ids, out, H, top_k, E, s2)
     return out
@@ -511,6 +518,7 @@ def _hopper_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13
     launch, launch2 = _launch_options(cfg), _launch_options(cfg, second=True)
     direct, fused, pdl = hopper_options(cfg, T, num_pairs, asm)
     k2 = triton.next_power_of_2(top_k)
+    rows2 = 1 if fused else max(1, cfg.rows2)
 
     def gemm1(grid, r):
         HK.moe_hgemm1_kernel[grid](
@@ -530,8 +538,9 @@ def _hopper_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13
             r.pair_out.stride(0), r.out.stride(0),
             HAS_BIAS=w2_bias is not None,
             BLOCK_N=cfg.block_n2, BLOCK_T=cfg.block_t, BLOCK_K=cfg.block_k, DTYPE=dtype, ASM=asm, BIG=big,
-            DIRECT=direct, FUSED=fused, PDL=pdl, K_POW2=k2, **launch2, **({"launch_pdl": True} if pdl else {}),
+            DIRECT=direct, FUSED=fused, PDL=pdl, K_POW2=k2, ROW_TILES=rows2, **launch2,
+            **({"launch_pdl": True} if pdl else {}),
         )
 
     return _two_gemms(x, topk_weights, topk_ids, w13_scale, w2_scale, w13_bias, w2_bias, act, cfg, out, gemm1, gemm2,
-                      direct=direct, fused=fused)
+                      direct=direct, fused=fused, rows2=rows2)
