@@ -17,6 +17,12 @@ uses the next copy and its own routing, so L2 never serves weights. Columns:
   emulation shape of work)
 
     python benchmarks/moe_bench.py --out DIR [--sweep] [--gemv-sweep] [--shapes dsv3,k3] [--tokens 1,8,...]
+        [--layout hopper_mma] [--grid rows2|t1] [--no-baselines] [--random-layout] [--compile-workers N]
+        [--before PKG.runtime.triton_moe --rounds 3]
+
+--before times another tree's default beside ours, interleaved round by round (the same config
+drifts by up to 10-15% over a run on the H200), e.g. the previous release copied under another
+package name; --compile-workers fills Triton's cache from N processes first.
 """
 
 from __future__ import annotations
@@ -160,7 +166,12 @@ def dequant_all(w, s, out, chunk=16):
 
 # --grid rows2: GEMM2 row tiles per program, the default repeated between them (clock drift reference)
 GRIDS = {"rows2": [dict(rows2=2), {}, dict(rows2=4), {}, dict(rows2=7), {}, dict(rows2=4, maxnreg2=0), {},
-                   dict(rows2=4, block_n2=64), {}, dict(rows2=14, block_n2=64)]}
+                   dict(rows2=4, block_n2=64), {}, dict(rows2=14, block_n2=64)],
+         # one token: K splits, stages, K step, register caps, GEMM2 tiles
+         "t1": [dict(split_k1=1), {}, dict(split_k1=2), dict(split_k1=3), dict(split_k1=6), {}, dict(num_stages=2),
+                dict(num_stages=4), dict(block_k=64, num_stages=4), dict(block_k=64, num_stages=6), {},
+                dict(maxnreg=96), dict(maxnreg=128), dict(block_n2=128, split_k2=1), dict(block_n2=128, split_k2=2),
+                dict(split_k2=2), {}, dict(pdl=0), dict(split_k1=2, num_stages=4), {}]}
 GRID = None  # set from --grid
 
 
