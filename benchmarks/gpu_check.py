@@ -27,7 +27,7 @@ import torch
 
 from mxfp4conv.codec import dequantize_mxfp4
 
-from mxfp4conv.runtime.triton_moe import fused_moe_triton, select_config, uses_gemv
+from mxfp4conv.runtime.triton_moe import hopper_options, fused_moe_triton, select_config, uses_gemv
 from mxfp4conv.shuffle import get_layout
 
 
@@ -144,8 +144,18 @@ def variants_for(T, H, I, k, E, dtype, quick):
 
 
 def hopper_variants(T, H, I, k, E):
+    """The default, a forced K split, the v9 launch sequence (align, separate activation and k-sum
+    kernels), one block per pair with more than one token, the fused reductions forced on where
+    the default leaves them off, and GEMM2 row tiles in one flat loop where it does not use them."""
     default = select_config(T * k, E, H, I, "hopper_mma")
-    out = [("default", default), ("split", dataclasses.replace(default, split_k1=3, split_k2=2))]
+    out = [("default", default), ("split", dataclasses.replace(default, split_k1=3, split_k2=2)),
+           ("v9", dataclasses.replace(default, fused=0, direct=0, pdl=0))]
+    if 1 < T <= 64:
+        out.append(("split", dataclasses.replace(default, direct=1, split_k1=3, split_k2=2)))
+    if not hopper_options(default, T, T * k, True)[1]:
+        out.append(("fused", dataclasses.replace(default, fused=1)))
+    if default.rows2 == 1:  # GEMM2's flat loop over several row tiles
+        out.append(("rows3", dataclasses.replace(default, rows2=3, fused=0)))
     if T * k / min(E, T * k) > 16:
         out.append(("bt16", dataclasses.replace(default, block_t=16, block_n2=128)))
     return out
@@ -153,7 +163,9 @@ def hopper_variants(T, H, I, k, E):
 
 def path_name(cfg, T, k, E, dtype, layout="identity"):
     if layout != "identity":
-        return f"{layout} bt{cfg.block_t}"
+        direct, fused, pdl = hopper_options(cfg, T, T * k, True)
+        flags = "".join(f" {n}" for n, on in (("direct", direct), ("fused", fused), ("pdl", pdl)) if on)
+        return f"{layout} bt{cfg.block_t}{flags}{f' rows{cfg.rows2}' if cfg.rows2 > 1 and not fused else ''}"
     if uses_gemv(cfg, T * k, E):
         return "gemv"
     mode = 0 if dtype == torch.float32 or (dtype == torch.float16 and cfg.mode == 1) else cfg.mode
@@ -165,11 +177,15 @@ def main() -> int:
     ap.add_argument("--out", default=None)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--layout", default="identity", help="identity, hopper_mma or both")
+    ap.add_argument("--cases", default=None, help="comma-separated case indices (default: all)")
     args = ap.parse_args()
     layouts = ("identity", "hopper_mma") if args.layout == "both" else (args.layout,)
     dev = torch.device("cuda")
     rows, ok_all = [], True
+    only = None if args.cases is None else {int(c) for c in args.cases.split(",")}
     for i, (name, T, H, I, E, k, act, params, bias, dtype, routing) in enumerate(CASES):
+        if only is not None and i not in only:
+            continue
         x, w13, s13, w2, s2, tw, ids, b13, b2 = make_case(T, H, I, E, k, bias=bias, routing=routing, seed=100 + i, dev=dev)
         xin = x.to(dtype)
         ref = reference(xin.float(), w13, s13, w2, s2, tw, ids, act, params, b13, b2)

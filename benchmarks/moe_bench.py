@@ -17,6 +17,12 @@ uses the next copy and its own routing, so L2 never serves weights. Columns:
   emulation shape of work)
 
     python benchmarks/moe_bench.py --out DIR [--sweep] [--gemv-sweep] [--shapes dsv3,k3] [--tokens 1,8,...]
+        [--layout hopper_mma] [--grid rows2|t1] [--no-baselines] [--random-layout] [--compile-workers N]
+        [--before PKG.runtime.triton_moe --rounds 3]
+
+--before times another tree's default beside ours, interleaved round by round (the same config
+drifts by up to 10-15% over a run on the H200), e.g. the previous release copied under another
+package name; --compile-workers fills Triton's cache from N processes first.
 """
 
 from __future__ import annotations
@@ -54,15 +60,20 @@ SWEEP_LARGE = [C(64, 128, 128, 64, 8, 3, 0), C(64, 128, 128, 64, 8, 3, 0, maxnre
                C(128, 128, 128, 64, 8, 3, 0)]
 
 
-# hopper_mma layout: tiles around the default (block_t, block_n1, block_n2, block_k, warps, stages)
-HOPPER_SWEEP = [dict(block_n1=64, block_n2=128), dict(block_k=256), dict(num_stages=4), dict(num_stages=2),
-                dict(block_n1=128, block_n2=128, num_warps=8), dict(block_t=32), dict(block_t=64, block_n1=128,
-                block_n2=128, num_warps=8, block_k=64)]
+# hopper_mma layout: variants around the default. V9 = the v9 launch sequence (align, separate
+# activation and k-sum kernels, no programmatic dependent launch), the "before" of the fused options.
+V9 = dict(fused=0, direct=0, pdl=0)
+HOPPER_SWEEP = [V9, dict(pdl=1), dict(maxnreg=128), dict(maxnreg=0), dict(maxnreg2=128), dict(maxnreg2=112),
+                dict(block_n2=256, num_warps2=8), dict(block_n2=256, num_warps2=8, maxnreg2=128),
+                dict(block_n2=64), dict(block_n2=64, maxnreg=128), dict(num_stages=4, maxnreg=128)]
+HOPPER_SWEEP_T1 = [dict(pdl=0), dict(fused=0), dict(split_k1=2), dict(split_k1=8), dict(split_k2=1),
+                   dict(block_n2=64, split_k1=8), dict(block_n2=64, split_k2=1), dict(block_n2=64, split_k1=8, split_k2=1),
+                   dict(block_n2=64, maxnreg=128, split_k1=8)]
 # more pairs per expert (prefill): block_t, tile rows and warps
-HOPPER_SWEEP_LARGE = [dict(block_t=bt, block_n1=n1, block_n2=n2, num_warps=w, num_stages=s)
-                      for bt, n1, n2, w, s in ((16, 64, 128, 4, 3), (32, 64, 128, 4, 3), (64, 64, 128, 4, 3),
-                                               (64, 128, 128, 8, 3), (128, 128, 128, 8, 3), (128, 64, 128, 4, 3),
-                                               (128, 128, 128, 8, 4), (64, 64, 64, 4, 4), (128, 128, 256, 8, 3))]
+HOPPER_SWEEP_LARGE = [V9, dict(pdl=1), dict(maxnreg=128), dict(block_n2=256, num_warps2=8)] + [
+    dict(block_t=bt, block_n1=n1, block_n2=n2, num_warps=w, num_stages=s)
+    for bt, n1, n2, w, s in ((32, 64, 128, 4, 3), (64, 64, 128, 4, 3), (64, 128, 128, 8, 3), (128, 128, 128, 8, 3),
+                             (128, 128, 256, 8, 3), (64, 128, 256, 8, 3), (128, 128, 256, 8, 4))]
 
 
 def _short(cfg, pairs, E) -> str:
@@ -153,20 +164,97 @@ def dequant_all(w, s, out, chunk=16):
         out[a:a + chunk].copy_(dequantize_mxfp4(w[a:a + chunk], s[a:a + chunk], dtype=torch.bfloat16))
 
 
-def bench_shape(name, tokens, copy_bw, sweep, rows, log, gemv_sweep=False, layout="identity"):
+# --grid rows2: GEMM2 row tiles per program, the default repeated between them (clock drift reference)
+GRIDS = {"rows2": [dict(rows2=2), {}, dict(rows2=4), {}, dict(rows2=7), {}, dict(rows2=4, maxnreg2=0), {},
+                   dict(rows2=4, block_n2=64), {}, dict(rows2=14, block_n2=64)],
+         # one token: K splits, stages, K step, register caps, GEMM2 tiles
+         "t1": [dict(split_k1=1), {}, dict(split_k1=2), dict(split_k1=3), dict(split_k1=6), {}, dict(num_stages=2),
+                dict(num_stages=4), dict(block_k=64, num_stages=4), dict(block_k=64, num_stages=6), {},
+                dict(maxnreg=96), dict(maxnreg=128), dict(block_n2=128, split_k2=1), dict(block_n2=128, split_k2=2),
+                dict(split_k2=2), {}, dict(pdl=0), dict(split_k1=2, num_stages=4), {}]}
+GRID = None  # set from --grid
+
+
+def sweep_for(layout, per_expert, T):
+    """Config overrides tried besides the default (hopper_mma), by pairs per touched expert."""
+    if layout != "hopper_mma":
+        return None
+    if GRID is not None:
+        return GRIDS[GRID]
+    if per_expert > 8:
+        return HOPPER_SWEEP_LARGE
+    return HOPPER_SWEEP + (HOPPER_SWEEP_T1 if T == 1 else [])
+
+
+def _warm_worker(args):
+    """Compile (run once on uninitialised weights) the configs of one shape in a child process,
+    filling Triton's on-disk cache so the timing process finds every kernel compiled."""
+    name, jobs, layout, before = args
+    H, I, E, k = SHAPES[name]  # jobs carry their configs: the grid is not needed here
+    impl = fused_moe_triton
+    if before:
+        import importlib
+        impl = importlib.import_module(before).fused_moe_triton
+    w = (torch.empty(E, 2 * I, H // 2, dtype=torch.uint8, device="cuda"),
+         torch.full((E, 2 * I, H // 32), 120, dtype=torch.uint8, device="cuda"),
+         torch.empty(E, H, I // 2, dtype=torch.uint8, device="cuda"),
+         torch.full((E, H, I // 32), 120, dtype=torch.uint8, device="cuda"))
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    failed = 0
+    for T, cfg in jobs:
+        ids, tw = routing(T, E, k, gen)
+        x = torch.randn(T, H, device="cuda", generator=gen).to(torch.bfloat16)
+        try:
+            if cfg is None:  # the before tree's default
+                impl(x, *w, tw, ids, activation="situ", activation_params=SITU, layout=layout)
+            else:
+                fused_moe_triton(x, *w, tw, ids, activation="situ", activation_params=SITU, config=cfg, layout=layout)
+        except Exception:  # reported again by the timing process
+            failed += 1
+    torch.cuda.synchronize()
+    return failed
+
+
+def warm_compile(name, tokens, sweep, layout, workers, log, before=None):
+    if workers <= 1:
+        return
+    import multiprocessing as mp
+    H, I, E, k = SHAPES[name]
+    jobs = []
+    for T in tokens:
+        default = select_config(T * k, E, H, I, layout)
+        grid = sweep_for(layout, T * k / min(E, T * k), T) if sweep else None
+        jobs += [(T, default)] + [(T, dataclasses.replace(default, **h)) for h in (grid or [])]
+        if before:
+            jobs.append((T, None))
+    chunks = [jobs[i::workers] for i in range(workers)]
+    t0 = time.perf_counter()
+    with mp.get_context("spawn").Pool(workers) as pool:
+        failed = sum(pool.map(_warm_worker, [(name, c, layout, before) for c in chunks if c]))
+    log(f"  {name}: compiled {len(jobs)} configs in {workers} processes, {time.perf_counter() - t0:.0f}s"
+        f"{f' ({failed} failed)' if failed else ''}")
+
+
+def bench_shape(name, tokens, copy_bw, sweep, rows, log, gemv_sweep=False, layout="identity", baselines=True,
+                random_layout=False, before=None, rounds=1):
     H, I, E, k = SHAPES[name]
     gen = torch.Generator(device="cuda").manual_seed(0)
     layer = E * 3 * H * I * BPW
     ncopies = max(2, math.ceil(4.5e9 / layer))
     copies = [make_weights(H, I, E, gen) for _ in range(ncopies)]
-    w13b = torch.empty(E, 2 * I, H, dtype=torch.bfloat16, device="cuda")
-    w2b = torch.empty(E, H, I, dtype=torch.bfloat16, device="cuda")
-    dequant_all(copies[0][0], copies[0][1], w13b)
-    dequant_all(copies[0][2], copies[0][3], w2b)
-    bf16 = Bf16MoE(w13b, w2b)
-    if layout == "hopper_mma":
+    if baselines:
+        w13b = torch.empty(E, 2 * I, H, dtype=torch.bfloat16, device="cuda")
+        w2b = torch.empty(E, H, I, dtype=torch.bfloat16, device="cuda")
+        dequant_all(copies[0][0], copies[0][1], w13b)
+        dequant_all(copies[0][2], copies[0][3], w2b)
+        bf16 = Bf16MoE(w13b, w2b)
+    else:
+        w13b = w2b = bf16 = None
+    if layout == "hopper_mma" and not random_layout:
         Wl, Sl = get_layout("hopper_mma_w"), get_layout("hopper_mma_s")
         copies = [(Wl.forward(a), Sl.forward(b), Wl.forward(c), Sl.forward(d)) for a, b, c, d in copies]
+    # (random_layout: uniform random bytes are the hopper_mma bytes of other uniform random weights
+    # and scales in the same range, so the conversion only costs time; the timing is the same)
     for T in tokens:
         routes = [routing(T, E, k, gen) for _ in range(ncopies)]
         xs = [torch.randn(T, H, device="cuda", generator=gen).to(torch.bfloat16) for _ in range(ncopies)]
@@ -183,10 +271,24 @@ def bench_shape(name, tokens, copy_bw, sweep, rows, log, gemv_sweep=False, layou
         path = layout if layout != "identity" else "gemv" if uses_gemv(default, T * k, E) else "mma"
         try:
             t_def = graph_time_us(tri(default))
-        except Exception as exc:  # the decode path failed here: report it and time the MMA path instead
+        except Exception as exc:  # report it and time the other path (raw layout) / no PDL (hopper_mma) instead
             log(f"  {name} T={T} default {path} failed {type(exc).__name__}: {str(exc)[:200]}")
-            default, path = dataclasses.replace(default, gemv_max_pairs=0), "mma (gemv failed)"
+            if layout == "hopper_mma":
+                default, path = dataclasses.replace(default, pdl=0), "hopper_mma (pdl failed)"
+            else:
+                default, path = dataclasses.replace(default, gemv_max_pairs=0), "mma (gemv failed)"
             t_def = graph_time_us(tri(default))
+        t_before = float("nan")
+        if before is not None:  # another tree's default, interleaved with ours (clocks drift over a run)
+            fb = [lambda c=c: before.fused_moe_triton(xs[c], *copies[c], routes[c][1], routes[c][0], activation="situ",
+                                                      activation_params=SITU, layout=layout) for c in range(ncopies)]
+            ours, theirs = [t_def], []
+            for _ in range(rounds):
+                theirs.append(graph_time_us(fb))
+                ours.append(graph_time_us(tri(default)))
+            t_def, t_before = statistics.median(ours), statistics.median(theirs)
+            log(f"  {name} T={T} before {t_before:.1f} us, after {t_def:.1f} us ({t_before / t_def:.3f}x): "
+                f"before {' '.join(f'{t:.1f}' for t in theirs)}, after {' '.join(f'{t:.1f}' for t in ours)}")
         best_t, best_cfg = t_def, default
         extra = []
         if gemv_sweep and uses_gemv(default, T * k, E):  # the other path and other tiles of this one
@@ -194,8 +296,7 @@ def bench_shape(name, tokens, copy_bw, sweep, rows, log, gemv_sweep=False, layou
         elif gemv_sweep and uses_gemv(dataclasses.replace(default, gemv_max_pairs=4), T * k, E):
             extra = [dataclasses.replace(default, gemv_max_pairs=4)]  # the decode path just past its threshold
         if sweep and layout == "hopper_mma":
-            grid = HOPPER_SWEEP if T * k / min(E, T * k) <= 8 else HOPPER_SWEEP_LARGE
-            extra += [dataclasses.replace(default, **h) for h in grid]
+            extra += [dataclasses.replace(default, **h) for h in sweep_for(layout, T * k / min(E, T * k), T)]
         elif sweep:
             extra += SWEEP_LARGE if T * k / min(E, T * k) > 32 else SWEEP_SMALL
         if extra:
@@ -205,39 +306,55 @@ def bench_shape(name, tokens, copy_bw, sweep, rows, log, gemv_sweep=False, layou
                 except Exception as exc:  # a tile set that does not fit (shared memory) is skipped
                     log(f"  {name} T={T} {cfg}: failed {type(exc).__name__}: {str(exc)[:120]}")
                     continue
-                log(f"  {name} T={T} {_short(cfg, T * k, E) if layout == 'identity' else cfg}: {t:.1f} us")
+                log(f"  {name} T={T} {_short(cfg, T * k, E) if layout == 'identity' else _diff(cfg, default)}: "
+                    f"{t:.1f} us ({100 * mb / (t * 1e-6) / copy_bw:.1f}% copy, {t / t_def:.3f}x default)")
                 if t < best_t:
                     best_t, best_cfg = t, cfg
-        try:
-            t_bf16 = graph_time_us([lambda c=c: bf16(xs[c], *routes[c]) for c in range(ncopies)])
-        except Exception as exc:  # grouped_mm not capturable here: time it eagerly instead
-            log(f"  bf16 graph capture failed ({type(exc).__name__}: {str(exc)[:100]}); eager do_bench")
-            torch.cuda.synchronize()
-            t_bf16 = 1e3 * triton.testing.do_bench(lambda: bf16(xs[0], *routes[0]), return_mode="median")
-        t0 = time.perf_counter()
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        emul = []
-        for rep in range(2):
-            e0.record()
-            dequant_all(copies[0][0], copies[0][1], w13b)
-            dequant_all(copies[0][2], copies[0][3], w2b)
-            bf16(xs[0], *routes[0])
-            e1.record()
-            e1.synchronize()
-            emul.append(e0.elapsed_time(e1) * 1e3)
-        t_emul = min(emul)
+        if not baselines:
+            t_bf16 = t_emul = float("nan")
+        else:
+            t_bf16, t_emul = time_baselines(bf16, xs, routes, copies, w13b, w2b, ncopies, log)
         floor = mb / copy_bw * 1e6
+        flops = 2 * T * k * 3 * H * I
         row = dict(shape=name, T=T, path=path, touched=touched, MB=mb / 1e6, floor_us=floor, triton_us=t_def,
                    tbps=mb / (t_def * 1e-6) / 1e12, pct_copy=100 * mb / (t_def * 1e-6) / copy_bw,
+                   tflops=flops / (t_def * 1e-6) / 1e12, before_us=t_before,
                    best_us=best_t, best_cfg=str(best_cfg),
                    best_tbps=mb / (best_t * 1e-6) / 1e12, bf16_us=t_bf16, bf16_speedup=t_bf16 / best_t,
                    emul_us=t_emul, emul_speedup=t_emul / best_t, copy_tbps=copy_bw / 1e12)
         rows.append(row)
         log(f"{name} T={T}: triton {t_def:.1f} us (best {best_t:.1f}), bf16 {t_bf16:.1f}, emul {t_emul:.0f}, "
-            f"floor {floor:.1f} ({time.perf_counter() - t0:.1f}s)")
+            f"floor {floor:.1f}, {row['pct_copy']:.1f}% copy, {row['tflops']:.0f} TFLOP/s")
         del routes, xs
     del copies, w13b, w2b, bf16
     torch.cuda.empty_cache()
+
+
+def _diff(cfg, default) -> str:
+    """The fields in which cfg differs from default, as key=value."""
+    d = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if getattr(cfg, f.name) != getattr(default, f.name)}
+    return " ".join(f"{a}={b}" for a, b in d.items()) or "(default)"
+
+
+def time_baselines(bf16, xs, routes, copies, w13b, w2b, ncopies, log):
+    """bf16 grouped_mm (graph-replayed) and the emulation (dequantise everything, then bf16)."""
+    try:
+        t_bf16 = graph_time_us([lambda c=c: bf16(xs[c], *routes[c]) for c in range(ncopies)])
+    except Exception as exc:  # grouped_mm not capturable here: time it eagerly instead
+        log(f"  bf16 graph capture failed ({type(exc).__name__}: {str(exc)[:100]}); eager do_bench")
+        torch.cuda.synchronize()
+        t_bf16 = 1e3 * triton.testing.do_bench(lambda: bf16(xs[0], *routes[0]), return_mode="median")
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    emul = []
+    for rep in range(2):
+        e0.record()
+        dequant_all(copies[0][0], copies[0][1], w13b)
+        dequant_all(copies[0][2], copies[0][3], w2b)
+        bf16(xs[0], *routes[0])
+        e1.record()
+        e1.synchronize()
+        emul.append(e0.elapsed_time(e1) * 1e3)
+    return t_bf16, min(emul)
 
 
 def plot(rows, path, copy_bw):
@@ -273,20 +390,44 @@ def main() -> int:
     ap.add_argument("--shapes", default="dsv3,k3")
     ap.add_argument("--tokens", default="1,8,64,256,4096")
     ap.add_argument("--layout", default="identity", help="weight layout the kernel reads: identity or hopper_mma")
+    ap.add_argument("--no-baselines", action="store_true", help="skip the bf16 grouped_mm and emulation columns")
+    ap.add_argument("--random-layout", action="store_true",
+                    help="hopper_mma: time on random bytes as stored, without converting them (same timing)")
+    ap.add_argument("--compile-workers", type=int, default=1, help="compile every config first in N processes")
+    ap.add_argument("--compile-only", action="store_true", help="only that compilation (fills Triton's cache)")
+    ap.add_argument("--before", default=None,
+                    help="module path of another tree's triton_moe (e.g. a copy of the previous release under "
+                         "another package name): its default timed beside ours, interleaved")
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds with --before (median)")
+    ap.add_argument("--grid", default=None, choices=sorted(GRIDS), help="hopper_mma sweep grid instead of the default ones")
     args = ap.parse_args()
-    logf = open(f"{args.out}/moe_bench.log", "w")
+    global GRID
+    GRID = args.grid
+    logf = open(f"{args.out}/moe_bench{'_compile' if args.compile_only else ''}.log", "w")
 
     def log(msg):
         print(msg, flush=True)
         logf.write(msg + "\n")
         logf.flush()
 
+    tokens = [int(t) for t in args.tokens.split(",")]
+    if args.compile_only:
+        for name in args.shapes.split(","):
+            warm_compile(name, tokens, args.sweep, args.layout, max(2, args.compile_workers), log, args.before)
+        return 0
     copy_bw = copy_bandwidth()
     log(f"{torch.cuda.get_device_name()} copy bandwidth {copy_bw / 1e12:.2f} TB/s; torch {torch.__version__}, triton {triton.__version__}")
     rows = []
     for name in args.shapes.split(","):
-        bench_shape(name, [int(t) for t in args.tokens.split(",")], copy_bw, args.sweep, rows, log, args.gemv_sweep,
-                    args.layout)
+        warm_compile(name, tokens, args.sweep, args.layout, args.compile_workers, log, args.before)
+    before = None
+    if args.before:
+        import importlib
+        before = importlib.import_module(args.before)
+    for name in args.shapes.split(","):
+        bench_shape(name, tokens, copy_bw, args.sweep, rows, log, args.gemv_sweep, args.layout,
+                    baselines=not args.no_baselines, random_layout=args.random_layout, before=before,
+                    rounds=args.rounds)
     with open(f"{args.out}/moe_bench.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
@@ -296,12 +437,12 @@ def main() -> int:
     except Exception as exc:
         log(f"plot failed: {exc}")
     log(f"\ncopy bandwidth {copy_bw / 1e12:.2f} TB/s")
-    log(f"{'shape':6s} {'T':>5s} {'path':>5s} {'touch':>6s} {'MB':>7s} {'floor':>7s} {'triton':>8s} {'best':>8s} {'TB/s':>5s} {'%copy':>6s} "
-        f"{'bf16':>8s} {'x bf16':>6s} {'emul':>8s} {'x emul':>7s}")
+    log(f"{'shape':6s} {'T':>5s} {'path':>5s} {'touch':>6s} {'MB':>7s} {'floor':>7s} {'triton':>8s} {'TB/s':>5s} {'%copy':>6s} "
+        f"{'TFLOP/s':>7s} {'before':>8s} {'x bef':>6s} {'best':>8s} {'bf16':>8s} {'x bf16':>6s} {'emul':>8s} {'x emul':>7s}")
     for r in rows:
         log(f"{r['shape']:6s} {r['T']:5d} {r['path'][:5]:>5s} {r['touched']:6.0f} {r['MB']:7.0f} {r['floor_us']:7.1f} {r['triton_us']:8.1f} "
-            f"{r['best_us']:8.1f} {r['best_tbps']:5.2f} {100 * r['best_tbps'] * 1e12 / copy_bw:5.1f}% {r['bf16_us']:8.1f} "
-            f"{r['bf16_speedup']:6.2f} {r['emul_us']:8.0f} {r['emul_speedup']:7.1f}")
+            f"{r['tbps']:5.2f} {r['pct_copy']:5.1f}% {r['tflops']:7.0f} {r['before_us']:8.1f} {r['before_us'] / r['triton_us']:6.3f} "
+            f"{r['best_us']:8.1f} {r['bf16_us']:8.1f} {r['bf16_speedup']:6.2f} {r['emul_us']:8.0f} {r['emul_speedup']:7.1f}")
     for r in rows:
         log(f"best config {r['shape']} T={r['T']}: {r['best_cfg']}")
     logf.close()

@@ -361,3 +361,29 @@ def test_hopper_layout_bad_inputs():
                                  "w2_scale": "hopper_mma_s"}) == "hopper_mma"
     assert triton_moe.layout_of({"w13": "hopper_mma_w", "w13_scale": "identity", "w2": "hopper_mma_w",
                                  "w2_scale": "hopper_mma_s"}) is None
+
+
+@pytest.mark.parametrize("T,direct,fused,split,rows2", [
+    (1, -1, -1, False, 1), (1, -1, -1, True, 1), (1, 0, 1, True, 1), (6, 1, 1, True, 1), (6, 0, 1, True, 1),
+    (6, 0, 0, True, 3),
+], ids=["T1-auto", "T1-auto-splitk", "T1-sorted-fused", "direct-fused-splitk", "fused-splitk", "rows3-splitk"])
+def test_hopper_one_block_per_pair_and_fused_reductions(T, direct, fused, split, rows2):
+    # direct: block m = pair m (no align); fused: the split-K activation and the sum over k done by
+    # the last program to arrive; rows2: GEMM2 programs of 3 row tiles (H = 320: 5 tiles, so the
+    # second program has 2). Ragged ids: a skipped slot, a token with no local expert (its output
+    # row must be 0), two tokens on one expert; bias on both GEMMs.
+    k, E, H, I = 3, 5, 320, 128
+    ids = torch.tensor([[0, -1, 3], [4, 0, 2], [-1, -1, -1], [1, 3, 0], [2, 4, -1], [0, 1, 2]])[:T]
+    x, w13, s13, w2, s2, tw, ids, b13, b2 = make_problem(9, T, H, I, E, k, bias=True, ids=ids)
+    ref = reference(x, w13, s13, w2, s2, tw, ids, "silu", {"swiglu_limit": 1.5}, b13, b2)
+    cfg = triton_moe.MoEConfig(block_t=16, block_n1=64, block_n2=64, block_k=64, direct=direct, fused=fused,
+                               split_k1=2 if split else 1, split_k2=3 if split else 1, rows2=rows2)
+    assert triton_moe.hopper_options(cfg, T, T * k, False)[:2] == (direct == 1 or (direct < 0 and T == 1),
+                                                                 fused == 1 or (fused < 0 and T == 1))
+    out = triton_moe.fused_moe_triton(x, *_hopper(w13, s13, w2, s2), tw, ids, activation="silu",
+                                      activation_params={"swiglu_limit": 1.5}, w13_bias=b13, w2_bias=b2,
+                                      config=cfg, layout="hopper_mma")
+    assert out.shape == x.shape and out.dtype == x.dtype
+    if T > 2:
+        assert torch.all(out[2] == 0)
+    assert rel_err(out, ref) < 1e-5

@@ -8,6 +8,17 @@ mask/shift groups per 32-bit word straight into bf16 pairs, one multiply by the 
 and register-only reshapes into the [BLOCK_N, BLOCK_K] operand: Triton 3.6 compiles the chain
 without a shared-memory layout conversion (checked on its sm_90 output: no convert_layout is
 left in the loop apart from the per-16-K operand slices, which are identities).
+
+Two options cut the small launches around the GEMMs (decode batches):
+- DIRECT: block m is the single pair m (expert ``topk_ids[m]``), no align kernel; used for one
+  token, whose top-k experts are distinct, so no expert is read twice.
+- FUSED: the reductions run in the GEMMs' tails instead of in separate kernels. Every program
+  stores its partial tile, then counts its arrival on a per-tile counter (zeroed by the caller);
+  the program that arrives last sums all partials in a fixed order (split 0, 1, ...; k slot 0,
+  1, ...), so the result does not depend on which program that is. GEMM1 with split-K: the last
+  split of a (block, row tile) sums the fp32 partials and applies the activation. GEMM2: the last
+  of the k x splits programs that touch a (token, row tile) sums that token's rows and writes the
+  output row (the ``moe_sum_kernel`` work).
 """
 
 from __future__ import annotations
@@ -16,6 +27,20 @@ import triton
 import triton.language as tl
 
 from mxfp4conv.runtime.triton_moe_kernels import block_pairs, gemm1_finish, gemm2_finish
+
+try:  # programmatic dependent launch (griddepcontrol, sm_90); absent from older Triton builds
+    from triton.language.extra.cuda import gdc_launch_dependents as _gdc_launch, gdc_wait as _gdc_wait
+    HAS_GDC = True
+except ImportError:  # pragma: no cover - depends on the Triton build
+    HAS_GDC = False
+
+    @triton.jit
+    def _gdc_wait():
+        pass
+
+    @triton.jit
+    def _gdc_launch():
+        pass
 
 
 @triton.jit
@@ -130,27 +155,85 @@ def _hopper_ptrs(w_ptr, s_ptr, e, stride_we, stride_se, nb0, K, k0, NB: tl.const
 
 
 @triton.jit
+def _direct_block(block_expert_ptr, pid_m, num_pairs, num_experts, BLOCK_T: tl.constexpr):
+    """DIRECT: block_expert_ptr is topk_ids itself and block pid_m holds pair pid_m alone; (expert
+    or -1 for a skipped slot, the block's pairs, their mask)."""
+    e = tl.load(block_expert_ptr + pid_m).to(tl.int64)
+    e = tl.where((e >= 0) & (e < num_experts), e, -1)
+    pair = tl.where(tl.arange(0, BLOCK_T) == 0, pid_m, num_pairs)
+    return e, pair, pair < num_pairs
+
+
+@triton.jit
+def _arrive(cnt_ptr, expected):
+    """Count this program's arrival; True for the last of ``expected`` (its partial stores, made
+    before the barrier by all threads, are released with the count; the reader acquires them)."""
+    old = tl.atomic_add(cnt_ptr, 1, sem="acq_rel", scope="gpu")
+    return old == expected - 1
+
+
+@triton.jit
+def _gemm1_reduce(part_ptr, pair, tmask, offs_n, nmask, num_pairs, I_pad, splits,
+                  BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr):
+    """Sum of the fp32 gate / up partials of every K split, in split order."""
+    p = part_ptr + pair[None, :].to(tl.int64) * (2 * I_pad) + offs_n[:, None]
+    pm = tmask[None, :] & nmask[:, None]
+    g = tl.zeros([BLOCK_N, BLOCK_T], tl.float32)
+    u = tl.zeros([BLOCK_N, BLOCK_T], tl.float32)
+    for sp in range(0, splits):
+        g += tl.load(p, mask=pm, other=0.0, cache_modifier=".cg")
+        u += tl.load(p + I_pad, mask=pm, other=0.0, cache_modifier=".cg")
+        p += num_pairs * (2 * I_pad)
+    return g, u
+
+
+@triton.jit
+def _gemm2_token_sum(pair_ptr, ids_ptr, y_ptr, cnt_ptr, t, offs_n, nmask, top_k, num_experts, splits,
+                     stride_ot, stride_os, stride_yt, BLOCK_N: tl.constexpr, K_POW2: tl.constexpr):
+    """Arrival of one (token t, row tile) contribution; the last of them writes y[t, tile] = sum
+    over splits and valid k slots of pair_out (the moe_sum_kernel order: split, then k)."""
+    offs_k = tl.arange(0, K_POW2)
+    eid = tl.load(ids_ptr + t * top_k + offs_k, mask=offs_k < top_k, other=-1)
+    km = (offs_k < top_k) & (eid >= 0) & (eid < num_experts)
+    if _arrive(cnt_ptr, tl.sum(km.to(tl.int32), axis=0) * splits):
+        tl.debug_barrier()
+        rows = pair_ptr + (t * top_k + offs_k[:, None]) * stride_ot + offs_n[None, :]
+        acc = tl.zeros([BLOCK_N], tl.float32)
+        for sp in range(0, splits):
+            v = tl.load(rows + sp * stride_os, mask=km[:, None] & nmask[None, :], other=0.0, cache_modifier=".cg")
+            acc += tl.sum(v.to(tl.float32), axis=0)
+        tl.store(y_ptr + t * stride_yt + offs_n, acc.to(y_ptr.dtype.element_ty), mask=nmask)
+
+
+@triton.jit
 def moe_hgemm1_kernel(
     x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, part_ptr,
     sorted_ids_ptr, block_expert_ptr, num_post_pad_ptr,
-    num_pairs, top_k, K, I_pad, K_SPLIT,
+    cnt_ptr, num_pairs, num_experts, top_k, K, I_pad, K_SPLIT,
     stride_xt, stride_we, stride_se, stride_be, stride_ot,
     p0, p1,
     ACT: tl.constexpr, HAS_LIMIT: tl.constexpr, HAS_LINEAR: tl.constexpr, HAS_BIAS: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, DTYPE: tl.constexpr,
     SPLIT: tl.constexpr, ASM: tl.constexpr, BIG: tl.constexpr,
+    DIRECT: tl.constexpr = False, FUSED: tl.constexpr = False, PDL: tl.constexpr = False,
 ):
-    """``moe_gemm1_kernel`` over the Hopper layouts: inter[pair, j] = act(gate_j . x, up_j . x)."""
+    """``moe_gemm1_kernel`` over the Hopper layouts: inter[pair, j] = act(gate_j . x, up_j . x).
+    With SPLIT and FUSED, the last K split of each tile finishes it (module docstring)."""
+    if PDL:
+        _gdc_launch()  # let GEMM2's programs launch while the last of these run
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
-    if pid_m * BLOCK_T >= tl.load(num_post_pad_ptr):
-        return
-    e = tl.load(block_expert_ptr + pid_m).to(tl.int64)
+    if DIRECT:
+        e, pair, tmask = _direct_block(block_expert_ptr, pid_m, num_pairs, num_experts, BLOCK_T)
+    else:
+        if pid_m * BLOCK_T >= tl.load(num_post_pad_ptr):
+            return
+        e = tl.load(block_expert_ptr + pid_m).to(tl.int64)
+        pair, tmask = block_pairs(sorted_ids_ptr, pid_m, num_pairs, BLOCK_T)
     if e < 0:
         return
     NB: tl.constexpr = BLOCK_N // 16
     KB: tl.constexpr = BLOCK_K // 64
-    pair, tmask = block_pairs(sorted_ids_ptr, pid_m, num_pairs, BLOCK_T)
     tok = (pair // top_k).to(tl.int64)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = offs_n < I_pad
@@ -177,45 +260,103 @@ def moe_hgemm1_kernel(
         xt += BLOCK_K
     gemm1_finish(acc_g, acc_u, pair, tmask, e, offs_n, nmask, b_ptr, out_ptr, part_ptr, num_pairs, I_pad,
                  stride_be, stride_ot, p0, p1, ACT, HAS_LIMIT, HAS_LINEAR, HAS_BIAS, SPLIT)
+    if SPLIT and FUSED:
+        tl.debug_barrier()
+        splits = tl.num_programs(2)
+        if _arrive(cnt_ptr + pid_m * tl.num_programs(1) + pid_n, splits):
+            tl.debug_barrier()
+            g, u = _gemm1_reduce(part_ptr, pair, tmask, offs_n, nmask, num_pairs, I_pad, splits, BLOCK_N, BLOCK_T)
+            gemm1_finish(g, u, pair, tmask, e, offs_n, nmask, b_ptr, out_ptr, part_ptr, num_pairs, I_pad,
+                         stride_be, stride_ot, p0, p1, ACT, HAS_LIMIT, HAS_LINEAR, HAS_BIAS, False)
 
 
 @triton.jit
 def moe_hgemm2_kernel(
     a_ptr, w_ptr, s_ptr, b_ptr, tw_ptr, out_ptr,
     sorted_ids_ptr, block_expert_ptr, num_post_pad_ptr,
-    num_pairs, K, N, K_SPLIT,
-    stride_at, stride_we, stride_se, stride_be, stride_ot, stride_os,
+    ids_ptr, y_ptr, cnt_ptr, num_pairs, num_experts, top_k, K, N, K_SPLIT,
+    stride_at, stride_we, stride_se, stride_be, stride_ot, stride_os, stride_yt,
     HAS_BIAS: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, DTYPE: tl.constexpr,
     ASM: tl.constexpr, BIG: tl.constexpr,
+    DIRECT: tl.constexpr = False, FUSED: tl.constexpr = False, PDL: tl.constexpr = False,
+    K_POW2: tl.constexpr = 1, ROW_TILES: tl.constexpr = 1,
 ):
     """``moe_gemm2_kernel`` over the Hopper layouts:
-    pair_out[split, pair, n] = w_pair * (w2[e, n, split's K range] . inter[pair] (+ b2[e, n] in split 0))."""
+    pair_out[split, pair, n] = w_pair * (w2[e, n, split's K range] . inter[pair] (+ b2[e, n] in split 0)).
+    With FUSED, the last program touching a (token, row tile) also writes y[token, tile] = the sum
+    over k and splits (module docstring). ROW_TILES > 1 (not with FUSED): a program does that many
+    consecutive row tiles in one flat loop over (tile, K step), so the loads of the next tile are in
+    flight while this one finishes, and the block's prologue is paid once (short K: few steps a tile)."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
-    if pid_m * BLOCK_T >= tl.load(num_post_pad_ptr):
-        return
-    e = tl.load(block_expert_ptr + pid_m).to(tl.int64)
+    if DIRECT:
+        e, pair, tmask = _direct_block(block_expert_ptr, pid_m, num_pairs, num_experts, BLOCK_T)
+    else:
+        if pid_m * BLOCK_T >= tl.load(num_post_pad_ptr):
+            return
+        e = tl.load(block_expert_ptr + pid_m).to(tl.int64)
+        pair, tmask = block_pairs(sorted_ids_ptr, pid_m, num_pairs, BLOCK_T)
     if e < 0:
         return
     NB: tl.constexpr = BLOCK_N // 16
     KB: tl.constexpr = BLOCK_K // 64
-    pair, tmask = block_pairs(sorted_ids_ptr, pid_m, num_pairs, BLOCK_T)
     pair64 = pair.to(tl.int64)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    tile0 = pid_n * ROW_TILES  # first row tile of this program
+    offs_n = tile0 * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = offs_n < N
     k_lo = tl.program_id(2) * (K_SPLIT // BLOCK_K) * BLOCK_K  # keeps k_lo's known divisibility: 16-byte loads
-    wp, sp, o_nb, o_b = _hopper_ptrs(w_ptr, s_ptr, e, stride_we, stride_se, pid_n * NB, K, k_lo, NB, KB)
+    wp, sp, o_nb, o_b = _hopper_ptrs(w_ptr, s_ptr, e, stride_we, stride_se, tile0 * NB, K, k_lo, NB, KB)
     offs_k = tl.arange(0, BLOCK_K)
     at = a_ptr + pair64[None, :] * stride_at + offs_k[:, None] + k_lo
     acc = tl.zeros([BLOCK_N, BLOCK_T], tl.float32)
-    nbm = (o_nb < N // 16)[:, None, None]
-    for k0 in range(k_lo, tl.minimum(K, k_lo + K_SPLIT), BLOCK_K):
-        m = nbm & (o_b < (K - k0) // 64)[None, :, None]
-        x = tl.load(at, mask=tmask[None, :] & (offs_k[:, None] < K - k0), other=0.0)
-        a = _hopper_tile(tl.load(wp, mask=m, other=0), tl.load(sp, mask=m, other=0), NB, KB, BIG, ASM, DTYPE)
-        acc = _mma(a, x, acc, ASM)
-        wp += BLOCK_K * 8
-        sp += BLOCK_K // 2
-        at += BLOCK_K
-    gemm2_finish(acc, pair, tmask, e, offs_n, nmask, b_ptr, tw_ptr, out_ptr, stride_be, stride_ot, stride_os, HAS_BIAS)
+    if PDL:
+        _gdc_wait()  # GEMM1's intermediate is complete and visible from here on
+    if ROW_TILES == 1:
+        nbm = (o_nb < N // 16)[:, None, None]
+        for k0 in range(k_lo, tl.minimum(K, k_lo + K_SPLIT), BLOCK_K):
+            m = nbm & (o_b < (K - k0) // 64)[None, :, None]
+            x = tl.load(at, mask=tmask[None, :] & (offs_k[:, None] < K - k0), other=0.0)
+            a = _hopper_tile(tl.load(wp, mask=m, other=0), tl.load(sp, mask=m, other=0), NB, KB, BIG, ASM, DTYPE)
+            acc = _mma(a, x, acc, ASM)
+            wp += BLOCK_K * 8
+            sp += BLOCK_K // 2
+            at += BLOCK_K
+        gemm2_finish(acc, pair, tmask, e, offs_n, nmask, b_ptr, tw_ptr, out_ptr, stride_be, stride_ot, stride_os,
+                     HAS_BIAS)
+    else:
+        # row tiles tile0, tile0 + 1, ...; _hopper_ptrs above placed wp / sp at the first
+        steps = tl.cdiv(tl.minimum(K, k_lo + K_SPLIT) - k_lo, BLOCK_K)
+        tiles = tl.minimum(ROW_TILES, tl.cdiv(N, BLOCK_N) - tile0)
+        ks = 0
+        nt = 0
+        for _ in range(0, tiles * steps):
+            k0 = k_lo + ks * BLOCK_K
+            slab = nt * NB  # 16-row slabs past the first tile's
+            m = ((o_nb + slab) < N // 16)[:, None, None] & (o_b < (K - k0) // 64)[None, :, None]
+            x = tl.load(at + ks * BLOCK_K, mask=tmask[None, :] & (offs_k[:, None] < K - k0), other=0.0)
+            w = tl.load(wp + slab.to(tl.int64) * (8 * K) + ks * (BLOCK_K * 8), mask=m, other=0)
+            sc = tl.load(sp + slab.to(tl.int64) * (K // 2) + ks * (BLOCK_K // 2), mask=m, other=0)
+            acc = _mma(_hopper_tile(w, sc, NB, KB, BIG, ASM, DTYPE), x, acc, ASM)
+            if ks == steps - 1:
+                offs_t = offs_n + nt * BLOCK_N
+                gemm2_finish(acc, pair, tmask, e, offs_t, offs_t < N, b_ptr, tw_ptr, out_ptr, stride_be, stride_ot,
+                             stride_os, HAS_BIAS)
+                acc = tl.zeros([BLOCK_N, BLOCK_T], tl.float32)
+            nt = tl.where(ks == steps - 1, nt + 1, nt)
+            ks = tl.where(ks == steps - 1, 0, ks + 1)
+    if FUSED:
+        tl.debug_barrier()
+        splits = tl.num_programs(2)
+        cnt = cnt_ptr + pid_n
+        if DIRECT:
+            t = pid_m // top_k
+            _gemm2_token_sum(out_ptr, ids_ptr, y_ptr, cnt + t * tl.num_programs(1), t, offs_n, nmask, top_k,
+                             num_experts, splits, stride_ot, stride_os, stride_yt, BLOCK_N, K_POW2)
+        else:
+            for j in range(0, BLOCK_T):
+                pj = tl.load(sorted_ids_ptr + pid_m * BLOCK_T + j)
+                if pj < num_pairs:
+                    t = pj // top_k
+                    _gemm2_token_sum(out_ptr, ids_ptr, y_ptr, cnt + t * tl.num_programs(1), t, offs_n, nmask, top_k,
+                                     num_experts, splits, stride_ot, stride_os, stride_yt, BLOCK_N, K_POW2)

@@ -7,6 +7,8 @@ applied, one row per (token, k) pair) and a deterministic sum over k. No float a
 When few tokens leave SMs idle, both GEMMs split K: GEMM1 then writes fp32 partials and a
 fifth small kernel sums them and applies the activation; GEMM2's partials are summed by the
 final k-sum.
+On the Hopper layouts one token takes two kernels and a memset instead: no align (one block per
+pair), the split-K activation and the k-sum in the GEMMs' tails (``hopper_options``).
 Two GEMM implementations: tensor-core MMA (swap-AB, weights decoded into the MMA operand) and,
 for decode batches where each touched expert sees about one pair, a path without tensor cores
 (``moe_gemv*_kernel``: the weight tile stays in its load layout, products accumulate
@@ -64,6 +66,13 @@ class MoEConfig:
     gemv_num_warps: int = 4
     gemv_asm: bool = True  # PTX cvt of the fp16 halves on NVIDIA GPUs (the generic code elsewhere)
     gemv_kmajor: int = -1  # word tile stored [K words, rows] (1) or [rows, K words] (0); -1: by Triton version
+    # hopper_mma path only (1 on, 0 off, -1 automatic; see triton_hopper_kernels):
+    direct: int = -1  # one token: block m = pair m, no align kernel (automatic: on for T = 1)
+    fused: int = -1  # split-K activation and the sum over k in the GEMMs' tails (automatic: with direct)
+    pdl: int = -1  # GEMM2 launched as a programmatic dependent of GEMM1 (automatic: with direct, where Triton has it)
+    num_warps2: int = 0  # warps of GEMM2 (0 = num_warps)
+    rows2: int = 1  # GEMM2 row tiles per program, in one flat loop (hopper_mma, not with fused)
+    maxnreg2: int = -1  # register cap of GEMM2 (-1 = maxnreg)
 
 
 def layout_of(layout: Mapping[str, str]) -> str | None:
@@ -92,8 +101,20 @@ def select_config(num_pairs: int, num_experts: int, hidden: int, inter: int, lay
     if layout == "hopper_mma":  # measured on an H200 (moe_bench.py --layout hopper_mma --sweep, both layers)
         if per_expert > 48:
             return MoEConfig(block_t=128, block_n1=128, block_n2=256, block_k=128, num_warps=8, num_stages=3)
-        bt = 16 if per_expert <= 12 else 32 if per_expert <= 34 else 64
-        return MoEConfig(block_t=bt, block_n1=64, block_n2=128, block_k=128, num_warps=4, num_stages=3)
+        bt = 16 if per_expert <= 12 else 32 if per_expert <= 24 else 64
+        if num_pairs <= 16:  # one token (T = 1: one block per pair, fused reductions): 64-row GEMM2 tiles,
+            # and no GEMM2 K split once those tiles alone give enough programs
+            split2 = 1 if num_pairs * (hidden // 64) >= 768 else 0
+            return MoEConfig(block_t=16, block_n1=64, block_n2=64, block_k=128, num_warps=4, num_stages=3,
+                             split_k2=split2)
+        # short GEMM2 rows (I_pad <= 512: three 128-code steps a tile): GEMM1 capped at 128 registers
+        # (a fourth program per SM) while experts see few pairs, and past one pair per expert four
+        # GEMM2 row tiles per program in one flat loop (uncapped)
+        short = inter <= 512
+        maxnreg = 128 if short and per_expert <= 12 else 0
+        rows2 = 4 if short and per_expert > 1.05 else 1
+        return MoEConfig(block_t=bt, block_n1=64, block_n2=128, block_k=128, num_warps=4, num_stages=3, maxnreg=maxnreg,
+                         rows2=rows2, maxnreg2=0 if rows2 > 1 else -1)
     if per_expert <= 32:
         # decode path without tensor cores (taken at <= 1 pair per touched expert): 16-row tiles
         # with 256-code K steps where I_pad allows them in GEMM2 (DSV3-like), else 32-row tiles
@@ -334,42 +355,70 @@ class _Run:
     b13: torch.Tensor
     b2: torch.Tensor | None = None
     pair_out: torch.Tensor | None = None
+    ids: torch.Tensor | None = None  # topk_ids, contiguous
+    cnt1: torch.Tensor | None = None  # arrival counters of the fused reductions (zeroed)
+    cnt2: torch.Tensor | None = None
+    out: torch.Tensor | None = None  # the call's result (GEMM2 writes it when fused)
 
 
-def _launch_options(cfg: MoEConfig) -> dict:
-    launch = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    if cfg.maxnreg and os.environ.get("TRITON_INTERPRET") != "1":
-        launch["maxnreg"] = cfg.maxnreg
+def _launch_options(cfg: MoEConfig, second: bool = False) -> dict:
+    """Launch options of GEMM1 (or, ``second``, GEMM2: num_warps2 / maxnreg2 where set)."""
+    warps = cfg.num_warps2 if second and cfg.num_warps2 else cfg.num_warps
+    maxnreg = cfg.maxnreg2 if second and cfg.maxnreg2 >= 0 else cfg.maxnreg
+    launch = dict(num_warps=warps, num_stages=cfg.num_stages)
+    if maxnreg and os.environ.get("TRITON_INTERPRET") != "1":
+        launch["maxnreg"] = maxnreg
     return launch
 
 
-def _two_gemms(x, topk_weights, topk_ids, w13_scale, w2_scale, w13_bias, w2_bias, act, cfg, out, gemm1, gemm2):
+def _two_gemms(x, topk_weights, topk_ids, w13_scale, w2_scale, w13_bias, w2_bias, act, cfg, out, gemm1, gemm2,
+               direct=False, fused=False, rows2=1):
     """What both tensor-core paths do around their two GEMM kernels: align the pairs into expert
     blocks, size the K splits, GEMM1 (then the activation over its K-split partials), GEMM2 and
-    the deterministic sum over k. ``gemm1(grid, run)`` / ``gemm2(grid, run)`` launch the kernels."""
+    the deterministic sum over k. ``gemm1(grid, run)`` / ``gemm2(grid, run)`` launch the kernels.
+    ``direct``: one block per pair, no align (the kernels read topk_ids); ``fused``: the GEMMs do
+    the activation over split-K partials and the sum over k themselves (arrival counters); ``rows2``:
+    GEMM2 row tiles per program."""
     T, H = x.shape
     E, i_pad = w13_scale.shape[0], w13_scale.shape[1] // 2
     top_k = topk_ids.shape[1]
     num_pairs = T * top_k
     ids = topk_ids.contiguous()
-    sorted_ids, block_expert, num_post_pad, max_blocks = moe_align(ids, E, cfg.block_t)
-    blocks_est = num_pairs // cfg.block_t + min(E, num_pairs)
-    s1, ks1 = _splits(cfg.split_k1, blocks_est * triton.cdiv(i_pad, cfg.block_n1), H, cfg.block_k)
-    s2, ks2 = _splits(cfg.split_k2, blocks_est * triton.cdiv(H, cfg.block_n2), i_pad, cfg.block_k)
+    if direct:
+        sorted_ids = block_expert = num_post_pad = ids
+        max_blocks = blocks_est = num_pairs
+    else:
+        sorted_ids, block_expert, num_post_pad, max_blocks = moe_align(ids, E, cfg.block_t)
+        blocks_est = num_pairs // cfg.block_t + min(E, num_pairs)
+    n1, n2 = triton.cdiv(i_pad, cfg.block_n1), triton.cdiv(H, cfg.block_n2)
+    s1, ks1 = _splits(cfg.split_k1, blocks_est * n1, H, cfg.block_k)
+    g2 = triton.cdiv(n2, rows2)
+    s2, ks2 = _splits(cfg.split_k2, blocks_est * g2, i_pad, cfg.block_k)
     inter = torch.empty(num_pairs, i_pad, dtype=x.dtype, device=x.device)
     run = _Run(
         sorted_ids, block_expert, num_post_pad, topk_weights.reshape(-1).contiguous(), s1, ks1, s2, ks2, inter,
         part=torch.empty(s1, num_pairs, 2 * i_pad, dtype=torch.float32, device=x.device) if s1 > 1 else inter,
         b13=w13_bias.contiguous() if w13_bias is not None else w13_scale,  # dummy pointer when absent
+        ids=ids,
     )
-    gemm1((max_blocks, triton.cdiv(i_pad, cfg.block_n1), s1), run)
+    if fused:
+        # one memset: the output (rows of tokens with no local expert stay 0) and both counter sets
+        n_out = out.numel() * out.element_size() // 4
+        buf = torch.zeros(n_out + max_blocks * n1 + T * n2, dtype=torch.int32, device=x.device)
+        out = buf[:n_out].view(out.dtype).view(out.shape)
+        run.cnt1, run.cnt2 = buf[n_out:n_out + max_blocks * n1], buf[n_out + max_blocks * n1:]
+    else:
+        run.cnt1 = run.cnt2 = sorted_ids  # dummy pointers
+    gemm1((max_blocks, n1, s1), run)
     acts = dict(ACT=act["ACT"], HAS_LIMIT=act["HAS_LIMIT"], HAS_LINEAR=act["HAS_LINEAR"])
-    if s1 > 1:
+    if s1 > 1 and not fused:
         _act_launch(run.part, ids, run.b13, inter, num_pairs, i_pad, E, s1, act, acts, w13_bias is not None)
     run.pair_out = torch.empty(s2, num_pairs, H, dtype=x.dtype if s2 == 1 else torch.float32, device=x.device)
     run.b2 = w2_bias.contiguous() if w2_bias is not None else w2_scale
-    gemm2((max_blocks, triton.cdiv(H, cfg.block_n2), s2), run)
-    _sum_launch(run.pair_out, ids, out, H, top_k, E, s2)
+    run.out = out
+    gemm2((max_blocks, g2, s2), run)
+    if not fused:
+        _sum_launch(run.pair_out, ids, out, H, top_k, E, s2)
     return out
 
 
@@ -439,6 +488,18 @@ def _big_scales(*scales: torch.Tensor) -> bool:
     return big
 
 
+def hopper_options(cfg: MoEConfig, T: int, num_pairs: int, cuda: bool) -> tuple[bool, bool, bool]:
+    """(direct, fused, pdl) for this call. Automatic: all three for one token only. Measured on an
+    H200 (docs/performance.md): with the one-token tiles, T = 1 runs 1.13x (DSV3-like) and 1.23x
+    (K3-like) faster than the five-launch sequence; from T = 8 on the fused k-sum costs more than
+    the kernel it replaces (each program of GEMM2 counts the arrival of each of its pairs, one
+    atomic round trip after another) and PDL is within noise or slower."""
+    direct = cfg.direct == 1 or (cfg.direct < 0 and T == 1)
+    fused = cfg.fused == 1 or (cfg.fused < 0 and direct)
+    pdl = cuda and HK.HAS_GDC and (cfg.pdl == 1 or (cfg.pdl < 0 and direct))
+    return direct, fused, pdl
+
+
 def _hopper_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias, act, cfg, out):
     """The MMA path over the hopper_mma layouts (moe_hgemm1/2_kernel)."""
     T, H = x.shape
@@ -457,27 +518,32 @@ def _hopper_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13
     x = x.contiguous()
     w13, w13_scale, w2, w2_scale = (t.contiguous() for t in (w13, w13_scale, w2, w2_scale))
     acts = dict(ACT=act["ACT"], HAS_LIMIT=act["HAS_LIMIT"], HAS_LINEAR=act["HAS_LINEAR"])
-    launch = _launch_options(cfg)
+    launch, launch2 = _launch_options(cfg), _launch_options(cfg, second=True)
+    direct, fused, pdl = hopper_options(cfg, T, num_pairs, asm)
+    k2 = triton.next_power_of_2(top_k)
+    rows2 = 1 if fused else max(1, cfg.rows2)
 
     def gemm1(grid, r):
         HK.moe_hgemm1_kernel[grid](
             x, w13, w13_scale, r.b13, r.inter, r.part, r.sorted_ids, r.block_expert, r.num_post_pad,
-            num_pairs, top_k, H, i_pad, r.ks1,
+            r.cnt1, num_pairs, E, top_k, H, i_pad, r.ks1,
             x.stride(0), w13.stride(0), w13_scale.stride(0), r.b13.stride(0), r.inter.stride(0),
             act["p0"], act["p1"], **acts, HAS_BIAS=w13_bias is not None,
             BLOCK_N=cfg.block_n1, BLOCK_T=cfg.block_t, BLOCK_K=cfg.block_k, DTYPE=dtype, SPLIT=r.s1 > 1,
-            ASM=asm, BIG=big, **launch,
+            ASM=asm, BIG=big, DIRECT=direct, FUSED=fused, PDL=pdl, **launch,
         )
 
     def gemm2(grid, r):
         HK.moe_hgemm2_kernel[grid](
             r.inter, w2, w2_scale, r.b2, r.tw, r.pair_out, r.sorted_ids, r.block_expert, r.num_post_pad,
-            num_pairs, i_pad, H, r.ks2,
+            r.ids, r.out, r.cnt2, num_pairs, E, top_k, i_pad, H, r.ks2,
             r.inter.stride(0), w2.stride(0), w2_scale.stride(0), r.b2.stride(0), r.pair_out.stride(1),
-            r.pair_out.stride(0),
+            r.pair_out.stride(0), r.out.stride(0),
             HAS_BIAS=w2_bias is not None,
             BLOCK_N=cfg.block_n2, BLOCK_T=cfg.block_t, BLOCK_K=cfg.block_k, DTYPE=dtype, ASM=asm, BIG=big,
-            **launch,
+            DIRECT=direct, FUSED=fused, PDL=pdl, K_POW2=k2, ROW_TILES=rows2, **launch2,
+            **({"launch_pdl": True} if pdl else {}),
         )
 
-    return _two_gemms(x, topk_weights, topk_ids, w13_scale, w2_scale, w13_bias, w2_bias, act, cfg, out, gemm1, gemm2)
+    return _two_gemms(x, topk_weights, topk_ids, w13_scale, w2_scale, w13_bias, w2_bias, act, cfg, out, gemm1, gemm2,
+                      direct=direct, fused=fused, rows2=rows2)
