@@ -8,7 +8,7 @@ from typing import Any
 
 import typer
 
-from mxfp4conv.commands.convert import LAYOUT_HELP
+from mxfp4conv.commands.convert import LAYOUT_HELP, VLLM_HELP
 
 
 def _manifest_of(spec: str, root: Path | None = None) -> dict | None:
@@ -67,7 +67,8 @@ def _render(d, model, spec: str) -> None:
               f"{o.get('requested_act_quant')} -> {d.act_quant}, AITER "
               f"{'on' if o.get('aiter') else 'off'}"
               f"{', --backend ' + o['forced_backend'] if o.get('forced_backend') else ''}")
-    con.print(f"vLLM selector: {o.get('selector')} (converter {o.get('converter')})")
+    con.print(f"vLLM {o.get('vllm_release')} (the release modelled), selector: {o.get('selector')} "
+              f"(converter {o.get('converter')})")
 
     cands = Table(title="Backends tried, in order", show_lines=False)
     cands.add_column("#", justify="right")
@@ -127,6 +128,7 @@ def register(app: typer.Typer) -> None:
         backend: str = typer.Option(None, "--backend", help="Force a backend (vLLM --moe-backend "
                                     "string or Mxfp4MoeBackend name)."),
         layout: str = typer.Option("auto", "--layout", help=LAYOUT_HELP),
+        vllm: str = typer.Option(None, "--vllm", help=VLLM_HELP),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object on stdout."),
     ) -> None:
         """Show which backend vLLM would pick, why, and the padding, layouts and server
@@ -134,7 +136,10 @@ def register(app: typer.Typer) -> None:
         from mxfp4conv.checkpoint import load_model, open_source
         from mxfp4conv.oracle import Target, decide, resolve_arch
 
+        from mxfp4conv.oracle.releases import resolve_release
+
         canonical = resolve_arch(arch)
+        release = resolve_release(vllm)
         manifest = _manifest_of(source)
         src = None
         if manifest is None:
@@ -145,7 +150,8 @@ def register(app: typer.Typer) -> None:
             return
         model = load_model(src)
         d = decide(model, Target(arch=canonical, tp=tp, ep=ep, act_quant=act_quant,
-                                 aiter=not no_aiter, backend=backend, layout=layout))
+                                 aiter=not no_aiter, backend=backend, layout=layout,
+                                 vllm=release))
         if as_json:
             out: dict[str, Any] = d.plan_json()
             out["family"] = model.family

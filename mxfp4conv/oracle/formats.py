@@ -34,7 +34,10 @@ PRODUCIBLE_LAYOUTS = frozenset({
 
 AITER_ENV = {"VLLM_ROCM_USE_AITER": "1"}
 BOUND_ENV = {"AITER_BF16_FP8_MOE_BOUND": "0"}  # set by converter S's gfx950 AITER branch
-A8W4_ENV = {"VLLM_ROCM_USE_AITER_MOE_SITUV2_A8W4": "1"}
+SITUV2_ENV = "VLLM_ROCM_USE_AITER_MOE_SITUV2"  # vLLM 0.33.0: auto (= a4w4) | a4w4 | a8w4 | a16w4
+# --act-quant -> (SiTUv2 mode written, kernel activations): auto keeps vLLM's default
+SITUV2_MODES = {"auto": ("auto", "mxfp4"), "mxfp4": ("a4w4", "mxfp4"), "fp8": ("a8w4", "fp8"),
+                "bf16": ("a16w4", "bf16")}
 
 
 @dataclass(frozen=True)
@@ -112,22 +115,26 @@ def kernel_format_s(backend: str, arch: Arch, tp: int, activation: str, act_quan
     if backend == "AITER_MXFP4_BF16" and arch.is_rocm and not arch.on_gfx1250:
         env = {**AITER_ENV, **BOUND_ENV}
         if activation == "situ":
-            if want == "fp8":
+            # vLLM 0.33.0's SiTUv2 switch (envs.py, _aiter_ops._resolve_situv2_activation);
+            # Mxfp4MoEMethod sets AITER_BF16_FP8_MOE_BOUND=0 only when SiTUv2 is a4w4 or a8w4.
+            mode, kernel_act = SITUV2_MODES[act_quant]
+            env = {**AITER_ENV, SITUV2_ENV: mode, **({} if mode == "a16w4" else BOUND_ENV)}
+            if mode == "a8w4":
                 return KernelFormat(
                     LayoutRecipe(w13="aiter_p16_gu16", w13_scale="aiter_scale_a16w4_gu16",
                                  w2="aiter_p16", w2_scale="aiter_e8m0_shuffle"),
-                    act_quant="fp8", gate_mode="interleave", runtime_env={**env, **A8W4_ENV},
-                    kernel_act="fp8",
-                    notes=("SiTU a8w4 (VLLM_ROCM_USE_AITER_MOE_SITUV2_A8W4=1): w13 and its "
+                    act_quant="fp8", gate_mode="interleave", runtime_env=env, kernel_act="fp8",
+                    notes=("SiTUv2 a8w4 (VLLM_ROCM_USE_AITER_MOE_SITUV2=a8w4): w13 and its "
                            "scales use the 16-row gate/up interleave (FlyDSL a8w4 kernels).",))
-            if want != "bf16":
-                return _act_error(backend, want, ("bf16 (a16w4)", "fp8 (a8w4)"),
-                                  "Mxfp4MoEMethod ignores quantization_config.moe.activation")
+            what = {"auto": "vLLM's default SiTUv2 mode auto, which is a4w4 (MXFP4 activations)",
+                    "a4w4": "SiTUv2 a4w4 (MXFP4 activations)",
+                    "a16w4": "SiTUv2 a16w4 (bf16 activations)"}[mode]
             return KernelFormat(
                 LayoutRecipe(w13="aiter_p16", w13_scale="aiter_scale_a16w4",
                              w2="aiter_p16", w2_scale="aiter_e8m0_shuffle"),
-                act_quant="bf16", gate_mode="separated", runtime_env=env, kernel_act="bf16",
-                notes=("SiTU a16w4: gate and up stay separated ([gate; up]), P16-tiled.",))
+                act_quant=kernel_act, gate_mode="separated", runtime_env=env, kernel_act=kernel_act,
+                notes=(f"{what}: gate and up stay separated ([gate; up]), P16-tiled; a4w4 and "
+                       f"a16w4 read the same weight bytes. The server must keep {SITUV2_ENV}={mode}.",))
         if want not in ("bf16", "fp8"):
             return _act_error(backend, want, ("bf16", "fp8"),
                               "Mxfp4MoEMethod ignores quantization_config.moe.activation")

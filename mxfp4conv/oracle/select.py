@@ -43,6 +43,7 @@ from mxfp4conv.oracle.backends import (
     Server, filter_by_activation, parse_backend, priority_backends, try_backend,
 )
 from mxfp4conv.oracle.decision import Candidate, Decision, Target
+from mxfp4conv.oracle.releases import release_version, resolve_release
 from mxfp4conv.oracle.formats import (
     HOPPER_MMA_ALIGN, KERNEL_LAYOUTS, ActQuantRefused, KernelFormat, NotProducible, emulation_format,
     kernel_format_g, kernel_format_s,
@@ -290,6 +291,8 @@ def decide(model: MoEModel, target: Target, server: Server | None = None) -> Dec
     (unknown arch, impossible tp, refused --backend or --act-quant).
     """
     server = server or Server()
+    release = resolve_release(target.vllm)
+    target = replace(target, vllm=release)
     arch = get_arch(target.arch)
     if target.act_quant not in ACT_QUANTS:
         raise OracleError(
@@ -415,6 +418,7 @@ def decide(model: MoEModel, target: Target, server: Server | None = None) -> Dec
         candidates=tuple(candidates),
         notes=tuple(notes),
         options={
+            "vllm_release": release_version(release),
             "aiter": target.aiter,
             "requested_act_quant": target.act_quant,
             "forced_backend": target.backend,
