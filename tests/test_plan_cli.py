@@ -47,9 +47,9 @@ PLANS = [
     ("kimi_k3", ["--arch", "gfx942", "--tp", "2"], Target("gfx942", tp=2),
      dict(backend="EMULATION", intermediate_per_rank_padded=256, layout_w13="identity")),
     ("kimi_k3", ["--arch", "h200"], Target("sm90"),
-     dict(backend="EMULATION", vllm_backend="MARLIN", layout_w13="hopper_mma_w")),
+     dict(backend="EMULATION", vllm_backend="HUMMING", layout_w13="hopper_mma_w")),
     ("kimi_k3", ["--arch", "h200", "--layout", "identity"], Target("sm90", layout="identity"),
-     dict(backend="EMULATION", vllm_backend="MARLIN", layout_w13="identity")),
+     dict(backend="EMULATION", vllm_backend="HUMMING", layout_w13="identity")),
     ("kimi_k3", ["--arch", "gfx950", "--no-aiter"], Target("gfx950", aiter=False),
      dict(backend="EMULATION", vllm_backend="EMULATION")),
     ("deepseek_v4", ["--arch", "gfx950", "--tp", "2"], Target("gfx950", tp=2),
@@ -57,7 +57,7 @@ PLANS = [
           layout_w13="aiter_p16_gu16", layout_w2_scale="aiter_scale_a16w4",
           env="AITER_BF16_FP8_MOE_BOUND")),
     ("deepseek_v4", ["--arch", "gfx942", "--tp", "2"], Target("gfx942", tp=2),
-     dict(backend="TRITON_UNFUSED", intermediate_per_rank_padded=256, layout_w13="identity")),
+     dict(backend="TRITON_UNFUSED", intermediate_per_rank_padded=128, layout_w13="identity")),
     ("gpt_oss", ["--arch", "gfx950", "--ep", "--tp", "2"], Target("gfx950", tp=2, ep=True),
      dict(backend="AITER_MXFP4_BF16", experts_per_rank=4, layout_w13="aiter_p16_gu16")),
     ("gpt_oss", ["--arch", "b200"], Target("sm100"),
@@ -100,7 +100,7 @@ def test_plan_human_trace(capsys, ckpts):
     rc, out, _ = run(capsys, "plan", str(ckpts["kimi_k3"]), "--arch", "h200", "--tp", "4")
     assert rc == 0
     out = " ".join(out.split())  # rich wraps long lines at the terminal width
-    for text in ("Backends tried", "MARLIN", "vLLM's pick", "EMULATION", "[gate; up]",
+    for text in ("Backends tried", "HUMMING", "vLLM's pick", "EMULATION", "[gate; up]",
                  "Padded geometry", "Kimi-K3 model rule", "Server environment"):
         assert text in out, text
     rc, out, _ = run(capsys, "plan", str(ckpts["kimi_k3"]), "--arch", "gfx950", "--act-quant", "fp8")
