@@ -3,8 +3,9 @@
 For every case of ``matrix.cases()`` the real ``Mxfp4MoEMethod`` / ``GptOssMxfp4MoEMethod`` /
 ``QuarkOCP_MX_MoEMethod`` of the ``vllm==0.33.0`` wheel is built on an emulated platform
 (``vllm033.harness``; the stubs it installs are listed in ``vllm033/stubs.py`` and
-``vllm033/worker.py`` and printed by ``test_stubs_listed``) and its backend pick (or the error
-it raises) is compared with ``decide()``.
+``vllm033/worker.py`` and printed by ``test_stubs_listed``) and its backend pick and expert
+class (or the error it raises), ``maybe_roundup_sizes`` and the environment it writes are
+compared with ``decide()``. The weight converters' calls are not compared here.
 """
 
 from __future__ import annotations
@@ -32,13 +33,26 @@ def vllm_results() -> dict[str, dict]:
 
     def run(platform):
         found = run_probe(platform, PROBE, [vllm_case(c) for c in groups[platform]], src=src)
-        return {c.id: r for c, r in zip(groups[platform], found)}
+        return platform, found.stubs, {c.id: r for c, r in zip(groups[platform], found)}
 
     out: dict[str, dict] = {}
     with ThreadPoolExecutor(2) as pool:
-        for part in pool.map(run, list(groups)):
+        for platform, used, part in pool.map(run, list(groups)):
+            STUBS_USED[platform] = used
             out.update(part)
     return out
+
+
+STUBS_USED: dict[str, dict[str, str]] = {}
+
+
+def test_stubs_listed(vllm_results):
+    """Every stand-in the runs used is named with its reason (printed with -s)."""
+    for platform, used in sorted(STUBS_USED.items()):
+        assert used and all(isinstance(v, str) and v for v in used.values()), platform
+        print(f"{platform}: " + "; ".join(f"{k} ({v})" for k, v in sorted(used.items())))
+    assert "aiter" in STUBS_USED["gfx950"] and "amdsmi" in STUBS_USED["gfx950"]
+    assert "aiter" not in STUBS_USED["sm90"] and "flashinfer" in STUBS_USED["sm90"]
 
 
 def test_matrix_size():
