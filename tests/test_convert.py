@@ -7,10 +7,13 @@ pads, and passed through the AITER-named functions of ``mxfp4conv.shuffle.aiter`
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 from pathlib import Path
 
 import pytest
+
 import torch
 from safetensors import safe_open
 
@@ -18,7 +21,7 @@ from mxfp4conv.checkpoint import load_model, open_source
 from mxfp4conv.checkpoint.synthetic import make_checkpoint
 from mxfp4conv.convert.run import convert
 from mxfp4conv.convert.verify import VerifyError, verify
-from mxfp4conv.errors import Mxfp4convError
+from mxfp4conv.errors import Mxfp4convError, OracleError
 from mxfp4conv.oracle import decide
 from mxfp4conv.oracle.decision import Target
 from mxfp4conv.shuffle import aiter
@@ -137,6 +140,16 @@ def apply_layout(name: str, x: torch.Tensor) -> torch.Tensor:
         return hopper_words(x)
     if name == "hopper_mma_s":  # byte 4g + 2h + j of a 16-row x 2-group block: row 8h + g, group 2b + j
         return x.reshape(E, N // 16, 2, 8, K // 2, 2).permute(0, 1, 4, 3, 2, 5).reshape(E, N, K)
+    # triton_kernels layouts, from docs/kernel-ready-format.md
+    if name.endswith("_gu1") or name == "triton_gu1":  # gate row i -> 2i, up row i -> 2i + 1
+        x = torch.stack((x[:, : N // 2], x[:, N // 2:]), dim=2).reshape(E, N, K)
+        name = name[: -len("_gu1")] if name != "triton_gu1" else "identity"
+        if name == "identity":
+            return x
+    if name == "triton_cdna4_scale":  # (32a + 16p + l, 8b + 4q + j) -> [a, 256b + 64j + 4l + 2q + p]
+        return x.reshape(E, N // 32, 2, 16, K // 8, 2, 4).permute(0, 1, 4, 6, 3, 5, 2).reshape(E, N // 32, 32 * K)
+    if name == "triton_gfx1250_scale":  # (32a + r, 4c + q) -> [a, 128c + 4r + q]
+        return x.reshape(E, N // 32, 32, K // 4, 4).permute(0, 1, 3, 2, 4).reshape(E, N // 32, 32 * K)
     raise AssertionError(f"test does not know layout {name}")
 
 
@@ -221,7 +234,12 @@ def test_convert_every_byte(tmp_path, tmp_path_factory, family, scheme, arch, tp
     src_dir = source_for(tmp_path_factory, family, scheme)
     target = Target(arch=arch, tp=tp, ep=ep, act_quant=act)
     model = load_model(open_source(str(src_dir)))
-    d = decide(model, target)
+    try:
+        d = decide(model, target)
+    except OracleError as exc:  # vLLM raises here: ask for mxfp4conv's own format explicitly
+        assert "raises" in str(exc)
+        target = dataclasses.replace(target, layout="identity")
+        d = decide(model, target)
     out = tmp_path / "out"
     # about four shards, so that a layer straddles a shard boundary
     convert(str(src_dir), out, target, shard_size=source_bytes(src_dir) // 4, progress="none")

@@ -52,6 +52,8 @@ GU16 = dict(w13="aiter_p16_gu16", w13_scale="aiter_scale_a16w4_gu16", w2="aiter_
             w2_scale="aiter_scale_a16w4")
 W4A4 = dict(w13="aiter_p16", w13_scale="aiter_e8m0_shuffle", w2="aiter_p16",
             w2_scale="aiter_e8m0_shuffle")
+CDNA4 = dict(w13="identity", w13_scale="triton_cdna4_scale", w2="identity",
+             w2_scale="triton_cdna4_scale")
 IDENT = dict(w13="identity", w13_scale="identity", w2="identity", w2_scale="identity")
 HOPPER = dict(w13="hopper_mma_w", w13_scale="hopper_mma_s", w2="hopper_mma_w", w2_scale="hopper_mma_s")
 AITER_ENV = {"VLLM_ROCM_USE_AITER": "1"}
@@ -62,14 +64,23 @@ S_ENV = {"VLLM_ROCM_USE_AITER": "1", "AITER_BF16_FP8_MOE_BOUND": "0"}
 # rejected {backend: substring of its reason}.
 CASES = [
     # ---- Kimi-K3 (SiTU, DeepSeekV3 routing) ----
-    ("k3-gfx950-tp8-a16w4", K3, Target("gfx950", tp=8),
-     dict(backend="AITER_MXFP4_BF16", vllm="AITER_MXFP4_BF16", act="bf16", H=3584, I=384,
-          layout=A16W4, gate_mode="separated", env=S_ENV, tried=["AITER_MXFP4_BF16"],
-          selected_reason="AiterExperts")),
+    # vLLM 0.33.0's default SiTUv2 mode is auto (= a4w4: MXFP4 activations, a16w4's bytes)
+    ("k3-gfx950-tp8-auto", K3, Target("gfx950", tp=8),
+     dict(backend="AITER_MXFP4_BF16", vllm="AITER_MXFP4_BF16", act="mxfp4", H=3584, I=384,
+          layout=A16W4, gate_mode="separated",
+          env={**S_ENV, "VLLM_ROCM_USE_AITER_MOE_SITUV2": "auto"}, tried=["AITER_MXFP4_BF16"],
+          selected_reason="_use_k3_situ_aiter")),
+    ("k3-gfx950-tp8-a16w4", K3, Target("gfx950", tp=8, act_quant="bf16"),
+     dict(backend="AITER_MXFP4_BF16", act="bf16", H=3584, I=384, layout=A16W4,
+          gate_mode="separated",
+          env={"VLLM_ROCM_USE_AITER": "1", "VLLM_ROCM_USE_AITER_MOE_SITUV2": "a16w4"})),
+    ("k3-gfx950-tp8-a4w4", K3, Target("gfx950", tp=8, act_quant="mxfp4"),
+     dict(backend="AITER_MXFP4_BF16", act="mxfp4", layout=A16W4, gate_mode="separated",
+          env={**S_ENV, "VLLM_ROCM_USE_AITER_MOE_SITUV2": "a4w4"})),
     ("k3-gfx950-tp8-a8w4", K3, Target("gfx950", tp=8, act_quant="fp8"),
      dict(backend="AITER_MXFP4_BF16", act="fp8", H=3584, I=384, layout=A8W4,
           gate_mode="interleave",
-          env={**S_ENV, "VLLM_ROCM_USE_AITER_MOE_SITUV2_A8W4": "1"})),
+          env={**S_ENV, "VLLM_ROCM_USE_AITER_MOE_SITUV2": "a8w4"})),
     ("k3-mi355x-tp16-k3rule", K3, Target("mi355x", tp=16),
      dict(backend="AITER_MXFP4_BF16", H=3584, I=256, I_real=192, layout=A16W4)),
     ("k3-gfx950-tp1", K3, Target("gfx950"), dict(backend="AITER_MXFP4_BF16", I=3072)),
@@ -82,18 +93,18 @@ CASES = [
     ("k3-gfx942-tp16", K3, Target("mi300x", tp=16), dict(backend="EMULATION", I=256, I_real=192)),
     ("k3-gfx1250-tp8", K3, Target("gfx1250", tp=8),
      dict(backend="EMULATION", I=384, layout=IDENT,
-          rejected={"AITER_MXFP4_BF16": "activation situ not supported"})),
+          rejected={"AITER_MXFP4_BF16": "only on gfx950"})),
     ("k3-gfx950-no-aiter", K3, Target("gfx950", tp=8, aiter=False),
      dict(backend="EMULATION", I=384, rejected={"AITER_MXFP4_BF16": "AITER is disabled"})),
     ("k3-h200-tp8", K3, Target("h200", tp=8),
-     dict(backend="EMULATION", vllm="MARLIN", I=384, layout=HOPPER,
-          tried=["FLASHINFER_TRTLLM_MXFP4_MXFP8", "DEEPGEMM_MXFP4", "MARLIN", "EMULATION"],
+     dict(backend="EMULATION", vllm="HUMMING", I=384, layout=HOPPER,
+          tried=["FLASHINFER_TRTLLM_MXFP4_MXFP8", "DEEPGEMM_MXFP4", "HUMMING", "EMULATION"],
           rejected={"FLASHINFER_TRTLLM_MXFP4_MXFP8": "family 100",
-                    "DEEPGEMM_MXFP4": "family 100 or 120", "MARLIN": "gptq_marlin_repack"},
+                    "DEEPGEMM_MXFP4": "family 100 or 120", "HUMMING": "humming library"},
           selected_reason="mxfp4conv fallback", producible=["EMULATION"])),
     # --layout identity keeps the canonical bytes (32-aligned); hopper_mma pads to 64
     ("k3-h200-identity", K3, Target("h200", tp=8, layout="identity"),
-     dict(backend="EMULATION", vllm="MARLIN", I=384, layout=IDENT)),
+     dict(backend="EMULATION", vllm="HUMMING", I=384, layout=IDENT)),
     ("gptoss-h200-tp2", GPT_OSS, Target("h200", tp=2),
      dict(backend="EMULATION", H=2880, I=1472, I_real=1440, layout=HOPPER)),
     ("gptoss-h200-tp2-identity", GPT_OSS, Target("h200", tp=2, layout="identity"),
@@ -106,42 +117,42 @@ CASES = [
      dict(backend="EMULATION", vllm="FLASHINFER_TRTLLM_MXFP4_MXFP8",
           selected_reason="mxfp4conv fallback")),
     ("k3-sm120", K3, Target("sm120"), dict(backend="EMULATION", vllm="DEEPGEMM_MXFP4")),
-    ("k3-cpu", K3, Target("cpu"), dict(backend="EMULATION", vllm=None, I=3072)),
+    # vLLM raises here; --layout asks for mxfp4conv's own format explicitly
+    ("k3-cpu-own-format", K3, Target("cpu", layout="identity"),
+     dict(backend="EMULATION", vllm=None, I=3072, selected_reason="mxfp4conv fallback")),
+    # _use_k3_situ_aiter takes AITER_MXFP4_BF16 on gfx950 whatever --moe-backend says
     ("k3-forced-emulation", K3, Target("gfx950", tp=8, backend="emulation"),
+     dict(backend="AITER_MXFP4_BF16", vllm="AITER_MXFP4_BF16", I=384, tried=["AITER_MXFP4_BF16"])),
+    ("k3-forced-emulation-no-aiter", K3, Target("gfx950", tp=8, aiter=False, backend="emulation"),
      dict(backend="EMULATION", vllm="EMULATION", I=384, tried=["EMULATION"])),
     ("k3-forced-legacy-aiter", K3, Target("gfx950", tp=8, backend="AITER"),
      dict(backend="AITER_MXFP4_BF16", layout=A16W4)),
-    # W4A4 on Mxfp4MoEMethod: converter S delegates to G; SITU passed, but not a BF16 backend.
-    ("k3-forced-w4a4", K3, Target("gfx950", tp=8, backend="aiter_mxfp4_mxfp4"),
-     dict(backend="AITER_MXFP4_MXFP4", act="mxfp4", I=512, layout=W4A4)),
+    # W4A4 on Mxfp4MoEMethod (converter S delegates to G): DeepSeek-V4, where no K3 bypass applies
+    ("dsv4-forced-w4a4", DSV4, Target("gfx950", tp=8, backend="aiter_mxfp4_mxfp4"),
+     dict(backend="AITER_MXFP4_MXFP4", act="mxfp4", I=384, H=7168, layout=W4A4)),
     # ---- DeepSeek-V4 (SiLU + swiglu_limit, DeepseekV4 routing) ----
     ("dsv4-gfx950-tp8", DSV4, Target("gfx950", tp=8),
      dict(backend="AITER_MXFP4_BF16", act="bf16", H=7168, I=384, layout=GU16,
-          gate_mode="interleave", env=S_ENV, selected_reason="AiterExperts")),
+          gate_mode="interleave", env=S_ENV, selected_reason="AiterMxfp4Experts")),
     ("dsv4-gfx942-tp8", DSV4, Target("gfx942", tp=8),
-     dict(backend="TRITON_UNFUSED", vllm="TRITON_UNFUSED", H=7168, I=512, layout=IDENT, env={},
+     dict(backend="TRITON_UNFUSED", vllm="TRITON_UNFUSED", H=7168, I=384, layout=IDENT, env={},
           tried=["AITER_MXFP4_BF16", "TRITON_UNFUSED"], selected_reason="UnfusedOAITritonExperts")),
     ("dsv4-gfx950-no-aiter-tp8", DSV4, Target("gfx950", tp=8, aiter=False),
      dict(backend="TRITON_UNFUSED", I=512, layout=IDENT)),
     ("dsv4-gfx950-no-aiter-tp2", DSV4, Target("gfx950", tp=2, aiter=False),
-     dict(backend="EMULATION", vllm="TRITON_UNFUSED", I=1536,
-          rejected={"TRITON_UNFUSED": "CDNA4MXScaleLayout"})),
-    ("dsv4-gfx1250", DSV4, Target("gfx1250", tp=8),
-     dict(backend="AITER_MXFP4_BF16", I=384, layout=IDENT, env=AITER_ENV,
-          selected_reason="AiterW4A16ExpertsMonolithic")),
-    ("dsv4-gfx1250-no-aiter", DSV4, Target("gfx1250", tp=8, aiter=False),
+     dict(backend="TRITON_UNFUSED", vllm="TRITON_UNFUSED", I=1536, layout=CDNA4)),
+    ("dsv4-gfx1250-no-aiter-own-format", DSV4, Target("gfx1250", tp=8, aiter=False, layout="identity"),
      dict(backend="EMULATION", vllm=None, rejected={"TRITON_UNFUSED": "not gfx1250"})),
     ("dsv4-b200", DSV4, Target("b200", tp=8),
      dict(backend="EMULATION", vllm="FLASHINFER_TRTLLM_MXFP4_MXFP8",
           rejected={"FLASHINFER_TRTLLM_MXFP4_MXFP8": "TrtLlmMxfp4ExpertsModular: all gates pass"})),
-    ("dsv4-h100", DSV4, Target("h100", tp=8), dict(backend="EMULATION", vllm="MARLIN")),
+    ("dsv4-h100", DSV4, Target("h100", tp=8), dict(backend="EMULATION", vllm="HUMMING")),
     # ---- Quark OCP-MX (no activation passed to the round-up: 256 on ROCm) ----
     ("quark-k3-w4a4-gfx950-tp8", QUARK_K3_W4A4, Target("gfx950", tp=8),
-     dict(backend="AITER_MXFP4_MXFP4", act="mxfp4", H=3584, I=512, I_real=384, layout=W4A4,
+     dict(backend="AITER_MXFP4_MXFP4", act="mxfp4", H=3584, I=384, I_real=384, layout=W4A4,
           gate_mode="separated", env=AITER_ENV, scale_pad=0x01,
-          tried=["FLASHINFER_TRTLLM_MXFP4_BF16", "FLASHINFER_TRTLLM_MXFP4_MXFP8",
-                 "AITER_MXFP4_BF16", "AITER_MXFP4_FP8", "AITER_MXFP4_MXFP4"],
-          rejected={"AITER_MXFP4_BF16": "not tried"})),
+          tried=["AITER_MXFP4_MXFP4", "FLASHINFER_TRTLLM_MXFP4_MXFP8", "AITER_MXFP4_FP8",
+                 "FLASHINFER_CUTLASS_MXFP4_MXFP8"], rejected={"AITER_MXFP4_FP8": "not tried"})),
     ("quark-k3-w4a4-gfx942", QUARK_K3_W4A4, Target("gfx942", tp=8),
      dict(backend="EMULATION", vllm="EMULATION", act="mxfp4", I=384, scale_pad=0x01,
           rejected={"AITER_MXFP4_MXFP4": "only on gfx950"})),
@@ -155,10 +166,9 @@ CASES = [
     ("quark-w4a8-oai-gfx950-tp4", QUARK_W4A8_OAI, Target("gfx950", tp=4),
      dict(backend="AITER_MXFP4_FP8", vllm="AITER_MXFP4_FP8", act="fp8", H=4096, I=512,
           layout=IDENT, selected_reason="AiterW4A8ExpertsMonolithic",
-          rejected={"AITER_MXFP4_BF16": "not tried"})),
+          rejected={"AITER_MXFP4_MXFP4": "not tried"})),
     ("quark-w4a8-oai-gfx950-tp1", QUARK_W4A8_OAI, Target("gfx950"),
-     dict(backend="EMULATION", vllm="AITER_MXFP4_FP8", act="fp8", I=1536,
-          rejected={"AITER_MXFP4_FP8": "CDNA4MXScaleLayout"})),
+     dict(backend="AITER_MXFP4_FP8", vllm="AITER_MXFP4_FP8", act="fp8", I=1536, layout=CDNA4)),
     ("quark-w4a8-silu", QUARK_W4A8_SILU, Target("gfx950", tp=4),
      dict(backend="EMULATION", vllm="EMULATION", act="fp8",
           rejected={"AITER_MXFP4_FP8": "activation silu not supported"})),
@@ -174,15 +184,26 @@ CASES = [
     ("gptoss-gfx950", GPT_OSS, Target("gfx950"),
      dict(backend="AITER_MXFP4_BF16", act="bf16", H=3072, I=3072, layout=GU16,
           gate_mode="interleave", env=AITER_ENV, scale_pad=0x00,
-          tried=["FLASHINFER_TRTLLM_MXFP4_BF16", "FLASHINFER_TRTLLM_MXFP4_MXFP8",
-                 "AITER_MXFP4_BF16"],
+          tried=["FLASHINFER_TRTLLM_MXFP4_BF16", "AITER_MXFP4_BF16",  # then the filtered-out ones
+                 "FLASHINFER_TRTLLM_MXFP4_MXFP8", "AITER_MXFP4_FP8", "AITER_MXFP4_MXFP4",
+                 "FLASHINFER_CUTLASS_MXFP4_MXFP8", "CUTLASS_MXFP4_MXFP4"],
           rejected={"FLASHINFER_TRTLLM_MXFP4_BF16": "family 100",
                     "FLASHINFER_TRTLLM_MXFP4_MXFP8": "not tried"})),
+    # converter G keeps gpt-oss's g/u row pairs (triton_gu1 of [gate; up]) for triton_kernels
     ("gptoss-gfx942", GPT_OSS, Target("gfx942"),
-     dict(backend="EMULATION", vllm="TRITON", H=2880, I=2880,
-          rejected={"TRITON": "interleaved w13 rows"})),
+     dict(backend="AITER_TRITON_MXFP4_BF16", vllm="AITER_TRITON_MXFP4_BF16", H=3072, I=3072,
+          layout=dict(w13="triton_gu1", w13_scale="triton_gu1", w2="identity", w2_scale="identity"))),
+    ("gptoss-gfx942-no-aiter", GPT_OSS, Target("gfx942", aiter=False),
+     dict(backend="TRITON", vllm="TRITON", layout=dict(w13="triton_gu1", w13_scale="triton_gu1",
+                                                       w2="identity", w2_scale="identity"))),
     ("gptoss-gfx950-no-aiter", GPT_OSS, Target("gfx950", aiter=False),
-     dict(backend="EMULATION", vllm="TRITON")),
+     dict(backend="TRITON", vllm="TRITON",
+          layout=dict(w13="triton_gu1", w13_scale="triton_cdna4_scale_gu1", w2="identity",
+                      w2_scale="triton_cdna4_scale"))),
+    ("gptoss-gfx1250", GPT_OSS, Target("gfx1250"),
+     dict(backend="AITER_TRITON_MXFP4_BF16", vllm="AITER_TRITON_MXFP4_BF16",
+          layout=dict(w13="triton_gu1", w13_scale="triton_gfx1250_scale_gu1", w2="identity",
+                      w2_scale="triton_gfx1250_scale"))),
     ("gptoss-h100", GPT_OSS, Target("h100"),
      dict(backend="EMULATION", vllm="TRITON", rejected={"TRITON": "swizzled"})),
     ("gptoss-b200", GPT_OSS, Target("b200"),
@@ -190,8 +211,7 @@ CASES = [
           rejected={"FLASHINFER_TRTLLM_MXFP4_BF16": "TrtLlmMxfp4ExpertsMonolithic: all gates"})),
     ("gptoss-sm120", GPT_OSS, Target("sm120"),
      dict(backend="EMULATION", vllm="MARLIN",
-          rejected={"FLASHINFER_CUTLASS_MXFP4_BF16": "only on sm90 exactly",
-                    "TRITON": "[9.0, 11.0)"})),
+          rejected={"FLASHINFER_CUTLASS_MXFP4_BF16": "only on sm90 exactly"})),
     ("gptoss-cpu", GPT_OSS, Target("cpu"),
      dict(backend="EMULATION", vllm="CPU", rejected={"CPU": "VNNI"})),
 ]
@@ -249,7 +269,7 @@ def _check_invariants(d: Decision) -> None:
         kernel_layout = d.options["kernel_layout"]
         assert d.backend == "EMULATION" and d.layout.as_dict()["w13"] == {"identity": "identity",
                                                                           "hopper_mma": "hopper_mma_w"}[kernel_layout]
-        assert any("cannot write" in n or "no MXFP4 MoE backend" in n for n in d.notes)
+        assert any("cannot write" in n or "raises" in n for n in d.notes)
         align = 64 if kernel_layout == "hopper_mma" else 32
         assert d.hidden_padded % align == 0 and d.intermediate_per_rank_padded % align == 0
     assert d.intermediate_per_rank_padded >= d.intermediate_per_rank
@@ -264,22 +284,29 @@ REFUSALS = [
     ("per-rank-not-32", K3, Target("gfx950", tp=128), ["not a multiple of the MXFP4 block", "24"]),
     ("gptoss-tp4-720", GPT_OSS, Target("h100", tp=4), ["720", "multiple of the MXFP4 block"]),
     ("ep-experts", DSV4, Target("gfx950", tp=3, ep=True), ["divisible by 3"]),
-    ("forced-aiter-gfx942", DSV4, Target("gfx942", backend="aiter"),
-     ["--backend aiter cannot serve", "AiterExperts", "only on gfx950", "AITER_MXFP4_MXFP4"]),
+    ("forced-aiter-gfx942", K3, Target("gfx942", backend="aiter"),
+     ["--backend aiter cannot serve", "AiterMxfp4Experts", "only on gfx950", "AITER_TRITON_MXFP4_BF16",
+      "activation situ not supported"]),
+    ("k3-cpu", K3, Target("cpu"), ["vLLM 0.33.0 cannot serve", "raises NotImplementedError",
+                                    "--layout identity"]),
+    ("dsv4-gfx1250", DSV4, Target("gfx1250", tp=8), ["vLLM 0.33.0 cannot serve",
+                                                      "No MXFP4 MoE backend"]),
+    ("gptoss-fp8-no-scales", GPT_OSS, Target("gfx950", act_quant="fp8"),
+     ["AITER_MXFP4_FP8's weight converter raises", "input scales"]),
     ("forced-marlin-unwritable", DSV4, Target("h100", backend="marlin"),
      ["vLLM would serve", "MARLIN", "cannot write", "EMULATION"]),
     ("forced-triton-on-cuda-s", K3, Target("h100", backend="triton"),
      ["cannot serve", "activation situ not supported"]),
     ("forced-emulation-cuda-no-quark", K3, Target("h100", backend="emulation"),
      ["amd-quark"]),
-    ("forced-marlin-w4a4", QUARK_K3_W4A4, Target("gfx950", backend="marlin"),
+    ("forced-aiter-fp8-w4a4", QUARK_K3_W4A4, Target("gfx950", backend="aiter_mxfp4_fp8"),
      ["offers no backend for mxfp4 dynamic"]),
     ("forced-on-unselected-quark", QUARK_W4A6, Target("gfx950", backend="aiter"), ["only EMULATION"]),
     ("unknown-backend", K3, Target("gfx950", backend="fastest"), ["Unknown backend", "aiter_mxfp4_fp8"]),
-    ("k3-mxfp4-act", K3, Target("gfx950", act_quant="mxfp4"), ["act-quant mxfp4", "ignores"]),
+    ("dsv4-mxfp4-act", DSV4, Target("gfx950", act_quant="mxfp4"), ["act-quant mxfp4", "ignores"]),
+    ("unknown-vllm", K3, Target("gfx950", vllm="0.31"), ["Unknown --vllm release '0.31'", "0.33.0"]),
     ("k3-fp8-gfx942", K3, Target("gfx942", act_quant="fp8"), ["act-quant fp8", "W4A16"]),
-    ("k3-fp8-h200", K3, Target("h200", act_quant="fp8"), ["act-quant fp8", "MARLIN"]),
-    ("gptoss-fp8-no-scales", GPT_OSS, Target("gfx950", act_quant="fp8"), ["input scales"]),
+    ("k3-fp8-h200", K3, Target("h200", act_quant="fp8"), ["act-quant fp8", "HUMMING"]),
     ("quark-w4a4-as-bf16", QUARK_K3_W4A4, Target("gfx950", act_quant="bf16"), ["no override"]),
     ("quark-w4a4-as-fp8", QUARK_K3_W4A4, Target("gfx950", act_quant="fp8"), ["conflicts"]),
     ("bad-act-quant", K3, Target("gfx950", act_quant="int8"), ["Unknown --act-quant"]),
@@ -328,10 +355,14 @@ def test_literal_deinterleave_scrambles_gate_and_up_rows():
     assert torch.equal(interleaved[rows], w13)
 
 
-def test_k3_rule_skipped_under_ep_with_rocm_note():
+def test_k3_rule_under_ep_follows_the_platform_model():
+    # AMD model (models/kimi_k3/amd/linear.py) pads under EP too: 3072 / 16 < 256 -> 256 x 16
     d = decide(K3, Target("gfx950", tp=16, ep=True))
-    assert d.intermediate_per_rank == d.intermediate_per_rank_padded == 3072
-    assert any("does not check EP" in n for n in d.notes)
+    assert d.intermediate_per_rank == 3072 and d.intermediate_per_rank_padded == 4096
+    assert any("also under EP" in n for n in d.notes)
+    # NVIDIA model: not under EP
+    d = decide(K3, Target("h200", tp=16, ep=True, layout="identity"))
+    assert d.intermediate_per_rank_padded == 3072
 
 
 def test_server_assumptions_switch_nvidia_picks():
@@ -344,7 +375,9 @@ def test_server_assumptions_switch_nvidia_picks():
     d = decide(GPT_OSS, Target("h100"), Server(triton_kernels=False))
     assert d.options["vllm_backend"] == "FLASHINFER_CUTLASS_MXFP4_BF16"
     # K3 on gfx942 without amd-quark: vLLM has nothing (EMULATION is its only fallback).
-    d = decide(K3, Target("gfx942"), Server(amd_quark=False))
+    with pytest.raises(OracleError, match="raises NotImplementedError"):
+        decide(K3, Target("gfx942"), Server(amd_quark=False))
+    d = decide(K3, Target("gfx942", layout="identity"), Server(amd_quark=False))
     assert d.options["vllm_backend"] is None and d.backend == "EMULATION"
 
 
@@ -355,10 +388,11 @@ def test_dsv4_aiter_kernel_runs_fp8_activations():
 
 
 def test_producible_lists_what_forcing_accepts():
-    d = decide(K3, Target("gfx950", tp=8))
-    assert d.options["producible"] == ["AITER_MXFP4_BF16", "AITER_MXFP4_MXFP4", "EMULATION"]
+    d = decide(DSV4, Target("gfx950", tp=8))
+    assert d.options["producible"] == ["AITER_MXFP4_BF16", "AITER_TRITON_MXFP4_BF16",
+                                       "AITER_MXFP4_MXFP4", "TRITON_UNFUSED", "EMULATION"]
     for b in d.options["producible"]:
-        assert decide(K3, Target("gfx950", tp=8, backend=b)).backend == b
+        assert decide(DSV4, Target("gfx950", tp=8, backend=b)).backend == b
 
 
 # ---- round-up, arch, table ---------------------------------------------------------------------
@@ -382,7 +416,9 @@ def test_round_up_rule_order():
     assert g.intermediate_per_rank_padded == 512
     assert backend_alignment("MARLIN", "cuda", "situ")[:2] == (128, 256)
     assert backend_alignment("TRITON", "cuda", None)[:2] == (64, None)
-    assert backend_alignment("TRITON_UNFUSED", "rocm", "silu")[:2] == (256, 256)
+    assert backend_alignment("TRITON_UNFUSED", "rocm", "silu", cdna=4)[:2] == (256, 256)
+    assert backend_alignment("TRITON_UNFUSED", "rocm", "silu", cdna=3)[:2] == (128, 128)
+    assert backend_alignment("AITER_MXFP4_MXFP4", "rocm", None)[:2] == (128, 256)
     assert backend_alignment("CPU", "cpu", None)[:2] == (32, 32)
     assert backend_alignment("EMULATION", "rocm", "situ")[:2] == (32, 32)  # before the ROCm rows
 

@@ -43,13 +43,13 @@ PLANS = [
      Target("gfx950", tp=2, act_quant="fp8"),
      dict(backend="AITER_MXFP4_BF16", act_quant="fp8", intermediate_per_rank_padded=256,
           gate_mode="interleave", layout_w13="aiter_p16_gu16",
-          env="VLLM_ROCM_USE_AITER_MOE_SITUV2_A8W4")),
+          env=("VLLM_ROCM_USE_AITER_MOE_SITUV2", "a8w4"))),
     ("kimi_k3", ["--arch", "gfx942", "--tp", "2"], Target("gfx942", tp=2),
      dict(backend="EMULATION", intermediate_per_rank_padded=256, layout_w13="identity")),
     ("kimi_k3", ["--arch", "h200"], Target("sm90"),
-     dict(backend="EMULATION", vllm_backend="MARLIN", layout_w13="hopper_mma_w")),
+     dict(backend="EMULATION", vllm_backend="HUMMING", layout_w13="hopper_mma_w")),
     ("kimi_k3", ["--arch", "h200", "--layout", "identity"], Target("sm90", layout="identity"),
-     dict(backend="EMULATION", vllm_backend="MARLIN", layout_w13="identity")),
+     dict(backend="EMULATION", vllm_backend="HUMMING", layout_w13="identity")),
     ("kimi_k3", ["--arch", "gfx950", "--no-aiter"], Target("gfx950", aiter=False),
      dict(backend="EMULATION", vllm_backend="EMULATION")),
     ("deepseek_v4", ["--arch", "gfx950", "--tp", "2"], Target("gfx950", tp=2),
@@ -57,7 +57,7 @@ PLANS = [
           layout_w13="aiter_p16_gu16", layout_w2_scale="aiter_scale_a16w4",
           env="AITER_BF16_FP8_MOE_BOUND")),
     ("deepseek_v4", ["--arch", "gfx942", "--tp", "2"], Target("gfx942", tp=2),
-     dict(backend="TRITON_UNFUSED", intermediate_per_rank_padded=256, layout_w13="identity")),
+     dict(backend="TRITON_UNFUSED", intermediate_per_rank_padded=128, layout_w13="identity")),
     ("gpt_oss", ["--arch", "gfx950", "--ep", "--tp", "2"], Target("gfx950", tp=2, ep=True),
      dict(backend="AITER_MXFP4_BF16", experts_per_rank=4, layout_w13="aiter_p16_gu16")),
     ("gpt_oss", ["--arch", "b200"], Target("sm100"),
@@ -83,6 +83,9 @@ def test_plan_json_matches_oracle(capsys, ckpts, name, args, target, exp):
     for key, value in exp.items():
         if key.startswith("layout_"):
             assert got["layout"][key[len("layout_"):]] == value
+        elif key == "env" and isinstance(value, tuple):
+            assert got["runtime_env"].get(value[0]) == value[1]
+            assert "VLLM_ROCM_USE_AITER_MOE_SITUV2_A8W4" not in got["runtime_env"]  # not read by 0.33
         elif key == "env":
             assert value in got["runtime_env"]
         elif key == "vllm_backend":
@@ -97,12 +100,20 @@ def test_plan_human_trace(capsys, ckpts):
     rc, out, _ = run(capsys, "plan", str(ckpts["kimi_k3"]), "--arch", "h200", "--tp", "4")
     assert rc == 0
     out = " ".join(out.split())  # rich wraps long lines at the terminal width
-    for text in ("Backends tried", "MARLIN", "vLLM's pick", "EMULATION", "[gate; up]",
+    for text in ("Backends tried", "HUMMING", "vLLM's pick", "EMULATION", "[gate; up]",
                  "Padded geometry", "Kimi-K3 model rule", "Server environment"):
         assert text in out, text
     rc, out, _ = run(capsys, "plan", str(ckpts["kimi_k3"]), "--arch", "gfx950", "--act-quant", "fp8")
     out = " ".join(out.split())
-    assert rc == 0 and "VLLM_ROCM_USE_AITER_MOE_SITUV2_A8W4=1" in out and "aiter_p16_gu16" in out
+    assert rc == 0 and "VLLM_ROCM_USE_AITER_MOE_SITUV2=a8w4" in out and "aiter_p16_gu16" in out
+
+
+@pytest.mark.parametrize("flag", [[], ["--vllm", "0.33"], ["--vllm", "0.33.0"]])
+def test_plan_names_the_vllm_release(capsys, ckpts, flag):
+    rc, out, _ = run(capsys, "plan", str(ckpts["deepseek_v4"]), "--arch", "gfx950", *flag)
+    assert rc == 0 and "vLLM 0.33.0 (the release modelled)" in " ".join(out.split())
+    rc, out, _ = run(capsys, "plan", str(ckpts["deepseek_v4"]), "--arch", "gfx950", "--json", *flag)
+    assert rc == 0 and json.loads(out)["vllm"] == "0.33.0"
 
 
 @pytest.mark.parametrize("args,texts", [
@@ -110,7 +121,8 @@ def test_plan_human_trace(capsys, ckpts):
     (["--arch", "gfx950", "--tp", "32"], ["not a multiple of the MXFP4 block"]),
     (["--arch", "gfx942", "--backend", "aiter"], ["cannot serve", "only on gfx950"]),
     (["--arch", "h100", "--backend", "marlin"], ["cannot write", "MARLIN"]),
-    (["--arch", "gfx950", "--act-quant", "mxfp4"], ["act-quant mxfp4"]),
+    (["--arch", "gfx950", "--vllm", "0.32"], ["Unknown --vllm release '0.32'", "0.33.0"]),
+    (["--arch", "gfx950", "--vllm", "0.33.1"], ["Unknown --vllm release '0.33.1'"]),
 ])
 def test_plan_refusals_exit_1(capsys, ckpts, args, texts):
     rc, out, err = run(capsys, "plan", str(ckpts["kimi_k3"]), *args, "--json")

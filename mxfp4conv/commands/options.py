@@ -105,6 +105,12 @@ def backend_option():
 LAYOUTS = ("auto", "identity", "hopper_mma")  # mxfp4conv.oracle.select.KERNEL_LAYOUT_CHOICES
 
 
+def vllm_option():
+    return typer.Option(None, "--vllm", metavar="R",
+                        help="vLLM release whose MoE decision is modelled (default: the newest "
+                             "modelled, 0.33 = vLLM 0.33.0).")
+
+
 def layout_option():
     return typer.Option("auto", "--layout", metavar="L", **one_of(LAYOUTS),
                         help="Layout of mxfp4conv's own (EMULATION) format: auto (hopper_mma on sm90 "

@@ -98,7 +98,8 @@ def _render(d, model, spec: str, output: dict | None = None) -> None:
               f"{o.get('requested_act_quant')} -> {d.act_quant}, AITER "
               f"{'on' if o.get('aiter') else 'off'}"
               f"{', --backend ' + o['forced_backend'] if o.get('forced_backend') else ''}")
-    con.print(f"vLLM selector: {o.get('selector')} (converter {o.get('converter')})")
+    con.print(f"vLLM {o.get('vllm_release')} (the release modelled), selector: {o.get('selector')} "
+              f"(converter {o.get('converter')})")
 
     cands = Table(title="Backends tried, in order", show_lines=False)
     cands.add_column("#", justify="right")
@@ -162,6 +163,7 @@ def register(app: typer.Typer) -> None:
         no_aiter: bool = typer.Option(False, "--no-aiter", help="Model a ROCm server without AITER."),
         backend: str = options.backend_option(),
         layout: str = options.layout_option(),
+        vllm: str = options.vllm_option(),
         revision: str = options.revision_option(),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object on stdout."),
     ) -> None:
@@ -170,8 +172,11 @@ def register(app: typer.Typer) -> None:
         from mxfp4conv.checkpoint import load_model, open_source
         from mxfp4conv.oracle import Target, decide, resolve_arch
 
+        from mxfp4conv.oracle.releases import resolve_release
+
         source = options.with_revision(source, revision)
         canonical = resolve_arch(arch)
+        release = resolve_release(vllm)
         manifest = _manifest_of(source)
         src = None
         if manifest is None:
@@ -182,7 +187,7 @@ def register(app: typer.Typer) -> None:
             return
         model = load_model(src)
         target = Target(arch=canonical, tp=tp, ep=ep, act_quant=act_quant, aiter=not no_aiter,
-                        backend=backend, layout=layout)
+                        backend=backend, layout=layout, vllm=release)
         d = decide(model, target)
         output = output_estimate(src, model, d, target)
         if as_json:

@@ -33,6 +33,7 @@ def build_manifest(source, model, decision, target=None) -> dict[str, Any]:
         "format": FORMAT,
         "version": VERSION,
         "tool_version": __version__,
+        "vllm": d.options.get("vllm_release"),  # the vLLM release the decision models
         "target": {
             "arch": d.arch,
             "backend": d.backend,
@@ -73,7 +74,8 @@ def _request(target) -> dict[str, Any] | None:
     if target is None:
         return None
     return {"arch": target.arch, "tp": target.tp, "ep": target.ep, "act_quant": target.act_quant,
-            "aiter": target.aiter, "backend": target.backend, "layout": target.layout}
+            "aiter": target.aiter, "backend": target.backend, "layout": target.layout,
+            "vllm": target.vllm}
 
 
 def target_from_manifest(m: dict[str, Any]):
@@ -84,7 +86,8 @@ def target_from_manifest(m: dict[str, Any]):
     r = t.get("request") or {"arch": t["arch"], "tp": t["tp"], "ep": t["ep"], "act_quant": t["act_quant"],
                              "aiter": t.get("options", {}).get("aiter", True), "backend": t["backend"]}
     return Target(arch=r["arch"], tp=r["tp"], ep=bool(r["ep"]), act_quant=r["act_quant"],
-                  aiter=bool(r["aiter"]), backend=r["backend"], layout=r.get("layout", "auto"))
+                  aiter=bool(r["aiter"]), backend=r["backend"], layout=r.get("layout", "auto"),
+                  vllm=str(r.get("vllm") or m.get("vllm") or "0.33"))
 
 
 _REQUIRED = {

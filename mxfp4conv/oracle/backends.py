@@ -1,4 +1,4 @@
-"""vLLM's MXFP4 MoE backends as a capability table.
+"""vLLM 0.33.0's MXFP4 MoE backends as a capability table (``oracle.releases``).
 
 Each ``Mxfp4MoeBackend`` member lists the expert classes vLLM tries for it, in order
 (``backend_to_kernel_cls``), and each class lists the gates its ``is_supported_config``
@@ -47,6 +47,7 @@ class Server:
     flashinfer: bool | None = None  # default: on CUDA
     flashinfer_situ: bool = True  # flashinfer's ActivationType has Situ (sm100 TRTLLM for K3)
     deep_gemm: bool | None = None  # default: on CUDA
+    humming: bool | None = None  # humming-kernels (a vLLM 0.33.0 CUDA dependency); default: on CUDA
     cpu_amx: bool = True  # the CPU platform is x86 with AMX tiles
     # Model vLLM's literal converter G for Quark w_mxfp4 on AITER_MXFP4_BF16 (de-interleave
     # of rows that are already [gate; up]); False = what the kernel actually needs.
@@ -63,6 +64,9 @@ class Server:
     def has_deep_gemm(self, arch: Arch) -> bool:
         return self.deep_gemm if self.deep_gemm is not None else arch.is_cuda
 
+    def has_humming(self, arch: Arch) -> bool:
+        return self.humming if self.humming is not None else arch.is_cuda
+
     def assumptions(self, arch: Arch, quark_checkpoint: bool) -> list[str]:
         yes = {True: "present", False: "absent"}
         out = [f"torch {'>=' if self.torch_2_8 else '<'} 2.8",
@@ -73,6 +77,7 @@ class Server:
             out.append(f"flashinfer {yes[fi]}" + (
                 f" (Situ activation {yes[self.flashinfer_situ]})" if fi else ""))
             out.append(f"deep_gemm {yes[self.has_deep_gemm(arch)]}")
+            out.append(f"humming {yes[self.has_humming(arch)]}")
         if arch.is_cpu:
             out.append(f"x86 AMX {yes[self.cpu_amx]}")
         return out
@@ -94,6 +99,7 @@ class Ctx:
     all2all: bool = False  # use_all2all_kernels (dp > 1 with EP)
     eplb: bool = False
     dp: int = 1
+    ep: bool = False
     batched: bool = False  # BatchedExperts activation format (DeepEP-LL)
 
 
@@ -113,21 +119,23 @@ def _aiter_fused_moe_enabled(c: Ctx) -> str | None:
     return None
 
 
-def _aiter_triton_device(c: Ctx) -> str | None:
-    """rocm_aiter_ops.is_enabled() and (gfx950 or gfx1250)."""
-    if not c.arch.is_rocm:
-        return f"needs ROCm with AITER; {c.arch.describe()}"
-    if not c.aiter:
-        return "AITER is disabled (VLLM_ROCM_USE_AITER unset / --no-aiter)"
-    if not (c.arch.on_gfx950 or c.arch.on_gfx1250):
-        return f"needs gfx950 or gfx1250; {c.arch.describe()}"
-    return None
+def _aiter_on(*archs: str) -> Callable[[Ctx], "str | None"]:
+    """rocm_aiter_ops.is_enabled() and the arch is one of ``archs``."""
+    def pred(c: Ctx) -> str | None:
+        if not c.arch.is_rocm:
+            return f"needs ROCm with AITER; {c.arch.describe()}"
+        if not c.aiter:
+            return "AITER is disabled (VLLM_ROCM_USE_AITER unset / --no-aiter)"
+        if c.arch.name not in archs:
+            return f"needs {' or '.join(archs)}; {c.arch.describe()}"
+        return None
+    return pred
 
 
 def _oai_triton_device(c: Ctx) -> str | None:
     if c.arch.is_cuda:
-        if not (9, 0) <= c.arch.capability < (11, 0):  # type: ignore[operator]
-            return f"needs CUDA capability in [9.0, 11.0); {c.arch.describe()}"
+        if not (9, 0) <= c.arch.capability < (13, 0):  # type: ignore[operator]
+            return f"needs CUDA capability in [9.0, 13.0); {c.arch.describe()}"
     elif c.arch.is_rocm:
         if not (c.arch.on_gfx9 or c.arch.on_gfx1x):
             return f"needs gfx9 (gfx90a/942/950) or RDNA (not gfx1250); {c.arch.describe()}"
@@ -189,7 +197,18 @@ def _emulation_device(c: Ctx) -> str | None:
 
 
 def _humming_device(c: Ctx) -> str | None:
-    return "Humming kernels are not modelled (their gates are outside the reference)"
+    if not c.arch.is_cuda or c.arch.capability < (7, 5):  # type: ignore[operator]
+        return f"needs CUDA capability >= 7.5; {c.arch.describe()}"
+    if not c.server.has_humming(c.arch):
+        return "humming is not installed"
+    return None
+
+
+def _cutlass_w4a4_device(c: Ctx) -> str | None:
+    # ops.mxfp4_experts_quant_supported(capability): vLLM's compiled CUTLASS MXFP4 grouped GEMM
+    if not c.arch.is_cuda or c.arch.cuda_family != 100:
+        return f"needs CUDA capability family 100 (the CUTLASS MXFP4 experts); {c.arch.describe()}"
+    return None
 
 
 def device(pred: Callable[[Ctx], "str | None"]) -> Gate:
@@ -232,7 +251,7 @@ def quant(*keys: "str | None", extra: Callable[[Ctx], "str | None"] | None = Non
 
 def _aiter_mxfp4_weight(c: Ctx) -> str | None:
     if not c.arch.on_gfx950 or c.arch.on_gfx1250:
-        return f"quant scheme: AiterExperts takes mxfp4 weights only on gfx950; {c.arch.describe()}"
+        return f"quant scheme: AiterMxfp4Experts takes mxfp4 weights only on gfx950; {c.arch.describe()}"
     return None
 
 
@@ -277,6 +296,18 @@ def batched_format(c: Ctx) -> str | None:
     if c.batched:
         return None
     return "activation format: needs BatchedExperts (DeepEP-LL); deployment uses Standard"
+
+
+def humming_gemm(kind: str) -> Gate:
+    """get_humming_moe_gemm_type(): grouped_contiguous with EP, else indexed."""
+    def gate(c: Ctx) -> str | None:
+        preferred = "grouped_contiguous" if c.ep else "indexed"
+        return None if preferred == kind else f"preferred gemm type {preferred} != {kind}"
+    return gate
+
+
+def no_ep(c: Ctx) -> str | None:
+    return "parallel: does not support expert parallel" if c.ep else None
 
 
 def emulation_experts(c: Ctx) -> str | None:
@@ -329,10 +360,11 @@ _OAI_TRITON_CLASSES = (
     ExpertClass("OAITritonExperts", (
         device(_oai_triton_device), activations({"swigluoai"}), quant(None))),
 )
-_AITER_EXPERTS = ExpertClass("AiterExperts", (
+_AITER_EXPERTS = ExpertClass("AiterMxfp4Experts", (
     device(_aiter_fused_moe_enabled),
     activations({"silu", "gelu", "situ", "swigluoai", "swigluoai_uninterleave"}),
     quant(None, MXFP4_DYN, extra=_aiter_mxfp4_weight)))
+_HUMMING_QUANT = quant(None, MXFP4_DYN, MXFP8_DYN, FP8_128_DYN)
 
 BACKENDS: dict[str, Backend] = {b.name: b for b in (
     Backend("DEEPGEMM_MXFP4", FP8_128_DYN, (
@@ -351,17 +383,26 @@ BACKENDS: dict[str, Backend] = {b.name: b for b in (
         ExpertClass("MarlinExperts", (
             device(_marlin_device), activations(GENERIC_ACTIVATIONS), weight_only_quant,
             standard_format)),)),
-    Backend("AITER_MXFP4_BF16", None, (
-        _AITER_EXPERTS,
+    Backend("AITER_MXFP4_BF16", None, (_AITER_EXPERTS,)),
+    Backend("AITER_TRITON_MXFP4_BF16", None, (
         ExpertClass("AiterW4A16ExpertsMonolithic", (
-            device(_aiter_triton_device), activations({"swigluoai", "silu"}), quant(None),
-            monolithic_parallel, routing({"Renormalize", "RenormalizeNaive", "DeepseekV4"}))),
-    )),
+            device(_aiter_on("gfx942", "gfx950", "gfx1250")), activations({"swigluoai", "silu"}),
+            quant(None), monolithic_parallel,
+            routing({"Renormalize", "RenormalizeNaive", "DeepseekV4", "DeepSeekV3"}))),)),
     Backend("AITER_MXFP4_FP8", FP8_STATIC, (
         ExpertClass("AiterW4A8ExpertsMonolithic", (
-            device(_aiter_triton_device), activations({"swigluoai"}), quant(FP8_STATIC),
-            monolithic_parallel, routing({"Renormalize", "RenormalizeNaive"}))),)),
+            device(_aiter_on("gfx950", "gfx1250")), activations({"swigluoai"}), quant(FP8_STATIC),
+            no_ep, monolithic_parallel, routing({"Renormalize", "RenormalizeNaive"}))),)),
     Backend("AITER_MXFP4_MXFP4", MXFP4_DYN, (_AITER_EXPERTS,)),
+    Backend("AITER_TRITON_MXFP4_MXFP4", MXFP4_DYN, (
+        ExpertClass("AiterW4A4ExpertsMonolithic", (
+            device(_aiter_on("gfx1250")),
+            activations({"swigluoai", "swigluoai_uninterleave", "silu"}), quant(MXFP4_DYN),
+            monolithic_parallel,
+            routing({"Renormalize", "RenormalizeNaive", "DeepseekV4", "DeepSeekV3", "MiniMax2"}))),)),
+    Backend("CUTLASS_MXFP4_MXFP4", MXFP4_DYN, (
+        ExpertClass("CutlassExpertsMxfp4", (
+            device(_cutlass_w4a4_device), quant(MXFP4_DYN), activations(GENERIC_ACTIVATIONS))),)),
     Backend("TRITON", None, _OAI_TRITON_CLASSES),
     Backend("TRITON_UNFUSED", None, (
         ExpertClass("UnfusedOAITritonExperts", (
@@ -375,14 +416,23 @@ BACKENDS: dict[str, Backend] = {b.name: b for b in (
             quant(None, MXFP4_DYN))),)),
     Backend("CPU", None, (
         ExpertClass("CPUExpertsMxfp4", (
-            device(_cpu_device), activations({"silu", "swigluoai"}), quant(None),
-            routing({"Default", "Renormalize", "RenormalizeNaive"}))),)),
+            device(_cpu_device), activations({"silu", "swigluoai", "gelu", "gelu_tanh"}),
+            quant(None), routing({"Default", "Renormalize", "RenormalizeNaive", "DeepseekV4"}))),)),
     Backend("EMULATION", None, (
         ExpertClass("OCP_MXQuantizationEmulationTritonExperts", (
             device(_emulation_device), activations(GENERIC_ACTIVATIONS), any_quant,
             emulation_experts)),)),
     Backend("HUMMING", None, (
-        ExpertClass("HummingGroupedExperts", (device(_humming_device),)),)),
+        ExpertClass("BatchedHummingGroupedExperts", (
+            device(_humming_device), activations(GENERIC_ACTIVATIONS), _HUMMING_QUANT,
+            batched_format, humming_gemm("grouped_masked"))),
+        ExpertClass("HummingGroupedExperts", (
+            device(_humming_device), activations(GENERIC_ACTIVATIONS), _HUMMING_QUANT,
+            standard_format, humming_gemm("grouped_contiguous"))),
+        ExpertClass("HummingIndexedExperts", (
+            device(_humming_device), activations(GENERIC_ACTIVATIONS), _HUMMING_QUANT,
+            standard_format, humming_gemm("indexed"))),
+    )),
 )}
 
 # Legacy enum member: same value as AITER_MXFP4_BF16.
@@ -399,8 +449,11 @@ MOE_BACKEND_STRINGS: dict[str, tuple[str, ...]] = {
     "triton_unfused": ("TRITON_UNFUSED",),
     "humming": ("HUMMING",),
     "marlin": ("MARLIN",),
-    "aiter": ("AITER_MXFP4_BF16", "AITER_MXFP4_FP8", "AITER_MXFP4_MXFP4"),
+    "aiter": ("AITER_MXFP4_BF16", "AITER_TRITON_MXFP4_BF16", "AITER_MXFP4_FP8",
+              "AITER_MXFP4_MXFP4", "AITER_TRITON_MXFP4_MXFP4"),
+    "aiter_triton_mxfp4_bf16": ("AITER_TRITON_MXFP4_BF16",),
     "aiter_mxfp4_fp8": ("AITER_MXFP4_FP8",),
+    "aiter_triton_mxfp4_mxfp4": ("AITER_TRITON_MXFP4_MXFP4",),
     "aiter_mxfp4_mxfp4": ("AITER_MXFP4_MXFP4",),
     "xpu": ("XPU",),
     "cpu": ("CPU",),
@@ -408,18 +461,40 @@ MOE_BACKEND_STRINGS: dict[str, tuple[str, ...]] = {
 }
 
 # _get_priority_backends_for_gpt_oss(); TRITON_UNFUSED deliberately absent upstream.
-GPT_OSS_PRIORITY = (
+_GPT_OSS_PRIORITY = (
     "FLASHINFER_TRTLLM_MXFP4_BF16", "FLASHINFER_TRTLLM_MXFP4_MXFP8", "AITER_MXFP4_BF16",
-    "AITER_MXFP4_FP8", "AITER_MXFP4_MXFP4", "TRITON", "FLASHINFER_CUTLASS_MXFP4_BF16",
-    "FLASHINFER_CUTLASS_MXFP4_MXFP8", "MARLIN", "BATCHED_MARLIN", "XPU", "EMULATION",
+    "AITER_TRITON_MXFP4_BF16", "AITER_MXFP4_FP8", "AITER_MXFP4_MXFP4", "TRITON",
+    "FLASHINFER_CUTLASS_MXFP4_BF16", "FLASHINFER_CUTLASS_MXFP4_MXFP8", "CUTLASS_MXFP4_MXFP4",
+    "MARLIN", "BATCHED_MARLIN", "HUMMING", "XPU", "CPU", "EMULATION",
 )
+HUMMING_PREFERRED_CAPABILITIES = {(9, 0)}  # humming/priority.py: Humming ahead of Marlin
+
+
+def prioritize_humming(names: tuple[str, ...], arch: Arch) -> tuple[str, ...]:
+    """Move HUMMING directly ahead of the first Marlin entry where Humming is preferred."""
+    if not arch.is_cuda or arch.capability not in HUMMING_PREFERRED_CAPABILITIES:
+        return names
+    out = [n for n in names if n != "HUMMING"]
+    at = next(i for i, n in enumerate(out) if "MARLIN" in n)
+    return tuple(out[:at] + ["HUMMING"] + out[at:])
+
+
+def gpt_oss_priority(arch: Arch) -> tuple[str, ...]:
+    names = list(_GPT_OSS_PRIORITY)
+    if arch.is_cuda and arch.cuda_family == 120:  # TRITON after the Marlin entries
+        names.remove("TRITON")
+        names.insert(names.index("BATCHED_MARLIN") + 1, "TRITON")
+    return prioritize_humming(tuple(names), arch)
 
 
 def priority_backends(arch: Arch) -> tuple[str, ...]:
-    """_get_priority_backends(): the Mxfp4MoEMethod list by platform (CPU falls through)."""
+    """_get_priority_backends(): the Mxfp4MoEMethod list by platform."""
     if arch.is_rocm:
         return ("AITER_MXFP4_BF16", "EMULATION")
-    return ("FLASHINFER_TRTLLM_MXFP4_MXFP8", "DEEPGEMM_MXFP4", "MARLIN", "BATCHED_MARLIN")
+    if arch.is_cpu:
+        return ("CPU",)
+    return prioritize_humming(("FLASHINFER_TRTLLM_MXFP4_MXFP8", "DEEPGEMM_MXFP4", "MARLIN",
+                               "BATCHED_MARLIN", "HUMMING"), arch)
 
 
 DSV4_ROCM_PRIORITY = ("AITER_MXFP4_BF16", "TRITON_UNFUSED")
@@ -427,9 +502,12 @@ DSV4_ROCM_PRIORITY = ("AITER_MXFP4_BF16", "TRITON_UNFUSED")
 
 def filter_by_activation(names: tuple[str, ...],
                          key: str | None) -> tuple[tuple[str, ...], dict[str, str]]:
-    """_filter_by_activation: (kept, {dropped: why})."""
+    """_filter_by_activation: (kept, {dropped: why}). With a requested key: the matching
+    backends and EMULATION, then the bf16 ones as a higher-precision fallback."""
     if key is not None:
-        kept = tuple(n for n in names if BACKENDS[n].default_key == key or n == "EMULATION")
+        matching = tuple(n for n in names if BACKENDS[n].default_key == key or n == "EMULATION")
+        kept = matching + tuple(n for n in names
+                                if BACKENDS[n].default_key is None and n not in matching)
     else:
         bf16 = tuple(n for n in names if BACKENDS[n].default_key is None)
         kept = bf16 if bf16 else names

@@ -24,6 +24,7 @@ class Target:
     # layout of the EMULATION fallback (mxfp4conv's own runtime): auto (hopper_mma on sm90 for
     # bf16 activations, else identity), identity (the canonical bytes) or hopper_mma
     layout: str = "auto"
+    vllm: str = "0.33"  # the vLLM release whose decision is modelled (oracle.releases)
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,7 @@ class Decision:
     def plan_json(self) -> dict[str, Any]:
         """The object ``plan --json`` prints (see the interface spec)."""
         return {
+            "vllm": self.options.get("vllm_release"),
             "arch": self.arch,
             "backend": self.backend,
             "activation": self.activation,

@@ -29,12 +29,16 @@ HOPPER_MMA_ALIGN = 64  # rows in 16-row slabs, K in 64-code blocks
 # Layout names mxfp4conv.shuffle.layouts provides (the manifest vocabulary).
 PRODUCIBLE_LAYOUTS = frozenset({
     "identity", "aiter_p16", "aiter_p16_gu16", "aiter_e8m0_shuffle", "aiter_scale_a16w4",
-    "aiter_scale_a16w4_gu16", "hopper_mma_w", "hopper_mma_s",
+    "aiter_scale_a16w4_gu16", "hopper_mma_w", "hopper_mma_s", "triton_gu1", "triton_cdna4_scale",
+    "triton_cdna4_scale_gu1", "triton_gfx1250_scale", "triton_gfx1250_scale_gu1",
 })
 
 AITER_ENV = {"VLLM_ROCM_USE_AITER": "1"}
 BOUND_ENV = {"AITER_BF16_FP8_MOE_BOUND": "0"}  # set by converter S's gfx950 AITER branch
-A8W4_ENV = {"VLLM_ROCM_USE_AITER_MOE_SITUV2_A8W4": "1"}
+SITUV2_ENV = "VLLM_ROCM_USE_AITER_MOE_SITUV2"  # vLLM 0.33.0: auto (= a4w4) | a4w4 | a8w4 | a16w4
+# --act-quant -> (SiTUv2 mode written, kernel activations): auto keeps vLLM's default
+SITUV2_MODES = {"auto": ("auto", "mxfp4"), "mxfp4": ("a4w4", "mxfp4"), "fp8": ("a8w4", "fp8"),
+                "bf16": ("a16w4", "bf16")}
 
 
 @dataclass(frozen=True)
@@ -60,29 +64,43 @@ class ActQuantRefused(NotProducible):
     """The backend serves the layer, but not with the requested activation quantisation."""
 
 
+class ConverterRaises(NotProducible):
+    """vLLM picks the backend, then its weight converter raises: the server cannot load."""
+
+
 def _act_error(backend: str, requested: str, allowed: tuple[str, ...], why: str) -> ActQuantRefused:
     return ActQuantRefused(
         f"act-quant {requested} is not available on {backend} ({why}); it runs "
         f"{' or '.join(allowed)} activations")
 
 
-def _cdna4_scales(arch: Arch, tp: int) -> bool:
-    """should_use_cdna4_mx_scale_swizzle(): gfx950 and TP <= 2 swizzle the Triton scales."""
-    return arch.on_gfx950 and tp <= 2
+def _triton_scale(arch: Arch, tp: int, gu1: bool) -> str:
+    """The scale bytes ``_swizzle_mxfp4`` leaves on ROCm: gfx1250's shuffle_scale_moe, gfx950's
+    CDNA4MXScaleLayout at tp <= 2 (should_use_cdna4_mx_scale_swizzle), else Strided."""
+    if arch.on_gfx1250:
+        base = "triton_gfx1250_scale"
+    elif arch.on_gfx950 and tp <= 2:
+        base = "triton_cdna4_scale"
+    else:
+        return "triton_gu1" if gu1 else "identity"
+    return base + ("_gu1" if gu1 else "")
+
+
+def triton_recipe(arch: Arch, tp: int, w13_gu1: bool) -> LayoutRecipe:
+    """triton_kernels tensors on ROCm: Strided weights (``w13_gu1``: rows g0, u0, g1, u1, ...)."""
+    return LayoutRecipe(w13="triton_gu1" if w13_gu1 else "identity",
+                        w13_scale=_triton_scale(arch, tp, w13_gu1), w2="identity",
+                        w2_scale=_triton_scale(arch, tp, False))
 
 
 def _triton_identity(backend: str, arch: Arch, tp: int) -> NotProducible | None:
-    """Triton (triton_kernels) weights: Strided (the raw bytes) on ROCm unless CDNA4 scales."""
+    """None where mxfp4conv writes triton_kernels' ROCm layouts; the reason elsewhere."""
     if arch.is_cuda:
         return NotProducible(
             f"{backend} on CUDA stores triton_kernels' swizzled matmul layouts "
             "(make_default_matmul_mxfp4_w_layout), which mxfp4conv does not write")
     if not arch.is_rocm:
         return NotProducible(f"{backend} has no kernel on {arch.name}")
-    if _cdna4_scales(arch, tp):
-        return NotProducible(
-            f"{backend} on gfx950 at tp <= 2 swizzles the scales with triton_kernels' "
-            "CDNA4MXScaleLayout, which mxfp4conv does not write (use tp >= 4)")
     return None
 
 
@@ -101,7 +119,8 @@ NOT_PRODUCIBLE = {
                       "transform_sf_into_required_layout",
     "CPU": "CPU prepacks weights and scales with vLLM's C++ VNNI ops",
     "XPU": "XPU is not an mxfp4conv target",
-    "HUMMING": "Humming's kernel format is not modelled",
+    "HUMMING": "HUMMING repacks weights and scales with the humming library's own kernel layout",
+    "CUTLASS_MXFP4_MXFP4": "CUTLASS_MXFP4_MXFP4 swizzles the scales into CUTLASS 128x4 tiles",
 }
 
 
@@ -112,22 +131,26 @@ def kernel_format_s(backend: str, arch: Arch, tp: int, activation: str, act_quan
     if backend == "AITER_MXFP4_BF16" and arch.is_rocm and not arch.on_gfx1250:
         env = {**AITER_ENV, **BOUND_ENV}
         if activation == "situ":
-            if want == "fp8":
+            # vLLM 0.33.0's SiTUv2 switch (envs.py, _aiter_ops._resolve_situv2_activation);
+            # Mxfp4MoEMethod sets AITER_BF16_FP8_MOE_BOUND=0 only when SiTUv2 is a4w4 or a8w4.
+            mode, kernel_act = SITUV2_MODES[act_quant]
+            env = {**AITER_ENV, SITUV2_ENV: mode, **({} if mode == "a16w4" else BOUND_ENV)}
+            if mode == "a8w4":
                 return KernelFormat(
                     LayoutRecipe(w13="aiter_p16_gu16", w13_scale="aiter_scale_a16w4_gu16",
                                  w2="aiter_p16", w2_scale="aiter_e8m0_shuffle"),
-                    act_quant="fp8", gate_mode="interleave", runtime_env={**env, **A8W4_ENV},
-                    kernel_act="fp8",
-                    notes=("SiTU a8w4 (VLLM_ROCM_USE_AITER_MOE_SITUV2_A8W4=1): w13 and its "
+                    act_quant="fp8", gate_mode="interleave", runtime_env=env, kernel_act="fp8",
+                    notes=("SiTUv2 a8w4 (VLLM_ROCM_USE_AITER_MOE_SITUV2=a8w4): w13 and its "
                            "scales use the 16-row gate/up interleave (FlyDSL a8w4 kernels).",))
-            if want != "bf16":
-                return _act_error(backend, want, ("bf16 (a16w4)", "fp8 (a8w4)"),
-                                  "Mxfp4MoEMethod ignores quantization_config.moe.activation")
+            what = {"auto": "vLLM's default SiTUv2 mode auto, which is a4w4 (MXFP4 activations)",
+                    "a4w4": "SiTUv2 a4w4 (MXFP4 activations)",
+                    "a16w4": "SiTUv2 a16w4 (bf16 activations)"}[mode]
             return KernelFormat(
                 LayoutRecipe(w13="aiter_p16", w13_scale="aiter_scale_a16w4",
                              w2="aiter_p16", w2_scale="aiter_e8m0_shuffle"),
-                act_quant="bf16", gate_mode="separated", runtime_env=env, kernel_act="bf16",
-                notes=("SiTU a16w4: gate and up stay separated ([gate; up]), P16-tiled.",))
+                act_quant=kernel_act, gate_mode="separated", runtime_env=env, kernel_act=kernel_act,
+                notes=(f"{what}: gate and up stay separated ([gate; up]), P16-tiled; a4w4 and "
+                       f"a16w4 read the same weight bytes. The server must keep {SITUV2_ENV}={mode}.",))
         if want not in ("bf16", "fp8"):
             return _act_error(backend, want, ("bf16", "fp8"),
                               "Mxfp4MoEMethod ignores quantization_config.moe.activation")
@@ -137,21 +160,18 @@ def kernel_format_s(backend: str, arch: Arch, tp: int, activation: str, act_quan
             act_quant=want, gate_mode="interleave", runtime_env=env, kernel_act="fp8",
             notes=("AITER feeds fp8 activations on this interleaved layout: vLLM sets "
                    "AITER_BF16_FP8_MOE_BOUND=0, so aiter's bf16 window is empty on gfx950.",))
-    if backend == "AITER_MXFP4_BF16" and arch.on_gfx1250:
-        if want != "bf16":
-            return _act_error(backend, want, ("bf16",), "AiterW4A16ExpertsMonolithic is W4A16")
-        return KernelFormat(IDENTITY, act_quant="bf16", runtime_env=dict(AITER_ENV),
-                            notes=("gfx1250 AITER W4A16 (Triton) reads triton_kernels Strided "
-                                   "tensors: the checkpoint bytes unchanged.",))
-    if backend == "TRITON_UNFUSED":
+    if backend in ("TRITON_UNFUSED", "AITER_TRITON_MXFP4_BF16") or (
+            backend == "AITER_MXFP4_BF16" and arch.on_gfx1250):
         why = _triton_identity(backend, arch, tp)
         if why:
             return why
         if want != "bf16":
             return _act_error(backend, want, ("bf16",), "W4A16")
-        return KernelFormat(IDENTITY, act_quant="bf16",
-                            notes=("TRITON_UNFUSED on ROCm wraps the checkpoint bytes in "
-                                   "triton_kernels Strided layouts (a view, no data movement).",))
+        gu1 = backend == "AITER_TRITON_MXFP4_BF16"  # aiter's moe_gemm_a16w4 reads g/u pairs
+        env = dict(AITER_ENV) if backend.startswith("AITER") else {}
+        return KernelFormat(triton_recipe(arch, tp, gu1), act_quant="bf16", runtime_env=env,
+                            notes=(f"{backend} on ROCm reads triton_kernels tensors "
+                                   "(_swizzle_mxfp4): Strided weights, scales as recorded.",))
     if backend == "TRITON":
         return NotProducible(
             "converter S's TRITON branch interleaves the halves of w13's last (K) dimension "
@@ -161,20 +181,24 @@ def kernel_format_s(backend: str, arch: Arch, tp: int, activation: str, act_quan
             return _act_error(backend, want, ("bf16",),
                               "Mxfp4MoEMethod special-cases EMULATION to W4A16")
         return KernelFormat(IDENTITY, act_quant="bf16")
-    if backend in ("AITER_MXFP4_MXFP4", "AITER_MXFP4_FP8"):  # converter S delegates to G
-        natural = "fp8" if backend == "AITER_MXFP4_FP8" else "mxfp4"
+    if backend in ("AITER_MXFP4_MXFP4", "AITER_MXFP4_FP8", "AITER_TRITON_MXFP4_MXFP4"):
+        natural = "fp8" if backend == "AITER_MXFP4_FP8" else "mxfp4"  # S delegates to G
         if act_quant not in ("auto", natural):
             return _act_error(backend, act_quant, (natural,), "its kernel's fixed activation quant")
         return kernel_format_g(backend, arch, tp, natural, interleaved_source=False,
-                               quark=False, has_static_input_scales=has_static_input_scales)
+                               quark=False, has_static_input_scales=has_static_input_scales,
+                               activation=activation)
     return NotProducible(NOT_PRODUCIBLE.get(backend, f"{backend} is not modelled"))
 
 
 def kernel_format_g(backend: str, arch: Arch, tp: int, resolved: str, *,
                     interleaved_source: bool, quark: bool,
                     has_static_input_scales: bool,
-                    literal_deinterleave: bool = False) -> KernelFormat | NotProducible:
-    """Converter G. ``resolved`` is the act quant the selector's key gives."""
+                    literal_deinterleave: bool = False,
+                    activation: str = "swigluoai") -> KernelFormat | NotProducible:
+    """Converter G. ``resolved`` is the act quant the selector's key gives. Its triton_kernels
+    branches keep the w13 rows as loaded: gpt-oss's interleaved rows are ``triton_gu1`` of
+    mxfp4conv's canonical [gate; up]."""
     if backend == "AITER_MXFP4_BF16" and arch.is_rocm and not arch.on_gfx1250:
         gate_up, notes = GATE_UP, []
         if quark and not interleaved_source:
@@ -198,10 +222,25 @@ def kernel_format_g(backend: str, arch: Arch, tp: int, resolved: str, *,
                             runtime_env=dict(AITER_ENV), kernel_act="bf16 (fp8 for M >= 256)",
                             notes=tuple(notes))
     if backend == "AITER_MXFP4_BF16":
-        return NotProducible(
-            "on gfx1250 AITER_MXFP4_BF16 runs AiterW4A16ExpertsMonolithic (Triton precision "
-            "configs) while converter G writes AITER-shuffled tensors; vLLM's layout here is "
-            "inconsistent upstream, so mxfp4conv does not claim it")
+        return NotProducible("AiterMxfp4Experts takes mxfp4 weights only on gfx950")
+    if backend == "CUTLASS_MXFP4_MXFP4":
+        return ConverterRaises(
+            "ValueError: convert_gpt_oss_weight_to_mxfp4_moe_kernel_format has no "
+            "CUTLASS_MXFP4_MXFP4 branch")
+    if backend == "AITER_TRITON_MXFP4_MXFP4":
+        swiglu = activation in ("swigluoai", "swigluoai_uninterleave")
+        if swiglu and interleaved_source:
+            return NotProducible(
+                "converter G interleaves gpt-oss's already interleaved w13 rows again for "
+                "AITER_TRITON_MXFP4_MXFP4 (rows g/u-paired twice); mxfp4conv has no layout for that")
+        return KernelFormat(
+            LayoutRecipe(w13="triton_gu1" if swiglu else "identity",
+                         w13_scale="triton_gfx1250_scale_gu1" if swiglu else "triton_gfx1250_scale",
+                         w2="identity", w2_scale="triton_gfx1250_scale"),
+            act_quant="mxfp4", runtime_env=dict(AITER_ENV), kernel_act="mxfp4",
+            notes=("AITER_TRITON_MXFP4_MXFP4 (gfx1250 moe_gemm_a4w4): column-major views of the "
+                   "weights, scales through shuffle_scale_moe"
+                   + (", w13 rows g/u-paired for the SwiGLU epilogue." if swiglu else "."),))
     if backend == "AITER_MXFP4_MXFP4":
         if interleaved_source:
             return NotProducible(
@@ -216,32 +255,30 @@ def kernel_format_g(backend: str, arch: Arch, tp: int, resolved: str, *,
                    "the scales, no gate/up interleave.",))
     if backend == "AITER_MXFP4_FP8":
         if not has_static_input_scales:
-            return NotProducible(
-                "AITER_MXFP4_FP8 needs the checkpoint's static per-tensor fp8 input scales "
+            return ConverterRaises(
+                "ValueError: AITER_MXFP4_FP8 needs static per-tensor fp8 input scales "
                 "(w13_input_scale / w2_input_scale), which this checkpoint does not have")
         why = _triton_identity(backend, arch, tp)
         if why:
             return why
-        if interleaved_source:
-            return NotProducible(
-                "converter G keeps gpt-oss's interleaved w13 rows for AITER_MXFP4_FP8; "
-                "mxfp4conv's kernel-ready format stores w13 as [gate; up]")
         return KernelFormat(
-            IDENTITY, act_quant="fp8", runtime_env=dict(AITER_ENV), kernel_act="fp8",
-            notes=("AITER_MXFP4_FP8 (Triton moe_gemm_a8w4) reads triton_kernels Strided "
-                   "tensors: the checkpoint bytes unchanged, [gate; up] rows as loaded; the "
-                   "input scales are reduced to one scalar max per tensor.",))
-    if backend == "TRITON":
+            triton_recipe(arch, tp, interleaved_source), act_quant="fp8",
+            runtime_env=dict(AITER_ENV), kernel_act="fp8",
+            notes=("AITER_MXFP4_FP8 (Triton moe_gemm_a8w4) reads triton_kernels tensors with "
+                   "the w13 rows as loaded; the input scales are reduced to one scalar max per "
+                   "tensor.",))
+    if backend in ("TRITON", "AITER_TRITON_MXFP4_BF16"):
         why = _triton_identity(backend, arch, tp)
         if why:
             return why
-        if interleaved_source:
-            return NotProducible(
-                "TRITON keeps gpt-oss's interleaved w13 rows (its fused SwiGLU-OAI reads "
-                "[g0, u0, ...]); mxfp4conv's kernel-ready format stores w13 as [gate; up]")
-        return KernelFormat(IDENTITY, act_quant=resolved,
-                            notes=("TRITON on ROCm reads triton_kernels Strided tensors: the "
-                                   "checkpoint bytes unchanged.",))
+        notes = [f"{backend} on ROCm reads triton_kernels tensors (_swizzle_mxfp4) with the w13 "
+                 "rows as loaded" + (" (gpt-oss's g/u pairs)." if interleaved_source else ".")]
+        if quark and backend == "AITER_TRITON_MXFP4_BF16":
+            notes.append("vLLM keeps a Quark checkpoint's [gate; up] rows here although aiter's "
+                         "moe_gemm_a16w4 reads g/u pairs; mxfp4conv writes vLLM's bytes.")
+        env = dict(AITER_ENV) if backend.startswith("AITER") else {}
+        return KernelFormat(triton_recipe(arch, tp, interleaved_source), act_quant="bf16",
+                            runtime_env=env, notes=tuple(notes))
     if backend == "EMULATION":
         return KernelFormat(IDENTITY, act_quant=resolved, kernel_act=resolved)
     return NotProducible(NOT_PRODUCIBLE.get(backend, f"{backend} is not modelled"))

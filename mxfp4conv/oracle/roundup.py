@@ -20,16 +20,22 @@ def round_up(x: int, m: int) -> int:
     return -(-x // m) * m
 
 
-def backend_alignment(backend: str, platform: str, activation: str | None) -> tuple[int, int | None, str]:
-    """(intermediate multiple, hidden multiple or None = unchanged, rule) in vLLM's order.
+def backend_alignment(backend: str, platform: str, activation: str | None,
+                      cdna: int | None = None) -> tuple[int, int | None, str]:
+    """(intermediate multiple, hidden multiple or None = unchanged, rule) in the order of
+    vLLM 0.33.0's ``mxfp4_round_up_hidden_size_and_intermediate_size``.
 
     ``activation`` is what the quant method passes: only ``Mxfp4MoEMethod`` (Kimi-K3,
-    DeepSeek-V4) passes it; gpt-oss and Quark call without it.
+    DeepSeek-V4) passes it; gpt-oss and Quark call without it. ``cdna``: the ROCm CDNA version.
     """
+    if backend.startswith(("B12X_", "FLASHINFER_MOE_EP_")):
+        return 1, None, f"{backend}: the model's sizes (the kernel validates them)"
     if backend == "EMULATION":
         return 32, 32, "EMULATION: OCP-MX block size 32"
     if backend == "DEEPGEMM_MXFP4":
         return 128, 128, "DEEPGEMM_MXFP4: 128"
+    if backend == "CUTLASS_MXFP4_MXFP4":
+        return 128, 128, "CUTLASS_MXFP4_MXFP4: 128 (scale tiles of 128 rows x 128 elements)"
     if backend in ("MARLIN", "BATCHED_MARLIN"):
         return 128, (128 if platform == "xpu" else 256), "Marlin: intermediate 128, hidden 256"
     if backend in ("FLASHINFER_TRTLLM_MXFP4_BF16", "FLASHINFER_TRTLLM_MXFP4_MXFP8"):
@@ -37,8 +43,14 @@ def backend_alignment(backend: str, platform: str, activation: str | None) -> tu
     if backend in ("FLASHINFER_CUTLASS_MXFP4_BF16", "FLASHINFER_CUTLASS_MXFP4_MXFP8"):
         return 128, 128, "CUTLASS: 128"
     if platform == "rocm":
-        if backend == "AITER_MXFP4_BF16" and activation in ("situ", "silu"):
+        if backend == "AITER_MXFP4_MXFP4":
+            return 128, 256, "ROCm AITER_MXFP4_MXFP4 (W4A4): intermediate 128, hidden 256"
+        situ_or_silu = activation in ("situ", "silu")
+        if situ_or_silu and backend == "AITER_MXFP4_BF16":
             return 128, 128, f"ROCm AITER_MXFP4_BF16 with activation {activation}: 128"
+        if situ_or_silu and backend == "TRITON_UNFUSED" and cdna != 4:
+            return 128, 128, (f"ROCm TRITON_UNFUSED with activation {activation} off CDNA4 "
+                              "(matmul_ogs block_k 128): 128")
         passed = "no activation passed" if activation is None else f"activation {activation}"
         return 256, 256, f"ROCm {backend} ({passed}): 256"
     if backend == "CPU":
@@ -88,26 +100,33 @@ def split(hidden: int, intermediate: int, num_experts: int, tp: int, ep: bool) -
     return per_rank, experts
 
 
-def k3_min_per_rank(intermediate: int, tp: int, ep: bool, minimum: int) -> int | None:
-    """Kimi-K3's KimiMoE rule: per-rank size below ``minimum`` -> ``minimum`` (tp > 1, no EP)."""
-    if tp > 1 and not ep and intermediate // tp < minimum:
-        return minimum
+def k3_min_per_rank(intermediate: int, tp: int, ep: bool, minimum: int,
+                    platform: str = "cuda") -> int | None:
+    """Kimi-K3's model rule, the per-rank size it hands to FusedMoE when ``I / tp`` is below
+    ``minimum`` at tp > 1: the global size becomes ``minimum * tp``. vLLM 0.33.0's AMD model
+    (models/kimi_k3/amd/linear.py) applies it under expert parallel too (each rank then holds
+    the whole padded size); the NVIDIA one (models/kimi_k3/nvidia/model.py) not under EP."""
+    if tp > 1 and intermediate // tp < minimum and (platform == "rocm" or not ep):
+        return minimum * tp if ep else minimum
     return None
 
 
 def padded_geometry(*, backend: str, platform: str, activation: str | None, hidden: int,
                     intermediate: int, num_experts: int, tp: int, ep: bool,
-                    k3_minimum: int | None = None, align: int = 1, align_rule: str = "") -> Geometry:
+                    k3_minimum: int | None = None, align: int = 1, align_rule: str = "",
+                    cdna: int | None = None) -> Geometry:
     """``align``: a further multiple both padded sizes must have (a layout's block size)."""
     per_rank, experts = split(hidden, intermediate, num_experts, tp, ep)
     start, k3_rule = per_rank, None
     if k3_minimum is not None:
-        bumped = k3_min_per_rank(intermediate, tp, ep, k3_minimum)
+        bumped = k3_min_per_rank(intermediate, tp, ep, k3_minimum, platform)
         if bumped is not None:
             start = bumped
-            k3_rule = (f"Kimi-K3 model rule: per-rank intermediate {per_rank} < {k3_minimum} "
-                       f"at tp {tp} without EP, padded to {k3_minimum} (global {k3_minimum * tp})")
-    i_mult, h_mult, rule = backend_alignment(backend, platform, activation)
+            k3_rule = (f"Kimi-K3 model rule: intermediate / tp = {intermediate // tp} < "
+                       f"{k3_minimum} at tp {tp}, so the model pads the global size to "
+                       f"{k3_minimum * tp}{' (the AMD model also under EP)' if ep else ''}; "
+                       f"per rank {bumped}")
+    i_mult, h_mult, rule = backend_alignment(backend, platform, activation, cdna)
     if align > 1:
         i_mult = i_mult * align // math.gcd(i_mult, align)
         h_mult = (h_mult or 1) * align // math.gcd(h_mult or 1, align)

@@ -39,12 +39,14 @@ from mxfp4conv.errors import OracleError
 from mxfp4conv.oracle import compressed_tensors as ct_methods
 from mxfp4conv.oracle.arch import Arch, get_arch
 from mxfp4conv.oracle.backends import (
-    BACKENDS, DSV4_ROCM_PRIORITY, FP8_STATIC, GPT_OSS_PRIORITY, KEY_TEXT, MXFP4_DYN, Ctx,
+    BACKENDS, DSV4_ROCM_PRIORITY, FP8_STATIC, KEY_TEXT, MXFP4_DYN, Ctx, gpt_oss_priority,
     Server, filter_by_activation, parse_backend, priority_backends, try_backend,
 )
 from mxfp4conv.oracle.decision import Candidate, Decision, Target
+from mxfp4conv.oracle.releases import release_version, resolve_release
 from mxfp4conv.oracle.formats import (
-    HOPPER_MMA_ALIGN, KERNEL_LAYOUTS, ActQuantRefused, KernelFormat, NotProducible, emulation_format,
+    HOPPER_MMA_ALIGN, KERNEL_LAYOUTS, ActQuantRefused, ConverterRaises, KernelFormat, NotProducible,
+    emulation_format,
     kernel_format_g, kernel_format_s,
 )
 from mxfp4conv.oracle.roundup import (
@@ -118,66 +120,80 @@ def _resolve_key(model: MoEModel, act_quant: str, model_key: str | None) -> str 
     if model_key is not None and model_key != override:
         raise OracleError(
             f"--act-quant {act_quant} conflicts with the checkpoint's declared "
-            f"{KEY_TEXT[model_key]} activations ({model.quant_scheme}); vLLM refuses a "
-            "conflicting quantization_config.moe.activation. Use --act-quant auto.")
-    if override == FP8_STATIC and not model.static_input_scales:
-        raise OracleError(
-            f"--act-quant fp8 needs static per-tensor fp8 input scales in the checkpoint "
-            f"(vLLM's fp8_per_tensor_static, AITER_MXFP4_FP8); this {model.family} checkpoint "
-            "has none. Use --act-quant auto or bf16.")
+            f"{KEY_TEXT[model_key]} activations ({model.quant_scheme}); vLLM raises ValueError "
+            "for a conflicting quantization_config.moe.activation. Use --act-quant auto.")
     return override
 
 
 def _walk(selector: str, names: tuple[str, ...], ctx: Ctx, key_for,
           dropped: dict[str, str] | None = None) -> _Walk:
+    """Try ``names`` in order; the ``dropped`` ones (filtered out by activation) are listed
+    after the walk, not tried."""
     w = _Walk(selector)
     for name in names:
-        if dropped and name in dropped:
-            w.tried.append((name, False, dropped[name]))
-            continue
         cls, reason = try_backend(name, replace(ctx, act_key=key_for(name)))
         if cls is not None:
             assumed = ASSUMES.get(name)
             w.tried.append((name, True, reason + (f" ({assumed})" if assumed else "")))
             w.pick, w.cls = name, cls
-            return w
+            break
         w.tried.append((name, False, reason))
+    for name, why in (dropped or {}).items():
+        w.tried.append((name, False, why))
     return w
 
 
-def _select_s(ctx: Ctx, forced: tuple[str, ...] | None) -> _Walk:
+NO_BACKEND = "NotImplementedError: No MXFP4 MoE backend supports the deployment configuration."
+
+
+def _k3_situ_aiter(ctx: Ctx, params: dict) -> bool:
+    """_use_k3_situ_aiter (quantization/mxfp4.py): Kimi-K3 SiTU on gfx950 with AITER MoE
+    takes AITER_MXFP4_BF16 without any selection, even under --moe-backend."""
+    return (ctx.arch.is_rocm and ctx.aiter and ctx.arch.on_gfx950 and ctx.activation == "situ"
+            and params.get("linear_beta") is not None)
+
+
+def _select_s(ctx: Ctx, forced: tuple[str, ...] | None, params: dict) -> _Walk:
     default = lambda n: BACKENDS[n].default_key  # noqa: E731
+    if _k3_situ_aiter(ctx, params):
+        w = _Walk(SELECTOR_S)
+        w.tried.append(("AITER_MXFP4_BF16", True,
+                        "Kimi-K3 SiTU AITER path (_use_k3_situ_aiter: gfx950, AITER MoE, SiTU "
+                        "with linear_beta): AiterMxfp4Experts without selection"))
+        w.pick, w.cls = "AITER_MXFP4_BF16", "AiterMxfp4Experts"
+        return w
     if forced is not None:
-        return _walk(SELECTOR_S, forced, ctx, default)
+        w = _walk(SELECTOR_S, forced, ctx, default)
+        if w.pick is None:
+            w.error = "ValueError: " + "; ".join(r for _, _, r in w.tried)
+        return w
     if ctx.arch.is_rocm and ctx.routing == "DeepseekV4":
         names = DSV4_ROCM_PRIORITY
     else:
         names = priority_backends(ctx.arch)
     w = _walk(SELECTOR_S, names, ctx, default)
     if w.pick is None:
-        w.error = "No MXFP4 MoE backend supports the deployment configuration."
+        w.error = NO_BACKEND
     return w
 
 
 def _select_g(ctx: Ctx, key: str | None, forced: tuple[str, ...] | None, value: str | None) -> _Walk:
-    keyed = lambda n: key or BACKENDS[n].default_key  # noqa: E731
-    names = forced if forced is not None else GPT_OSS_PRIORITY
+    # EMULATION takes the requested key, every other backend its own
+    keyed = lambda n: key if n == "EMULATION" else BACKENDS[n].default_key  # noqa: E731
+    names = forced if forced is not None else gpt_oss_priority(ctx.arch)
     kept, dropped = filter_by_activation(names, key)
     if forced is not None:
         if not kept:
             raise OracleError(
                 f"--backend {value} offers no backend for {KEY_TEXT[key]} activations "
                 f"({', '.join(names)} run other activation quantisations).")
-        w = _walk(SELECTOR_G, names, ctx, keyed, dropped)
-    else:
-        w = _walk(SELECTOR_G, names, ctx, keyed, dropped)
-        if w.pick is None and ctx.arch.is_cpu:
-            cls, reason = try_backend("CPU", replace(ctx, act_key=None))
-            w.tried.append(("CPU", cls is not None, "forced CPU fallback: " + reason))
-            if cls is not None:
-                w.pick, w.cls = "CPU", cls
+        w = _walk(SELECTOR_G, kept, ctx, keyed, dropped)
         if w.pick is None:
-            w.error = "No MXFP4 MoE backend supports the deployment configuration."
+            w.error = "ValueError: " + "; ".join(r for _, ok, r in w.tried if r not in dropped.values())
+    else:
+        w = _walk(SELECTOR_G, kept, ctx, keyed, dropped)
+        if w.pick is None:
+            w.error = NO_BACKEND
     w.key, w.act_quant = key, KEY_ACT[key]
     return w
 
@@ -196,9 +212,10 @@ def _resolve(model: MoEModel, target: Target, arch: Arch, server: Server) -> _Re
         activation=model.activation.name, act_key=None, routing=model.routing,
         num_local_experts=(model.geometry.num_experts // target.tp if target.ep
                            else model.geometry.num_experts),
+        ep=target.ep and target.tp > 1,
     )
     if model.moe_method == "mxfp4":
-        walk = _select_s(ctx, forced)
+        walk = _select_s(ctx, forced, model.activation.params)
         fmt = None if walk.pick is None else kernel_format_s(
             walk.pick, arch, target.tp, model.activation.name, target.act_quant,
             model.static_input_scales)
@@ -290,6 +307,8 @@ def decide(model: MoEModel, target: Target, server: Server | None = None) -> Dec
     (unknown arch, impossible tp, refused --backend or --act-quant).
     """
     server = server or Server()
+    release = resolve_release(target.vllm)
+    target = replace(target, vllm=release)
     arch = get_arch(target.arch)
     if target.act_quant not in ACT_QUANTS:
         raise OracleError(
@@ -309,6 +328,15 @@ def decide(model: MoEModel, target: Target, server: Server | None = None) -> Dec
         raise OracleError(f"--backend {target.backend} cannot serve {_who(model, arch)}: {reasons}.")
     if isinstance(fmt, ActQuantRefused):
         raise OracleError(f"{_who(model, arch)}: {fmt}.")
+    version = release_version(release)
+    raises = walk.error if walk.pick is None else (
+        f"{walk.pick}'s weight converter raises: {fmt}" if isinstance(fmt, ConverterRaises) else None)
+    own_format = target.layout != "auto"  # the user asked for mxfp4conv's runtime format
+    if raises and not own_format:
+        raise OracleError(
+            f"vLLM {version} cannot serve {_who(model, arch)}: it raises {raises} mxfp4conv does "
+            "not write a checkpoint for a server that cannot load it; pass --layout identity (or "
+            "hopper_mma on sm90) to write mxfp4conv's own runtime format instead.")
 
     producible = _producible(model, target, arch, server)
     notes: list[str] = []
@@ -337,10 +365,12 @@ def decide(model: MoEModel, target: Target, server: Server | None = None) -> Dec
                 candidates[idx], reason=f"vLLM's pick ({candidates[idx].reason}); not written: {fmt}")
             head = (f"vLLM would pick {walk.pick} ({walk.cls}) here, but mxfp4conv cannot "
                     f"write its layout ({fmt}).")
+            if raises:
+                head = f"vLLM {version} picks {walk.pick} ({walk.cls}) here, then {raises}."
             why = f"vLLM's pick {walk.pick} has a layout mxfp4conv cannot write"
         else:
-            head = f"vLLM has no MXFP4 MoE backend for this deployment ({walk.error})."
-            why = "vLLM has no backend for this deployment"
+            head = f"vLLM {version} raises here ({walk.error})"
+            why = f"vLLM {version} raises for this deployment; --layout asked for mxfp4conv's format"
         candidates.append(Candidate("EMULATION", True,
                                     f"mxfp4conv fallback: {why}; the format mxfp4conv's runtime reads"))
 
@@ -366,19 +396,20 @@ def decide(model: MoEModel, target: Target, server: Server | None = None) -> Dec
             "inverts it); pass --layout identity for the canonical bytes.")
     k3_minimum = _k3_minimum(model)
     g = padded_geometry(
-        backend=backend, platform=arch.platform,
+        backend=backend, platform=arch.platform, cdna=arch.cdna,
         activation=model.activation.name if model.moe_method == "mxfp4" else None,
         hidden=geo.hidden, intermediate=geo.intermediate, num_experts=geo.num_experts,
         tp=target.tp, ep=target.ep, k3_minimum=k3_minimum,
         align=HOPPER_MMA_ALIGN if kernel_layout == "hopper_mma" else 1,
         align_rule=f"{kernel_layout} layout: {HOPPER_MMA_ALIGN}")
+    vg = None if walk.pick is None else padded_geometry(
+        backend=walk.pick, platform=arch.platform, cdna=arch.cdna,
+        activation=model.activation.name if model.moe_method == "mxfp4" else None,
+        hidden=geo.hidden, intermediate=geo.intermediate, num_experts=geo.num_experts,
+        tp=target.tp, ep=target.ep, k3_minimum=k3_minimum)
     notes.extend(final.notes)
     if g.k3_rule:
         notes.append(g.k3_rule + ".")
-    if (target.ep and arch.is_rocm and k3_minimum is not None
-            and k3_min_per_rank(geo.intermediate, target.tp, False, k3_minimum) is not None):
-        notes.append("vLLM's AMD Kimi-K3 model pads the intermediate size under EP too (it does "
-                     "not check EP); mxfp4conv follows #51131 and does not pad under --ep.")
     if "AITER_BF16_FP8_MOE_BOUND" in final.runtime_env:
         notes.append("AITER_BF16_FP8_MOE_BOUND=0 is process-global: vLLM sets it while "
                      "converting the weights, so a server loading these bytes must set it.")
@@ -415,6 +446,7 @@ def decide(model: MoEModel, target: Target, server: Server | None = None) -> Dec
         candidates=tuple(candidates),
         notes=tuple(notes),
         options={
+            "vllm_release": release_version(release),
             "aiter": target.aiter,
             "requested_act_quant": target.act_quant,
             "forced_backend": target.backend,
@@ -422,6 +454,9 @@ def decide(model: MoEModel, target: Target, server: Server | None = None) -> Dec
             "converter": "S" if model.moe_method == "mxfp4" else "G",
             "vllm_backend": walk.pick,
             "vllm_expert_class": walk.cls,
+            "vllm_raises": raises,
+            "vllm_hidden_padded": vg.hidden_padded if vg else None,
+            "vllm_intermediate_padded": vg.intermediate_per_rank_padded if vg else None,
             "producible": producible,
             "kernel_act": final.kernel_act,
             "alignment_rule": g.rule,

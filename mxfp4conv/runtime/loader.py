@@ -44,7 +44,27 @@ def read_manifest(path: str | os.PathLike) -> dict[str, Any]:
             f"{root} has no {MANIFEST_NAME}, so it is not a checkpoint converted by mxfp4conv. "
             "Convert it first with `mxfp4conv convert SOURCE OUT --arch ...`, and load OUT."
         )
+    _check_release(manifest, root / MANIFEST_NAME)
     return manifest
+
+
+def _check_release(manifest: dict[str, Any], where: Path) -> None:
+    """Refuse bytes decided for a vLLM release this mxfp4conv does not model."""
+    from mxfp4conv.errors import OracleError
+    from mxfp4conv.oracle.releases import RELEASES, resolve_release
+
+    recorded = manifest.get("vllm")
+    if recorded is None:
+        return
+    try:
+        resolve_release(str(recorded))
+    except OracleError:
+        known = ", ".join(RELEASES.values())
+        raise CheckpointError(
+            f"{where}: this checkpoint was converted for vLLM {recorded}, but this mxfp4conv models "
+            f"vLLM {known}; its backend, padding, layouts and server environment may not be what "
+            f"that release does. Convert the source again with `mxfp4conv convert ... --vllm "
+            f"{next(iter(RELEASES))}`, or load it with the mxfp4conv release that wrote it.") from None
 
 
 def _resolve_arch(name: str) -> str:

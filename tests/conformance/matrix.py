@@ -44,6 +44,8 @@ MODELS: dict[str, MoEModel] = {
 ARCHS = ("gfx950", "gfx942", "gfx1250", "sm90", "sm100", "cpu")
 PARALLEL = ((1, False), (2, False), (8, False), (8, True))
 QUARK_INPUT = {"w_mxfp4": None, "w_mxfp4_a_mxfp4": "mxfp4", "w_mxfp4_a_fp8": "fp8"}
+# VLLM_ROCM_USE_AITER_MOE_SITUV2 mode -> the mxfp4conv --act-quant that writes it
+SITUV2_ACT = {"auto": "auto", "a4w4": "mxfp4", "a8w4": "fp8", "a16w4": "bf16"}
 # mxfp4conv --act-quant -> vLLM quantization_config.moe.activation
 ACT_OVERRIDE = {"auto": None, "bf16": None, "fp8": "fp8_per_tensor_static", "mxfp4": "mxfp4"}
 
@@ -131,8 +133,10 @@ def cases() -> list[Case]:
                     tag = f"{name}-{arch}-{par}" + ("" if not rocm else ("-aiter" if aiter else "-noaiter"))
                     out.append(Case(tag, name, base))
                     if m.activation.name == "situ" and rocm and aiter:
-                        for mode in ("auto", "a4w4", "a8w4", "a16w4"):
-                            out.append(Case(f"{tag}-situv2_{mode}", name, base, situv2=mode))
+                        for mode, aq in SITUV2_ACT.items():
+                            out.append(Case(f"{tag}-situv2_{mode}", name,
+                                            Target(arch, tp=tp, ep=ep, aiter=aiter, act_quant=aq),
+                                            situv2=mode))
                     if m.moe_method != "mxfp4" and tp == 1 and not ep:
                         for aq in ("fp8", "mxfp4"):
                             out.append(Case(f"{tag}-act_{aq}", name,

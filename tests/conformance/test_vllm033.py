@@ -3,8 +3,9 @@
 For every case of ``matrix.cases()`` the real ``Mxfp4MoEMethod`` / ``GptOssMxfp4MoEMethod`` /
 ``QuarkOCP_MX_MoEMethod`` of the ``vllm==0.33.0`` wheel is built on an emulated platform
 (``vllm033.harness``; the stubs it installs are listed in ``vllm033/stubs.py`` and
-``vllm033/worker.py`` and printed by ``test_stubs_listed``) and its backend pick (or the error
-it raises) is compared with ``decide()``.
+``vllm033/worker.py`` and printed by ``test_stubs_listed``) and its backend pick and expert
+class (or the error it raises), ``maybe_roundup_sizes`` and the environment it writes are
+compared with ``decide()``. The weight converters' calls are not compared here.
 """
 
 from __future__ import annotations
@@ -32,13 +33,26 @@ def vllm_results() -> dict[str, dict]:
 
     def run(platform):
         found = run_probe(platform, PROBE, [vllm_case(c) for c in groups[platform]], src=src)
-        return {c.id: r for c, r in zip(groups[platform], found)}
+        return platform, found.stubs, {c.id: r for c, r in zip(groups[platform], found)}
 
     out: dict[str, dict] = {}
     with ThreadPoolExecutor(2) as pool:
-        for part in pool.map(run, list(groups)):
+        for platform, used, part in pool.map(run, list(groups)):
+            STUBS_USED[platform] = used
             out.update(part)
     return out
+
+
+STUBS_USED: dict[str, dict[str, str]] = {}
+
+
+def test_stubs_listed(vllm_results):
+    """Every stand-in the runs used is named with its reason (printed with -s)."""
+    for platform, used in sorted(STUBS_USED.items()):
+        assert used and all(isinstance(v, str) and v for v in used.values()), platform
+        print(f"{platform}: " + "; ".join(f"{k} ({v})" for k, v in sorted(used.items())))
+    assert "aiter" in STUBS_USED["gfx950"] and "amdsmi" in STUBS_USED["gfx950"]
+    assert "aiter" not in STUBS_USED["sm90"] and "flashinfer" in STUBS_USED["sm90"]
 
 
 def test_matrix_size():
@@ -46,17 +60,46 @@ def test_matrix_size():
     assert len({c.id for c in CASES}) == len(CASES)
 
 
-# The first slice compared: cases whose backend statement is modelled for 0.33.0 already.
-BACKEND_CASES = [c for c in CASES if c.platform in ("gfx950", "gfx942", "sm100")
-                 and c.model_name in ("k3", "dsv4") and c.target.act_quant == "auto"]
-
-
-@pytest.mark.parametrize("case", BACKEND_CASES, ids=lambda c: c.id)
-def test_backend(case, vllm_results):
-    got = vllm_results[case.id]
-    assert "traceback" not in got, got
+def _decide(case):
+    """(decision or None, refusal text or None)."""
     try:
-        mine = decide(case.model, case.target).options["vllm_backend"]
+        return decide(case.model, case.target), None
     except OracleError as e:
-        mine = f"refused: {e}"
-    assert mine == got.get("backend"), (case.id, got)
+        return None, str(e)
+
+
+def _mode(value):
+    return {"auto": "a4w4", "1": "a4w4", "0": "a16w4"}.get(value, value)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+def test_matches_vllm(case, vllm_results):
+    got = vllm_results[case.id]
+    assert "traceback" not in got, got  # the probe itself failed: a harness bug
+    d, refused = _decide(case)
+    if "raised" in got:  # vLLM raises: mxfp4conv must say so and refuse
+        assert refused is not None and got["raised"] in refused, (case.id, got, refused)
+        return
+    if refused is not None:  # vLLM serves it: the only refusals allowed are vLLM's converter
+        # raising later or an activation request vLLM's method does not honour
+        assert "raises" in refused or "act-quant" in refused, (case.id, got, refused)
+        return
+    o = d.options
+    assert o["vllm_backend"] == got["backend"], (case.id, got)
+    assert o["vllm_expert_class"] == got["experts_cls"], (case.id, got)
+    assert (o["vllm_hidden_padded"], o["vllm_intermediate_padded"]) == (
+        got["hidden_padded"], got["intermediate_padded"]), (case.id, got)
+    if d.backend == got["backend"]:  # what is written is vLLM's pick: same padding
+        assert (d.hidden_padded, d.intermediate_per_rank_padded) == (
+            got["hidden_padded"], got["intermediate_padded"]), case.id
+    # environment vLLM writes while building the method must be in the manifest's
+    for k, v in got["env_set"].items():
+        if k.startswith("AITER_SITUV2_"):  # derived by vLLM itself from the SiTUv2 switch
+            continue
+        assert d.runtime_env.get(k) == v, (case.id, k, v, d.runtime_env)
+    if "AITER_BF16_FP8_MOE_BOUND" in d.runtime_env and "AITER_BF16_FP8_MOE_BOUND" not in got["env_set"]:
+        # set later by converter S's interleaved AITER branch (DeepSeek-V4-style SiLU layers)
+        assert got["backend"] == "AITER_MXFP4_BF16" and case.model.activation.name != "situ", case.id
+    if "VLLM_ROCM_USE_AITER_MOE_SITUV2" in d.runtime_env:
+        assert _mode(d.runtime_env["VLLM_ROCM_USE_AITER_MOE_SITUV2"]) == _mode(case.situv2 or "auto")
+    assert "VLLM_ROCM_USE_AITER_MOE_SITUV2_A8W4" not in d.runtime_env  # not read by 0.33.0

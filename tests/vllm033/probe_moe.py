@@ -108,8 +108,12 @@ def make_method(case: dict, moe):
 def probe(case: dict) -> dict:
     import stubs  # the worker's
 
+    from vllm.utils import import_utils
+
     for name, present in case.get("packages", {}).items():
         stubs.set_present(name, present)
+    import_utils._has_module.cache_clear()  # vLLM caches "is it installed" per process
+    import_utils._has_module_spec.cache_clear()
     before = _apply_env(case.get("env", {}))
     _vllm_config(case)
     moe, par = moe_config(case)

@@ -38,8 +38,9 @@ OPTIONAL_STUBS = {
 SUBSTITUTES = {
     "regex": "the standard library's re (vLLM uses only re-compatible calls here)",
     "torch.cpu._is_amx_tile_supported": "pinned to the emulated CPU's AMX support",
-    "torch.ops._C": "CUDA only: vLLM's compiled op namespace, holding only the CUTLASS "
-                    "capability queries (answer True)",
+    "torch.ops._C": "CUDA only: vLLM's compiled op namespace, holding only the capability "
+                    "queries: CUTLASS scaled-mm (True) and mxfp4_experts_quant_supported "
+                    "(capability family 100, where the CUTLASS MXFP4 grouped GEMM is built)",
 }
 
 
@@ -90,9 +91,10 @@ def boot(src: str, spec: dict) -> dict[str, str]:
         modules["amdsmi"] = stubs.fake_amdsmi(spec["gcn_arch"])
     if kind == "cuda":
         # only the capability queries: hasattr(torch.ops._C, op) stays False for real ops
-        torch.ops._C = types.SimpleNamespace(**{
-            f"cutlass_scaled_mm_supports_{q}": (lambda cap: True)
-            for q in ("fp4", "fp8", "block_fp8")})
+        torch.ops._C = types.SimpleNamespace(
+            mxfp4_experts_quant_supported=lambda cap: cap // 10 == 10,
+            **{f"cutlass_scaled_mm_supports_{q}": (lambda cap: True)
+               for q in ("fp4", "fp8", "block_fp8")})
     if kind == "cpu":
         os.environ["VLLM_TARGET_DEVICE"] = "cpu"
         torch.cpu._is_amx_tile_supported = (lambda amx=spec["amx"]: amx)
