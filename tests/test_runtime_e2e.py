@@ -113,8 +113,16 @@ def test_family_target_matches_source(sources, tmp_path, family, scheme, target)
     src = sources(family, scheme)
     out = _convert(src, tmp_path / "out", **target)
     model, oracle = _source_oracle(src)
-    _check(out, model, oracle, target["tp"], torch.float32, 2e-5)
-    _check(out, model, oracle, target["tp"], torch.bfloat16, 1e-2)
+    served = next(iter(load_moe_layers(out).values())).act_quant
+    # vLLM 0.33.0 serves Kimi-K3 on gfx950 in SiTUv2 a4w4 (MXFP4 activations) by default
+    assert served == ("mxfp4" if (family, target["arch"]) == ("kimi_k3", "gfx950") else "none")
+    if served == "mxfp4":
+        # the W4A4 answer differs from W4A16 but stays close; act_quant none gives W4A16 exactly
+        with pytest.raises(AssertionError):
+            _check(out, model, oracle, target["tp"], torch.float32, 2e-5)
+        _check(out, model, oracle, target["tp"], torch.float32, 0.3)
+    _check(out, model, oracle, target["tp"], torch.float32, 2e-5, act_quant="none")
+    _check(out, model, oracle, target["tp"], torch.bfloat16, 1e-2, act_quant="none")
 
 
 @pytest.mark.parametrize("scheme,act_quant", [("w_mxfp4_a_fp8", "fp8"), ("w_mxfp4_a_mxfp4", "mxfp4")])
@@ -162,7 +170,10 @@ def test_triton_backend_through_dispatcher(sources, tmp_path, target):
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     # on a GPU the kernel's fp32 tl.dot runs in TF32 (10-bit mantissa): bf16-class tolerance there
     fp32_tol = 5e-3 if dev == "cuda" else 2e-5
-    _check(out, model, oracle, 2, torch.float32, fp32_tol, backend="triton", load_backend="triton", device=dev)
-    _check(out, model, oracle, 2, torch.float16, 1e-2, backend="triton", load_backend="triton", device=dev)
+    aq = "none"  # W4A16 semantics (the gfx950 default is SiTUv2 a4w4; checked above on the torch backend)
+    _check(out, model, oracle, 2, torch.float32, fp32_tol, backend="triton", load_backend="triton", device=dev,
+           act_quant=aq)
+    _check(out, model, oracle, 2, torch.float16, 1e-2, backend="triton", load_backend="triton", device=dev,
+           act_quant=aq)
     if dev == "cuda":  # bf16 tl.dot only on a real GPU (broken in the interpreter); auto picks triton there
-        _check(out, model, oracle, 2, torch.bfloat16, 1e-2, backend="auto", device=dev)
+        _check(out, model, oracle, 2, torch.bfloat16, 1e-2, backend="auto", device=dev, act_quant=aq)

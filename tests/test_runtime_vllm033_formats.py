@@ -187,7 +187,10 @@ def test_convert_writes_triton_layouts(tmp_path, monkeypatch, arch, backend, tp,
     src = make_checkpoint("deepseek_v4", tmp_path / "src", seed=5, hidden=256, intermediate=512, num_experts=4,
                           top_k=2, num_layers=1)
     out = tmp_path / "out"
-    convert(str(src), out, Target(arch=arch, tp=tp), progress="none")
+    # vLLM 0.33.0 has no backend for DeepSeek-V4 on gfx1250: there only the explicit request for
+    # mxfp4conv's own format converts (its recipe replaced above by the one under test)
+    convert(str(src), out, Target(arch=arch, tp=tp, layout="identity" if arch == "gfx1250" else "auto"),
+            progress="none")
     m = json.loads((out / "mxfp4conv.json").read_text())
     assert {k: m["layout"][k] for k in layout} == layout
     assert verify(out, str(src)).ok

@@ -77,9 +77,9 @@ def test_matching_server_is_accepted_with_its_mode(synth, family, scheme, arch, 
 
 
 def test_identity_layout_on_rocm_lets_vllm_transform(synth):  # noqa: F811
-    m = manifest_of(synth("gpt_oss"), Target("gfx942", tp=2))
+    m = manifest_of(synth("deepseek_v4"), Target("gfx942", tp=2))  # TRITON_UNFUSED, raw bytes
     assert set(m["layout"][k] for k in ("w13", "w13_scale", "w2", "w2_scale")) == {"identity"}
-    assert check_layer(m, live_facts(m, "gpt_oss"), m["moe"]["layers"][0], "OUT").mode == "vllm_transforms"
+    assert check_layer(m, live_facts(m, "deepseek_v4"), m["moe"]["layers"][0], "OUT").mode == "vllm_transforms"
 
 
 def test_arch_mismatch(k3_gfx950):
@@ -153,9 +153,10 @@ def test_situv2_a8w4_checkpoint(synth):  # noqa: F811
 
 
 def test_situv2_mode_from_runtime_env(k3_gfx950):
-    m = {**k3_gfx950, "runtime_env": {**k3_gfx950["runtime_env"], "VLLM_ROCM_USE_AITER_MOE_SITUV2": "a16w4"}}
+    assert k3_gfx950["runtime_env"]["VLLM_ROCM_USE_AITER_MOE_SITUV2"] == "auto"  # vLLM 0.33.0: auto = a4w4
+    m = {**k3_gfx950, "runtime_env": {**k3_gfx950["runtime_env"], "VLLM_ROCM_USE_AITER_MOE_SITUV2": "a4w4"}}
     check_layer(m, live_facts(m, "kimi_k3"), m["moe"]["layers"][0], "OUT")
-    refused(m, dataclasses.replace(live_facts(m, "kimi_k3"), situv2="a4w4"), "VLLM_ROCM_USE_AITER_MOE_SITUV2=a16w4", "a4w4")
+    refused(m, dataclasses.replace(live_facts(m, "kimi_k3"), situv2="a16w4"), "VLLM_ROCM_USE_AITER_MOE_SITUV2=a4w4", "a16w4")
 
 
 def test_vllm_release_mismatch(k3_gfx950):
