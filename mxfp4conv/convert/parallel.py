@@ -21,6 +21,15 @@ def default_workers() -> int:
     return max(1, min(16, (os.cpu_count() or 2) - 1))
 
 
+IN_FLIGHT_BYTES = 768 << 20  # all running jobs together (peak RSS = this + the interpreter)
+
+
+def chunk_budget(workers: int, chunk_bytes: int) -> int:
+    """Bytes of experts per job: a running job holds about three copies of its chunk (read,
+    transformed, temporaries), and all of them together stay under ``IN_FLIGHT_BYTES``."""
+    return max(1 << 20, min(chunk_bytes, IN_FLIGHT_BYTES // (3 * max(1, workers))))
+
+
 @contextmanager
 def one_torch_thread():
     import torch

@@ -22,7 +22,7 @@ from mxfp4conv.convert.plan import (
     DEFAULT_SHARD_SIZE, SHARD_RE, OutputPlan, build_plan, parse_size, plan_metadata, resolve_layouts,
 )
 from mxfp4conv.convert.direct_read import DirectReader
-from mxfp4conv.convert.parallel import OrderedPool, default_workers, one_torch_thread
+from mxfp4conv.convert.parallel import OrderedPool, chunk_budget, default_workers, one_torch_thread
 from mxfp4conv.convert.producers import unit_tasks
 from mxfp4conv.convert.progress import Progress
 from mxfp4conv.convert.writer import (
@@ -32,7 +32,6 @@ from mxfp4conv.errors import CheckpointError, Mxfp4convError
 
 PROGRESS_NAME = ".mxfp4conv-progress.json"
 DEFAULT_CHUNK_BYTES = 24 << 20  # per task; keeps every buffer under glibc's mmap threshold
-IN_FLIGHT_BYTES = 768 << 20  # all running tasks together (peak RSS = this + the interpreter)
 
 
 @dataclass
@@ -198,12 +197,6 @@ def _copy_sidecars(src, out: Path) -> None:
 
 # ---- the data pipeline --------------------------------------------------------------------
 
-def _chunk_for(workers: int, chunk_bytes: int) -> int:
-    # each running task holds about three chunks (read, transformed, temporaries): keep all of
-    # them under IN_FLIGHT_BYTES whatever the worker count
-    return max(1 << 20, min(chunk_bytes, IN_FLIGHT_BYTES // (3 * workers)))
-
-
 def _write_shards(src, model, plan: OutputPlan, out: Path, kept: set[str], record: dict,
                   bar: Progress, workers: int, allow_nan: bool, chunk_bytes: int) -> int:
     """Tasks run on ``workers`` threads, each reading, transforming, writing and checksumming
@@ -251,7 +244,7 @@ def _write_shards(src, model, plan: OutputPlan, out: Path, kept: set[str], recor
                 finishing.append(finisher.submit(finish_one, name, w))
 
     reader = DirectReader(src)
-    chunk = _chunk_for(workers, chunk_bytes)
+    chunk = chunk_budget(workers, chunk_bytes)
 
     def jobs():
         for ui, unit in enumerate(plan.units):
