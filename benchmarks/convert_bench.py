@@ -120,13 +120,31 @@ def _mem_gb() -> float:
         return float("nan")
 
 
-def drop_caches() -> bool:
+def drop_caches(*dirs: Path) -> str:
+    """Drop the page cache (root); else evict the files under ``dirs`` with posix_fadvise."""
+    os.sync()
     try:
-        os.sync()
         Path("/proc/sys/vm/drop_caches").write_text("3\n")
-        return True
+        return "dropped"
     except OSError:
-        return False
+        pass
+    for d in dirs:
+        for p in d.rglob("*"):
+            if p.is_file():
+                fd = os.open(p, os.O_RDONLY)
+                try:
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                finally:
+                    os.close(fd)
+    return "files evicted with posix_fadvise"
+
+
+def startup_seconds() -> float:
+    """Interpreter start and imports a convert pays before its first byte (after drop_caches)."""
+    t = time.perf_counter()
+    subprocess.run([sys.executable, "-c", "import torch, numpy, mxfp4conv.convert.run, mxfp4conv.checkpoint, "
+                    "mxfp4conv.oracle, mxfp4conv.commands.convert"], check=True)
+    return time.perf_counter() - t
 
 
 def plain_copy(src: Path, dst: Path) -> float:
@@ -215,19 +233,22 @@ def main(argv=None) -> None:
         print(f"generated {info['bytes'] / 1e9:.2f} GB, {info['layers']} MoE layers of "
               f"{info['layer_bytes'] / 1e9:.2f} GB, {info['shards']} shards in {time.perf_counter() - t:.0f} s",
               flush=True)
-        cached = drop_caches()
+        cached = drop_caches(src)
+        start_s = startup_seconds()
+        drop_caches(src)
         copy_s = plain_copy(src, work / "copy")
         shutil.rmtree(work / "copy")
-        print(f"plain copy: {copy_s:.1f} s ({info['bytes'] / copy_s / 1e6:.0f} MB/s)", flush=True)
+        print(f"plain copy: {copy_s:.1f} s ({info['bytes'] / copy_s / 1e6:.0f} MB/s); "
+              f"start-up {start_s:.1f} s", flush=True)
         for text in args.targets:
             arch, tp = _target(text)
             for w in args.workers:
                 out = work / f"out-{arch}-{tp}-w{w}"
-                drop_caches()
+                drop_caches(src)
                 r = run_convert(src, out, arch, tp, w, args.shard_size)
                 v = None
                 if w in verify_at:
-                    drop_caches()
+                    drop_caches(src, out)
                     v = run_verify(src, out, w)
                 shutil.rmtree(out)
                 curves[(text, w)] = r["samples"]
@@ -246,8 +267,9 @@ def main(argv=None) -> None:
         f"{os.cpu_count()} CPUs, {platform.system()} {platform.release()}, {_mem_gb():.0f} GB RAM.",
         f"Checkpoint: Kimi-K3 format, {gb:.2f} GB, {info['layers']} MoE layers of {info['layer_bytes'] / 1e9:.2f} GB "
         f"({args.experts} experts, hidden {args.hidden}, intermediate {args.intermediate}), {info['shards']} source "
-        f"shards. Page cache dropped before each run: {'yes' if cached else 'no'}. Plain copy (read + write + "
-        f"fsync): {copy_s:.1f} s, {info['bytes'] / copy_s / 1e6:.0f} MB/s.",
+        f"shards. Page cache before each run: {cached}. Plain copy (read + write + fsync): {copy_s:.1f} s, "
+        f"{info['bytes'] / copy_s / 1e6:.0f} MB/s. Interpreter start-up and imports (cold, included in every "
+        f"convert and verify time): {start_s:.1f} s.",
         "",
         "| target | workers | convert (s) | MB/s | convert / copy | CPU (s) | peak RSS (MiB) "
         "| verify --source (s) | verify / convert | verify peak RSS (MiB) |",
