@@ -114,3 +114,20 @@ def test_piece_recorded_out_of_order_or_outside_its_tensor_is_refused(tmp_path):
     with pytest.raises(WriteError, match="offset 50 after 0"):
         w.record("a", 50, 50, crc)
     assert not list(tmp_path.iterdir())  # the temporary file is gone
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from("ab"), st.integers(0, 5000), st.integers(0, 800)), max_size=12),
+       st.integers(0, 300))
+def test_merged_readahead_ranges_cover_exactly_the_requested_bytes_plus_small_gaps(ranges, gap):
+    from mxfp4conv.convert.direct_read import merge_ranges
+
+    merged = merge_ranges(ranges, gap)
+    want = {(s, b) for s, o, n in ranges for b in range(o, o + n)}
+    got = {(s, b) for s, o, n in merged for b in range(o, o + n)}
+    assert want <= got
+    for s, o, n in merged:  # every merged range starts and ends on requested bytes
+        assert (s, o) in want and (s, o + n - 1) in want
+    per_shard = sorted(merged)
+    for (s1, o1, n1), (s2, o2, _) in zip(per_shard, per_shard[1:]):
+        assert s1 != s2 or o2 > o1 + n1 + gap  # nothing left that should have been joined

@@ -29,6 +29,7 @@ COPY_CHUNK = 32 << 20
 class Task:
     run: Callable[[], list]  # -> [(tensor name, bytes)], in the order of ``pieces``
     pieces: tuple[tuple[str, int, int], ...]  # (tensor name, offset in the tensor, size)
+    reads: tuple[tuple[str, int, int], ...] = ()  # source (shard, offset, size) it will read, for readahead
 
     def nbytes(self) -> int:
         return sum(n for _, _, n in self.pieces)
@@ -49,7 +50,7 @@ def _copy_tasks(src, t, chunk_bytes: int) -> Iterator[Task]:
     for off in range(0, size, step):
         n = min(step, size - off)
         yield Task(lambda off=off, n=n: [(t.name, src.read_range(t.src_shard, t.src_offset + off, n))],
-                   ((t.name, off, n),))
+                   ((t.name, off, n),), ((t.src_shard, t.src_offset + off, n),))
 
 
 def per_expert_bytes(plan: OutputPlan) -> dict[str, int]:
@@ -132,7 +133,11 @@ def _layer_tasks(src, model, plan: OutputPlan, unit: Unit, chunk_bytes: int, all
     for span in expert_chunks(plan, chunk_bytes):
         pieces = tuple((names[(r, kind)], (span.start - g.expert_range(r).start) * pe[kind], len(span) * pe[kind])
                        for r in g.owner(span.start) for kind in plan.kinds)
-        yield Task(direct_task(span) if direct else task(span), pieces)
+        reads = ()
+        if layer.experts is not None:
+            reads = tuple((i.shard, i.begin, i.nbytes) for e in span for ref in layer.experts[e].refs()
+                          for i in (src.tensor_info(ref.name),))
+        yield Task(direct_task(span) if direct else task(span), pieces, reads)
 
     tails = []
     for r in g.ranks():

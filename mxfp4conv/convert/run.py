@@ -251,7 +251,9 @@ def _write_shards(src, model, plan: OutputPlan, out: Path, kept: set[str], recor
             if all(shard_of[t.name].name in kept for t in unit.tensors):
                 continue
             for task in unit_tasks(src, model, plan, unit, chunk, allow_nan, reader):
-                # shards are opened here, in order, before any worker writes into them
+                # shards are opened here, in order, before any worker writes into them; the
+                # source bytes are asked for now, a queue's length before a worker needs them
+                reader.prefetch(list(task.reads))
                 yield ui, task, [writer_for(shard_of[name].name) for name, _, _ in task.pieces]
             yield ui, None, None  # unit done marker
 
