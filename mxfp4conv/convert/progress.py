@@ -10,7 +10,8 @@ class Progress:
     """``mode``: "auto" (rich on a terminal, else lines), "rich", "lines" (one line every
     ``every`` seconds and one at the end) or "none"."""
 
-    def __init__(self, total: int, mode: str = "auto", stream=None, every: float = 10.0):
+    def __init__(self, total: int, mode: str = "auto", stream=None, every: float = 10.0,
+                 label: str = "converting"):
         self.every = every
         self.total = max(total, 1)
         self.done = 0
@@ -31,7 +32,7 @@ class Progress:
             self._bar = RichProgress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
                                      TransferSpeedColumn(), TimeRemainingColumn(),
                                      console=Console(file=self.stream), transient=False)
-            self._task = self._bar.add_task("converting", total=self.total)
+            self._task = self._bar.add_task(label, total=self.total)
             self._bar.start()
 
     def describe(self, text: str) -> None:

@@ -262,8 +262,7 @@ def _verify_against_source(out, source, manifest, weight_map, expected, reader, 
 
     per_layer = [0] * len(layer_checks)
     compared_plain = 0
-    bar = Progress(total, progress)
-    bar.describe("verifying")
+    bar = Progress(total, progress, label="verifying")
     try:
         # jobs are consumed in order, so the error reported is the first in checkpoint order
         with OrderedPool(workers, name="mxfp4conv-verify") as pool:
