@@ -5,12 +5,16 @@ real names, config and sharding; single MoE layers of several GB), then, in the 
 the same disk:
 
 1. copies the checkpoint's files (read + write + fsync per file, like convert does);
-2. converts it in a subprocess (``python -m mxfp4conv convert``) while sampling its RSS,
-   for each requested ``--workers`` value.
+2. for each target and each ``--workers`` value, converts it in a subprocess
+   (``python -m mxfp4conv convert``) while sampling its RSS, then times
+   ``mxfp4conv verify --source`` on the result with the same worker count.
 
-Prints a table (optionally writes it as markdown and a plot) and deletes everything it made.
+The page cache is dropped before each run where the machine allows it. Prints a table
+(optionally appends it to a markdown file and plots throughput against workers) and deletes
+everything it made.
 
-    python benchmarks/convert_bench.py --size-gb 10 --dir /path/on/the/disk --workers 1 2
+    python benchmarks/convert_bench.py --size-gb 10 --dir /path/on/the/disk \
+        --targets gfx950:1 gfx950:8 sm90:1 --workers 1 2 4 8 16 --plot curve.png
 """
 
 from __future__ import annotations
@@ -116,13 +120,31 @@ def _mem_gb() -> float:
         return float("nan")
 
 
-def drop_caches() -> bool:
+def drop_caches(*dirs: Path) -> str:
+    """Drop the page cache (root); else evict the files under ``dirs`` with posix_fadvise."""
+    os.sync()
     try:
-        os.sync()
         Path("/proc/sys/vm/drop_caches").write_text("3\n")
-        return True
+        return "dropped"
     except OSError:
-        return False
+        pass
+    for d in dirs:
+        for p in d.rglob("*"):
+            if p.is_file():
+                fd = os.open(p, os.O_RDONLY)
+                try:
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                finally:
+                    os.close(fd)
+    return "files evicted with posix_fadvise"
+
+
+def startup_seconds() -> float:
+    """Interpreter start and imports a convert pays before its first byte (after drop_caches)."""
+    t = time.perf_counter()
+    subprocess.run([sys.executable, "-c", "import torch, numpy, mxfp4conv.convert.run, mxfp4conv.checkpoint, "
+                    "mxfp4conv.oracle, mxfp4conv.commands.convert"], check=True)
+    return time.perf_counter() - t
 
 
 def plain_copy(src: Path, dst: Path) -> float:
@@ -136,9 +158,8 @@ def plain_copy(src: Path, dst: Path) -> float:
     return time.perf_counter() - t
 
 
-def run_convert(src: Path, out: Path, arch: str, tp: int, workers: int, shard_size: str) -> dict:
-    cmd = [sys.executable, "-m", "mxfp4conv", "convert", str(src), str(out), "--arch", arch,
-           "--tp", str(tp), "--workers", str(workers), "--shard-size", shard_size, "--quiet"]
+def _run_measured(cmd: list[str]) -> dict:
+    """Run ``cmd``; wall time, peak RSS (``wait4``) and RSS samples every 0.1 s."""
     samples: list[tuple[float, int]] = []
     t = time.perf_counter()
     p = subprocess.Popen(cmd)
@@ -161,8 +182,24 @@ def run_convert(src: Path, out: Path, arch: str, tp: int, workers: int, shard_si
     done.set()
     th.join()
     if os.waitstatus_to_exitcode(status) != 0:
-        raise SystemExit(f"convert failed with status {status}")
-    return {"seconds": elapsed, "peak_rss": usage.ru_maxrss * 1024, "samples": samples}
+        raise SystemExit(f"{' '.join(cmd[2:4])} failed with status {status}")
+    return {"seconds": elapsed, "peak_rss": usage.ru_maxrss * 1024, "samples": samples,
+            "cpu": usage.ru_utime + usage.ru_stime}
+
+
+def run_convert(src: Path, out: Path, arch: str, tp: int, workers: int, shard_size: str) -> dict:
+    return _run_measured([sys.executable, "-m", "mxfp4conv", "convert", str(src), str(out), "--arch", arch,
+                          "--tp", str(tp), "--workers", str(workers), "--shard-size", shard_size, "--quiet"])
+
+
+def run_verify(src: Path, out: Path, workers: int) -> dict:
+    return _run_measured([sys.executable, "-m", "mxfp4conv", "verify", str(out), "--source", str(src),
+                          "--workers", str(workers), "--quiet"])
+
+
+def _target(text: str) -> tuple[str, int]:
+    arch, _, tp = text.partition(":")
+    return arch, int(tp or 1)
 
 
 def main(argv=None) -> None:
@@ -173,14 +210,17 @@ def main(argv=None) -> None:
     ap.add_argument("--experts", type=int, default=384)
     ap.add_argument("--source-shard-gb", type=float, default=4.0)
     ap.add_argument("--shard-size", default="5GB")
-    ap.add_argument("--arch", default="gfx950")
-    ap.add_argument("--tp", type=int, default=1)
+    ap.add_argument("--targets", nargs="+", default=["gfx950:1"], metavar="ARCH[:TP]",
+                    help="targets to convert for, e.g. gfx950:1 gfx950:8 sm90:1")
     ap.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--verify-workers", type=int, nargs="*", default=None,
+                    help="worker counts at which verify --source is timed too (default: all of --workers)")
     ap.add_argument("--dir", type=Path, default=Path.cwd() / "convert-bench-tmp")
     ap.add_argument("--markdown", type=Path, help="append the table to this markdown file")
-    ap.add_argument("--plot", type=Path, help="write an RSS-over-time plot (needs matplotlib)")
+    ap.add_argument("--plot", type=Path, help="write throughput-by-workers and RSS plots (needs matplotlib)")
     ap.add_argument("--keep", action="store_true", help="keep the generated files")
     args = ap.parse_args(argv)
+    verify_at = set(args.workers if args.verify_workers is None else args.verify_workers)
 
     work = args.dir
     if work.exists():
@@ -193,18 +233,30 @@ def main(argv=None) -> None:
         print(f"generated {info['bytes'] / 1e9:.2f} GB, {info['layers']} MoE layers of "
               f"{info['layer_bytes'] / 1e9:.2f} GB, {info['shards']} shards in {time.perf_counter() - t:.0f} s",
               flush=True)
-        cached = drop_caches()
+        cached = drop_caches(src)
+        start_s = startup_seconds()
+        drop_caches(src)
         copy_s = plain_copy(src, work / "copy")
         shutil.rmtree(work / "copy")
-        print(f"plain copy: {copy_s:.1f} s ({info['bytes'] / copy_s / 1e6:.0f} MB/s)", flush=True)
-        for w in args.workers:
-            drop_caches()
-            r = run_convert(src, work / f"out-w{w}", args.arch, args.tp, w, args.shard_size)
-            shutil.rmtree(work / f"out-w{w}")
-            curves[w] = r["samples"]
-            rows.append((w, r["seconds"], r["peak_rss"]))
-            print(f"convert --workers {w}: {r['seconds']:.1f} s, peak RSS {r['peak_rss'] / 2**20:.0f} MiB",
-                  flush=True)
+        print(f"plain copy: {copy_s:.1f} s ({info['bytes'] / copy_s / 1e6:.0f} MB/s); "
+              f"start-up {start_s:.1f} s", flush=True)
+        for text in args.targets:
+            arch, tp = _target(text)
+            for w in args.workers:
+                out = work / f"out-{arch}-{tp}-w{w}"
+                drop_caches(src)
+                r = run_convert(src, out, arch, tp, w, args.shard_size)
+                v = None
+                if w in verify_at:
+                    drop_caches(src, out)
+                    v = run_verify(src, out, w)
+                shutil.rmtree(out)
+                curves[(text, w)] = r["samples"]
+                rows.append((text, w, r, v))
+                print(f"{text} --workers {w}: convert {r['seconds']:.1f} s ({r['seconds'] / copy_s:.2f}x copy), "
+                      f"peak RSS {r['peak_rss'] / 2**20:.0f} MiB"
+                      + (f"; verify {v['seconds']:.1f} s ({v['seconds'] / r['seconds']:.2f}x convert), "
+                         f"peak RSS {v['peak_rss'] / 2**20:.0f} MiB" if v else ""), flush=True)
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
@@ -214,16 +266,20 @@ def main(argv=None) -> None:
         f"Date: {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC. Machine: {platform.machine()}, "
         f"{os.cpu_count()} CPUs, {platform.system()} {platform.release()}, {_mem_gb():.0f} GB RAM.",
         f"Checkpoint: Kimi-K3 format, {gb:.2f} GB, {info['layers']} MoE layers of {info['layer_bytes'] / 1e9:.2f} GB "
-        f"({args.experts} experts, hidden {args.hidden}, intermediate {args.intermediate}), {info['shards']} source shards. "
-        f"Target: --arch {args.arch} --tp {args.tp}. Page cache dropped before each run: {'yes' if cached else 'no'}.",
+        f"({args.experts} experts, hidden {args.hidden}, intermediate {args.intermediate}), {info['shards']} source "
+        f"shards. Page cache before each run: {cached}. Plain copy (read + write + fsync): {copy_s:.1f} s, "
+        f"{info['bytes'] / copy_s / 1e6:.0f} MB/s. Interpreter start-up and imports (cold, included in every "
+        f"convert and verify time): {start_s:.1f} s.",
         "",
-        "| run | time (s) | throughput (MB/s) | time / copy | peak RSS (MiB) |",
-        "|---|---:|---:|---:|---:|",
-        f"| plain copy (read + write + fsync) | {copy_s:.1f} | {info['bytes'] / copy_s / 1e6:.0f} | 1.00 | - |",
+        "| target | workers | convert (s) | MB/s | convert / copy | CPU (s) | peak RSS (MiB) "
+        "| verify --source (s) | verify / convert | verify peak RSS (MiB) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for w, s, rss in rows:
-        lines.append(f"| convert --workers {w} | {s:.1f} | {info['bytes'] / s / 1e6:.0f} | {s / copy_s:.2f} | "
-                     f"{rss / 2**20:.0f} |")
+    for text, w, r, v in rows:
+        s = r["seconds"]
+        ver = (f"{v['seconds']:.1f} | {v['seconds'] / s:.2f} | {v['peak_rss'] / 2**20:.0f}" if v else "- | - | -")
+        lines.append(f"| {text.replace(':', ' tp ')} | {w} | {s:.1f} | {info['bytes'] / s / 1e6:.0f} | "
+                     f"{s / copy_s:.2f} | {r['cpu']:.1f} | {r['peak_rss'] / 2**20:.0f} | {ver} |")
     table = "\n".join(lines)
     print()
     print(table)
@@ -231,24 +287,39 @@ def main(argv=None) -> None:
         with open(args.markdown, "a") as f:
             f.write("\n" + table + "\n")
     if args.plot:
-        try:
-            import matplotlib
-        except ImportError:
-            print("no plot: matplotlib is not installed (pip install mxfp4conv[bench])")
-            return
+        _plot(args.plot, rows, curves, info["bytes"], copy_s, gb)
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
 
-        fig, ax = plt.subplots(figsize=(7, 3.5))
-        for w, pts in curves.items():
-            ax.plot([p[0] for p in pts], [p[1] / 2**20 for p in pts], label=f"--workers {w}")
-        ax.set_xlabel("seconds")
-        ax.set_ylabel("RSS (MiB)")
-        ax.set_title(f"mxfp4conv convert, {gb:.1f} GB checkpoint")
-        ax.legend()
-        fig.tight_layout()
-        fig.savefig(args.plot)
+def _plot(path: Path, rows, curves, nbytes: int, copy_s: float, gb: float) -> None:
+    try:
+        import matplotlib
+    except ImportError:
+        print("no plot: matplotlib is not installed (pip install mxfp4conv[bench])")
+        return
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4))
+    for text in dict.fromkeys(t for t, _, _, _ in rows):
+        pts = [(w, nbytes / r["seconds"] / 1e6) for t, w, r, _ in rows if t == text]
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"convert {text}")
+        ver = [(w, nbytes / v["seconds"] / 1e6) for t, w, _, v in rows if t == text and v]
+        if ver:
+            ax.plot([p[0] for p in ver], [p[1] for p in ver], marker="x", linestyle="--", label=f"verify {text}")
+    ax.axhline(nbytes / copy_s / 1e6, color="grey", linestyle=":", label="plain copy")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("--workers")
+    ax.set_ylabel("MB/s of checkpoint")
+    ax.set_title(f"throughput, {gb:.1f} GB checkpoint")
+    ax.legend(fontsize=7)
+    for (text, w), pts in curves.items():
+        bx.plot([p[0] for p in pts], [p[1] / 2**20 for p in pts], label=f"{text} w{w}")
+    bx.set_xlabel("seconds")
+    bx.set_ylabel("convert RSS (MiB)")
+    bx.legend(fontsize=6, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path)
 
 
 if __name__ == "__main__":

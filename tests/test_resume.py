@@ -53,17 +53,17 @@ def assert_same(a: Path, b: Path) -> None:
 
 def count_writes(src: Path, tmp: Path) -> int:
     n = {"n": 0}
-    real = ShardWriter.write
+    real = ShardWriter.write_at
 
-    def counting(self, name, chunk):
+    def counting(self, name, offset, chunk):
         n["n"] += 1
-        return real(self, name, chunk)
+        return real(self, name, offset, chunk)
 
-    ShardWriter.write = counting
+    ShardWriter.write_at = counting
     try:
         convert(str(src), tmp, TARGET, shard_size=shard_size(src), progress="none", chunk_bytes=20_000)
     finally:
-        ShardWriter.write = real
+        ShardWriter.write_at = real
     return n["n"]
 
 
@@ -79,19 +79,19 @@ def test_exception_mid_write_then_resume(src, reference, tmp_path, monkeypatch, 
     total = count_writes(src, tmp_path / "count")
     fail_at = max(1, int(total * fraction))
     calls = {"n": 0}
-    real = ShardWriter.write
+    real = ShardWriter.write_at
 
-    def failing(self, name, chunk):
+    def failing(self, name, offset, chunk):
         calls["n"] += 1
         if calls["n"] == fail_at:
             raise OSError(28, "No space left on device (injected)")
-        return real(self, name, chunk)
+        return real(self, name, offset, chunk)
 
     out = tmp_path / "out"
-    monkeypatch.setattr(ShardWriter, "write", failing)
+    monkeypatch.setattr(ShardWriter, "write_at", failing)
     with pytest.raises(OSError):
         convert(str(src), out, TARGET, shard_size=shard_size(src), progress="none", chunk_bytes=20_000)
-    monkeypatch.setattr(ShardWriter, "write", real)
+    monkeypatch.setattr(ShardWriter, "write_at", real)
     assert not (out / "mxfp4conv.json").exists()  # visibly unfinished
     assert not list(out.glob(".*partial"))  # temp files were removed
     record = json.loads((out / PROGRESS_NAME).read_text())
@@ -180,13 +180,13 @@ KILLER = textwrap.dedent("""
 
     mode, n = sys.argv[3], int(sys.argv[4])
     count = {"n": 0}
-    real_write, real_finish = ShardWriter.write, ShardWriter.finish
+    real_write, real_finish = ShardWriter.write_at, ShardWriter.finish
 
-    def write(self, name, chunk):
+    def write(self, name, offset, chunk):
         count["n"] += 1
         if mode == "write" and count["n"] == n:
             os.kill(os.getpid(), signal.SIGKILL)
-        return real_write(self, name, chunk)
+        return real_write(self, name, offset, chunk)
 
     def finish(self):
         digest = real_finish(self)  # renamed to its final name ...
@@ -196,7 +196,7 @@ KILLER = textwrap.dedent("""
         return digest
 
     if mode == "write":
-        ShardWriter.write = write
+        ShardWriter.write_at = write
     else:
         ShardWriter.finish = finish
     convert(sys.argv[1], sys.argv[2], Target(arch="gfx950", tp=2), shard_size=int(sys.argv[5]),

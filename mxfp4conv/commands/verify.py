@@ -15,13 +15,16 @@ def register(app: typer.Typer) -> None:
         out: Path = typer.Argument(..., metavar="OUT", help="A converted checkpoint directory."),
         source: str = typer.Option(None, "--source", metavar="SOURCE", help="The source it was converted from: compare every byte."),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object on stdout."),
+        workers: int = typer.Option(None, "--workers", show_default=False,
+                                    help="Threads that read and compare (default: the cores but one, at most 16)."),
+        quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress output."),
     ) -> None:
         """Check OUT's manifest, index and headers; with --source, invert every expert transform
         and compare every byte with the source."""
         from mxfp4conv.convert.verify import VerifyError, verify
 
         try:
-            rep = verify(out, source)
+            rep = verify(out, source, workers=workers, progress="none" if quiet else "auto")
         except VerifyError as exc:
             rep = exc.report
             if as_json:

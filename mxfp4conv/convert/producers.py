@@ -1,15 +1,18 @@
-"""Work units as tasks: each task returns the next ``(tensor name, bytes)`` pieces.
+"""Work units as tasks: each task produces ``(tensor name, bytes)`` pieces at known places.
 
-Tasks of one unit are independent and may run in worker threads; the caller writes their
-results in task order, so every tensor receives its bytes in order. A plain tensor is
-copied in chunks; an MoE layer is produced a chunk of experts at a time (each expert read
-once for every rank and kind), then each layout's trailing 0x7F padding.
+Every task says up front which pieces it makes (``Task.pieces``: tensor, offset inside the
+tensor, size), so tasks are independent: worker threads run them in any order and write
+each piece straight to its final position; the caller records them in task order, so every
+tensor's checksum sees its bytes in order. A plain tensor is copied in chunks; an MoE layer
+is produced a chunk of experts at a time (each expert read once for every rank and kind),
+then each layout's trailing 0x7F padding.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 import torch
 
@@ -19,8 +22,17 @@ from mxfp4conv.convert.direct_read import DirectReader, build_chunk_direct
 from mxfp4conv.convert.rank_tensors import WEIGHT_KINDS, build_chunk, find_nan_scale
 from mxfp4conv.errors import Mxfp4convError
 
-Task = Callable[[], list]
 COPY_CHUNK = 32 << 20
+
+
+@dataclass(frozen=True)
+class Task:
+    run: Callable[[], list]  # -> [(tensor name, bytes)], in the order of ``pieces``
+    pieces: tuple[tuple[str, int, int], ...]  # (tensor name, offset in the tensor, size)
+    reads: tuple[tuple[str, int, int], ...] = ()  # source (shard, offset, size) it will read, for readahead
+
+    def nbytes(self) -> int:
+        return sum(n for _, _, n in self.pieces)
 
 
 def unit_tasks(src, model, plan: OutputPlan, unit: Unit, chunk_bytes: int, allow_nan: bool,
@@ -37,7 +49,26 @@ def _copy_tasks(src, t, chunk_bytes: int) -> Iterator[Task]:
     step = max(1, min(COPY_CHUNK, chunk_bytes))
     for off in range(0, size, step):
         n = min(step, size - off)
-        yield (lambda off=off, n=n: [(t.name, src.read_range(t.src_shard, t.src_offset + off, n))])
+        yield Task(lambda off=off, n=n: [(t.name, src.read_range(t.src_shard, t.src_offset + off, n))],
+                   ((t.name, off, n),), ((t.src_shard, t.src_offset + off, n),))
+
+
+def per_expert_bytes(plan: OutputPlan) -> dict[str, int]:
+    """Bytes one expert takes in each kind's stored per-rank tensor (trailing padding aside)."""
+    g = plan.geometry
+    out = {}
+    for kind in plan.kinds:
+        shape = plan.canonical[kind]
+        lay = plan.layouts.get(kind)
+        if lay is None:
+            out[kind] = 4 * math.prod(shape[1:])
+            continue
+        body = math.prod(lay.out_shape(shape)) - int(lay.tail_bytes(shape))
+        if body % g.experts_per_rank:
+            raise Mxfp4convError(f"layout {lay.name} of {kind} is not per-expert ({body} bytes for "
+                                 f"{g.experts_per_rank} experts); it cannot be written in chunks.")
+        out[kind] = body // g.experts_per_rank
+    return out
 
 
 def expert_chunks(plan: OutputPlan, chunk_bytes: int) -> list[range]:
@@ -98,17 +129,25 @@ def _layer_tasks(src, model, plan: OutputPlan, unit: Unit, chunk_bytes: int, all
             return pieces
         return run
 
+    pe = per_expert_bytes(plan)
     for span in expert_chunks(plan, chunk_bytes):
-        yield direct_task(span) if direct else task(span)
+        pieces = tuple((names[(r, kind)], (span.start - g.expert_range(r).start) * pe[kind], len(span) * pe[kind])
+                       for r in g.owner(span.start) for kind in plan.kinds)
+        reads = ()
+        if layer.experts is not None:
+            reads = tuple((i.shard, i.begin, i.nbytes) for e in span for ref in layer.experts[e].refs()
+                          for i in (src.tensor_info(ref.name),))
+        yield Task(direct_task(span) if direct else task(span), pieces, reads)
 
     tails = []
     for r in g.ranks():
         for kind, lay in plan.layouts.items():
             n = int(lay.tail_bytes(plan.canonical[kind]))
             if n:
-                tails.append((names[(r, kind)], n))
+                tails.append((names[(r, kind)], g.experts_per_rank * pe[kind], n))
     if tails:
-        yield lambda: [(name, torch.full((n,), SHUFFLE_PAD_BYTE, dtype=torch.uint8)) for name, n in tails]
+        yield Task(lambda: [(name, torch.full((n,), SHUFFLE_PAD_BYTE, dtype=torch.uint8)) for name, _, n in tails],
+                   tuple(tails))
 
 
 def _check_nan(layer, e: int, ex) -> None:

@@ -7,7 +7,12 @@ import time
 
 
 class Progress:
-    def __init__(self, total: int, mode: str = "auto", stream=None):
+    """``mode``: "auto" (rich on a terminal, else lines), "rich", "lines" (one line every
+    ``every`` seconds and one at the end) or "none"."""
+
+    def __init__(self, total: int, mode: str = "auto", stream=None, every: float = 10.0,
+                 label: str = "converting"):
+        self.every = every
         self.total = max(total, 1)
         self.done = 0
         self.stream = stream or sys.stderr
@@ -18,6 +23,7 @@ class Progress:
         self.last_line = 0.0
         self.desc = ""
         self._bar = None
+        self._closed = False
         if mode == "rich":
             from rich.console import Console
             from rich.progress import (BarColumn, DownloadColumn, Progress as RichProgress,
@@ -26,7 +32,7 @@ class Progress:
             self._bar = RichProgress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
                                      TransferSpeedColumn(), TimeRemainingColumn(),
                                      console=Console(file=self.stream), transient=False)
-            self._task = self._bar.add_task("converting", total=self.total)
+            self._task = self._bar.add_task(label, total=self.total)
             self._bar.start()
 
     def describe(self, text: str) -> None:
@@ -38,7 +44,7 @@ class Progress:
         self.done += n
         if self._bar is not None:
             self._bar.update(self._task, advance=n)
-        elif self.mode == "lines" and time.monotonic() - self.last_line > 10:
+        elif self.mode == "lines" and time.monotonic() - self.last_line > self.every:
             self.line()
 
     def line(self, text: str | None = None) -> None:
@@ -59,3 +65,6 @@ class Progress:
         if self._bar is not None:
             self._bar.stop()
             self._bar = None
+        elif self.mode == "lines" and self.done and not self._closed:
+            self.line()
+        self._closed = True

@@ -160,5 +160,7 @@ def _bias(ex, kind: str) -> torch.Tensor:
 
 def find_nan_scale(t: torch.Tensor) -> int | None:
     """Flat index of the first 0xFF (e8m0 NaN) byte, or None."""
+    if t.dtype == torch.uint8 and (t.numel() == 0 or int(t.max()) != 0xFF):  # one pass, no mask
+        return None
     hit = (t.reshape(-1) == 0xFF).nonzero()
     return int(hit[0, 0]) if hit.numel() else None

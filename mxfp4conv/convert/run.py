@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +22,7 @@ from mxfp4conv.convert.plan import (
     DEFAULT_SHARD_SIZE, SHARD_RE, OutputPlan, build_plan, parse_size, plan_metadata, resolve_layouts,
 )
 from mxfp4conv.convert.direct_read import DirectReader
+from mxfp4conv.convert.parallel import OrderedPool, chunk_budget, default_workers, one_torch_thread
 from mxfp4conv.convert.producers import unit_tasks
 from mxfp4conv.convert.progress import Progress
 from mxfp4conv.convert.writer import (
@@ -61,9 +61,10 @@ def prepare(source, target, shard_size=DEFAULT_SHARD_SIZE):
     return src, model, decision, manifest, plan
 
 
-def convert(source, out, target, shard_size=DEFAULT_SHARD_SIZE, resume=False, workers=1, force=False,
+def convert(source, out, target, shard_size=DEFAULT_SHARD_SIZE, resume=False, workers=None, force=False,
             progress="auto", allow_nan_scales=False, chunk_bytes=DEFAULT_CHUNK_BYTES) -> ConvertResult:
-    """Convert ``source`` (a spec string or an open ``Source``) into ``out`` for ``target``."""
+    """Convert ``source`` (a spec string or an open ``Source``) into ``out`` for ``target``.
+    ``workers``: threads that read, transform and write (None: ``default_workers()``)."""
     src, model, decision, manifest, plan = prepare(source, target, shard_size)
     keep_freed_memory()
     out = Path(out)
@@ -91,8 +92,10 @@ def convert(source, out, target, shard_size=DEFAULT_SHARD_SIZE, resume=False, wo
     todo = sum(t.spec.size() for s in plan.shards if s.name not in kept for t in s.tensors)
     bar = Progress(todo, progress)
     try:
-        written = _write_shards(src, model, plan, out, kept, record, bar, workers,
-                                allow_nan_scales, chunk_bytes)
+        with one_torch_thread():
+            written = _write_shards(src, model, plan, out, kept, record, bar,
+                                    default_workers() if workers is None else workers,
+                                    allow_nan_scales, chunk_bytes)
     finally:
         bar.close()
 
@@ -194,15 +197,12 @@ def _copy_sidecars(src, out: Path) -> None:
 
 # ---- the data pipeline --------------------------------------------------------------------
 
-class _Sink:
-    """Stands in for a shard kept from an earlier run: its bytes are already on disk."""
-
-    def write(self, name, chunk) -> None:
-        pass
-
-
 def _write_shards(src, model, plan: OutputPlan, out: Path, kept: set[str], record: dict,
                   bar: Progress, workers: int, allow_nan: bool, chunk_bytes: int) -> int:
+    """Tasks run on ``workers`` threads, each reading, transforming, writing and checksumming
+    its pieces at their final offsets; this thread only submits tasks, records finished ones
+    in order (which fixes each tensor's crc32) and hands complete shards to the finisher."""
+    workers = max(1, workers)
     shard_of = plan.shard_of()
     # which units touch each shard; a shard is finished when its last unit is done
     last_unit: dict[str, int] = {}
@@ -210,27 +210,25 @@ def _write_shards(src, model, plan: OutputPlan, out: Path, kept: set[str], recor
         for t in unit.tensors:
             last_unit[shard_of[t.name].name] = ui
     by_name = {s.name: s for s in plan.shards}
-    writers: dict[str, ShardWriter | _Sink] = {}
+    writers: dict[str, ShardWriter] = {}
     written = 0
 
-    hasher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mxfp4conv-crc")
     finisher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mxfp4conv-fsync")
     finishing: list = []
 
-    def writer_for(shard_name: str):
+    def writer_for(shard_name: str) -> ShardWriter | None:
+        if shard_name in kept:
+            return None  # its bytes are already on disk
         w = writers.get(shard_name)
         if w is None:
-            if shard_name in kept:
-                w = _Sink()
-            else:
-                w = ShardWriter(out / shard_name, by_name[shard_name].specs(), plan.metadata, hasher=hasher)
-                w.open()
-                bar.describe(shard_name)
+            w = ShardWriter(out / shard_name, by_name[shard_name].specs(), plan.metadata)
+            w.open()
+            bar.describe(shard_name)
             writers[shard_name] = w
         return w
 
     def finish_one(name: str, w: ShardWriter) -> None:
-        # fsync + rename off the writing thread; the progress record follows the rename
+        # fsync + rename off the submitting thread; the progress record follows the rename
         digest = w.finish()
         record["shards"][name] = {"size": w.total_size, "checksum": digest}
         _save_progress(out, record)
@@ -245,63 +243,61 @@ def _write_shards(src, model, plan: OutputPlan, out: Path, kept: set[str], recor
                 w = writers.pop(name)
                 finishing.append(finisher.submit(finish_one, name, w))
 
-    pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="mxfp4conv")
     reader = DirectReader(src)
-    pending: deque = deque()
-    depth = max(1, workers) + 1
+    chunk = chunk_budget(workers, chunk_bytes)
 
     def jobs():
         for ui, unit in enumerate(plan.units):
             if all(shard_of[t.name].name in kept for t in unit.tensors):
                 continue
-            for task in unit_tasks(src, model, plan, unit, chunk_bytes, allow_nan, reader):
-                yield ui, task, False
-            yield ui, None, True  # unit done marker
+            for task in unit_tasks(src, model, plan, unit, chunk, allow_nan, reader):
+                # shards are opened here, in order, before any worker writes into them; the
+                # source bytes are asked for now, a queue's length before a worker needs them
+                reader.prefetch(list(task.reads))
+                yield ui, task, [writer_for(shard_of[name].name) for name, _, _ in task.pieces]
+            yield ui, None, None  # unit done marker
+
+    def work(job):
+        _, task, targets = job
+        return None if task is None else _run_task(task, targets)
 
     try:
-        for ui, task, done in jobs():
-            if task is not None:
-                pending.append((ui, pool.submit(task), False))
-            else:
-                pending.append((ui, None, True))
-            while len(pending) > depth or (pending and pending[0][2]):
-                written += _drain_one(pending, writer_for, shard_of, bar, finish_shards)
-        while pending:
-            written += _drain_one(pending, writer_for, shard_of, bar, finish_shards)
+        # finished tasks hold no data, so the queue may run well ahead of the slowest task
+        with OrderedPool(workers) as pool:
+            for (ui, task, _), crcs in pool.map(work, jobs()):
+                if task is None:
+                    finish_shards(ui)
+                    continue
+                for (name, off, k), crc in zip(task.pieces, crcs):
+                    if crc is not None:
+                        writers[shard_of[name].name].record(name, off, k, crc)
+                    written += k
+                    bar.advance(k)
         for f in finishing:
             f.result()
     except BaseException:
-        for f in pending:
-            if f[1] is not None:
-                f[1].cancel()
-        pool.shutdown(wait=True, cancel_futures=True)
         finisher.shutdown(wait=True)  # shards already complete are finished and recorded
         for w in writers.values():
-            if isinstance(w, ShardWriter):
-                w.abort()
-        hasher.shutdown(wait=True, cancel_futures=True)
+            w.abort()
         reader.close()
         raise
     reader.close()
-    pool.shutdown(wait=True)
     finisher.shutdown(wait=True)
-    hasher.shutdown(wait=True)
-    leftover = [n for n, w in writers.items() if isinstance(w, ShardWriter)]
-    if leftover:
-        raise WriteError(f"internal error: shards {leftover} were opened but never finished")
+    if writers:
+        raise WriteError(f"internal error: shards {sorted(writers)} were opened but never finished")
     return written
 
 
-def _drain_one(pending, writer_for, shard_of, bar, finish_shards) -> int:
-    ui, fut, done = pending.popleft()
-    if done:
-        finish_shards(ui)
-        return 0
-    n = 0
-    for name, data in fut.result():
-        view = as_bytes(data)
-        writer_for(shard_of[name].name).write(name, view)
-        k = len(view)
-        n += k
-        bar.advance(k)
-    return n
+def _run_task(task, targets: list) -> list[int | None]:
+    """Worker side: produce the pieces and write each where it belongs; returns their crc32s
+    (None for pieces of shards kept from an earlier run)."""
+    data = task.run()
+    if len(data) != len(task.pieces):
+        raise WriteError(f"internal error: a task made {len(data)} pieces, planned {len(task.pieces)}")
+    crcs = []
+    for (name, off, n), (got_name, chunk), w in zip(task.pieces, data, targets):
+        view = as_bytes(chunk)
+        if got_name != name or len(view) != n:
+            raise WriteError(f"internal error: a task made {len(view)} bytes of {got_name}, planned {n} of {name}")
+        crcs.append(None if w is None else w.write_at(name, off, view))
+    return crcs

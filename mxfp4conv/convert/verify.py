@@ -10,10 +10,10 @@ Stops at the first mismatch with its layer, rank, tensor and offset.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,10 +25,13 @@ from mxfp4conv.convert.manifest import (
     EXPERT_KINDS, MANIFEST_NAME, SHUFFLE_PAD_BYTE, build_manifest, load_manifest, target_from_manifest,
 )
 from mxfp4conv.convert.plan import LAYOUT_FIELD, SHARD_RE, expert_kinds, expert_tensor_name, stored_shape
-from mxfp4conv.convert.rank_tensors import WEIGHT_KINDS, RankGeometry
+from mxfp4conv.convert.parallel import OrderedPool, chunk_budget, default_workers, one_torch_thread
+from mxfp4conv.convert.progress import Progress
+from mxfp4conv.convert.rank_tensors import WEIGHT_KINDS, RankGeometry, build_chunk
+from mxfp4conv.convert.writer import as_bytes
 from mxfp4conv.errors import CheckpointError, Mxfp4convError
 
-HASH_CHUNK = 32 << 20
+CHUNK_BYTES = 24 << 20  # per job, before the in-flight budget divides it among the workers
 
 
 class VerifyError(Mxfp4convError):
@@ -64,6 +67,7 @@ class _OutReader:
         self.weight_map = weight_map
         self.headers = headers
         self.fds = {}
+        self._lock = threading.Lock()  # read from several worker threads
 
     def entry(self, name: str):
         h = self.headers[self.weight_map[name]]
@@ -72,23 +76,28 @@ class _OutReader:
     def read(self, name: str, offset: int, n: int) -> bytearray:
         shard = self.weight_map[name]
         h, e = self.entry(name)
-        if shard not in self.fds:
-            self.fds[shard] = os.open(self.root / shard, os.O_RDONLY)
-        return pread_exact(self.fds[shard], h.data_start + e.begin + offset, n)
+        with self._lock:
+            fd = self.fds.get(shard)
+            if fd is None:
+                fd = self.fds[shard] = os.open(self.root / shard, os.O_RDONLY)
+        return pread_exact(fd, h.data_start + e.begin + offset, n)
 
     def close(self):
-        for fd in self.fds.values():
-            os.close(fd)
-        self.fds = {}
+        with self._lock:
+            for fd in self.fds.values():
+                os.close(fd)
+            self.fds = {}
 
 
-def verify(out, source=None) -> VerifyReport:
+def verify(out, source=None, workers=None, progress="none") -> VerifyReport:
     """Check ``out``; with ``source`` (spec or Source) compare every byte. Raises
-    ``VerifyError`` on the first mismatch (the report is attached as ``exc.report``)."""
+    ``VerifyError`` on the first mismatch (the report is attached as ``exc.report``).
+    ``workers``: threads that read and compare (None: ``default_workers()``); ``progress``:
+    "auto" (a bar on a terminal, lines otherwise), "rich", "lines" or "none"."""
     out = Path(out)
     rep = VerifyReport(out=str(out), source=None if source is None else str(getattr(source, "spec", source)))
     try:
-        _verify(out, source, rep)
+        _verify(out, source, rep, default_workers() if workers is None else max(1, workers), progress)
     except VerifyError as exc:
         rep.error = {"class": exc.cls, "message": str(exc), **exc.where}
         exc.report = rep
@@ -97,7 +106,7 @@ def verify(out, source=None) -> VerifyReport:
     return rep
 
 
-def _verify(out: Path, source, rep: VerifyReport) -> None:
+def _verify(out: Path, source, rep: VerifyReport, workers: int, progress: str) -> None:
     if not out.is_dir():
         raise CheckpointError(f"{out} is not a directory; give the converted checkpoint's directory.")
     manifest = load_manifest(out)
@@ -122,7 +131,8 @@ def _verify(out: Path, source, rep: VerifyReport) -> None:
         return
     reader = _OutReader(out, weight_map, headers)
     try:
-        _verify_against_source(out, source, manifest, weight_map, expected, reader, rep)
+        with one_torch_thread():
+            _verify_against_source(out, source, manifest, weight_map, expected, reader, rep, workers, progress)
     finally:
         reader.close()
 
@@ -196,7 +206,7 @@ def _check_index_and_headers(out: Path, manifest: dict):
 
 # ---- with the source -----------------------------------------------------------------------
 
-def _verify_against_source(out, source, manifest, weight_map, expected, reader, rep) -> None:
+def _verify_against_source(out, source, manifest, weight_map, expected, reader, rep, workers, progress) -> None:
     from mxfp4conv.checkpoint import load_model, open_source
     from mxfp4conv.oracle import decide
     src = open_source(source) if isinstance(source, (str, os.PathLike)) else source
@@ -226,93 +236,150 @@ def _verify_against_source(out, source, manifest, weight_map, expected, reader, 
         if e.dtype != info.dtype or tuple(e.shape) != tuple(info.shape) or e.nbytes != info.nbytes:
             raise VerifyError("header", f"{out}: tensor {name} is {e.dtype} {list(e.shape)}, the source has "
                               f"{info.dtype} {list(info.shape)}.", tensor=name)
-        if _hash_out(reader, name, e.nbytes) != _hash_src(src, info):
-            off = _first_diff_plain(reader, src, info)
-            raise VerifyError("tensor bytes", f"{out}: tensor {name} differs from the source, first at byte "
-                              f"offset {off}.", tensor=name, offset=off)
-        rep.bytes_compared += e.nbytes
-    rep.checks.append(f"{len(plain)} non-expert tensors byte-identical (sha256)")
 
     g = _geometry(manifest)
-    for layer in model.layers:
-        n = _verify_layer(src, manifest, g, layer, expected, reader)
+    chunk = chunk_budget(workers, CHUNK_BYTES)
+    layer_checks = [_LayerCheck(src, manifest, g, layer, expected, reader) for layer in model.layers]
+    total = sum(src.tensor_info(n).nbytes for n in plain) + sum(c.total for c in layer_checks)
+
+    def jobs():
+        for name in plain:
+            info = src.tensor_info(name)
+            for off in range(0, info.nbytes, chunk):
+                yield "plain", name, (info, off, min(chunk, info.nbytes - off))
+        for i, check in enumerate(layer_checks):
+            yield "tail", i, None
+            for experts in check.spans(chunk):
+                yield "experts", i, experts
+
+    def work(job):
+        what, key, arg = job
+        if what == "plain":
+            return _compare_plain(out, reader, src, *arg)
+        if what == "tail":
+            return layer_checks[key].check_tails()
+        return layer_checks[key].check(arg)
+
+    per_layer = [0] * len(layer_checks)
+    compared_plain = 0
+    bar = Progress(total, progress, label="verifying")
+    try:
+        # jobs are consumed in order, so the error reported is the first in checkpoint order
+        with OrderedPool(workers, name="mxfp4conv-verify") as pool:
+            for (what, key, _), n in pool.map(work, jobs()):
+                if what == "plain":
+                    compared_plain += n
+                elif what == "experts":
+                    per_layer[key] += n
+                bar.advance(n)
+    finally:
+        bar.close()
+    rep.bytes_compared += compared_plain
+    rep.checks.append(f"{len(plain)} non-expert tensors byte-identical")
+    for layer, n in zip(model.layers, per_layer):
         rep.bytes_compared += n
         rep.layers.append({"prefix": layer.prefix, "status": "ok", "bytes": n})
-    rep.checks.append(f"{len(model.layers)} MoE layers inverted and equal to the source")
+    rep.checks.append(f"{len(model.layers)} MoE layers equal to the source through their layouts")
 
 
-def _hash_out(reader, name, n) -> str:
-    h = hashlib.sha256()
-    for off in range(0, n, HASH_CHUNK):
-        h.update(reader.read(name, off, min(HASH_CHUNK, n - off)))
-    return h.hexdigest()
+def _compare_plain(out, reader, src, info, off: int, n: int) -> int:
+    a = reader.read(info.name, off, n)
+    b = src.read_range(info.shard, info.begin + off, n)
+    if a != b:
+        d = (torch.frombuffer(a, dtype=torch.uint8) != torch.frombuffer(b, dtype=torch.uint8)).nonzero()
+        first = off + int(d[0, 0])
+        raise VerifyError("tensor bytes", f"{out}: tensor {info.name} differs from the source, first at byte "
+                          f"offset {first}.", tensor=info.name, offset=first)
+    return n
 
 
-def _hash_src(src, info) -> str:
-    h = hashlib.sha256()
-    for off in range(0, info.nbytes, HASH_CHUNK):
-        h.update(src.read_range(info.shard, info.begin + off, min(HASH_CHUNK, info.nbytes - off)))
-    return h.hexdigest()
+class _LayerCheck:
+    """One MoE layer: the stored bytes of every rank tensor against the source put through the
+    canonical per-rank build (``rank_tensors.build_chunk`` from ``read_expert``, not the
+    converter's direct reader) and the layout's forward transform. Both are exact permutations
+    of the canonical bytes, so equal bytes prove that inverting the layout gives the source
+    back; a difference is then located by inverting the layout (canonical position, data or
+    padding)."""
 
+    def __init__(self, src, manifest, g: RankGeometry, layer, expected, reader):
+        from mxfp4conv.shuffle.layouts import get_layout
 
-def _first_diff_plain(reader, src, info) -> int:
-    for off in range(0, info.nbytes, HASH_CHUNK):
-        k = min(HASH_CHUNK, info.nbytes - off)
-        a = torch.frombuffer(reader.read(info.name, off, k), dtype=torch.uint8)
-        b = torch.frombuffer(src.read_range(info.shard, info.begin + off, k), dtype=torch.uint8)
-        d = (a != b).nonzero()
-        if d.numel():
-            return off + int(d[0, 0])
-    return -1
+        self.src, self.g, self.layer, self.reader = src, g, layer, reader
+        self.canonical = g.canonical_shapes()
+        self.kinds = tuple(k for k in EXPERT_KINDS if expert_tensor_name(layer.prefix, 0, k) in expected)
+        self.layouts = {k: get_layout(manifest["layout"][LAYOUT_FIELD[k]]) for k in WEIGHT_KINDS}
+        self.per_expert = {}  # kind -> (bytes per expert, trailing pad bytes, body bytes)
+        for k in self.kinds:
+            total = math.prod(expected[expert_tensor_name(layer.prefix, 0, k)][1])
+            tail = 0
+            if k in WEIGHT_KINDS:
+                tail = int(self.layouts[k].tail_bytes(self.canonical[k]))
+            else:
+                total *= 4  # float32
+            body = total - tail
+            if body % g.experts_per_rank:
+                raise VerifyError("layout", f"layout {self.layouts[k].name} of {k} is not per-expert ({body} "
+                                  f"bytes for {g.experts_per_rank} experts).")
+            self.per_expert[k] = (body // g.experts_per_rank, tail, body)
+        self.total = sum(body for _, _, body in self.per_expert.values()) * g.tp
 
+    def spans(self, chunk_bytes: int):
+        g = self.g
+        per = sum(v[0] for v in self.per_expert.values()) * (1 if g.ep else g.tp)
+        n = max(1, chunk_bytes // max(per, 1))
+        for span in ([g.expert_range(r) for r in g.ranks()] if g.ep else [range(g.num_experts)]):
+            for a in range(span.start, span.stop, n):
+                yield range(a, min(a + n, span.stop))
 
-def _verify_layer(src, manifest, g: RankGeometry, layer, expected, reader) -> int:
-    from mxfp4conv.checkpoint.experts import read_expert
-    from mxfp4conv.shuffle.layouts import get_layout
+    def check_tails(self) -> int:
+        """The trailing shuffle padding of each rank's tensors (not counted as compared)."""
+        prefix = self.layer.prefix
+        for r in self.g.ranks():
+            for k in WEIGHT_KINDS:
+                _, tail, body = self.per_expert[k]
+                if tail:
+                    name = expert_tensor_name(prefix, r, k)
+                    t = torch.frombuffer(self.reader.read(name, body, tail), dtype=torch.uint8)
+                    bad = (t != SHUFFLE_PAD_BYTE).nonzero()
+                    if bad.numel():
+                        raise VerifyError("pad bytes", f"{name}: trailing layout padding byte at offset "
+                                          f"{body + int(bad[0, 0])} is 0x{int(t[bad[0, 0]]):02X}, expected 0x7F.",
+                                          layer=prefix, rank=r, tensor=name, offset=body + int(bad[0, 0]))
+        return 0
 
-    canonical = g.canonical_shapes()
-    kinds = [k for k in EXPERT_KINDS if expert_tensor_name(layer.prefix, 0, k) in expected]
-    layouts = {k: get_layout(manifest["layout"][LAYOUT_FIELD[k]]) for k in WEIGHT_KINDS}
-    per_expert = {}
-    for k in WEIGHT_KINDS:
-        total = math.prod(expected[expert_tensor_name(layer.prefix, 0, k)][1])
-        tail = int(layouts[k].tail_bytes(canonical[k]))
-        body = total - tail
-        if body % g.experts_per_rank:
-            raise VerifyError("layout", f"layout {layouts[k].name} of {k} is not per-expert ({body} bytes "
-                              f"for {g.experts_per_rank} experts).")
-        per_expert[k] = (body // g.experts_per_rank, tail, body)
-    per = sum(v[0] for v in per_expert.values()) * (1 if g.ep else g.tp)
-    chunk_experts = max(1, (48 << 20) // max(per, 1))
-    compared = 0
-    # trailing shuffle padding of each rank's tensors
-    for r in g.ranks():
-        for k in WEIGHT_KINDS:
-            pe, tail, body = per_expert[k]
-            if tail:
-                name = expert_tensor_name(layer.prefix, r, k)
-                t = torch.frombuffer(reader.read(name, body, tail), dtype=torch.uint8)
-                bad = (t != SHUFFLE_PAD_BYTE).nonzero()
-                if bad.numel():
-                    raise VerifyError("pad bytes", f"{name}: trailing layout padding byte at offset "
-                                      f"{body + int(bad[0, 0])} is 0x{int(t[bad[0, 0]]):02X}, expected 0x7F.",
-                                      layer=layer.prefix, rank=r, tensor=name, offset=body + int(bad[0, 0]))
-    spans = [g.expert_range(r) for r in g.ranks()] if g.ep else [range(g.num_experts)]
-    for span in spans:
-        for a in range(span.start, span.stop, chunk_experts):
-            experts = range(a, min(a + chunk_experts, span.stop))
-            data = [read_expert(src, layer, e) for e in experts]
-            for r in g.owner(a):
-                local0 = experts.start - g.expert_range(r).start
-                for k in kinds:
-                    name = expert_tensor_name(layer.prefix, r, k)
-                    if k in WEIGHT_KINDS:
-                        compared += _check_weight_chunk(name, k, layouts[k], per_expert[k][0], canonical[k],
-                                                        g, r, local0, data, reader, layer.prefix, experts.start)
-                    else:
-                        compared += _check_float_chunk(name, k, canonical[k], g, r, local0, data, reader,
-                                                       layer.prefix, experts.start)
-    return compared
+    def check(self, experts: range) -> int:
+        from mxfp4conv.checkpoint.experts import read_expert
+
+        g, prefix = self.g, self.layer.prefix
+        data = [read_expert(self.src, self.layer, e) for e in experts]
+        compared = 0
+        for r in g.owner(experts.start):
+            local0 = experts.start - g.expert_range(r).start
+            chunk = build_chunk(data, g, r, self.kinds)
+            for k in self.kinds:
+                name = expert_tensor_name(prefix, r, k)
+                pe = self.per_expert[k][0]
+                want = as_bytes(self.layouts[k].forward_chunk(chunk[k]) if k in WEIGHT_KINDS else chunk[k])
+                got = self.reader.read(name, local0 * pe, len(data) * pe)
+                if got != want:
+                    self._locate(name, k, r, local0, data, got, want, experts.start)
+                compared += len(got)
+        return compared
+
+    def _locate(self, name, k, r, local0, data, got, want, e0) -> None:
+        """Raise the error that names the first difference in canonical coordinates."""
+        g, prefix = self.g, self.layer.prefix
+        pe = self.per_expert[k][0]
+        if k in WEIGHT_KINDS:
+            _check_weight_chunk(name, k, self.layouts[k], pe, self.canonical[k], g, r, local0, data,
+                                self.reader, prefix, e0)
+        else:
+            _check_float_chunk(name, k, self.canonical[k], g, r, local0, data, self.reader, prefix, e0)
+        d = (torch.frombuffer(got, dtype=torch.uint8) != torch.frombuffer(want, dtype=torch.uint8)).nonzero()
+        off = local0 * pe + int(d[0, 0])
+        how = f"through the layout {self.layouts[k].name}" if k in WEIGHT_KINDS else "as float32"
+        raise VerifyError("expert bytes", f"MoE layer {prefix}, rank {r}, tensor {name}: byte {off} differs "
+                          f"from the source {how}.", layer=prefix, rank=r, tensor=name, offset=off)
 
 
 def _fail(cls, layer, rank, name, e_global, coord, got, want, what):

@@ -24,6 +24,8 @@ import numpy as np
 import torch
 
 from mxfp4conv.checkpoint.safetensors_io import DTYPE_BITS, expected_nbytes, read_header
+from mxfp4conv.convert.crc import crc32_combine
+from mxfp4conv.convert.writeback import start_writeback
 from mxfp4conv.errors import Mxfp4convError
 
 TEMP_PREFIX = "."
@@ -191,6 +193,35 @@ class ShardWriter:
 
     def _crc(self, name: str, view) -> None:
         self.crcs[name] = zlib.crc32(view, self.crcs[name])
+
+    # ---- parallel writing: pieces written anywhere, then recorded in order ----------------
+
+    def write_at(self, name: str, offset: int, chunk) -> int:
+        """Write bytes of tensor ``name`` at ``offset`` inside it and return their crc32. Safe to
+        call from several threads at once (distinct ranges); nothing counts as written until
+        ``record`` is called for the piece, in tensor order."""
+        view = as_bytes(chunk)
+        begin, end = self.ranges[name]
+        if offset < 0 or offset + len(view) > end - begin:
+            raise WriteError(f"internal error: a piece of tensor {name} in {self.path.name} at offset "
+                             f"{offset} ({len(view)} bytes) lies outside its planned {end - begin} bytes")
+        pos = self.data_start + begin + offset
+        try:
+            self._pwrite(view, pos)
+        except OSError as exc:
+            raise _os_error(exc, self.temp, "write") from exc
+        start_writeback(self.fd, pos, len(view))
+        return zlib.crc32(view)
+
+    def record(self, name: str, offset: int, nbytes: int, crc: int) -> None:
+        """Account for a piece written by ``write_at``; pieces of a tensor must come in order."""
+        done = self.written[name]
+        if offset != done:
+            self.abort()
+            raise WriteError(f"internal error: tensor {name} in {self.path.name} got a piece at offset "
+                             f"{offset} after {done} bytes")
+        self.crcs[name] = crc32_combine(self.crcs[name], crc, nbytes)
+        self.written[name] = done + nbytes
 
     def write_tensor(self, name: str, chunks: Iterable) -> None:
         for chunk in chunks:
