@@ -166,11 +166,14 @@ def test_converted_checkpoint_shows_manifest(tmp_path, capsys):
     manifest = {"format": "mxfp4conv-kernel-layout", "version": 1, "tool_version": "0.1.0",
                 "target": {"arch": "gfx950", "backend": "AITER_MXFP4_BF16", "activation": "silu",
                            "activation_params": {"swiglu_limit": 10.0}, "act_quant": "bf16",
-                           "tp": 1, "ep": False},
-                "layout": {"gate_up": "[gate; up]", "w13": "aiter_p16_gu16", "w13_scale": "aiter_scale_a16w4_gu16"},
-                "moe": {"hidden": 256, "intermediate": 256, "num_experts": 8, "top_k": 2,
-                        "layers": ["layers.0.ffn"]},
-                "runtime_env": {}, "source": {"family": "deepseek_v4", "quant_scheme": "w_mxfp4"}}
+                           "tp": 1, "ep": False, "gate_mode": "separated", "is_shuffled": True},
+                "layout": {"gate_up": "[gate; up]", "w13": "aiter_p16_gu16", "w13_scale": "aiter_scale_a16w4_gu16",
+                           "w2": "aiter_p16", "w2_scale": "e8m0_shuffle"},
+                "moe": {"hidden": 256, "hidden_padded": 256, "intermediate": 256, "intermediate_per_rank": 256,
+                        "intermediate_per_rank_padded": 256, "num_experts": 8, "experts_per_rank": 8,
+                        "top_k": 2, "layers": ["layers.0.ffn"]},
+                "runtime_env": {}, "source": {"family": "deepseek_v4", "quant_scheme": "w_mxfp4",
+                                              "sha256": "0" * 64}}
     (root / "mxfp4conv.json").write_text(json.dumps(manifest))
     (root / "config.json").write_text(json.dumps({"model_type": "deepseek_v4", "expert_dtype": "fp4"}))
     t = {"layers.0.ffn.experts.rank0.w13_weight": torch.zeros(8, 512, 128, dtype=torch.uint8),

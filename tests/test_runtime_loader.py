@@ -99,11 +99,43 @@ def test_reads_only_this_ranks_tensors(tmp_path, monkeypatch):
     assert len(read) == 2 * 6
 
 
-def _edit_manifest(root, fn):
+def _edit_manifest(root, fn, restamp=True):
+    """Edit mxfp4conv.json; ``restamp``: the copy in every shard's __metadata__ too, as a
+    consistent (if wrong) conversion would have it."""
+    from safetensors.torch import load_file, save_file
+
     p = root / "mxfp4conv.json"
     m = json.loads(p.read_text())
     fn(m)
     p.write_text(json.dumps(m))
+    if restamp:
+        for shard in sorted(root.glob("model-*.safetensors")):
+            save_file(load_file(shard), str(shard), metadata={"format": "pt", "mxfp4conv": json.dumps(m)})
+
+
+@pytest.mark.parametrize("edit", [
+    lambda m: m["layout"].update(w13="aiter_a16w4_w13"),
+    lambda m: m["moe"].update(layers=m["moe"]["layers"][:1]),
+    lambda m: m["target"].update(arch="gfx950"),
+    lambda m: m["target"].update(activation="silu"),
+    lambda m: m["moe"].update(top_k=1),
+])
+def test_edited_manifest_is_refused_at_load(tmp_path, edit):
+    _write(tmp_path, tp=2)
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    _edit_manifest(tmp_path, edit, restamp=False)
+    with pytest.raises(CheckpointError, match="stamped in this shard's __metadata__ differs"):
+        load_moe_layers(tmp_path, rank=0)
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.name != "mxfp4conv.json"} == \
+        {k: v for k, v in before.items() if k != "mxfp4conv.json"}
+
+
+def test_truncated_shard_is_a_clear_error(tmp_path):
+    _write(tmp_path, tp=2)
+    shard = sorted(tmp_path.glob("model-*.safetensors"))[0]
+    shard.write_bytes(shard.read_bytes()[:-1])
+    with pytest.raises(CheckpointError, match=f"{shard.name}.*truncated"):
+        load_moe_layers(tmp_path, rank=0)
 
 
 @pytest.mark.parametrize("edit,kwargs,exc,match", [

@@ -147,10 +147,29 @@ def test_flipped_non_expert_byte_is_found(src, copy):
     wm = json.loads((copy / "model.safetensors.index.json").read_text())["weight_map"]
     name = next(n for n in sorted(wm) if ".experts." not in n)
     patch_tensor_byte(copy, name, 3)
-    assert verify(copy).ok
+    with pytest.raises(VerifyError) as ei:  # without the source: the recorded checksums
+        verify(copy)
+    assert ei.value.cls == "checksum" and ei.value.where == {"shard": wm[name]}
     with pytest.raises(VerifyError) as ei:
         verify(copy, str(src))
     assert ei.value.cls == "tensor bytes" and ei.value.where == {"tensor": name, "offset": 3}
+
+
+def test_flipped_expert_byte_is_found_without_the_source(copy):
+    wm = json.loads((copy / "model.safetensors.index.json").read_text())["weight_map"]
+    name = next(n for n in sorted(wm) if ".experts.rank" in n and n.endswith("w2_weight"))
+    patch_tensor_byte(copy, name, 100)
+    with pytest.raises(VerifyError) as ei:
+        verify(copy)
+    assert ei.value.cls == "checksum" and wm[name] in str(ei.value) and "changed since convert" in str(ei.value)
+
+
+def test_verify_without_record_says_bytes_unchecked(copy):
+    from mxfp4conv.convert.run import PROGRESS_NAME
+
+    (copy / PROGRESS_NAME).unlink()
+    rep = verify(copy)
+    assert rep.ok and any("shard bytes not checked" in c for c in rep.checks)
 
 
 def test_manifest_tampering_is_found(src, copy):

@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import json
 
+import torch
+
 from mxfp4conv.checkpoint.canonical import MoELayer, TensorRef
 from mxfp4conv.checkpoint.problems import Problems
+from mxfp4conv.checkpoint.safetensors_io import DTYPE_BITS, expected_nbytes
 from mxfp4conv.checkpoint.source import INDEX_NAME, Source, duplicate_index_keys
 
 NAN_E8M0 = 0xFF
 SAMPLE_TENSORS = 24  # scale tensors looked at by the default (cheap) NaN check
 SAMPLE_BYTES = 1 << 20  # at most this many scale bytes read by the default check
+# A median scale code at or above this implies weights no real model has (see magnitude_warning).
+IMPLAUSIBLE_MEDIAN = 0x83
 
 
 def check_index(source: Source, problems: Problems) -> None:
@@ -65,32 +70,19 @@ def scale_refs(layer: MoELayer) -> list[tuple[TensorRef, int | None]]:
 
 
 def check_nan_scales(source: Source, layers: list[MoELayer], problems: Problems, *,
-                     full: bool = False) -> int:
-    """Look for 0xFF (NaN) e8m0 scale bytes. By default a sample of at most ``SAMPLE_BYTES``
-    from a few scale tensors (first/last layers and experts); ``full`` reads every scale
-    byte. Returns the number of bytes read."""
+                     full: bool = False) -> dict:
+    """Look at the e8m0 scale bytes: 0xFF (NaN) is an error, implausible magnitudes a warning.
+    By default a sample of at most ``SAMPLE_BYTES`` from a few scale tensors (first/last
+    layers and experts); ``full`` reads every scale byte. Returns what was scanned (the
+    ``scale_scan`` of inspect's report)."""
     if full:
         todo = [(r, None) for layer in layers for r, _ in scale_refs(layer)]
         budget = None
     else:  # never download a hub shard just to sample it
         todo = [(r, row) for r, row in _sample(layers) if source.has_local(r.shard)]
         budget = SAMPLE_BYTES // max(len(todo), 1)
-    bad: list[str] = []
-    total = 0
-    for r, row in todo:
-        info = source.tensor_info(r.name)
-        begin, n = info.begin, info.nbytes
-        if row is not None:
-            n //= info.shape[0]
-            begin += row * n
-        if budget is not None:
-            n = min(n, budget)
-        data = source.read_range(info.shard, begin, n)
-        total += n
-        count = data.count(NAN_E8M0)
-        if count:
-            where = f" (expert {row})" if row is not None else ""
-            bad.append(f"{r.name}{where}: {count} bytes")
+    bad, total, histogram = _read_scales(source, todo, budget)
+    all_bytes = sum(_scale_nbytes(r) for layer in layers for r, _ in scale_refs(layer))
     if bad:
         problems.error(f"{len(bad)} expert scale tensors contain 0xFF e8m0 bytes, which decode to "
                        f"NaN ({'; '.join(bad[:5])}{' ...' if len(bad) > 5 else ''}). The weights "
@@ -98,7 +90,75 @@ def check_nan_scales(source: Source, layers: list[MoELayer], problems: Problems,
     elif not full and len(todo) < len(_sample(layers)):
         problems.warning("the NaN-scale sample skipped shards that are not downloaded; run "
                          "inspect --full to download and scan every scale.")
-    return total
+    implausible = magnitude_warning(histogram)
+    if implausible:
+        problems.warning(implausible)
+    return {"mode": "full" if full else "sample", "tensors_read": len(todo),
+            "bytes_read": total, "bytes_total": all_bytes}
+
+
+def _read_scales(source: Source, todo, budget: int | None) -> tuple[list[str], int, list[int]]:
+    """(tensors holding 0xFF, bytes read, histogram of the byte values) of the scales in ``todo``."""
+    bad: list[str] = []
+    total = 0
+    histogram = [0] * 256
+    for r, row in todo:
+        info = source.tensor_info(r.name)
+        begin, n = info.begin, info.nbytes
+        if row is not None:
+            n //= max(info.shape[0], 1)
+            begin += row * n
+        if budget is not None:
+            n = min(n, budget)
+        if not n:
+            continue
+        data = source.read_range(info.shard, begin, n)
+        total += n
+        counts = torch.bincount(torch.frombuffer(data, dtype=torch.uint8), minlength=256).tolist()
+        histogram = [a + b for a, b in zip(histogram, counts)]
+        if counts[NAN_E8M0]:
+            where = f" (expert {row})" if row is not None else ""
+            bad.append(f"{r.name}{where}: {counts[NAN_E8M0]} bytes")
+    return bad, total, histogram
+
+
+def scale_warnings(source: Source, layers: list[MoELayer]) -> list[str]:
+    """What convert warns about the scales, from the same cheap sample inspect reads."""
+    todo = [(r, row) for r, row in _sample(layers) if source.has_local(r.shard)]
+    _, _, histogram = _read_scales(source, todo, SAMPLE_BYTES // max(len(todo), 1))
+    msg = magnitude_warning(histogram)
+    return [msg] if msg else []
+
+
+def _scale_nbytes(r: TensorRef) -> int:
+    return expected_nbytes(r.dtype, r.shape) or 0 if r.dtype in DTYPE_BITS else 0
+
+
+def magnitude_warning(histogram: list[int]) -> str | None:
+    """A real checkpoint's typical block of 32 weights has its largest value well below 1, so
+    the median e8m0 code sits a few steps under 127; codes cast numerically instead of stored
+    as exponents (compressed-tensors 0.20 with scale_dtype float8_e8m0fnu writes code 120 as
+    0x86) put it far above."""
+    counts = histogram[:NAN_E8M0]
+    n = sum(counts)
+    if not n:
+        return None
+    acc, median = 0, 0
+    for code, c in enumerate(counts):
+        acc += c
+        if 2 * acc >= n:
+            median = code
+            break
+    largest = 6.0 * 2.0 ** (median - 127)  # e2m1's largest magnitude is 6
+    if median < IMPLAUSIBLE_MEDIAN:
+        return None
+    return (f"the expert scales are implausible: the median e8m0 scale byte is 0x{median:02X} "
+            f"(2^{median - 127}), so a typical block of 32 weights would reach {largest:g}, "
+            f"while real weights keep the largest value of almost every block below about 1 "
+            f"(a median under 0x7F). The scales were "
+            f"probably written as numbers instead of e8m0 exponent codes (compressed-tensors "
+            f"with scale_dtype float8_e8m0fnu casts them numerically); re-export them, or check "
+            f"the weights before serving them.")
 
 
 def _sample(layers: list[MoELayer]) -> list[tuple[TensorRef, int | None]]:

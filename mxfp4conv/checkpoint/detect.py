@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from mxfp4conv.checkpoint.canonical import MoEModel
 from mxfp4conv.checkpoint.families import compressed_tensors, deepseek_v4, gpt_oss, kimi_k3, quark
+from mxfp4conv.checkpoint.families.common import quant_config
 from mxfp4conv.checkpoint.problems import Problems
 from mxfp4conv.checkpoint.source import MANIFEST_NAME, Source
-from mxfp4conv.errors import CheckpointError
+from mxfp4conv.errors import CheckpointError, Mxfp4convError
 
 # Quark first: its exports keep the base model's model_type (deepseek_v3, gpt_oss, ...).
 # compressed-tensors last: the generic MXFP4 MoE reader for architectures without their own.
@@ -28,8 +30,7 @@ def detect(config: dict, where: str = "config.json"):
     for adapter in ADAPTERS:
         if adapter.matches(config):
             return adapter
-    qc = (config.get("quantization_config") or (config.get("text_config") or {}).get(
-        "quantization_config") or {})
+    qc = quant_config(config) or {}
     raise CheckpointError(
         f"{where}: model_type {config.get('model_type')!r} with quant_method "
         f"{qc.get('quant_method') if isinstance(qc, dict) else None!r} matches no supported "
@@ -52,7 +53,16 @@ def analyze(source: Source, *, strict: bool = False) -> Analysis:
     """Describe the checkpoint; problems are collected (or raised when ``strict``)."""
     adapter = detect(source.config, f"{source.root / 'config.json'}")
     problems = Problems(strict=strict)
-    model, prefixes = adapter.build(source, problems)
+    try:
+        model, prefixes = adapter.build(source, problems)
+    except Mxfp4convError:
+        raise
+    except (TypeError, ValueError, AttributeError, KeyError, IndexError, OverflowError, re.error) as exc:
+        # a config value of a type no adapter check anticipated: still the config's fault
+        raise CheckpointError(
+            f"{source.root / 'config.json'}: a value in this {adapter.NAME} config has an "
+            f"unexpected type or form ({type(exc).__name__}: {' '.join(str(exc).split())[:200]}). "
+            f"Use the model's original config.json.") from exc
     if model is not None and not model.layers:
         model = None
         problems.error(f"{source.spec}: no complete MoE layer with routed experts was found; "
@@ -66,4 +76,7 @@ def load_model(source: Source) -> MoEModel:
         raise CheckpointError(f"{source.root}: this is a checkpoint converted by mxfp4conv "
                               f"({MANIFEST_NAME} present), not a source checkpoint. Convert the "
                               f"original checkpoint, or load this one with mxfp4conv.runtime.")
+    from mxfp4conv.checkpoint.checks import check_index
+
+    check_index(source, Problems(strict=True))  # what inspect calls an error, convert refuses
     return analyze(source, strict=True).model

@@ -18,15 +18,17 @@ can only write a file from tensors that are all in memory at once.
 
 from __future__ import annotations
 
-import json
+import errno
 import math
 import os
+import stat
 import struct
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from mxfp4conv.checkpoint import strict_json
 from mxfp4conv.errors import CheckpointError
 
 MAX_HEADER_SIZE = 100_000_000  # the cap the safetensors reader itself applies
@@ -130,18 +132,15 @@ _REDOWNLOAD = "The file is damaged or not a safetensors file; download or copy i
 def parse_header(raw_len: bytes, raw_json: bytes, file_size: int, path: Path) -> ShardHeader:
     """Validate a header already read from ``path`` (of ``file_size`` bytes)."""
     (n,) = struct.unpack("<Q", raw_len)
-    try:
-        obj = json.loads(raw_json.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise _fail(path, f"the safetensors header ({n} bytes) is not valid UTF-8 JSON ({exc}).",
-                    _REDOWNLOAD) from None
+    obj = strict_json.loads(raw_json, str(path), f"safetensors header ({n} bytes)", _REDOWNLOAD)
     if not isinstance(obj, dict):
         raise _fail(path, f"the safetensors header is JSON but not an object (it is a "
                           f"{type(obj).__name__}).", _REDOWNLOAD)
-    metadata = obj.pop("__metadata__", None) or {}
+    metadata = obj.pop("__metadata__", {})
     if not isinstance(metadata, dict) or not all(
             isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
-        raise _fail(path, "the header's __metadata__ must map strings to strings.", _REDOWNLOAD)
+        raise _fail(path, "the header's __metadata__ must be an object mapping strings to "
+                          "strings.", _REDOWNLOAD)
 
     tensors: dict[str, TensorEntry] = {}
     for name, entry in obj.items():
@@ -176,7 +175,7 @@ def _parse_entry(path: Path, name: str, entry: object) -> TensorEntry:
     if not isinstance(entry, dict):
         raise _fail(path, f"{bad} (not an object).", _REDOWNLOAD)
     dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
-    if dtype not in DTYPE_BITS:
+    if not isinstance(dtype, str) or dtype not in DTYPE_BITS:
         raise _fail(path, f"tensor {name!r} has unknown dtype {dtype!r} (known: "
                           f"{', '.join(DTYPE_BITS)}).", _REDOWNLOAD)
     if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool)
@@ -202,11 +201,7 @@ def _parse_entry(path: Path, name: str, entry: object) -> TensorEntry:
 def read_header(path: str | os.PathLike) -> ShardHeader:
     """Read and validate the header of one shard, reading no tensor data."""
     path = Path(path)
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError as exc:
-        raise CheckpointError(f"{path}: cannot open the shard ({exc.strerror}). Check that the "
-                              f"file exists and is readable.") from None
+    fd = open_regular(path, "shard")
     try:
         size = os.fstat(fd).st_size
         raw_len = os.pread(fd, 8, 0)
@@ -227,6 +222,36 @@ def read_header(path: str | os.PathLike) -> ShardHeader:
     finally:
         os.close(fd)
     return parse_header(raw_len, bytes(raw_json), size, path)
+
+
+def open_regular(path: Path, what: str) -> int:
+    """A read-only descriptor of ``path``, refused unless it is a regular file (a FIFO would
+    block forever, a directory cannot be read)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as exc:
+        if exc.errno == errno.EISDIR:
+            raise CheckpointError(f"{path}: the {what} is a directory, not a file. Put the real "
+                                  f"file in its place.") from None
+        raise CheckpointError(f"{path}: cannot open the {what} ({exc.strerror}). Check that the "
+                              f"file exists and is readable.") from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise CheckpointError(f"{path}: the {what} is {file_kind(mode)}, not a regular file. Put "
+                              f"the real file in its place.")
+    os.set_blocking(fd, True)
+    return fd
+
+
+def file_kind(mode: int) -> str:
+    """What a non-regular file is, in words."""
+    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+                       (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISLNK, "a symbolic link")):
+        if test(mode):
+            return name
+    return "not a regular file"
 
 
 def pread_exact(fd: int, offset: int, n: int) -> bytearray:

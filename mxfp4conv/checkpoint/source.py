@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import re
+import stat
 import threading
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -20,6 +21,7 @@ from pathlib import Path, PurePosixPath
 import torch
 
 from mxfp4conv.checkpoint import safetensors_io as st
+from mxfp4conv.checkpoint import strict_json
 from mxfp4conv.errors import CheckpointError
 
 INDEX_NAME = "model.safetensors.index.json"
@@ -222,8 +224,32 @@ class _LocalFetcher(_Fetcher):
                     continue
                 rel = (Path(dirpath) / f).relative_to(self.root).as_posix()
                 if not _is_weight_file(rel, shards):
+                    _check_sidecar(self.root, rel)
                     out.append(rel)
         return out
+
+
+def _check_sidecar(root: Path, rel: str) -> None:
+    """A file copied into the output must be a regular file inside the checkpoint."""
+    full = root / rel
+    real = full.resolve()
+    if not real.is_relative_to(root.resolve()):
+        raise CheckpointError(f"{full}: this file of the checkpoint is a symbolic link leading "
+                              f"outside the checkpoint directory (to {real}); convert would copy "
+                              f"that file into the output. Replace the link with the real file, "
+                              f"or remove it.")
+    mode = full.stat().st_mode if os.path.exists(full) else None
+    if mode is None:
+        raise CheckpointError(f"{full}: this file of the checkpoint is a broken symbolic link. "
+                              f"Replace it with the real file, or remove it.")
+    if not stat.S_ISREG(mode):
+        raise CheckpointError(f"{full}: this file of the checkpoint is {st.file_kind(mode)}, not a "
+                              f"regular file, and cannot be copied into the output. Remove it "
+                              f"from the checkpoint directory.")
+    if not os.access(full, os.R_OK):
+        raise CheckpointError(f"{full}: this file of the checkpoint cannot be read (permission "
+                              f"denied), so it cannot be copied into the output. Make it "
+                              f"readable.")
 
 
 class _HubFetcher(_Fetcher):
@@ -375,17 +401,16 @@ def _remote_header(repo: str, revision: str | None, shard: str) -> st.ShardHeade
 
 # ---- opening -------------------------------------------------------------------------
 
-def _load_json(path: Path, what: str) -> tuple[bytes, object]:
+def _load_json(path: Path, what: str, *, unique_keys: bool = True) -> tuple[bytes, object]:
+    fd = st.open_regular(path, what)
     try:
-        with open(path, "rb") as f:
+        with os.fdopen(fd, "rb") as f:
             raw = f.read()
-        return raw, json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CheckpointError(f"{path}: the {what} is not valid JSON ({exc}). Fix or replace "
-                              f"the file.") from None
     except OSError as exc:
         raise CheckpointError(f"{path}: cannot read the {what} ({exc.strerror}). Check that the "
-                              f"file exists and is readable.") from None
+                              f"file is readable.") from None
+    return raw, strict_json.loads(raw, str(path), what, "Fix or replace the file.",
+                                  unique_keys=unique_keys)
 
 
 def _check_shard_name(root: Path, shard: object, index_path: Path, *, local: bool) -> None:
@@ -408,6 +433,10 @@ def _check_shard_name(root: Path, shard: object, index_path: Path, *, local: boo
                               f"file into the directory, or point at the directory that "
                               f"holds it.")
     if not full.is_file():
+        if os.path.lexists(full):
+            raise CheckpointError(f"{index_path}: weight_map names shard {shard!r} but {full} is "
+                                  f"{st.file_kind(full.stat().st_mode)}, not a file. Put the real "
+                                  f"shard in its place, or fix the index.")
         raise CheckpointError(f"{index_path}: weight_map names shard {shard!r} but "
                               f"{full} does not exist. Download the missing shard, or fix the "
                               f"index.")
@@ -446,7 +475,7 @@ def _parse_index(index_path: Path, obj: object, root: Path, *, local: bool) -> d
 
 
 def _read_config(path: Path, where: str) -> dict:
-    if not path.is_file():
+    if not os.path.lexists(path):
         raise CheckpointError(f"{where}: no {CONFIG_NAME} found. A checkpoint directory needs "
                               f"its config.json next to the safetensors files.")
     _, cfg = _load_json(path, CONFIG_NAME)
@@ -485,15 +514,15 @@ def _open_local(path: Path, spec: str) -> Source:
     config = _read_config(root / CONFIG_NAME, str(root))
     fetcher = _LocalFetcher(root)
     index_path = root / INDEX_NAME
-    if index_path.is_file():
-        raw, obj = _load_json(index_path, "safetensors index")
+    if os.path.lexists(index_path):
+        raw, obj = _load_json(index_path, "safetensors index", unique_keys=False)
         weight_map = _parse_index(index_path, obj, root, local=True)
         log.info("%s: %d tensors in %d shards (%s)", root, len(weight_map),
                  len(set(weight_map.values())), INDEX_NAME)
         return Source(root=root, spec=spec, revision=None, config=config, weight_map=weight_map,
                       index_bytes=raw, fetcher=fetcher)
     single = root / SINGLE_NAME
-    if single.is_file():
+    if os.path.lexists(single):
         header = st.read_header(single)
         log.info("%s: %d tensors in %s", root, len(header.tensors), SINGLE_NAME)
         src = Source(root=root, spec=spec, revision=None, config=config,
@@ -527,7 +556,7 @@ def _open_hub(repo: str, revision: str | None, spec: str) -> Source:
                      fetcher=fetcher)
         src._headers[SINGLE_NAME] = header
         return src
-    raw, obj = _load_json(index_path, "safetensors index")
+    raw, obj = _load_json(index_path, "safetensors index", unique_keys=False)
     weight_map = _parse_index(index_path, obj, root, local=False)
     log.info("%s: %d tensors in %d shards", where, len(weight_map), len(set(weight_map.values())))
     return Source(root=root, spec=spec, revision=fetcher.revision, config=config,

@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from mxfp4conv.checkpoint import checks
+from mxfp4conv.checkpoint import checks, strict_json
 from mxfp4conv.checkpoint.detect import analyze, is_converted
 from mxfp4conv.checkpoint.problems import Problems
 from mxfp4conv.checkpoint.source import MANIFEST_NAME, Source, open_source
@@ -84,8 +84,9 @@ def _inspect(source: Source, full: bool) -> Report:
     problems.items.extend(analysis.problems.items)
     model = analysis.model
     expert_names = model.expert_tensor_names() if model else set()
+    scale_scan = None
     if model is not None:
-        checks.check_nan_scales(source, list(model.layers), problems, full=full)
+        scale_scan = checks.check_nan_scales(source, list(model.layers), problems, full=full)
     groups, count, total, experts = _groups(source, expert_names)
     data = {
         "family": analysis.family,
@@ -104,6 +105,7 @@ def _inspect(source: Source, full: bool) -> Report:
         "expert_bytes": experts,
         "kernel_layout": None,
         "problems": [p.to_json() for p in problems],
+        "scale_scan": scale_scan,
         # Beyond the contract: what the oracle and a reader find useful.
         "moe_method": model.moe_method if model else None,
         "moe_class": model.moe_class if model else None,
@@ -126,19 +128,23 @@ def _source_info(source: Source) -> dict[str, Any]:
 
 
 def _converted(source: Source, problems: Problems) -> Report:
+    from mxfp4conv.convert.manifest import validate_manifest
+
     path = source.path(MANIFEST_NAME)
     try:
-        manifest = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise CheckpointError(f"{path}: the manifest of this converted checkpoint is not valid "
-                              f"JSON ({exc}). Convert the source again.") from None
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise CheckpointError(f"{path}: cannot read the manifest ({exc.strerror}).") from None
+    manifest = strict_json.loads(raw, str(path), "manifest of this converted checkpoint",
+                                 "Convert the source again.")
     if not isinstance(manifest, dict):
         raise CheckpointError(f"{path}: the manifest must be a JSON object. Convert the source "
                               f"again.")
-    if manifest.get("format") != "mxfp4conv-kernel-layout" or manifest.get("version") != 1:
-        problems.error(f"{path}: manifest format {manifest.get('format')!r} version "
-                       f"{manifest.get('version')!r} is not one this mxfp4conv reads "
-                       f"(mxfp4conv-kernel-layout version 1). Use the mxfp4conv that wrote it.")
+    try:
+        validate_manifest(manifest, str(path))
+    except CheckpointError as exc:  # shown as a problem; only what was checked is shown
+        problems.error(str(exc))
+        manifest = {}
     src = manifest.get("source") or {}
     target = manifest.get("target") or {}
     moe = manifest.get("moe") or {}
@@ -152,7 +158,7 @@ def _converted(source: Source, problems: Problems) -> Report:
         "tensors": count,
         "bytes": total,
         "expert_bytes": experts,
-        "kernel_layout": manifest,
+        "kernel_layout": manifest or None,
         "problems": [p.to_json() for p in problems],
         "source": _source_info(source),
         "groups": groups,

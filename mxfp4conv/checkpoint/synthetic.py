@@ -158,8 +158,12 @@ def make_checkpoint(family: str, out_dir: str | os.PathLike, *, scheme: str | No
                 "generation_config.json": {"do_sample": True, "temperature": 0.6,
                                            "bos_token_id": 0, "eos_token_id": 1}}
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    except OSError as exc:
+        raise CheckpointError(f"{out}: cannot create the example directory here ({exc.strerror}); "
+                              f"choose a path inside a writable directory.") from None
     try:
         _write_json(tmp / "config.json", config)
         for name, obj in sidecars.items():
@@ -174,6 +178,10 @@ def make_checkpoint(family: str, out_dir: str | os.PathLike, *, scheme: str | No
             if out.exists():
                 out.rmdir()
             tmp.rename(out)
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise CheckpointError(f"{out}: writing the example failed ({exc.strerror or exc}); nothing "
+                              f"was left behind. Free space or choose another directory.") from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import typer
@@ -52,8 +53,14 @@ def register(app: typer.Typer) -> None:
 
         source = options.with_revision(source, revision)
         target = target_from_options(arch, tp, ep, act_quant, no_aiter, backend, layout, vllm)
-        res = convert(source, out, target, shard_size=shard_size, resume=resume, workers=workers, force=force,
-                      progress="none" if quiet else "auto", allow_nan_scales=allow_nan_scales)
+        try:
+            res = convert(source, out, target, shard_size=shard_size, resume=resume, workers=workers, force=force,
+                          progress="none" if quiet else "auto", allow_nan_scales=allow_nan_scales)
+        except KeyboardInterrupt:
+            # finished shards are complete and recorded; nothing half-written has a final name
+            sys.stderr.write(f"\ninterrupted; rerun with --resume to finish the conversion into {out} "
+                             f"(finished shards are kept).\n")
+            raise SystemExit(130) from None
         if as_json:
             print(json.dumps({"out": str(res.out), "shards": res.shards, "kept": res.kept,
                               "bytes_written": res.bytes_written, "target": res.manifest.get("target"),

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import json
-
 import typer
 
 from mxfp4conv.commands import options
+from mxfp4conv.checkpoint.strict_json import dumps_finite
 from mxfp4conv.errors import CheckpointError
 
 
@@ -64,6 +63,15 @@ def _render(data: dict) -> None:
         env = manifest.get("runtime_env") or {}
         if env:
             con.print(escape("  server env: " + " ".join(f"{k}={v}" for k, v in env.items())))
+    scan = data.get("scale_scan")
+    if scan:
+        if scan["mode"] == "full":
+            con.print(f"scale check   read all {_human(scan['bytes_read'])} of expert scale bytes "
+                      f"({scan['tensors_read']} tensors) for NaN (0xFF) and implausible magnitudes")
+        else:
+            con.print(f"scale check   sampled {_human(scan['bytes_read'])} of "
+                      f"{_human(scan['bytes_total'])} of expert scale bytes ({scan['tensors_read']} "
+                      f"tensors) for NaN (0xFF) and implausible magnitudes; --full scans them all")
     problems = data["problems"]
     if not problems:
         con.print("[green]no problems found[/]")
@@ -86,7 +94,7 @@ def register(app: typer.Typer) -> None:
         source = options.with_revision(source, revision)
         report = inspect_source(source, full=full)
         if as_json:
-            print(json.dumps(report.data, indent=2, default=str))
+            print(dumps_finite(report.data, indent=2, default=str))
         else:
             _render(report.data)
         errors = report.problems.errors

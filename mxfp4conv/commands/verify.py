@@ -42,4 +42,4 @@ def register(app: typer.Typer) -> None:
         for layer in rep.layers:
             extra = f" ({layer['bytes'] / 1e6:.1f} MB compared)" if "bytes" in layer else ""
             print(f"  {layer['prefix']}: {layer['status']}{extra}")
-        print(f"verified {out}" + (f" against {source}" if source else " (structure only; pass --source to compare bytes)"))
+        print(f"verified {out}" + (f" against {source}" if source else " (structure and recorded checksums; pass --source to compare every byte with the source)"))

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import json
+import math
+import os
 from pathlib import Path
 from typing import Any
 
 from mxfp4conv import __version__
+from mxfp4conv.checkpoint import strict_json
+from mxfp4conv.checkpoint.safetensors_io import open_regular
 from mxfp4conv.checkpoint.source import MANIFEST_NAME
 from mxfp4conv.errors import CheckpointError
 
@@ -123,36 +127,104 @@ def validate_manifest(m: Any, where: str = MANIFEST_NAME) -> dict[str, Any]:
             raise bad(f"section {section!r} lacks {', '.join(missing)}")
     if "runtime_env" not in m or not isinstance(m["runtime_env"], dict):
         raise bad("section 'runtime_env' is missing")
+    _check_types(m, bad)
     moe, tgt = m["moe"], m["target"]
     tp = tgt["tp"]
-    if not isinstance(tp, int) or tp < 1:
-        raise bad(f"target.tp is {tp!r}")
     if tgt["ep"] and moe["experts_per_rank"] * tp != moe["num_experts"]:
         raise bad(f"experts_per_rank {moe['experts_per_rank']} x tp {tp} != num_experts {moe['num_experts']}")
     if not tgt["ep"] and moe["experts_per_rank"] != moe["num_experts"]:
         raise bad("experts_per_rank differs from num_experts without expert parallelism")
     if moe["hidden_padded"] < moe["hidden"] or moe["intermediate_per_rank_padded"] < moe["intermediate_per_rank"]:
         raise bad("a padded size is smaller than the real size")
+    if moe["top_k"] > moe["num_experts"]:
+        raise bad(f"top_k {moe['top_k']} exceeds num_experts {moe['num_experts']}")
     return m
+
+
+MAX_TP = 1 << 12
+MAX_SIZE = 1 << 22  # hidden / intermediate (padded) sizes
+MAX_EXPERTS = 1 << 16
+
+
+def _is_int(v, lo: int, hi: int) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi
+
+
+def _check_types(m: dict, bad) -> None:
+    """Every field the readers use has the type and range they assume (a hand-edited manifest
+    with null, a string or a huge number fails here, not deep inside verify or the loader)."""
+    tgt, moe, lay, src = m["target"], m["moe"], m["layout"], m["source"]
+    wrong = []
+    for k in ("arch", "backend", "activation", "act_quant", "gate_mode"):
+        if not isinstance(tgt[k], str) or not tgt[k]:
+            wrong.append(f"target.{k} is {tgt[k]!r}, expected a name")
+    for k in ("ep", "is_shuffled"):
+        if not isinstance(tgt[k], bool):
+            wrong.append(f"target.{k} is {tgt[k]!r}, expected true or false")
+    if not _is_int(tgt["tp"], 1, MAX_TP):
+        wrong.append(f"target.tp is {tgt['tp']!r}, expected a whole number from 1 to {MAX_TP}")
+    params = tgt["activation_params"]
+    if not isinstance(params, dict) or not all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+            for v in params.values()):
+        wrong.append(f"target.activation_params is {params!r}, expected an object of finite numbers")
+    for k in _REQUIRED["layout"]:
+        if not isinstance(lay[k], str):
+            wrong.append(f"layout.{k} is {lay[k]!r}, expected a layout name")
+    for k, lo, hi in (("hidden", 1, MAX_SIZE), ("hidden_padded", 1, MAX_SIZE), ("intermediate", 1, MAX_SIZE),
+                      ("intermediate_per_rank", 1, MAX_SIZE), ("intermediate_per_rank_padded", 1, MAX_SIZE),
+                      ("num_experts", 1, MAX_EXPERTS), ("experts_per_rank", 1, MAX_EXPERTS),
+                      ("top_k", 1, MAX_EXPERTS)):
+        if not _is_int(moe[k], lo, hi):
+            wrong.append(f"moe.{k} is {moe[k]!r}, expected a whole number from {lo} to {hi}")
+    layers = moe["layers"]
+    if not isinstance(layers, list) or not layers or not all(isinstance(x, str) and x for x in layers) \
+            or len(set(layers)) != len(layers):
+        wrong.append("moe.layers is not a non-empty list of distinct layer names")
+    for k in ("has_bias", "static_input_scales"):
+        if k in moe and not isinstance(moe[k], bool):
+            wrong.append(f"moe.{k} is {moe[k]!r}, expected true or false")
+    for k in _REQUIRED["source"]:
+        if not isinstance(src[k], str):
+            wrong.append(f"source.{k} is {src[k]!r}, expected a string")
+    env = m["runtime_env"]
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+        wrong.append("runtime_env does not map names to strings")
+    pads = m.get("pad_bytes", {})
+    if not isinstance(pads, dict) or not all(_is_int(v, 0, 255) for v in pads.values()):
+        wrong.append(f"pad_bytes is {pads!r}, expected bytes 0..255")
+    if tgt.get("request") is not None and not isinstance(tgt["request"], dict):
+        wrong.append("target.request is not an object")
+    if wrong:
+        shown = "; ".join(w if len(w) < 160 else w[:157] + "..." for w in wrong[:3])
+        raise bad(shown + (f" (and {len(wrong) - 3} more)" if len(wrong) > 3 else ""))
 
 
 def manifest_text(m: dict[str, Any]) -> str:
     """Canonical JSON (the string stamped into every shard's ``__metadata__``)."""
-    return json.dumps(m, sort_keys=True, separators=(",", ":"))
+    return strict_json.dumps_finite(m, sort_keys=True, separators=(",", ":"))
 
 
 def write_manifest_json(m: dict[str, Any]) -> bytes:
-    return (json.dumps(m, indent=2, sort_keys=True) + "\n").encode()
+    return (strict_json.dumps_finite(m, indent=2, sort_keys=True) + "\n").encode()
+
+
+def read_manifest_file(p: Path) -> dict[str, Any]:
+    """Parse and validate one ``mxfp4conv.json``."""
+    fd = open_regular(Path(p), "manifest")
+    try:
+        with os.fdopen(fd, "rb") as f:
+            raw = f.read()
+    except OSError as exc:
+        raise CheckpointError(f"{p}: cannot read the manifest ({exc.strerror}).") from None
+    m = strict_json.loads(raw, str(p), "manifest of this converted checkpoint",
+                          "Convert the source again.")
+    return validate_manifest(m, str(p))
 
 
 def load_manifest(root: Path) -> dict[str, Any] | None:
     """The validated manifest of a converted checkpoint directory, or None if it has none."""
     p = Path(root) / MANIFEST_NAME
-    if not p.is_file():
+    if not os.path.lexists(p):
         return None
-    try:
-        m = json.loads(p.read_text())
-    except (OSError, ValueError) as exc:
-        raise CheckpointError(f"{p}: the manifest of this converted checkpoint cannot be read as "
-                              f"JSON ({exc}). Convert the source again.") from None
-    return validate_manifest(m, str(p))
+    return read_manifest_file(p)

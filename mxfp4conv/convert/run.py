@@ -8,13 +8,18 @@ directory without ``mxfp4conv.json`` is visibly unfinished.
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
 import os
 import shutil
+import sys
+from contextlib import contextmanager
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from mxfp4conv.checkpoint.checks import scale_warnings
 from mxfp4conv.checkpoint.source import INDEX_NAME
 from mxfp4conv.convert.memory import keep_freed_memory
 from mxfp4conv.convert.manifest import MANIFEST_NAME, build_manifest, write_manifest_json
@@ -31,6 +36,7 @@ from mxfp4conv.convert.writer import (
 from mxfp4conv.errors import CheckpointError, Mxfp4convError
 
 PROGRESS_NAME = ".mxfp4conv-progress.json"
+LOCK_NAME = ".mxfp4conv.lock"
 DEFAULT_CHUNK_BYTES = 24 << 20  # per task; keeps every buffer under glibc's mmap threshold
 
 
@@ -41,6 +47,7 @@ class ConvertResult:
     kept: list[str] = field(default_factory=list)  # finished shards reused by --resume
     bytes_written: int = 0
     manifest: dict = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)  # also printed on stderr
 
 
 def prepare(source, target, shard_size=DEFAULT_SHARD_SIZE):
@@ -67,27 +74,47 @@ def convert(source, out, target, shard_size=DEFAULT_SHARD_SIZE, resume=False, wo
     ``workers``: threads that read, transform and write (None: ``default_workers()``)."""
     src, model, decision, manifest, plan = prepare(source, target, shard_size)
     keep_freed_memory()
+    notes = scale_warnings(src, list(model.layers))
+    for msg in notes:
+        sys.stderr.write(f"warning: {msg}\n")
+    sidecars = [rel for rel in src.sidecar_files() if rel not in (MANIFEST_NAME, INDEX_NAME, PROGRESS_NAME)]
     out = Path(out)
     _check_out(src, out, resume, force)
-    out.mkdir(parents=True, exist_ok=True)
+    _make_dir(out)
+    with output_lock(out):
+        result = _convert_into(src, model, plan, manifest, out, sidecars, resume, workers, progress,
+                               allow_nan_scales, chunk_bytes)
+    result.warnings = notes
+    return result
+
+
+def _convert_into(src, model, plan, manifest, out, sidecars, resume, workers, progress,
+                  allow_nan_scales, chunk_bytes) -> ConvertResult:
     _remove(out / MANIFEST_NAME)  # unfinished until the very end
     _remove(out / INDEX_NAME)
     for p in out.glob("." + "*" + TEMP_SUFFIX):
         _remove(p)
 
     fingerprint = plan.fingerprint()
-    record = _load_progress(out) if resume else {}
+    earlier = _load_progress(out)
+    record = earlier if resume else {}
     if record.get("plan") != fingerprint:
         record = {"plan": fingerprint, "shards": {}}
     kept = _keep_finished(out, plan, record)
     for p in out.glob("model-*-of-*.safetensors"):
         if SHARD_RE.match(p.name) and p.name not in kept:
             _remove(p)
+    # files an earlier conversion copied into OUT that this one does not write
+    files = earlier.get("files")
+    for rel in set(files if isinstance(files, list) else ()) - set(sidecars):
+        if isinstance(rel, str) and _is_own_path(out, rel):
+            _remove(out / rel)
     record["shards"] = {k: v for k, v in record["shards"].items() if k in kept}
+    record["files"] = sorted(sidecars)
     _save_progress(out, record)
 
-    src.prefetch(src.shards() + src.sidecar_files())  # a hub source: fetch in parallel (no-op locally)
-    _copy_sidecars(src, out)
+    src.prefetch(src.shards() + sidecars)  # a hub source: fetch in parallel (no-op locally)
+    _copy_sidecars(src, out, sidecars)
 
     todo = sum(t.spec.size() for s in plan.shards if s.name not in kept for t in s.tensors)
     bar = Progress(todo, progress)
@@ -123,6 +150,50 @@ def _check_out(src, out: Path, resume: bool, force: bool) -> None:
         raise Mxfp4convError(f"output directory {out} is not empty; pass --resume to finish an "
                              f"interrupted conversion into it, --force to overwrite it, or choose "
                              f"an empty directory.")
+
+
+def _make_dir(out: Path) -> None:
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        parent = next((p for p in out.parents if os.path.lexists(p)), out.parent)
+        if exc.errno in (errno.ENOTDIR, errno.EEXIST):
+            why = f"{parent} is not a directory"
+        else:
+            why = exc.strerror or str(exc)
+        raise Mxfp4convError(f"cannot create the output directory {out} ({why}); choose an output "
+                             f"path inside a writable directory.") from None
+
+
+@contextmanager
+def output_lock(out: Path):
+    """Hold an exclusive lock on OUT for the whole conversion; a second convert into the same
+    OUT is refused instead of racing the first."""
+    path = out / LOCK_NAME
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise _os_error(exc, path, "create the lock file") from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise Mxfp4convError(f"{out}: another mxfp4conv convert is writing into this output "
+                                 f"directory right now (it holds {LOCK_NAME}). Wait for it to "
+                                 f"finish, or choose another output directory.") from None
+        yield
+    finally:
+        os.close(fd)
+
+
+def _is_own_path(out: Path, rel: str) -> bool:
+    """A path recorded in OUT's progress file that stays inside OUT (the record is not trusted)."""
+    p = Path(rel)
+    if not rel or p.is_absolute() or ".." in p.parts or rel in (PROGRESS_NAME, LOCK_NAME, INDEX_NAME,
+                                                               MANIFEST_NAME):
+        return False
+    full = out / p
+    return full.resolve().is_relative_to(out.resolve()) and not full.is_dir() and not SHARD_RE.match(rel)
 
 
 def _remove(p: Path) -> None:
@@ -180,15 +251,21 @@ def _keep_finished(out: Path, plan: OutputPlan, record: dict) -> set[str]:
     return kept
 
 
-def _copy_sidecars(src, out: Path) -> None:
-    for rel in src.sidecar_files():
-        if rel in (MANIFEST_NAME, INDEX_NAME, PROGRESS_NAME):
-            continue
+def _copy_sidecars(src, out: Path, sidecars: list[str]) -> None:
+    for rel in sidecars:
         dst = out / rel
-        dst.parent.mkdir(parents=True, exist_ok=True)
         tmp = dst.with_name("." + dst.name + TEMP_SUFFIX)
+        path = src.path(rel)
         try:
-            shutil.copyfile(src.path(rel), tmp)
+            fin = open(path, "rb")
+        except OSError as exc:
+            raise CheckpointError(f"{path}: cannot read this file of the source ({exc.strerror}), "
+                                  f"so it cannot be copied into the output. Make it readable and "
+                                  f"run again with --resume.") from None
+        try:
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            with fin, open(tmp, "wb") as fout:
+                shutil.copyfileobj(fin, fout)
             os.replace(tmp, dst)
         except OSError as exc:
             _remove(tmp)

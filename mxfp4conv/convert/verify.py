@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from mxfp4conv.checkpoint import strict_json
 from mxfp4conv.checkpoint.safetensors_io import pread_exact, read_header
 from mxfp4conv.checkpoint.source import INDEX_NAME
 from mxfp4conv.convert.manifest import (
@@ -126,7 +127,8 @@ def _verify(out: Path, source, rep: VerifyReport, workers: int, progress: str) -
             raise VerifyError("header", f"{out / weight_map[name]}: tensor {name} is {e.dtype} "
                               f"{list(e.shape)}, expected {dtype} {list(shape)}.", tensor=name)
     rep.checks.append("expert tensor shapes")
-    if source is None:
+    if source is None:  # with the source every byte is compared instead, naming the first difference
+        rep.checks.append(_check_recorded_checksums(out, sorted(headers)))
         rep.layers = [{"prefix": p, "status": "structure ok"} for p in manifest["moe"]["layers"]]
         return
     reader = _OutReader(out, weight_map, headers)
@@ -135,6 +137,36 @@ def _verify(out: Path, source, rep: VerifyReport, workers: int, progress: str) -
             _verify_against_source(out, source, manifest, weight_map, expected, reader, rep, workers, progress)
     finally:
         reader.close()
+
+
+def _check_recorded_checksums(out: Path, shards: list[str]) -> str:
+    """Recompute every shard's checksum and compare it with the one convert recorded when it
+    wrote the shard: proves the bytes unchanged since, without the source."""
+    from mxfp4conv.convert.run import PROGRESS_NAME
+    from mxfp4conv.convert.writer import shard_checksum
+
+    p = out / PROGRESS_NAME
+    if not p.is_file():
+        return f"recorded checksums: none ({PROGRESS_NAME} absent), shard bytes not checked"
+    try:
+        record = json.loads(p.read_text()).get("shards")
+    except (OSError, ValueError, AttributeError, RecursionError):
+        record = None
+    if not isinstance(record, dict):
+        raise VerifyError("checksum", f"{p}: the record of shard checksums is not readable; it was "
+                          f"damaged after the conversion. Convert again, or verify with --source.")
+    for s in shards:
+        rec = record.get(s)
+        want = rec.get("checksum") if isinstance(rec, dict) else None
+        if not isinstance(want, str):
+            raise VerifyError("checksum", f"{out / s}: no checksum recorded for this shard in {p.name}; "
+                              f"it was not written by this conversion. Convert again.", shard=s)
+        got, _ = shard_checksum(out / s)
+        if got != want:
+            raise VerifyError("checksum", f"{out / s}: the shard's bytes changed since convert wrote it "
+                              f"(checksum {got} differs from the recorded {want}). Copy or convert it "
+                              f"again; verify --source names the first differing byte.", shard=s)
+    return f"{len(shards)} shard checksums equal to the ones recorded at conversion"
 
 
 def expected_expert_specs(manifest: dict) -> dict[str, tuple[str, tuple[int, ...]]]:
@@ -162,10 +194,13 @@ def _geometry(manifest: dict) -> RankGeometry:
 def _check_index_and_headers(out: Path, manifest: dict):
     p = out / INDEX_NAME
     try:
-        index = json.loads(p.read_text())
+        index = strict_json.loads(p.read_bytes(), str(p), "index", "Convert again.")
         weight_map = index["weight_map"]
-        total = int(index["metadata"]["total_size"])
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+        total = index["metadata"]["total_size"]
+        if not isinstance(total, int) or not isinstance(weight_map, dict) \
+                or not all(isinstance(v, str) for v in weight_map.values()):
+            raise TypeError("weight_map must map names to shard files and total_size be an integer")
+    except (OSError, KeyError, TypeError, CheckpointError) as exc:
         raise VerifyError("index", f"{p}: missing or malformed ({exc}). Convert again.") from None
     shards = sorted(set(weight_map.values()))
     for i, s in enumerate(shards):
@@ -183,7 +218,7 @@ def _check_index_and_headers(out: Path, manifest: dict):
             raise VerifyError("header", f"{out / s}: __metadata__ lacks \"format\": \"pt\".", shard=s)
         try:
             stamped = json.loads(md.get("mxfp4conv", ""))
-        except ValueError:
+        except (ValueError, RecursionError):
             stamped = None
         if stamped != manifest:
             raise VerifyError("header", f"{out / s}: the manifest stamped in __metadata__ differs from "

@@ -19,9 +19,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 
+from mxfp4conv.checkpoint import strict_json
+from mxfp4conv.checkpoint.safetensors_io import read_header
 from mxfp4conv.convert.manifest import MANIFEST_NAME, load_manifest
+from mxfp4conv.convert.plan import SHARD_RE
 from mxfp4conv.errors import CheckpointError, RuntimeInputError
 from mxfp4conv.runtime.experts import TENSOR_NAMES, WEIGHT_KINDS, MoEExperts, is_aiter_layout
 from mxfp4conv.runtime.relayout import to_canonical
@@ -145,33 +148,67 @@ def apply_runtime_env(env: dict[str, str]) -> dict[str, str]:
 def _weight_map(root: Path) -> dict[str, str]:
     index = root / INDEX
     if index.is_file():
+        fix = "Re-run `mxfp4conv convert`."
         try:
-            return dict(json.loads(index.read_text())["weight_map"])
-        except (OSError, json.JSONDecodeError, KeyError, TypeError) as exc:
-            raise CheckpointError(f"{index} is not a valid safetensors index ({exc}); re-run `mxfp4conv convert`.") from exc
+            obj = strict_json.loads(index.read_bytes(), str(index), "safetensors index", fix)
+        except OSError as exc:
+            raise CheckpointError(f"{index}: cannot read the index ({exc.strerror}). {fix}") from None
+        wm = obj.get("weight_map") if isinstance(obj, dict) else None
+        if not isinstance(wm, dict) or not all(isinstance(v, str) and SHARD_RE.match(v) for v in wm.values()):
+            raise CheckpointError(f"{index} is not the index mxfp4conv writes (a weight_map of tensor "
+                                  f"names to model-NNNNN-of-NNNNN.safetensors shards). {fix}")
+        return dict(wm)
     single = root / "model.safetensors"
     if single.is_file():
-        with safe_open(str(single), framework="pt") as f:
-            return {name: single.name for name in f.keys()}
+        return {name: single.name for name in read_header(single).tensors}
     raise CheckpointError(f"{root} has neither {INDEX} nor model.safetensors; the conversion is incomplete.")
 
 
-def _read_tensors(root: Path, names: list[str], weight_map: dict[str, str]) -> dict[str, torch.Tensor]:
+def _shard_headers(root: Path, weight_map: dict[str, str], manifest: dict) -> dict:
+    """Every shard's header, checked (complete file, the manifest stamped in it)."""
+    headers = {}
+    for shard in sorted(set(weight_map.values())):
+        spath = root / shard
+        if not spath.is_file():
+            raise CheckpointError(f"{spath} (listed in {INDEX}) is missing; the conversion is incomplete.")
+        headers[shard] = read_header(spath)  # a truncated or damaged shard fails here, with its name
+        _check_stamp(headers[shard], manifest)
+    return headers
+
+
+def _read_tensors(root: Path, names: list[str], weight_map: dict[str, str], headers: dict) -> dict[str, torch.Tensor]:
     by_shard: dict[str, list[str]] = defaultdict(list)
     for n in names:
         by_shard[weight_map[n]].append(n)
     out = {}
     for shard, shard_names in by_shard.items():
         spath = root / shard
-        if not spath.is_file():
-            raise CheckpointError(f"{spath} (listed in {INDEX} for {shard_names[0]}) is missing; the conversion is incomplete.")
-        with safe_open(str(spath), framework="pt", device="cpu") as f:
-            present = set(f.keys())
-            for n in shard_names:
-                if n not in present:
-                    raise CheckpointError(f"{spath} does not hold {n}, although {INDEX} says it does; re-run `mxfp4conv convert`.")
-                out[n] = f.get_tensor(n)
+        header = headers[shard]
+        for n in shard_names:
+            if n not in header.tensors:
+                raise CheckpointError(f"{spath} does not hold {n}, although {INDEX} says it does; re-run `mxfp4conv convert`.")
+        try:
+            with safe_open(str(spath), framework="pt", device="cpu") as f:
+                for n in shard_names:
+                    out[n] = f.get_tensor(n)
+        except (SafetensorError, OSError) as exc:
+            raise CheckpointError(f"{spath}: the shard cannot be read ({exc}); re-run `mxfp4conv convert`.") from None
     return out
+
+
+def _check_stamp(header, manifest: dict) -> None:
+    """Every shard carries the manifest it was written with: an edited mxfp4conv.json, or
+    shards of two conversions mixed, must not load."""
+    stamped = header.metadata.get("mxfp4conv")
+    try:
+        same = stamped is not None and json.loads(stamped) == manifest
+    except (ValueError, RecursionError):
+        same = False
+    if not same:
+        raise CheckpointError(
+            f"{header.path}: the manifest stamped in this shard's __metadata__ differs from "
+            f"{MANIFEST_NAME} (the manifest was edited, or shards of different conversions are mixed). "
+            f"Restore the original {MANIFEST_NAME}, or convert the source again.")
 
 
 def _as_bytes(t: torch.Tensor) -> torch.Tensor:
@@ -229,6 +266,8 @@ def load_moe_layers(
     manifest = read_manifest(root)
     where = str(root)
     _check_request(manifest, where, rank, arch, tp, backend)
+    weight_map = _weight_map(root)
+    headers = _shard_headers(root, weight_map, manifest)
     target, moe, layout = manifest["target"], manifest["moe"], manifest["layout"]
     dev = torch.device(device)
     stored_layout = {k: str(layout.get(k, "identity")) for k in WEIGHT_KINDS}
@@ -284,7 +323,6 @@ def load_moe_layers(
     layers = moe.get("layers") or []
     if not layers:
         raise CheckpointError(f"{where}: moe.layers is empty; the manifest lists no MoE layer to load.")
-    weight_map = _weight_map(root)
     result: dict[str, MoEExperts] = {}
     for prefix in layers:
         base = f"{prefix}.experts.rank{rank}."
@@ -295,7 +333,7 @@ def load_moe_layers(
                 f"{where}: tensor {missing[0]} is not in {INDEX} (layer {prefix!r}, rank {rank}); the conversion "
                 "is incomplete or for other ranks. Re-run `mxfp4conv convert`."
             )
-        tensors = _read_tensors(root, list(wanted.values()), weight_map)
+        tensors = _read_tensors(root, list(wanted.values()), weight_map, headers)
         t = {kind: tensors[name] for kind, name in wanted.items()}
         ex = MoEExperts(
             prefix=prefix,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from collections import defaultdict
 from dataclasses import dataclass
@@ -45,19 +46,21 @@ def text_config(config: dict) -> dict:
     return tc if isinstance(tc, dict) and "hidden_size" in tc else config
 
 
-def activation_from_config(cfg: dict) -> Activation:
+def activation_from_config(cfg: dict, where: str = "config.json") -> Activation:
     """The routed experts' gated activation with its parameters, from the model config."""
+    limit = cfg_float(cfg, where, "swiglu_limit")
     if cfg.get("model_type") == "gpt_oss":
-        return Activation("swigluoai", {"alpha": float(cfg.get("swiglu_alpha", 1.702)),
-                                        "limit": float(cfg.get("swiglu_limit", 7.0))})
-    name = str(cfg.get("hidden_act", "silu"))
+        return Activation("swigluoai", {"alpha": cfg_float(cfg, where, "swiglu_alpha", default=1.702),
+                                        "limit": 7.0 if limit is None else limit})
+    name = cfg_activation(cfg, where, "silu")
     if name == "situ":
-        params = {"beta": float(cfg.get("activation_situ_beta", 4.0))}
-        if cfg.get("activation_situ_linear_beta") is not None:
-            params["linear_beta"] = float(cfg["activation_situ_linear_beta"])
+        params = {"beta": cfg_float(cfg, where, "activation_situ_beta", default=4.0)}
+        linear_beta = cfg_float(cfg, where, "activation_situ_linear_beta", positive=False)
+        if linear_beta is not None:
+            params["linear_beta"] = linear_beta
         return Activation(name, params)
-    if cfg.get("swiglu_limit") is not None:
-        return Activation(name, {"swiglu_limit": float(cfg["swiglu_limit"])})
+    if limit is not None:
+        return Activation(name, {"swiglu_limit": limit})
     return Activation(name, {})
 
 
@@ -71,6 +74,86 @@ def cfg_get(config: dict, where: str, *keys: str, default=None, required: bool =
                               f"needed to describe the MoE layers. Use the model's original "
                               f"config.json.")
     return default
+
+
+# Far above any real model, far below sizes that would make a loop over them run for hours.
+MAX_EXPERTS = 1 << 16
+MAX_WIDTH = 1 << 20  # hidden / intermediate sizes
+MAX_LAYERS = 1 << 16
+
+
+def _present(config: dict, keys: tuple[str, ...]) -> str:
+    return next((k for k in keys if config.get(k) is not None), keys[0])
+
+
+def cfg_int(config: dict, where: str, *keys: str, lo: int = 1, hi: int, default: int | None = None,
+            required: bool = True) -> int:
+    """``cfg_get`` for a whole number in ``[lo, hi]``; anything else is a clear error."""
+    v = cfg_get(config, where, *keys, default=default, required=required)
+    if v is None:
+        return v
+    ok = not isinstance(v, bool) and (isinstance(v, int) or (isinstance(v, float) and v.is_integer()))
+    if not ok or not lo <= v <= hi:
+        raise CheckpointError(f"{where}: {_present(config, keys)!r} is {_shown(v)}, but it must be a "
+                              f"whole number from {lo} to {hi}. Use the model's original "
+                              f"config.json.")
+    return int(v)
+
+
+def cfg_float(config: dict, where: str, key: str, *, default: float | None = None,
+              positive: bool = True) -> float | None:
+    """A finite number (positive unless told otherwise), or ``default`` when absent."""
+    v = config.get(key)
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
+            or (positive and v <= 0):
+        raise CheckpointError(f"{where}: {key!r} is {_shown(v)}, but it must be a finite "
+                              f"{'positive ' if positive else ''}number. Use the model's original "
+                              f"config.json.")
+    return float(v)
+
+
+def cfg_activation(config: dict, where: str, default: str) -> str:
+    """``hidden_act``: one of the names vLLM's MoE activations accept."""
+    from mxfp4conv.oracle.backends import GENERIC_ACTIVATIONS
+
+    v = config.get("hidden_act")
+    if v is None:
+        return default
+    known = GENERIC_ACTIVATIONS | {"gelu_pytorch_tanh"}
+    if not isinstance(v, str) or v not in known:
+        raise CheckpointError(f"{where}: 'hidden_act' is {_shown(v)}, not an activation vLLM's "
+                              f"MoE layers know ({', '.join(sorted(known))}). Use the model's "
+                              f"original config.json.")
+    return v
+
+
+def cfg_dict(config: dict, where: str, key: str) -> dict:
+    """An optional object-valued key ({} when absent)."""
+    v = config.get(key)
+    if v is None:
+        return {}
+    if not isinstance(v, dict):
+        raise CheckpointError(f"{where}: {key!r} is {_shown(v)}, but it must be a JSON object. Use "
+                              f"the model's original config.json.")
+    return v
+
+
+def cfg_list_of_str(config: dict, where: str, key: str) -> list[str]:
+    """An optional list of strings ([] when absent)."""
+    v = config.get(key)
+    if v is None:
+        return []
+    if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+        raise CheckpointError(f"{where}: {key!r} is {_shown(v)}, but it must be a list of "
+                              f"strings. Use the model's original config.json.")
+    return v
+
+
+def _shown(v) -> str:
+    text = repr(v)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def natural_key(prefix: str) -> tuple:

@@ -57,12 +57,12 @@ def build(source, problems: Problems) -> tuple[MoEModel | None, list[str]]:
                               f"experts (e.g. {modules[0]!r}) unquantised; there are no MXFP4 "
                               f"experts to convert.")
     geometry = MoEGeometry(
-        hidden=int(common.cfg_get(cfg, where, "routed_expert_hidden_size", "hidden_size")),
-        intermediate=int(common.cfg_get(cfg, where, "moe_intermediate_size", "intermediate_size")),
-        num_experts=int(common.cfg_get(cfg, where, "n_routed_experts", "num_experts",
-                                       "num_local_experts")),
-        top_k=int(common.cfg_get(cfg, where, "num_experts_per_tok", "num_experts_per_token",
-                                 "moe_topk")),
+        hidden=common.cfg_int(cfg, where, "routed_expert_hidden_size", "hidden_size", hi=common.MAX_WIDTH),
+        intermediate=common.cfg_int(cfg, where, "moe_intermediate_size", "intermediate_size", hi=common.MAX_WIDTH),
+        num_experts=common.cfg_int(cfg, where, "n_routed_experts", "num_experts",
+                                       "num_local_experts", hi=common.MAX_EXPERTS),
+        top_k=common.cfg_int(cfg, where, "num_experts_per_tok", "num_experts_per_token",
+                                 "moe_topk", hi=common.MAX_EXPERTS),
     )
     common.check_geometry(geometry, problems, where)
 
@@ -81,7 +81,7 @@ def build(source, problems: Problems) -> tuple[MoEModel | None, list[str]]:
             f"by its '.experts.rank<r>.' names.")
     model = MoEModel(
         family=NAME, quant_scheme=scheme.quant_scheme, moe_method=scheme.moe_method,
-        activation=common.activation_from_config(cfg), routing=common.routing_from_config(cfg),
+        activation=common.activation_from_config(cfg, where), routing=common.routing_from_config(cfg),
         geometry=geometry, layers=tuple(layers), dtype_variants=variants,
         moe_class=scheme.moe_class, declared_act=scheme.declared_act,
         extra={"base_model_type": cfg.get("model_type"), "architectures": list(architectures)},

@@ -42,15 +42,16 @@ def build(source, problems: Problems) -> tuple[MoEModel | None, list[str]]:
                               f"the MXFP4 release (expert_dtype \"fp4\") has MXFP4 experts to "
                               f"convert.")
     geometry = MoEGeometry(
-        hidden=int(common.cfg_get(config, where, "hidden_size")),
-        intermediate=int(common.cfg_get(config, where, "moe_intermediate_size")),
-        num_experts=int(common.cfg_get(config, where, "n_routed_experts")),
-        top_k=int(common.cfg_get(config, where, "num_experts_per_tok")),
+        hidden=common.cfg_int(config, where, "hidden_size", hi=common.MAX_WIDTH),
+        intermediate=common.cfg_int(config, where, "moe_intermediate_size", hi=common.MAX_WIDTH),
+        num_experts=common.cfg_int(config, where, "n_routed_experts", hi=common.MAX_EXPERTS),
+        top_k=common.cfg_int(config, where, "num_experts_per_tok", hi=common.MAX_EXPERTS),
     )
     common.check_geometry(geometry, problems, where)
     params = {}
-    if config.get("swiglu_limit") is not None:
-        params["swiglu_limit"] = float(config["swiglu_limit"])
+    limit = common.cfg_float(config, where, "swiglu_limit")
+    if limit is not None:
+        params["swiglu_limit"] = limit
     found = common.scan(source.tensor_names(), PATTERN, _field)
     if not found.layers:
         problems.error(f"{source.spec}: a DeepSeek-V4 config but no routed-expert tensors named "
@@ -59,9 +60,10 @@ def build(source, problems: Problems) -> tuple[MoEModel | None, list[str]]:
     layers, prefixes, variants = common.expert_layers(source, found, geometry, problems, _name_for)
     model = MoEModel(
         family=NAME, quant_scheme="w_mxfp4", moe_method="mxfp4", moe_class="Mxfp4MoEMethod",
-        activation=Activation(str(config.get("hidden_act", "silu")), params),
+        activation=Activation(common.cfg_activation(config, where, "silu"), params),
         routing="DeepseekV4", geometry=geometry, layers=tuple(layers), dtype_variants=variants,
-        extra={"num_hash_layers": int(config.get("num_hash_layers", 0) or 0),
+        extra={"num_hash_layers": common.cfg_int(config, where, "num_hash_layers", lo=0,
+                                                  hi=common.MAX_LAYERS, default=0),
                "mtp_layers": [p for p in prefixes if common.natural_key(p)[0]]},
     )
     return model, prefixes

@@ -45,10 +45,10 @@ def build(source, problems: Problems) -> tuple[MoEModel | None, list[str]]:
     config = source.config
     where = f"{source.spec} (config.json)"
     geometry = MoEGeometry(
-        hidden=int(common.cfg_get(config, where, "hidden_size")),
-        intermediate=int(common.cfg_get(config, where, "intermediate_size")),
-        num_experts=int(common.cfg_get(config, where, "num_local_experts", "num_experts")),
-        top_k=int(common.cfg_get(config, where, "num_experts_per_tok", "experts_per_token")),
+        hidden=common.cfg_int(config, where, "hidden_size", hi=common.MAX_WIDTH),
+        intermediate=common.cfg_int(config, where, "intermediate_size", hi=common.MAX_WIDTH),
+        num_experts=common.cfg_int(config, where, "num_local_experts", "num_experts", hi=common.MAX_EXPERTS),
+        top_k=common.cfg_int(config, where, "num_experts_per_tok", "experts_per_token", hi=common.MAX_EXPERTS),
     )
     common.check_geometry(geometry, problems, where)
     found: dict[str, dict[str, str]] = {}
@@ -88,7 +88,8 @@ def build(source, problems: Problems) -> tuple[MoEModel | None, list[str]]:
     model = MoEModel(
         family=NAME, quant_scheme="w_mxfp4", moe_method="gpt_oss_mxfp4",
         activation=Activation("swigluoai", {"alpha": SWIGLU_ALPHA,
-                                            "limit": float(config.get("swiglu_limit", 7.0))}),
+                                            "limit": common.cfg_float(config, where, "swiglu_limit",
+                                                                     default=7.0)}),
         routing="Renormalize", geometry=geometry, layers=tuple(layers),
         has_bias=any(layer.fused.gate_up_bias is not None for layer in layers),
         dtype_variants=variants, moe_class="GptOssMxfp4MoEMethod", gate_up_interleaved=True,

@@ -60,18 +60,21 @@ def build(source, problems: Problems) -> tuple[MoEModel | None, list[str]]:
                        f"'...layers.L.block_sparse_moe.experts.E.w1.weight_packed' in the index. "
                        f"The checkpoint is not a Kimi-K3 MXFP4 release.")
     geometry = MoEGeometry(
-        hidden=int(common.cfg_get(tc, where, "routed_expert_hidden_size", "hidden_size")),
-        intermediate=int(common.cfg_get(tc, where, "moe_intermediate_size")),
-        num_experts=int(common.cfg_get(tc, where, "num_experts", "n_routed_experts")),
-        top_k=int(common.cfg_get(tc, where, "num_experts_per_token", "num_experts_per_tok")),
+        hidden=common.cfg_int(tc, where, "routed_expert_hidden_size", "hidden_size", hi=common.MAX_WIDTH),
+        intermediate=common.cfg_int(tc, where, "moe_intermediate_size", hi=common.MAX_WIDTH),
+        num_experts=common.cfg_int(tc, where, "num_experts", "n_routed_experts", hi=common.MAX_EXPERTS),
+        top_k=common.cfg_int(tc, where, "num_experts_per_token", "num_experts_per_tok", hi=common.MAX_EXPERTS),
     )
     common.check_geometry(geometry, problems, where)
-    act_name = str(tc.get("hidden_act", "situ"))
+    act_name = common.cfg_activation(tc, where, "situ")
     params = {}
     if act_name == "situ":
-        params["beta"] = float(common.cfg_get(tc, where, "activation_situ_beta"))
-        if tc.get("activation_situ_linear_beta") is not None:
-            params["linear_beta"] = float(tc["activation_situ_linear_beta"])
+        params["beta"] = common.cfg_float(tc, where, "activation_situ_beta")
+        if params["beta"] is None:
+            common.cfg_get(tc, where, "activation_situ_beta")  # the "lacks" error
+        linear_beta = common.cfg_float(tc, where, "activation_situ_linear_beta", positive=False)
+        if linear_beta is not None:
+            params["linear_beta"] = linear_beta
     layers, prefixes, variants = common.expert_layers(source, found, geometry, problems, _name_for)
     model = MoEModel(
         family=NAME, quant_scheme=scheme.quant_scheme, moe_method=scheme.moe_method,
@@ -79,7 +82,9 @@ def build(source, problems: Problems) -> tuple[MoEModel | None, list[str]]:
         activation=Activation(act_name, params), routing="DeepSeekV3", geometry=geometry,
         layers=tuple(layers), dtype_variants=variants,
         extra={"min_moe_intermediate_per_partition": MIN_MOE_INTERMEDIATE_PER_PARTITION,
-               "first_k_dense_replace": int(tc.get("first_k_dense_replace", 0) or 0),
-               "model_hidden": int(tc.get("hidden_size", geometry.hidden))},
+               "first_k_dense_replace": common.cfg_int(tc, where, "first_k_dense_replace", lo=0,
+                                                       hi=common.MAX_LAYERS, default=0),
+               "model_hidden": common.cfg_int(tc, where, "hidden_size", hi=common.MAX_WIDTH,
+                                              default=geometry.hidden)},
     )
     return model, prefixes

@@ -35,9 +35,9 @@ def _field(m: re.Match) -> str:
 
 def scheme_name(spec: dict, where: str) -> str:
     """vLLM's OCP_MX_Scheme name for a Quark layer quant config."""
-    weight = spec.get("weight") or {}
+    weight = common.cfg_dict(spec, where, "weight")
     wdt = weight.get("dtype")
-    if wdt not in _MX:
+    if not isinstance(wdt, str) or wdt not in _MX:
         raise CheckpointError(f"{where}: Quark weight dtype {wdt!r} is not an OCP-MX format "
                               f"(fp4, fp6_e3m2, fp6_e2m3); mxfp4conv converts MXFP4 experts only.")
     if weight.get("qscheme") != "per_group" or weight.get("group_size") != 32 \
@@ -45,9 +45,12 @@ def scheme_name(spec: dict, where: str) -> str:
         raise CheckpointError(f"{where}: Quark weight config {weight} is not OCP-MX (needs "
                               f"qscheme per_group, group_size 32, scale_format e8m0).")
     name = f"w_{_MX[wdt]}"
-    act = spec.get("input_tensors")
+    act = common.cfg_dict(spec, where, "input_tensors")
     if act:
         adt = act.get("dtype")
+        if not isinstance(adt, str):
+            raise CheckpointError(f"{where}: Quark input_tensors dtype {adt!r} is not a dtype "
+                                  f"name; use the export's original config.json.")
         if adt in _MX:
             name += f"_a_{_MX[adt]}"
         elif adt in ("fp8_e4m3", "fp8"):
@@ -57,20 +60,29 @@ def scheme_name(spec: dict, where: str) -> str:
     return name
 
 
-def _matches_pattern(module: str, pattern: str) -> bool:
+def _matches_pattern(module: str, pattern: str, where: str) -> bool:
     if pattern.startswith("re:"):
-        return re.search(pattern[3:], module) is not None
+        try:
+            return re.search(pattern[3:], module) is not None
+        except re.error as exc:
+            raise CheckpointError(f"{where}: Quark module pattern {pattern!r} is not a valid "
+                                  f"regular expression ({exc}); use the export's original "
+                                  f"config.json.") from None
     return fnmatch.fnmatch(module, pattern) or module == pattern
 
 
-def expert_spec(qc: dict, module: str) -> dict | None:
+def expert_spec(qc: dict, module: str, where: str = "config.json") -> dict | None:
     """The quant config Quark applied to one expert module (None: excluded)."""
-    if any(_matches_pattern(module, p) for p in qc.get("exclude") or ()):
+    where = f"{where} quantization_config"
+    if any(_matches_pattern(module, p, where) for p in common.cfg_list_of_str(qc, where, "exclude")):
         return None
-    for pattern, spec in (qc.get("layer_quant_config") or {}).items():
-        if _matches_pattern(module, pattern):
+    for pattern, spec in common.cfg_dict(qc, where, "layer_quant_config").items():
+        if _matches_pattern(module, pattern, where):
+            if not isinstance(spec, dict):
+                raise CheckpointError(f"{where}: layer_quant_config[{pattern!r}] is not an object; "
+                                      f"use the export's original config.json.")
             return spec
-    return qc.get("global_quant_config") or {}
+    return common.cfg_dict(qc, where, "global_quant_config")
 
 
 def _declared_act(act: dict) -> str | None:
@@ -94,7 +106,7 @@ def build(source, problems: Problems) -> tuple[MoEModel | None, list[str]]:
     first_prefix = min(found.layers, key=common.natural_key)
     first_e = min(found.layers[first_prefix])
     sample = next(iter(found.layers[first_prefix][first_e].values()))[0].rsplit(".", 1)[0]
-    spec = expert_spec(qc, sample)
+    spec = expert_spec(qc, sample, where)
     if spec is None:
         raise CheckpointError(f"{where}: Quark's exclude list leaves the routed experts (e.g. "
                               f"{sample!r}) unquantized; there are no MXFP4 experts to convert.")
@@ -106,12 +118,12 @@ def build(source, problems: Problems) -> tuple[MoEModel | None, list[str]]:
     act = spec.get("input_tensors") or {}
     static = scheme == "w_mxfp4_a_fp8" and not act.get("is_dynamic", False)
     geometry = MoEGeometry(
-        hidden=int(common.cfg_get(cfg, where, "routed_expert_hidden_size", "hidden_size")),
-        intermediate=int(common.cfg_get(cfg, where, "moe_intermediate_size", "intermediate_size")),
-        num_experts=int(common.cfg_get(cfg, where, "n_routed_experts", "num_experts",
-                                       "num_local_experts")),
-        top_k=int(common.cfg_get(cfg, where, "num_experts_per_tok", "num_experts_per_token",
-                                 "experts_per_token")),
+        hidden=common.cfg_int(cfg, where, "routed_expert_hidden_size", "hidden_size", hi=common.MAX_WIDTH),
+        intermediate=common.cfg_int(cfg, where, "moe_intermediate_size", "intermediate_size", hi=common.MAX_WIDTH),
+        num_experts=common.cfg_int(cfg, where, "n_routed_experts", "num_experts",
+                                       "num_local_experts", hi=common.MAX_EXPERTS),
+        top_k=common.cfg_int(cfg, where, "num_experts_per_tok", "num_experts_per_token",
+                                 "experts_per_token", hi=common.MAX_EXPERTS),
     )
     common.check_geometry(geometry, problems, where)
     gate_up = any("gate_up" in f for e in found.layers[first_prefix].values() for f in e)
@@ -136,7 +148,7 @@ def build(source, problems: Problems) -> tuple[MoEModel | None, list[str]]:
                    for ex in layer.experts or layer.gate_up_experts)
     model = MoEModel(
         family=NAME, quant_scheme=scheme, moe_method="quark",
-        activation=common.activation_from_config(cfg), routing=common.routing_from_config(cfg),
+        activation=common.activation_from_config(cfg, where), routing=common.routing_from_config(cfg),
         geometry=geometry, layers=tuple(layers), has_bias=has_bias, static_input_scales=static,
         dtype_variants=variants, moe_class="QuarkOCP_MX_MoEMethod",
         declared_act=_declared_act(act), gate_up_interleaved=gate_up,
