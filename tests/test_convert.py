@@ -415,7 +415,9 @@ def test_verify_detects_a_flipped_expert_byte(tmp_path, tmp_path_factory):
         x = f.read(1)
         f.seek(b + 1000)
         f.write(bytes([x[0] ^ 0x10]))
-    assert verify(out).ok  # structure is still fine
+    with pytest.raises(VerifyError) as ei:  # structure is fine, the recorded checksum is not
+        verify(out)
+    assert ei.value.cls == "checksum" and ei.value.where == {"shard": wm[name]}
     with pytest.raises(VerifyError) as ei:
         verify(out, str(src_dir))
     e = ei.value
