@@ -147,23 +147,28 @@ def make_checkpoint(family: str, out_dir: str | os.PathLike, *, scheme: str | No
                 else "pass --force to replace an earlier example")
         raise CheckpointError(f"{out}: exists and is not an empty directory; choose a new output "
                               f"directory ({hint}).")
-    default_w, default_s = {"deepseek_v4": ("I8", "F8_E8M0")}.get(family, ("U8", "U8"))
-    ts = _Tensors(seed, opts.get("weight_dtype", default_w), opts.get("scale_dtype", default_s))
-    builder = {"kimi_k3": _kimi_k3, "deepseek_v4": _deepseek_v4, "quark": _quark,
-               "gpt_oss": _gpt_oss, "compressed_tensors": _compressed_tensors,
-               "quark_gpt_oss": _quark_gpt_oss}[family]
-    config = builder(ts, g, scheme or "w_mxfp4", opts)
-    sidecars = {"tokenizer_config.json": {"model_max_length": 4096, "tokenizer_class": "PreTrainedTokenizerFast",
-                                          "bos_token": "<s>", "eos_token": "</s>"},
-                "generation_config.json": {"do_sample": True, "temperature": 0.6,
-                                           "bos_token_id": 0, "eos_token_id": 1}}
-
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
     except OSError as exc:
         raise CheckpointError(f"{out}: cannot create the example directory here ({exc.strerror}); "
                               f"choose a path inside a writable directory.") from None
+    # the directory first: a bad output path fails before any weight is generated
+    default_w, default_s = {"deepseek_v4": ("I8", "F8_E8M0")}.get(family, ("U8", "U8"))
+    ts = _Tensors(seed, opts.get("weight_dtype", default_w), opts.get("scale_dtype", default_s))
+    builder = {"kimi_k3": _kimi_k3, "deepseek_v4": _deepseek_v4, "quark": _quark,
+               "gpt_oss": _gpt_oss, "compressed_tensors": _compressed_tensors,
+               "quark_gpt_oss": _quark_gpt_oss}[family]
+    try:
+        config = builder(ts, g, scheme or "w_mxfp4", opts)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    sidecars = {"tokenizer_config.json": {"model_max_length": 4096, "tokenizer_class": "PreTrainedTokenizerFast",
+                                          "bos_token": "<s>", "eos_token": "</s>"},
+                "generation_config.json": {"do_sample": True, "temperature": 0.6,
+                                           "bos_token_id": 0, "eos_token_id": 1}}
+
     try:
         _write_json(tmp / "config.json", config)
         for name, obj in sidecars.items():
