@@ -51,6 +51,7 @@ def main() -> None:
             c[o.kind] += 1
             if o.kind in ("crash", "hang", "silent"):
                 failures.append(f"{o.kind}: {o.detail}")
+                print(failures[-1], flush=True)
             if n % 500 == 0:
                 print(f"... {n} inputs, {time.monotonic() - t0:.0f} s, {len(failures)} failures", flush=True)
     elapsed = time.monotonic() - t0
