@@ -512,3 +512,23 @@ def test_inspect_says_it_sampled(synth, capsys):
     rc, out, _ = run_cli(["inspect", root, "--json", "--full"], capsys)
     scan = json.loads(out)["scale_scan"]
     assert scan["mode"] == "full" and scan["bytes_read"] == scan["bytes_total"]
+
+
+# ---- found by the long fuzz run -------------------------------------------------------------
+
+def test_shard_name_too_long_for_the_file_system_is_refused(k3, tmp_path, capsys):
+    index = load_index(k3)
+    name = next(iter(index["weight_map"]))
+    index["weight_map"][name] = "x" * 300 + ".safetensors"
+    save_index(k3, index)
+    refused_everywhere(k3, tmp_path, capsys, "not a usable file name")
+
+
+@pytest.mark.parametrize("archs", ["DeepseekV3ForCausalLM", {"a": 1}, [["KimiK3ForCausalLM"]], 7])
+def test_architectures_not_a_list_of_names_is_no_crash(synth, tmp_path, capsys, archs):
+    root = copy_of(synth("kimi_k3"), tmp_path / "src")
+    edit_config(root, lambda c: c.update(architectures=archs))
+    rc, out, err = run_cli(["inspect", root], capsys)
+    assert rc in (0, 1) and "Traceback" not in err, err
+    if rc == 1:
+        one_paragraph_error(rc, out, err)

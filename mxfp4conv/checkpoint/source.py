@@ -426,7 +426,15 @@ def _check_shard_name(root: Path, shard: object, index_path: Path, *, local: boo
     if not local:
         return
     full = root / shard
-    real = full.resolve()
+    try:
+        real = full.resolve()
+        os.lstat(full)
+    except FileNotFoundError:
+        real = full.resolve()  # reported below as a missing shard
+    except OSError as e:  # e.g. a name longer than the file system allows
+        raise CheckpointError(f"{index_path}: weight_map names shard {shard[:80]!r}"
+                              f"{'...' if len(shard) > 80 else ''}, which is not a usable file "
+                              f"name here ({e.strerror}). {fix}") from None
     if not real.is_relative_to(root.resolve()):  # ".." was refused above: a symlink did this
         raise CheckpointError(f"{index_path}: shard {shard!r} is a symbolic link leading "
                               f"outside the checkpoint directory (to {real}). Copy the real "

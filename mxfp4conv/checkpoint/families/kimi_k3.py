@@ -20,8 +20,10 @@ _ROLE = {"w1": "gate", "w3": "up", "w2": "down"}
 
 
 def matches(config: dict) -> bool:
-    archs = config.get("architectures") or []
-    return config.get("model_type") == "kimi_k3" or bool(set(archs) & set(ct_config.K3_ARCHITECTURES))
+    archs = config.get("architectures")
+    archs = archs if isinstance(archs, list) else []  # a malformed value is no Kimi-K3 claim
+    return config.get("model_type") == "kimi_k3" or any(
+        isinstance(a, str) and a in ct_config.K3_ARCHITECTURES for a in archs)
 
 
 def _field(m: re.Match) -> str:

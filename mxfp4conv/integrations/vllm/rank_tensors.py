@@ -9,7 +9,7 @@ import torch
 
 from mxfp4conv.errors import CheckpointError
 from mxfp4conv.runtime.experts import TENSOR_NAMES, WEIGHT_KINDS
-from mxfp4conv.runtime.loader import INDEX, _read_tensors
+from mxfp4conv.runtime.loader import INDEX, _read_tensors, _shard_headers
 
 
 def canonical_shapes(manifest: dict[str, Any]) -> dict[str, tuple[int, ...]]:
@@ -40,7 +40,9 @@ def read_layer(root: Path, weight_map: dict[str, str], manifest: dict[str, Any],
         raise CheckpointError(
             f"{root}: tensor {missing[0]} is not in {INDEX} (layer {prefix!r}, rank {rank}); the conversion is "
             "incomplete or for other ranks. Convert the source again.")
-    got = _read_tensors(root, list(names.values()), weight_map)
+    wanted = {n: weight_map[n] for n in names.values()}
+    # the shards this rank reads: complete files, each stamped with this manifest
+    got = _read_tensors(root, list(wanted), wanted, _shard_headers(root, wanted, manifest))
     out = {}
     for kind, name in names.items():
         t = got[name]
