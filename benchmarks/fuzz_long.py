@@ -15,7 +15,8 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT / "tests"), str(ROOT)]  # runs from a checkout, installed or not
 
 from fuzz_cases import TARGETS, build_corpus, run_one  # noqa: E402
 

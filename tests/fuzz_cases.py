@@ -545,11 +545,16 @@ def t_cli(c: Corpus, rng: random.Random) -> None:
     before = digest(src)
     err, out = io.StringIO(), io.StringIO()
     code = 0
-    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
-        try:
+    # relative paths ("-", "") must land in the scratch directory, not in the caller's
+    cwd = os.getcwd()
+    os.chdir(work)
+    try:
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
             main(args)
-        except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    finally:
+        os.chdir(cwd)
     text = err.getvalue()
     if "Traceback" in text:
         raise RuntimeError(f"traceback on stderr for {args}: {text[-300:]}")
@@ -564,7 +569,7 @@ def t_cli(c: Corpus, rng: random.Random) -> None:
     if digest(src) != before:
         raise Silent(f"{args[0]} changed its source")
     if cmd == "convert" and code != 0:
-        check_no_half_written(Path(args[2]))
+        check_no_half_written(work / args[2])
     return "ok" if code == 0 else "refused"
 
 

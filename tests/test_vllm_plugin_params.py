@@ -11,13 +11,18 @@ Equality is expected of checkpoints converted for vLLM 0.33 (the manifest's ``vl
 Quark ``w_mxfp4`` on AITER_MXFP4_BF16 is the one designed difference: vLLM's converter
 de-interleaves its ``[gate; up]`` w13 rows as if they were gpt-oss's interleaved ones, and
 mxfp4conv writes the correct rows (`mxfp4conv plan` says so); there only w2 must be equal.
-Quark ``w_mxfp4_a_fp8``: vLLM keeps whichever of the gate / up static input scales it loads last
-(``_load_single_value``), the format keeps their max; every other parameter must be equal.
-Kimi-K3 is not compared yet: the probe builds the layer without the Kimi-K3 model's own
-intermediate padding, so vLLM's parameters there are smaller than the checkpoint's.
+Quark ``w_mxfp4_a_fp8``: per expert vLLM keeps whichever of the gate / up static input scales it
+loads last (``_load_single_value``), then the max over experts; the format keeps the max of all, so
+the fp8 quantisation of the shared input clips for neither projection. Real exports calibrate
+gate and up on the same input, so their scales are equal and so is everything (the
+``shared_input_scales`` case); with scales that differ, mxfp4conv's is the larger one.
+Kimi-K3's layer is built as its AMD model builds it: below ``min_moe_intermediate_per_partition``
+per rank the model hands FusedMoE ``min * tp`` and zeroes the padded weights.
 """
 
 from __future__ import annotations
+
+import json
 
 import pytest
 
@@ -32,6 +37,8 @@ harness = pytest.importorskip("tests.vllm033.harness", reason="needs the vLLM 0.
 METHOD = {"mxfp4": "mxfp4", "gpt_oss_mxfp4": "gpt_oss", "quark": "quark"}
 QUARK_INPUT = {"w_mxfp4": None, "w_mxfp4_a_mxfp4": "mxfp4", "w_mxfp4_a_fp8": "fp8"}
 TP = 2
+PLUGIN_CASES = [(f, s, {}) for f, s in CASES] + [("quark", "w_mxfp4_a_fp8", {"shared_input_scales": True})]
+IDS = [f"{f}-{s}" + "".join(f"-{k}" for k in kw) for f, s, kw in PLUGIN_CASES]
 
 
 def probe_cases(src, out) -> list[dict]:
@@ -50,32 +57,38 @@ def probe_cases(src, out) -> list[dict]:
         "quark_input": QUARK_INPUT.get(m["source"]["quant_scheme"]) if moe["moe_method"] == "quark" else None,
         "model_type": "gpt_oss" if moe["moe_method"] == "gpt_oss_mxfp4" else None,
         "server_env": server_env,
+        "k3_min_per_partition": _k3_min_per_partition(src) if m["source"]["family"] == "kimi_k3" else None,
     } for rank in range(TP)]
+
+
+def _k3_min_per_partition(src) -> int:
+    """What vLLM's Kimi-K3 model reads: ``getattr(config, "min_moe_intermediate_per_partition", 256)``
+    on the text config."""
+    config = json.loads((src / "config.json").read_text())
+    return config.get("text_config", config).get("min_moe_intermediate_per_partition", 256)
 
 
 @pytest.fixture(scope="module")
 def results(synth, tmp_path_factory):  # noqa: F811
     src_dir = harness.require_vllm()
     cases, names = [], []
-    for family, scheme in CASES:
-        src = synth(family, scheme)
-        out = tmp_path_factory.mktemp("converted") / f"{family}-{scheme or 'default'}"
+    for (family, scheme, kw), name in zip(PLUGIN_CASES, IDS):
+        src = synth(family, scheme, **kw)
+        out = tmp_path_factory.mktemp("converted") / name
         convert(src, out, Target("gfx950", tp=TP), force=True, progress="off")
         for case in probe_cases(src, out):
             cases.append(case)
-            names.append((family, scheme, case["rank"]))
+            names.append((name, case["rank"]))
     if manifest_release(read_manifest(out)) != "0.33":
         pytest.skip("the oracle on this tree does not record vLLM 0.33 in the manifest")
     got = harness.run_probe("gfx950", "tests/vllm_plugin_probe.py:probe", cases, src=src_dir, timeout=900)
     return dict(zip(names, got))
 
 
-@pytest.mark.parametrize("family,scheme", CASES)
-def test_plugin_load_equals_vllm_load(results, family, scheme):
-    if family == "kimi_k3":
-        pytest.skip("the probe does not build Kimi-K3's model-level intermediate padding")
+@pytest.mark.parametrize("family,scheme,kw", PLUGIN_CASES, ids=IDS)
+def test_plugin_load_equals_vllm_load(results, family, scheme, kw):
     for rank in range(TP):
-        r = results[(family, scheme, rank)]
+        r = results[(IDS[PLUGIN_CASES.index((family, scheme, kw))], rank)]
         assert "raised" not in r, r
         normal, plugin = r["normal"], r["plugin"]
         assert normal["loaded"], "the source's experts did not reach vLLM's parameters"
@@ -84,11 +97,16 @@ def test_plugin_load_equals_vllm_load(results, family, scheme):
             assert {k: plugin["params"][k] for k in w2} == w2
             assert plugin["params"]["w13_weight"] != normal["params"]["w13_weight"]
             continue
-        if (family, scheme) == ("quark", "w_mxfp4_a_fp8"):
+        if (family, scheme) == ("quark", "w_mxfp4_a_fp8") and not kw:
             rest = {k: v for k, v in normal["params"].items() if k != "w13_input_scale"}
             assert {k: plugin["params"][k] for k in rest} == rest and "w2_input_scale" in rest
+            (ours,), (vllms,) = plugin["params"]["w13_input_scale"][-1], normal["params"]["w13_input_scale"][-1]
+            assert ours > vllms, "the synthetic gate / up scales differ: the max is the larger"
             continue
         assert plugin["params"] == normal["params"], (rank, plugin["mode"])
-        assert (plugin["backend"], plugin["experts"], plugin["env"]) == (normal["backend"], normal["experts"], normal["env"])
+        env = dict(normal["env"])
+        if not normal["backend"].startswith("AITER"):  # set by hand on the source's server, unused there
+            env.pop("VLLM_ROCM_USE_AITER", None)
+        assert (plugin["backend"], plugin["experts"], plugin["env"]) == (normal["backend"], normal["experts"], env)
         if normal["backend"].startswith("AITER"):
             assert plugin["mode"] == "kernel_ready" and normal["params"]["w13_weight"][3] is True

@@ -97,15 +97,24 @@ def build_layer(case: dict):
     manager = ExpertMapManager(max_num_batched_tokens=256, top_k=g["top_k"], global_num_experts=g["num_experts"],
                                num_redundant_experts=0, num_expert_group=None, moe_parallel_config=par,
                                placement_strategy="linear", enable_eplb=False)
+    intermediate = g["intermediate"]
+    k3_min = case.get("k3_min_per_partition")
+    k3_padded = k3_min is not None and tp > 1 and intermediate // tp < k3_min
+    if k3_padded:  # Kimi-K3's AMD model (models/kimi_k3/amd/linear.py) hands FusedMoE min * tp
+        intermediate = k3_min * tp
     moe = FusedMoEConfig(
         num_experts=g["num_experts"], experts_per_token=g["top_k"], hidden_dim=g["hidden"],
-        intermediate_size=g["intermediate"], num_local_experts=manager.local_num_experts,
+        intermediate_size=intermediate, num_local_experts=manager.local_num_experts,
         num_logical_experts=g["num_experts"], activation=MoEActivation(case["activation"]), device="cpu",
         routing_method=RoutingMethodType[case["routing"]], moe_parallel_config=par, in_dtype=torch.bfloat16,
         has_bias=case.get("has_bias", False), activation_situ_linear_beta=case.get("situ_linear_beta"),
         activation_situ_beta=case.get("situ_beta"), swiglu_limit=case.get("swiglu_limit"))
     layer = RoutedExperts(f"{case['prefix']}.experts", torch.bfloat16, moe, _quant_config(case["method"], case),
                           expert_map_manager=manager, swiglu_limit=case.get("swiglu_limit"))
+    if k3_padded:  # what the same model does after building its experts
+        layer.w13_weight.data.zero_()
+        layer.w2_weight.data.zero_()
+        layer.moe_config.intermediate_size_per_partition_unpadded = g["intermediate"] // tp
     return layer
 
 
@@ -183,6 +192,8 @@ def state(layer) -> dict:
         data = t.reshape(-1).view(torch.uint8).numpy().tobytes()
         params[name] = [str(t.dtype), list(t.shape), hashlib.sha256(data).hexdigest(),
                         getattr(p, "is_shuffled", None)]
+        if t.numel() <= 16:  # scalars such as static input scales: their values too
+            params[name].append(t.float().reshape(-1).tolist())
     qm = layer.quant_method
     kernel = getattr(qm, "moe_kernel", None)
     return {"params": params, "backend": qm.mxfp4_backend.name,
@@ -191,11 +202,6 @@ def state(layer) -> dict:
 
 
 def probe(case: dict) -> dict:
-    if "boto3" not in sys.modules:  # vLLM's S3 helpers, imported by its model loader: not used here
-        import stubs
-
-        stubs.install({"boto3"}, {})
-    torch.accelerator.empty_cache = lambda: None  # no accelerator in the emulated platform
     _aiter_from_mxfp4conv()
     _env(case["server_env"])  # what a server of the source sets by hand (`mxfp4conv plan` says it)
     normal_layer = build_layer(case)
@@ -220,11 +226,6 @@ def probe_kernel(case: dict) -> dict:
     """CUDA (emulated): the plugin builds vLLM's modular kernel around mxfp4conv's Triton experts;
     the layer's ``apply`` (vLLM's prepare / finalize around the experts) against mxfp4conv's torch
     reference on the same converted experts."""
-    if "boto3" not in sys.modules:
-        import stubs
-
-        stubs.install({"boto3"}, {})
-    torch.accelerator.empty_cache = lambda: None
     from mxfp4conv.integrations.vllm.checks import check_layer
     from mxfp4conv.integrations.vllm.facts import layer_facts
     from mxfp4conv.integrations.vllm.model_loader import load_into_mxfp4conv_kernel

@@ -25,7 +25,8 @@ QUARK_SCHEMES = ("w_mxfp4", "w_mxfp4_a_mxfp4", "w_mxfp4_a_fp8")
 # compressed-tensors presets of llmcompressor: MXFP4A16, MXFP4 (W4A4), MXFP4XFP8 (W4A8 dynamic)
 CT_SCHEMES = ("w_mxfp4", "w_mxfp4_a_mxfp4", "w_mxfp4_a_fp8")
 SCHEMES = {"quark": QUARK_SCHEMES, "quark_gpt_oss": QUARK_SCHEMES, "compressed_tensors": CT_SCHEMES}
-_OPTIONS = ("weight_dtype", "scale_dtype", "num_shards", "quant_config_location", "text_config")
+_OPTIONS = ("weight_dtype", "scale_dtype", "num_shards", "quant_config_location", "text_config",
+            "shared_input_scales")
 _GEOMETRY = ("hidden", "intermediate", "num_experts", "top_k", "num_layers", "vocab")
 DEFAULTS = {
     "kimi_k3": dict(hidden=256, intermediate=256, num_experts=8, top_k=2, num_layers=2),
@@ -117,7 +118,9 @@ def make_checkpoint(family: str, out_dir: str | os.PathLike, *, scheme: str | No
     top_k, num_layers (MoE layers), vocab. Options: weight_dtype / scale_dtype (the dtype
     strings of expert weights and scales, default the family's real ones), num_shards (>= 2),
     quant_config_location (Kimi-K3: "text_config" or "top"), text_config (DeepSeek-V4: the
-    model dimensions nested under ``text_config``, as multimodal wrappers write them).
+    model dimensions nested under ``text_config``, as multimodal wrappers write them),
+    shared_input_scales (Quark static fp8: gate_proj and up_proj of one MLP get one input
+    scale, as calibration on their common input gives; default one scale per linear).
     """
     if family not in FAMILIES:
         raise CheckpointError(f"unknown family {family!r}; choose one of {', '.join(FAMILIES)}.")
@@ -393,10 +396,16 @@ def _quark(ts: _Tensors, g: dict, scheme: str, opts: dict) -> dict:
     static_fp8 = scheme.endswith("_a_fp8")
     dense_i = 2 * I
 
+    shared: dict[str, torch.Tensor] = {}
+
     def linear(p: str, n: int, k: int) -> None:
         ts.expert(f"{p}.weight", f"{p}.weight_scale", n, k)
         if static_fp8:
-            ts.add(f"{p}.input_scale", torch.rand((), generator=ts.gen) * 0.01 + 0.001)
+            mlp, proj = p.rsplit(".", 1)
+            scale = torch.rand((), generator=ts.gen) * 0.01 + 0.001
+            if opts.get("shared_input_scales") and proj in ("gate_proj", "up_proj"):
+                scale = shared.setdefault(mlp, scale).clone()
+            ts.add(f"{p}.input_scale", scale)
 
     ts.bf16("model.embed_tokens.weight", V, H)
     for layer in range(L + 1):

@@ -45,6 +45,7 @@ STUBS_IF_ABSENT: dict[str, str] = {
     "ijson": "tokenizer loading",
     "setproctitle": "process names",
     "py_cpuinfo": "CPU model strings",
+    "boto3": "vLLM's S3 helpers, imported by its model loader; not used here",
     "cpuinfo": "CPU model strings (py-cpuinfo)",
     "openai_harmony": "gpt-oss chat format",
     "partial_json_parser": "tool parsers",

@@ -38,6 +38,7 @@ OPTIONAL_STUBS = {
 SUBSTITUTES = {
     "regex": "the standard library's re (vLLM uses only re-compatible calls here)",
     "torch.cpu._is_amx_tile_supported": "pinned to the emulated CPU's AMX support",
+    "torch.accelerator.empty_cache": "a no-op: the emulated platform has no accelerator memory to free",
     "torch.ops._C": "CUDA only: vLLM's compiled op namespace, holding only the capability "
                     "queries: CUTLASS scaled-mm (True) and mxfp4_experts_quant_supported "
                     "(capability family 100, where the CUTLASS MXFP4 grouped GEMM is built)",
@@ -98,6 +99,7 @@ def boot(src: str, spec: dict) -> dict[str, str]:
     if kind == "cpu":
         os.environ["VLLM_TARGET_DEVICE"] = "cpu"
         torch.cpu._is_amx_tile_supported = (lambda amx=spec["amx"]: amx)
+    torch.accelerator.empty_cache = lambda: None
     sys.path.insert(0, src)
     stubs.install(set(names), modules)
     import vllm.platforms as P
