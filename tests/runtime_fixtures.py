@@ -97,6 +97,7 @@ def manifest_for(*, arch="cpu", backend="EMULATION", tp=1, ep=False, act_quant="
         "format": "mxfp4conv-kernel-layout",
         "version": 1,
         "tool_version": "test",
+        "vllm": "0.33.0",
         "target": {"arch": arch, "backend": backend, "activation": activation,
                    "activation_params": dict(activation_params or {}), "act_quant": act_quant,
                    "tp": tp, "ep": ep, "gate_mode": gate_mode,

@@ -163,7 +163,7 @@ def test_nan_scales_in_fused_gpt_oss(synth, tmp_path):
 def test_converted_checkpoint_shows_manifest(tmp_path, capsys):
     root = tmp_path / "conv"
     root.mkdir()
-    manifest = {"format": "mxfp4conv-kernel-layout", "version": 1, "tool_version": "0.1.0",
+    manifest = {"format": "mxfp4conv-kernel-layout", "version": 1, "tool_version": "0.1.0", "vllm": "0.33.0",
                 "target": {"arch": "gfx950", "backend": "AITER_MXFP4_BF16", "activation": "silu",
                            "activation_params": {"swiglu_limit": 10.0}, "act_quant": "bf16",
                            "tp": 1, "ep": False, "gate_mode": "separated", "is_shuffled": True},

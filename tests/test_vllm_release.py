@@ -48,6 +48,26 @@ def test_loader_refuses_another_release(converted, tmp_path):
     assert "vLLM 0.32.0" in text and "0.33.0" in text and MANIFEST_NAME in text and "\n" not in text
 
 
+@pytest.mark.parametrize("edit", ["absent", None, ""])
+def test_a_manifest_without_the_release_is_refused(converted, tmp_path, capsys, edit):
+    import shutil
+
+    copy = tmp_path / "old"
+    shutil.copytree(converted, copy)
+    m = json.loads((copy / MANIFEST_NAME).read_text())
+    if edit == "absent":
+        del m["vllm"]
+    else:
+        m["vllm"] = edit
+    (copy / MANIFEST_NAME).write_text(json.dumps(m))
+    with pytest.raises(CheckpointError) as e:
+        load_moe_layers(copy, rank=0, backend="torch")
+    text = str(e.value)
+    assert "does not name the vLLM release" in text and MANIFEST_NAME in text and "convert the source again" in text.lower()
+    rc, _, err = run_cli(["verify", str(copy)], capsys)
+    assert rc == 1 and "does not name the vLLM release" in err and "Traceback" not in err
+
+
 def test_convert_refuses_unknown_release(tmp_path, capsys):
     src = make_checkpoint("deepseek_v4", tmp_path / "src", seed=5)
     rc, _, err = run_cli(["convert", str(src), str(tmp_path / "out"), "--arch", "cpu", "--vllm", "0.40"],

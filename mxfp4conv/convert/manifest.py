@@ -127,6 +127,12 @@ def validate_manifest(m: Any, where: str = MANIFEST_NAME) -> dict[str, Any]:
             raise bad(f"section {section!r} lacks {', '.join(missing)}")
     if "runtime_env" not in m or not isinstance(m["runtime_env"], dict):
         raise bad("section 'runtime_env' is missing")
+    if not isinstance(m.get("vllm"), str) or not m["vllm"]:
+        raise CheckpointError(
+            f"{where}: the manifest does not name the vLLM release its backend, padding, layouts and "
+            f"server environment were decided for (field 'vllm' is {m.get('vllm')!r}); an mxfp4conv "
+            f"that modelled an unreleased vLLM wrote it, or it was edited. Convert the source again "
+            f"with this mxfp4conv (`mxfp4conv convert SOURCE OUT --arch ...`).")
     _check_types(m, bad)
     moe, tgt = m["moe"], m["target"]
     tp = tgt["tp"]
