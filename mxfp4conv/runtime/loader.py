@@ -81,6 +81,18 @@ def _resolve_arch(name: str) -> str:
         return name.lower()
 
 
+def rank_tensor_names(weight_map: dict[str, str], prefix: str, rank: int, where) -> dict[str, str]:
+    """{kind: tensor name} of one layer's experts on ``rank``; every weight and scale must be there."""
+    base = f"{prefix}.experts.rank{rank}."
+    names = {kind: base + suffix for kind, suffix in TENSOR_NAMES.items() if base + suffix in weight_map}
+    missing = [base + TENSOR_NAMES[k] for k in WEIGHT_KINDS if k not in names]
+    if missing:
+        raise CheckpointError(
+            f"{where}: tensor {missing[0]} is not in {INDEX} (layer {prefix!r}, rank {rank}); the conversion "
+            "is incomplete or for other ranks. Convert the source again.")
+    return names
+
+
 def is_rocm(device: torch.device) -> bool:
     return device.type == "cuda" and getattr(torch.version, "hip", None) is not None
 
@@ -325,14 +337,7 @@ def load_moe_layers(
         raise CheckpointError(f"{where}: moe.layers is empty; the manifest lists no MoE layer to load.")
     result: dict[str, MoEExperts] = {}
     for prefix in layers:
-        base = f"{prefix}.experts.rank{rank}."
-        wanted = {kind: base + suffix for kind, suffix in TENSOR_NAMES.items() if base + suffix in weight_map}
-        missing = [base + TENSOR_NAMES[k] for k in WEIGHT_KINDS if k not in wanted]
-        if missing:
-            raise CheckpointError(
-                f"{where}: tensor {missing[0]} is not in {INDEX} (layer {prefix!r}, rank {rank}); the conversion "
-                "is incomplete or for other ranks. Re-run `mxfp4conv convert`."
-            )
+        wanted = rank_tensor_names(weight_map, prefix, rank, where)
         tensors = _read_tensors(root, list(wanted.values()), weight_map, headers)
         t = {kind: tensors[name] for kind, name in wanted.items()}
         ex = MoEExperts(
@@ -363,7 +368,7 @@ def load_moe_layers(
             manifest=manifest,
             **geometry,
         )
-        _check_shapes(ex, base)
+        _check_shapes(ex, f"{prefix}.experts.rank{rank}.")
         if convert:
             ex = to_canonical(ex)
         ex = _to_device(ex, dev)

@@ -288,6 +288,21 @@ def _is_scale(r: TensorRef) -> bool:
     return r.name.endswith(("scale", "scales", "_scale_inv"))
 
 
+def generic_geometry(cfg: dict, where: str, problems: Problems) -> MoEGeometry:
+    """The MoE sizes of a config whose exporter keeps the base model's key names (Quark,
+    compressed-tensors: DeepSeek, Kimi, Qwen-style keys), checked."""
+    g = MoEGeometry(
+        hidden=cfg_int(cfg, where, "routed_expert_hidden_size", "hidden_size", hi=MAX_WIDTH),
+        intermediate=cfg_int(cfg, where, "moe_intermediate_size", "intermediate_size", hi=MAX_WIDTH),
+        num_experts=cfg_int(cfg, where, "n_routed_experts", "num_experts", "num_local_experts",
+                            hi=MAX_EXPERTS),
+        top_k=cfg_int(cfg, where, "num_experts_per_tok", "num_experts_per_token", "experts_per_token",
+                      "moe_topk", hi=MAX_EXPERTS),
+    )
+    check_geometry(g, problems, where)
+    return g
+
+
 def check_geometry(g: MoEGeometry, problems: Problems, where: str) -> None:
     for what, v in (("hidden", g.hidden), ("intermediate", g.intermediate)):
         if v <= 0 or v % GROUP:

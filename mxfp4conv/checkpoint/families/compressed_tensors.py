@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 
-from mxfp4conv.checkpoint.canonical import MoEGeometry, MoEModel
+from mxfp4conv.checkpoint.canonical import MoEModel
 from mxfp4conv.checkpoint.families import common, ct_config
 from mxfp4conv.checkpoint.problems import Problems
 from mxfp4conv.errors import CheckpointError
@@ -56,15 +56,7 @@ def build(source, problems: Problems) -> tuple[MoEModel | None, list[str]]:
         raise CheckpointError(f"{where}: the compressed-tensors ignore list leaves the routed "
                               f"experts (e.g. {modules[0]!r}) unquantised; there are no MXFP4 "
                               f"experts to convert.")
-    geometry = MoEGeometry(
-        hidden=common.cfg_int(cfg, where, "routed_expert_hidden_size", "hidden_size", hi=common.MAX_WIDTH),
-        intermediate=common.cfg_int(cfg, where, "moe_intermediate_size", "intermediate_size", hi=common.MAX_WIDTH),
-        num_experts=common.cfg_int(cfg, where, "n_routed_experts", "num_experts",
-                                       "num_local_experts", hi=common.MAX_EXPERTS),
-        top_k=common.cfg_int(cfg, where, "num_experts_per_tok", "num_experts_per_token",
-                                 "moe_topk", hi=common.MAX_EXPERTS),
-    )
-    common.check_geometry(geometry, problems, where)
+    geometry = common.generic_geometry(cfg, where, problems)
 
     def name_for(prefix: str, e: int, field: str) -> str:
         role = field.split("_")[0]

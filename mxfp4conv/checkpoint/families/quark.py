@@ -5,7 +5,7 @@ from __future__ import annotations
 import fnmatch
 import re
 
-from mxfp4conv.checkpoint.canonical import MoEGeometry, MoEModel
+from mxfp4conv.checkpoint.canonical import MoEModel
 from mxfp4conv.checkpoint.families import common
 from mxfp4conv.checkpoint.problems import Problems
 from mxfp4conv.errors import CheckpointError
@@ -117,15 +117,7 @@ def build(source, problems: Problems) -> tuple[MoEModel | None, list[str]]:
                               f"({', '.join(SUPPORTED)}).")
     act = spec.get("input_tensors") or {}
     static = scheme == "w_mxfp4_a_fp8" and not act.get("is_dynamic", False)
-    geometry = MoEGeometry(
-        hidden=common.cfg_int(cfg, where, "routed_expert_hidden_size", "hidden_size", hi=common.MAX_WIDTH),
-        intermediate=common.cfg_int(cfg, where, "moe_intermediate_size", "intermediate_size", hi=common.MAX_WIDTH),
-        num_experts=common.cfg_int(cfg, where, "n_routed_experts", "num_experts",
-                                       "num_local_experts", hi=common.MAX_EXPERTS),
-        top_k=common.cfg_int(cfg, where, "num_experts_per_tok", "num_experts_per_token",
-                                 "experts_per_token", hi=common.MAX_EXPERTS),
-    )
-    common.check_geometry(geometry, problems, where)
+    geometry = common.generic_geometry(cfg, where, problems)
     gate_up = any("gate_up" in f for e in found.layers[first_prefix].values() for f in e)
     if gate_up:
         required = common.GATE_UP_REQUIRED + (("gate_up_input_scale", "down_input_scale")

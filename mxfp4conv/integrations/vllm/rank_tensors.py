@@ -8,8 +8,8 @@ from typing import Any
 import torch
 
 from mxfp4conv.errors import CheckpointError
-from mxfp4conv.runtime.experts import TENSOR_NAMES, WEIGHT_KINDS
-from mxfp4conv.runtime.loader import INDEX, _read_tensors, _shard_headers
+from mxfp4conv.runtime.experts import WEIGHT_KINDS
+from mxfp4conv.runtime.loader import _read_tensors, _shard_headers, rank_tensor_names
 
 
 def canonical_shapes(manifest: dict[str, Any]) -> dict[str, tuple[int, ...]]:
@@ -33,13 +33,7 @@ def stored_shape(manifest: dict[str, Any], kind: str) -> tuple[int, ...]:
 
 def read_layer(root: Path, weight_map: dict[str, str], manifest: dict[str, Any], prefix: str, rank: int) -> dict[str, torch.Tensor]:
     """{kind: tensor} of one layer and rank: weights and scales as uint8 bytes, the rest as stored."""
-    base = f"{prefix}.experts.rank{rank}."
-    names = {kind: base + suffix for kind, suffix in TENSOR_NAMES.items() if base + suffix in weight_map}
-    missing = [base + TENSOR_NAMES[k] for k in WEIGHT_KINDS if k not in names]
-    if missing:
-        raise CheckpointError(
-            f"{root}: tensor {missing[0]} is not in {INDEX} (layer {prefix!r}, rank {rank}); the conversion is "
-            "incomplete or for other ranks. Convert the source again.")
+    names = rank_tensor_names(weight_map, prefix, rank, root)
     wanted = {n: weight_map[n] for n in names.values()}
     # the shards this rank reads: complete files, each stamped with this manifest
     got = _read_tensors(root, list(wanted), wanted, _shard_headers(root, wanted, manifest))
