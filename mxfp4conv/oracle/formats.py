@@ -254,6 +254,10 @@ def kernel_format_g(backend: str, arch: Arch, tp: int, resolved: str, *,
             notes=("AITER CK W4A4: plain 16x16 tile shuffle of the weights and e8m0_shuffle of "
                    "the scales, no gate/up interleave.",))
     if backend == "AITER_MXFP4_FP8":
+        if not has_static_input_scales and not quark:
+            return ConverterRaises(
+                "AttributeError: AITER_MXFP4_FP8's converter reads layer.w13_input_scale, "
+                "which GptOssMxfp4MoEMethod never creates (no static fp8 input scales)")
         if not has_static_input_scales:
             return ConverterRaises(
                 "ValueError: AITER_MXFP4_FP8 needs static per-tensor fp8 input scales "
@@ -279,8 +283,8 @@ def kernel_format_g(backend: str, arch: Arch, tp: int, resolved: str, *,
         env = dict(AITER_ENV) if backend.startswith("AITER") else {}
         return KernelFormat(triton_recipe(arch, tp, interleaved_source), act_quant="bf16",
                             runtime_env=env, notes=tuple(notes))
-    if backend == "EMULATION":
-        return KernelFormat(IDENTITY, act_quant=resolved, kernel_act=resolved)
+    if backend == "EMULATION":  # vLLM keeps the rows as loaded; mxfp4conv stores [gate; up]
+        return emulation_format(resolved, gpt_oss=interleaved_source)
     return NotProducible(NOT_PRODUCIBLE.get(backend, f"{backend} is not modelled"))
 
 

@@ -241,7 +241,8 @@ def _resolve(model: MoEModel, target: Target, arch: Arch, server: Server) -> _Re
         walk.pick, arch, target.tp, walk.act_quant,
         interleaved_source=model.gate_up_interleaved, quark=quark,
         has_static_input_scales=model.static_input_scales,
-        literal_deinterleave=server.quark_literal_deinterleave)
+        literal_deinterleave=server.quark_literal_deinterleave,
+        activation=model.activation.name)
     return _Resolved(walk, fmt)
 
 
