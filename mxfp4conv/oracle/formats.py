@@ -121,7 +121,18 @@ NOT_PRODUCIBLE = {
     "XPU": "XPU is not an mxfp4conv target",
     "HUMMING": "HUMMING repacks weights and scales with the humming library's own kernel layout",
     "CUTLASS_MXFP4_MXFP4": "CUTLASS_MXFP4_MXFP4 swizzles the scales into CUTLASS 128x4 tiles",
+    "B12X_MXFP4_MXFP8": "B12X keeps the checkpoint bytes in the converter, then the b12x "
+                        "library prepares its own weight layout (fused_moe.prepare_weights)",
+    "B12X_MXFP4_BF16": "B12X keeps the checkpoint bytes in the converter, then the b12x "
+                       "library prepares its own weight layout (fused_moe.prepare_weights)",
+    "FLASHINFER_MOE_EP_CUTEDSL": "FLASHINFER_MOE_EP_CUTEDSL hands the weights to FlashInfer's "
+                                 "MoE-EP adapter, which dequantises and requantises them itself",
+    "FLASHINFER_MOE_EP_DEEP_GEMM": "FLASHINFER_MOE_EP_DEEP_GEMM hands the weights to FlashInfer's "
+                                   "MoE-EP adapter (mxfp4_moe_ep_weights), which builds its own layout",
 }
+# Converter G (gpt-oss, Quark) has no branch for these: its final else raises.
+G_NO_BRANCH = ("B12X_MXFP4_MXFP8", "B12X_MXFP4_BF16", "FLASHINFER_MOE_EP_CUTEDSL",
+               "FLASHINFER_MOE_EP_DEEP_GEMM")
 
 
 def kernel_format_s(backend: str, arch: Arch, tp: int, activation: str, act_quant: str,
@@ -223,6 +234,10 @@ def kernel_format_g(backend: str, arch: Arch, tp: int, resolved: str, *,
                             notes=tuple(notes))
     if backend == "AITER_MXFP4_BF16":
         return NotProducible("AiterMxfp4Experts takes mxfp4 weights only on gfx950")
+    if backend in G_NO_BRANCH:
+        return ConverterRaises(
+            f"ValueError: convert_gpt_oss_weight_to_mxfp4_moe_kernel_format has no {backend} "
+            "branch (Unsupported mxfp4_backend)")
     if backend == "CUTLASS_MXFP4_MXFP4":
         return ConverterRaises(
             "ValueError: convert_gpt_oss_weight_to_mxfp4_moe_kernel_format has no "
