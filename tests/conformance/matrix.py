@@ -3,7 +3,8 @@ one becomes, as a ``probe_moe`` case.
 
 Families: Kimi-K3, DeepSeek-V4, gpt-oss, Quark w_mxfp4 / w_mxfp4_a_mxfp4 / w_mxfp4_a_fp8;
 archs gfx950, gfx942, gfx1250, sm90, sm100, cpu; tp 1, 2, 8 and 8 with EP; AITER on and off
-(ROCm); SiTUv2 modes (Kimi-K3 on ROCm); requested activation quantisation.
+(ROCm); SiTUv2 modes (Kimi-K3 on ROCm); requested activation quantisation; and the backends
+only --moe-backend reaches (B12X, FlashInfer MoE-EP) on sm120, sm100 and sm90.
 """
 
 from __future__ import annotations
