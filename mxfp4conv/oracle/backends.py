@@ -49,6 +49,7 @@ class Server:
     deep_gemm: bool | None = None  # default: on CUDA
     humming: bool | None = None  # humming-kernels (a vLLM 0.33.0 CUDA dependency); default: on CUDA
     cpu_amx: bool = True  # the CPU platform is x86 with AMX tiles
+    b12x: bool | None = None  # the b12x package (b12x.moe.fused_moe); default: on CUDA
     # Model vLLM's literal converter G for Quark w_mxfp4 on AITER_MXFP4_BF16 (de-interleave
     # of rows that are already [gate; up]); False = what the kernel actually needs.
     quark_literal_deinterleave: bool = False
@@ -67,6 +68,9 @@ class Server:
     def has_humming(self, arch: Arch) -> bool:
         return self.humming if self.humming is not None else arch.is_cuda
 
+    def has_b12x(self, arch: Arch) -> bool:
+        return self.b12x if self.b12x is not None else arch.is_cuda
+
     def assumptions(self, arch: Arch, quark_checkpoint: bool) -> list[str]:
         yes = {True: "present", False: "absent"}
         out = [f"torch {'>=' if self.torch_2_8 else '<'} 2.8",
@@ -78,6 +82,7 @@ class Server:
                 f" (Situ activation {yes[self.flashinfer_situ]})" if fi else ""))
             out.append(f"deep_gemm {yes[self.has_deep_gemm(arch)]}")
             out.append(f"humming {yes[self.has_humming(arch)]}")
+            out.append(f"b12x {yes[self.has_b12x(arch)]}")
         if arch.is_cpu:
             out.append(f"x86 AMX {yes[self.cpu_amx]}")
         return out
@@ -101,6 +106,11 @@ class Ctx:
     dp: int = 1
     ep: bool = False
     batched: bool = False  # BatchedExperts activation format (DeepEP-LL)
+    has_bias: bool = False
+    hidden: int = 0  # hidden size and per-rank intermediate size (unpadded) of the layer
+    intermediate: int = 0
+    situ_params: tuple = ()  # (beta, linear_beta) of a SiTU layer
+    moe_backend: str = "auto"  # the --moe-backend string the server is given
 
 
 Gate = Callable[[Ctx], "str | None"]
@@ -211,6 +221,24 @@ def _cutlass_w4a4_device(c: Ctx) -> str | None:
     return None
 
 
+def _b12x_device(c: Ctx) -> str | None:
+    # B12xExperts._supports_current_device: family 120 and b12x's fused_moe is_supported()
+    if not c.arch.is_cuda or c.arch.cuda_family != 120:
+        return f"needs CUDA capability family 120 (sm120/sm121); {c.arch.describe()}"
+    if not c.server.has_b12x(c.arch):
+        return "b12x is not installed"
+    return None
+
+
+FLASHINFER_MOE_EP_CAPABILITIES = {(10, 0), (10, 3)}
+
+
+def _moe_ep_device(c: Ctx) -> str | None:
+    if not c.arch.is_cuda or c.arch.capability not in FLASHINFER_MOE_EP_CAPABILITIES:
+        return f"needs CUDA capability 10.0 or 10.3; {c.arch.describe()}"
+    return None
+
+
 def device(pred: Callable[[Ctx], "str | None"]) -> Gate:
     def gate(c: Ctx) -> str | None:
         r = pred(c)
@@ -317,6 +345,52 @@ def emulation_experts(c: Ctx) -> str | None:
     return None
 
 
+def b12x_layer(c: Ctx) -> str | None:
+    """B12xExperts.is_supported_config's own checks, before the framework's."""
+    if c.has_bias:
+        return "kernel does not support expert biases"
+    if c.activation == "situ" and tuple(c.situ_params) != (4.0, 25.0):
+        return "kernel supports only SiTU beta=4 and linear_beta=25"
+    if c.act_key is not None and c.activation == "swigluoai_uninterleave":
+        return "kernel does not support swigluoai_uninterleave with W4A8"
+    if c.intermediate % 32:
+        return "MXFP4 requires the per-rank intermediate size to be divisible by 32"
+    if c.act_key == MXFP8_DYN:
+        if c.activation not in ("silu", "situ"):
+            return "MXFP4 W4A8 supports only SiLU and SiTU"
+        if c.hidden % 256 or c.intermediate % 32:
+            return ("MXFP4 W4A8 requires hidden size divisible by 256 and per-rank "
+                    "intermediate size divisible by 32")
+    return None
+
+
+def b12x_parallel(c: Ctx) -> str | None:
+    if c.ep or c.all2all or c.eplb:
+        return "parallel: no expert parallel, all2all kernels or EPLB"
+    return None
+
+
+def moe_ep_parallel(c: Ctx) -> str | None:
+    if not c.ep or c.batched:
+        return "parallel: needs expert parallel with the Standard activation format"
+    return None
+
+
+def moe_ep_layer(kernel: str) -> Gate:
+    """flashinfer_moe_ep_unsupported_reasons (bf16 activations, mxfp4 weights accepted by both
+    kernels; DeepGEMM needs DeepSeek-V4 routing and no EPLB)."""
+    def gate(c: Ctx) -> str | None:
+        why = []
+        if c.has_bias:
+            why.append("expert bias")
+        if kernel == "deep_gemm" and c.routing != "DeepseekV4":
+            why.append(f"routing method {c.routing}")
+        if kernel == "deep_gemm" and c.eplb:
+            why.append("EPLB")
+        return f"kernel does not support {', '.join(why)}" if why else None
+    return gate
+
+
 # ---- the table ---------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -366,7 +440,23 @@ _AITER_EXPERTS = ExpertClass("AiterMxfp4Experts", (
     quant(None, MXFP4_DYN, extra=_aiter_mxfp4_weight)))
 _HUMMING_QUANT = quant(None, MXFP4_DYN, MXFP8_DYN, FP8_128_DYN)
 
+_B12X_CLASSES = (
+    ExpertClass("B12xExperts", (
+        b12x_layer, device(_b12x_device),
+        activations({"silu", "situ", "swigluoai_uninterleave", "relu2_no_mul"}),
+        quant(None, MXFP8_DYN), b12x_parallel, standard_format)),
+)
+
+
+def _moe_ep_classes(kernel: str) -> tuple[ExpertClass, ...]:
+    return (ExpertClass("FlashInferMoeEpExperts", (
+        device(_moe_ep_device), activations({"silu"}), any_quant, moe_ep_parallel,
+        moe_ep_layer(kernel))),)
+
+
 BACKENDS: dict[str, Backend] = {b.name: b for b in (
+    Backend("B12X_MXFP4_MXFP8", MXFP8_DYN, _B12X_CLASSES),
+    Backend("B12X_MXFP4_BF16", None, _B12X_CLASSES),
     Backend("DEEPGEMM_MXFP4", FP8_128_DYN, (
         ExpertClass("DeepGemmFP4Experts", (
             device(_deepgemm_device), activations({"silu", "swiglustep", "situ"}),
@@ -433,6 +523,8 @@ BACKENDS: dict[str, Backend] = {b.name: b for b in (
             device(_humming_device), activations(GENERIC_ACTIVATIONS), _HUMMING_QUANT,
             standard_format, humming_gemm("indexed"))),
     )),
+    Backend("FLASHINFER_MOE_EP_CUTEDSL", None, _moe_ep_classes("cutedsl")),
+    Backend("FLASHINFER_MOE_EP_DEEP_GEMM", None, _moe_ep_classes("deep_gemm")),
 )}
 
 # Legacy enum member: same value as AITER_MXFP4_BF16.
@@ -440,11 +532,14 @@ ENUM_ALIASES = {"AITER": "AITER_MXFP4_BF16"}
 
 # map_mxfp4_backend: vLLM --moe-backend strings -> candidate members, in order.
 MOE_BACKEND_STRINGS: dict[str, tuple[str, ...]] = {
+    "b12x": ("B12X_MXFP4_MXFP8", "B12X_MXFP4_BF16"),
     "deep_gemm": ("DEEPGEMM_MXFP4",),
     "flashinfer_trtllm": ("FLASHINFER_TRTLLM_MXFP4_BF16", "FLASHINFER_TRTLLM_MXFP4_MXFP8"),
     "flashinfer_trtllm_afp8": ("FLASHINFER_TRTLLM_MXFP4_MXFP8",),
     "flashinfer_cutlass": ("FLASHINFER_CUTLASS_MXFP4_BF16", "FLASHINFER_CUTLASS_MXFP4_MXFP8"),
     "flashinfer_cutlass_afp8": ("FLASHINFER_CUTLASS_MXFP4_MXFP8",),
+    "flashinfer_moe_ep_cutedsl": ("FLASHINFER_MOE_EP_CUTEDSL",),
+    "flashinfer_moe_ep_mega_deep_gemm": ("FLASHINFER_MOE_EP_DEEP_GEMM",),
     "triton": ("TRITON",),
     "triton_unfused": ("TRITON_UNFUSED",),
     "humming": ("HUMMING",),
@@ -459,6 +554,19 @@ MOE_BACKEND_STRINGS: dict[str, tuple[str, ...]] = {
     "cpu": ("CPU",),
     "emulation": ("EMULATION",),
 }
+
+# B12X_* and FLASHINFER_MOE_EP_* are in no priority list: only --moe-backend reaches them.
+B12X_FORCE_A16_ENV = "VLLM_B12X_MOE_FP4_FORCE_A16"  # with --moe-backend b12x: only B12X_MXFP4_BF16
+
+
+def b12x_requested(names: tuple[str, ...], key: str | None, force_a16: bool):
+    """_get_requested_backends for "b12x": (candidates, or None to filter by activation as
+    usual). FORCE_A16 keeps the bf16 variant; with no requested key both variants are tried,
+    W4A8 first."""
+    if force_a16:
+        return ("B12X_MXFP4_BF16",)
+    return names if key is None else None
+
 
 # _get_priority_backends_for_gpt_oss(); TRITON_UNFUSED deliberately absent upstream.
 _GPT_OSS_PRIORITY = (

@@ -121,7 +121,18 @@ NOT_PRODUCIBLE = {
     "XPU": "XPU is not an mxfp4conv target",
     "HUMMING": "HUMMING repacks weights and scales with the humming library's own kernel layout",
     "CUTLASS_MXFP4_MXFP4": "CUTLASS_MXFP4_MXFP4 swizzles the scales into CUTLASS 128x4 tiles",
+    "B12X_MXFP4_MXFP8": "B12X keeps the checkpoint bytes in the converter, then the b12x "
+                        "library prepares its own weight layout (fused_moe.prepare_weights)",
+    "B12X_MXFP4_BF16": "B12X keeps the checkpoint bytes in the converter, then the b12x "
+                       "library prepares its own weight layout (fused_moe.prepare_weights)",
+    "FLASHINFER_MOE_EP_CUTEDSL": "FLASHINFER_MOE_EP_CUTEDSL hands the weights to FlashInfer's "
+                                 "MoE-EP adapter, which dequantises and requantises them itself",
+    "FLASHINFER_MOE_EP_DEEP_GEMM": "FLASHINFER_MOE_EP_DEEP_GEMM hands the weights to FlashInfer's "
+                                   "MoE-EP adapter (mxfp4_moe_ep_weights), which builds its own layout",
 }
+# Converter G (gpt-oss, Quark) has no branch for these: its final else raises.
+G_NO_BRANCH = ("B12X_MXFP4_MXFP8", "B12X_MXFP4_BF16", "FLASHINFER_MOE_EP_CUTEDSL",
+               "FLASHINFER_MOE_EP_DEEP_GEMM")
 
 
 def kernel_format_s(backend: str, arch: Arch, tp: int, activation: str, act_quant: str,
@@ -223,6 +234,10 @@ def kernel_format_g(backend: str, arch: Arch, tp: int, resolved: str, *,
                             notes=tuple(notes))
     if backend == "AITER_MXFP4_BF16":
         return NotProducible("AiterMxfp4Experts takes mxfp4 weights only on gfx950")
+    if backend in G_NO_BRANCH:
+        return ConverterRaises(
+            f"ValueError: convert_gpt_oss_weight_to_mxfp4_moe_kernel_format has no {backend} "
+            "branch (Unsupported mxfp4_backend)")
     if backend == "CUTLASS_MXFP4_MXFP4":
         return ConverterRaises(
             "ValueError: convert_gpt_oss_weight_to_mxfp4_moe_kernel_format has no "
@@ -254,6 +269,10 @@ def kernel_format_g(backend: str, arch: Arch, tp: int, resolved: str, *,
             notes=("AITER CK W4A4: plain 16x16 tile shuffle of the weights and e8m0_shuffle of "
                    "the scales, no gate/up interleave.",))
     if backend == "AITER_MXFP4_FP8":
+        if not has_static_input_scales and not quark:
+            return ConverterRaises(
+                "AttributeError: AITER_MXFP4_FP8's converter reads layer.w13_input_scale, "
+                "which GptOssMxfp4MoEMethod never creates (no static fp8 input scales)")
         if not has_static_input_scales:
             return ConverterRaises(
                 "ValueError: AITER_MXFP4_FP8 needs static per-tensor fp8 input scales "
@@ -279,8 +298,8 @@ def kernel_format_g(backend: str, arch: Arch, tp: int, resolved: str, *,
         env = dict(AITER_ENV) if backend.startswith("AITER") else {}
         return KernelFormat(triton_recipe(arch, tp, interleaved_source), act_quant="bf16",
                             runtime_env=env, notes=tuple(notes))
-    if backend == "EMULATION":
-        return KernelFormat(IDENTITY, act_quant=resolved, kernel_act=resolved)
+    if backend == "EMULATION":  # vLLM keeps the rows as loaded; mxfp4conv stores [gate; up]
+        return emulation_format(resolved, gpt_oss=interleaved_source)
     return NotProducible(NOT_PRODUCIBLE.get(backend, f"{backend} is not modelled"))
 
 

@@ -39,8 +39,8 @@ from mxfp4conv.errors import OracleError
 from mxfp4conv.oracle import compressed_tensors as ct_methods
 from mxfp4conv.oracle.arch import Arch, get_arch
 from mxfp4conv.oracle.backends import (
-    BACKENDS, DSV4_ROCM_PRIORITY, FP8_STATIC, KEY_TEXT, MXFP4_DYN, Ctx, gpt_oss_priority,
-    Server, filter_by_activation, parse_backend, priority_backends, try_backend,
+    BACKENDS, DSV4_ROCM_PRIORITY, FP8_STATIC, KEY_TEXT, MOE_BACKEND_STRINGS, MXFP4_DYN, Ctx,
+    Server, b12x_requested, filter_by_activation, gpt_oss_priority, parse_backend, priority_backends, try_backend,
 )
 from mxfp4conv.oracle.decision import Candidate, Decision, Target
 from mxfp4conv.oracle.releases import release_version, resolve_release
@@ -182,6 +182,10 @@ def _select_g(ctx: Ctx, key: str | None, forced: tuple[str, ...] | None, value: 
     keyed = lambda n: key if n == "EMULATION" else BACKENDS[n].default_key  # noqa: E731
     names = forced if forced is not None else gpt_oss_priority(ctx.arch)
     kept, dropped = filter_by_activation(names, key)
+    if forced is not None and forced == MOE_BACKEND_STRINGS["b12x"]:
+        special = b12x_requested(forced, key, force_a16=False)
+        if special is not None:
+            kept, dropped = special, {}
     if forced is not None:
         if not kept:
             raise OracleError(
@@ -212,7 +216,12 @@ def _resolve(model: MoEModel, target: Target, arch: Arch, server: Server) -> _Re
         activation=model.activation.name, act_key=None, routing=model.routing,
         num_local_experts=(model.geometry.num_experts // target.tp if target.ep
                            else model.geometry.num_experts),
-        ep=target.ep and target.tp > 1,
+        ep=target.ep and target.tp > 1, has_bias=model.has_bias,
+        hidden=model.geometry.hidden,
+        intermediate=(model.geometry.intermediate if target.ep
+                      else model.geometry.intermediate // target.tp),
+        situ_params=((model.activation.params.get("beta"), model.activation.params.get("linear_beta"))
+                     if model.activation.name == "situ" else ()),
     )
     if model.moe_method == "mxfp4":
         walk = _select_s(ctx, forced, model.activation.params)
@@ -241,7 +250,8 @@ def _resolve(model: MoEModel, target: Target, arch: Arch, server: Server) -> _Re
         walk.pick, arch, target.tp, walk.act_quant,
         interleaved_source=model.gate_up_interleaved, quark=quark,
         has_static_input_scales=model.static_input_scales,
-        literal_deinterleave=server.quark_literal_deinterleave)
+        literal_deinterleave=server.quark_literal_deinterleave,
+        activation=model.activation.name)
     return _Resolved(walk, fmt)
 
 
@@ -325,7 +335,8 @@ def decide(model: MoEModel, target: Target, server: Server | None = None) -> Dec
     forced = target.backend is not None
     if walk.pick is None and forced:
         reasons = "; ".join(f"{b}: {r}" for b, _, r in walk.tried)
-        raise OracleError(f"--backend {target.backend} cannot serve {_who(model, arch)}: {reasons}.")
+        raise OracleError(f"--backend {target.backend} cannot serve {_who(model, arch)} (vLLM "
+                          f"raises ValueError for this --moe-backend): {reasons}.")
     if isinstance(fmt, ActQuantRefused):
         raise OracleError(f"{_who(model, arch)}: {fmt}.")
     version = release_version(release)
@@ -347,11 +358,12 @@ def decide(model: MoEModel, target: Target, server: Server | None = None) -> Dec
         idx = max(i for i, c in enumerate(candidates) if c.backend == backend)
         candidates[idx] = replace(candidates[idx], selected=True)
     else:
-        if forced:
+        if forced and not own_format:  # with --layout: write mxfp4conv's format, say why
             raise OracleError(
                 f"--backend {target.backend}: vLLM would serve {_who(model, arch)} with "
                 f"{walk.pick}, but mxfp4conv cannot write that backend's layout: {fmt}. "
-                f"Layouts mxfp4conv can produce for {arch.name}: {', '.join(producible) or 'none'}.")
+                f"Layouts mxfp4conv can produce for {arch.name}: {', '.join(producible) or 'none'}; "
+                "or pass --layout identity to write mxfp4conv's own runtime format.")
         final = _fallback_format(model, target, arch, walk)
         if isinstance(final, ActQuantRefused):
             vllm = f"vLLM picks {walk.pick}" if walk.pick else "vLLM has no backend"

@@ -3,7 +3,8 @@ one becomes, as a ``probe_moe`` case.
 
 Families: Kimi-K3, DeepSeek-V4, gpt-oss, Quark w_mxfp4 / w_mxfp4_a_mxfp4 / w_mxfp4_a_fp8;
 archs gfx950, gfx942, gfx1250, sm90, sm100, cpu; tp 1, 2, 8 and 8 with EP; AITER on and off
-(ROCm); SiTUv2 modes (Kimi-K3 on ROCm); requested activation quantisation.
+(ROCm); SiTUv2 modes (Kimi-K3 on ROCm); requested activation quantisation; and the backends
+only --moe-backend reaches (B12X, FlashInfer MoE-EP) on sm120, sm100 and sm90.
 """
 
 from __future__ import annotations
@@ -88,6 +89,8 @@ def vllm_case(case: Case) -> dict:
     method = {"mxfp4": "mxfp4", "gpt_oss_mxfp4": "gpt_oss", "quark": "quark"}[m.moe_method]
     p = m.activation.params
     env = dict(case.env)
+    moe_backend, backend_env = BACKEND_REQUEST.get(t.backend, (t.backend, {}))
+    env.update(backend_env)
     if t.arch.startswith("gfx"):
         env["VLLM_ROCM_USE_AITER"] = "1" if t.aiter else "0"
         if case.situv2 is not None:
@@ -109,7 +112,7 @@ def vllm_case(case: Case) -> dict:
         "has_bias": m.has_bias,
         "quark_input": QUARK_INPUT.get(m.quant_scheme) if method == "quark" else None,
         "moe_activation": ACT_OVERRIDE[t.act_quant],
-        "moe_backend": "auto" if t.backend is None else t.backend,
+        "moe_backend": "auto" if moe_backend is None else moe_backend,
         "model_type": "gpt_oss" if m.family == "gpt_oss" else m.family,
         "env": env,
         # mxfp4conv's modelled server: amd-quark on ROCm and wherever a Quark checkpoint is served
@@ -117,8 +120,31 @@ def vllm_case(case: Case) -> dict:
     }
 
 
+# Backends only --moe-backend reaches (in no priority list), on the archs that gate them;
+# mxfp4conv writes its own format there, asked for with --layout identity.
+FORCED_BACKENDS = ("b12x", "B12X_MXFP4_BF16", "flashinfer_moe_ep_cutedsl",
+                   "flashinfer_moe_ep_mega_deep_gemm")
+FORCED_ARCHS = ("sm120", "sm100", "sm90")
+# mxfp4conv --backend member name -> (vLLM --moe-backend string, environment it needs)
+BACKEND_REQUEST = {"B12X_MXFP4_BF16": ("b12x", {"VLLM_B12X_MOE_FP4_FORCE_A16": "1"})}
+
+
+def forced_cases() -> list[Case]:
+    out = []
+    for name, m in MODELS.items():
+        if name == "k3_small":
+            continue
+        for arch in FORCED_ARCHS:
+            for tp, ep in ((1, False), (8, True)):
+                for b in FORCED_BACKENDS:
+                    par = f"tp{tp}{'-ep' if ep else ''}"
+                    out.append(Case(f"{name}-{arch}-{par}-backend_{b}", name,
+                                    Target(arch, tp=tp, ep=ep, backend=b, layout="identity")))
+    return out
+
+
 def cases() -> list[Case]:
-    out: list[Case] = []
+    out: list[Case] = forced_cases()
     for name, m in MODELS.items():
         for arch in ARCHS:
             rocm = arch.startswith("gfx")

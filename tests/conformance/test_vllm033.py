@@ -5,7 +5,7 @@ For every case of ``matrix.cases()`` the real ``Mxfp4MoEMethod`` / ``GptOssMxfp4
 (``vllm033.harness``; the stubs it installs are listed in ``vllm033/stubs.py`` and
 ``vllm033/worker.py`` and printed by ``test_stubs_listed``) and its backend pick and expert
 class (or the error it raises), ``maybe_roundup_sizes`` and the environment it writes are
-compared with ``decide()``. The weight converters' calls are not compared here.
+compared with ``decide()``. The weight converters are compared in ``test_vllm033_convert``.
 """
 
 from __future__ import annotations

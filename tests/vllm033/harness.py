@@ -14,7 +14,7 @@ API (all importable without vLLM)::
     results = run_probe("gfx950", "tests/vllm033/probe_moe.py:probe", cases, src=src)
 
 - ``PLATFORMS``: ``gfx942``, ``gfx950``, ``gfx1250`` (ROCm, emulated through a fake amdsmi),
-  ``sm90``, ``sm100`` (CUDA, capability pinned), ``cpu`` (vLLM's CPU platform, x86 with
+  ``sm90``, ``sm100``, ``sm120`` (CUDA, capability pinned), ``cpu`` (vLLM's CPU platform, x86 with
   AMX) and ``cpu-noamx``.
 - ``run_probe(platform, probe, cases, src=None, env=None, timeout=600)``: ``probe`` is
   ``"path/to/file.py:function"`` (relative to the repository root or absolute); the worker
@@ -55,6 +55,7 @@ PLATFORMS: dict[str, dict] = {
     "gfx1250": {"kind": "rocm", "gcn_arch": "gfx1250"},
     "sm90": {"kind": "cuda", "capability": [9, 0]},
     "sm100": {"kind": "cuda", "capability": [10, 0]},
+    "sm120": {"kind": "cuda", "capability": [12, 0]},
     "cpu": {"kind": "cpu", "amx": True},
     "cpu-noamx": {"kind": "cpu", "amx": False},
 }

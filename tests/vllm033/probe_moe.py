@@ -64,7 +64,10 @@ def _vllm_config(case: dict):
     model_config = types.SimpleNamespace(
         quantization_config=qargs,
         hf_config=types.SimpleNamespace(model_type=case.get("model_type")))
-    V._current_vllm_config = types.SimpleNamespace(model_config=model_config)
+    # what FlashInfer MoE-EP's deployment check reads besides the model config
+    parallel_config = types.SimpleNamespace(enable_dbo=False, enable_eplb=False)
+    V._current_vllm_config = types.SimpleNamespace(
+        model_config=model_config, parallel_config=parallel_config, weight_transfer_config=None)
 
 
 def moe_config(case: dict):

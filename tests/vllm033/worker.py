@@ -25,6 +25,7 @@ PLATFORM_STUBS: dict[str, dict[str, str]] = {
              "amdsmi": "answers the emulated GPU's gfx name (vLLM's ROCm platform detection)",
              "quark": "amd-quark (installed in vLLM's ROCm images): EMULATION's has_quark()"},
     "cuda": {"flashinfer": "FlashInfer (CUDA kernels)", "deep_gemm": "DeepGEMM (CUDA kernels)",
+             "b12x": "b12x (sm120 MoE kernels): B12xExperts' device check finds its fused_moe",
              "vllm.vllm_flash_attn": "vLLM's compiled flash-attention wrapper"},
     "cpu": {},
 }
