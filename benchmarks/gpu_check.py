@@ -27,7 +27,7 @@ import torch
 
 from mxfp4conv.codec import dequantize_mxfp4
 
-from mxfp4conv.runtime.triton_moe import hopper_options, fused_moe_triton, select_config, uses_gemv
+from mxfp4conv.runtime.triton_moe import ALIGN_GRID_PAIRS, hopper_options, fused_moe_triton, select_config, uses_gemv
 from mxfp4conv.shuffle import get_layout
 
 
@@ -146,7 +146,8 @@ def variants_for(T, H, I, k, E, dtype, quick):
 def hopper_variants(T, H, I, k, E):
     """The default, a forced K split, the v9 launch sequence (align, separate activation and k-sum
     kernels), one block per pair with more than one token, the fused reductions forced on where
-    the default leaves them off, and GEMM2 row tiles in one flat loop where it does not use them."""
+    the default leaves them off, GEMM2 row tiles in one flat loop where it does not use them, and
+    the align the default does not take."""
     default = select_config(T * k, E, H, I, "hopper_mma")
     out = [("default", default), ("split", dataclasses.replace(default, split_k1=3, split_k2=2)),
            ("v9", dataclasses.replace(default, fused=0, direct=0, pdl=0))]
@@ -158,6 +159,8 @@ def hopper_variants(T, H, I, k, E):
         out.append(("rows3", dataclasses.replace(default, rows2=3, fused=0)))
     if T * k / min(E, T * k) > 16:
         out.append(("bt16", dataclasses.replace(default, block_t=16, block_n2=128)))
+    if T > 1:  # the other align (many programs below ALIGN_GRID_PAIRS, one program from it)
+        out.append(("align", dataclasses.replace(default, align=int(T * k < ALIGN_GRID_PAIRS))))
     return out
 
 

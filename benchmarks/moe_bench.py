@@ -18,11 +18,19 @@ uses the next copy and its own routing, so L2 never serves weights. Columns:
 
     python benchmarks/moe_bench.py --out DIR [--sweep] [--gemv-sweep] [--shapes dsv3,k3] [--tokens 1,8,...]
         [--layout hopper_mma] [--grid rows2|t1] [--no-baselines] [--random-layout] [--compile-workers N]
-        [--before PKG.runtime.triton_moe --rounds 3]
+        [--before PKG.runtime.triton_moe --rounds 3] [--triton-kernels DIR] [--variants JSON]
 
 --before times another tree's default beside ours, interleaved round by round (the same config
 drifts by up to 10-15% over a run on the H200), e.g. the previous release copied under another
 package name; --compile-workers fills Triton's cache from N processes first.
+--triton-kernels DIR times OpenAI's triton_kernels (DIR holds the ``triton_kernels`` package; see
+tk_moe.py) on the same bytes and routing, interleaved with ours: "tk" with its routing step
+(bitmatrix, sort; ours includes the align the same way), "tk_gemms" with the routing made
+outside the graph; its output is checked once per layer against a float64 reference beside
+ours (both with the swigluoai activation, the one triton_kernels fuses).
+--variants '{"1": [{"block_n1": 128}], "8": [{"direct": 1}]}' times config overrides of the
+default at those T, interleaved with the default (ratio: median over rounds of variant / the
+default timed next to it).
 """
 
 from __future__ import annotations
@@ -189,7 +197,7 @@ def sweep_for(layout, per_expert, T):
 def _warm_worker(args):
     """Compile (run once on uninitialised weights) the configs of one shape in a child process,
     filling Triton's on-disk cache so the timing process finds every kernel compiled."""
-    name, jobs, layout, before = args
+    name, jobs, layout, before, tk_path = args
     H, I, E, k = SHAPES[name]  # jobs carry their configs: the grid is not needed here
     impl = fused_moe_triton
     if before:
@@ -201,11 +209,17 @@ def _warm_worker(args):
          torch.full((E, H, I // 32), 120, dtype=torch.uint8, device="cuda"))
     gen = torch.Generator(device="cuda").manual_seed(1)
     failed = 0
+    tkm = None
     for T, cfg in jobs:
         ids, tw = routing(T, E, k, gen)
         x = torch.randn(T, H, device="cuda", generator=gen).to(torch.bfloat16)
         try:
-            if cfg is None:  # the before tree's default
+            if cfg == "tk":
+                if tkm is None:
+                    import tk_moe
+                    tkm = tk_moe.TkMoE(tk_moe.TritonKernels(tk_path), *w)
+                tkm(x, ids, tw)
+            elif cfg is None:  # the before tree's default
                 impl(x, *w, tw, ids, activation="situ", activation_params=SITU, layout=layout)
             else:
                 fused_moe_triton(x, *w, tw, ids, activation="situ", activation_params=SITU, config=cfg, layout=layout)
@@ -215,7 +229,7 @@ def _warm_worker(args):
     return failed
 
 
-def warm_compile(name, tokens, sweep, layout, workers, log, before=None):
+def warm_compile(name, tokens, sweep, layout, workers, log, before=None, tk_path=None, variants=None):
     if workers <= 1:
         return
     import multiprocessing as mp
@@ -227,16 +241,19 @@ def warm_compile(name, tokens, sweep, layout, workers, log, before=None):
         jobs += [(T, default)] + [(T, dataclasses.replace(default, **h)) for h in (grid or [])]
         if before:
             jobs.append((T, None))
+        if tk_path:
+            jobs.append((T, "tk"))
+        jobs += [(T, dataclasses.replace(default, **v)) for v in (variants or {}).get(str(T), [])]
     chunks = [jobs[i::workers] for i in range(workers)]
     t0 = time.perf_counter()
     with mp.get_context("spawn").Pool(workers) as pool:
-        failed = sum(pool.map(_warm_worker, [(name, c, layout, before) for c in chunks if c]))
+        failed = sum(pool.map(_warm_worker, [(name, c, layout, before, tk_path) for c in chunks if c]))
     log(f"  {name}: compiled {len(jobs)} configs in {workers} processes, {time.perf_counter() - t0:.0f}s"
         f"{f' ({failed} failed)' if failed else ''}")
 
 
 def bench_shape(name, tokens, copy_bw, sweep, rows, log, gemv_sweep=False, layout="identity", baselines=True,
-                random_layout=False, before=None, rounds=1):
+                random_layout=False, before=None, rounds=1, tk=None, variants=None):
     H, I, E, k = SHAPES[name]
     gen = torch.Generator(device="cuda").manual_seed(0)
     layer = E * 3 * H * I * BPW
@@ -250,6 +267,11 @@ def bench_shape(name, tokens, copy_bw, sweep, rows, log, gemv_sweep=False, layou
         bf16 = Bf16MoE(w13b, w2b)
     else:
         w13b = w2b = bf16 = None
+    tkms, canon0 = None, None
+    if tk is not None:  # triton_kernels' copies of the same bytes, made from the canonical layout
+        import tk_moe
+        tkms = [tk_moe.TkMoE(tk, *c) for c in copies]
+        canon0 = copies[0]
     if layout == "hopper_mma" and not random_layout:
         Wl, Sl = get_layout("hopper_mma_w"), get_layout("hopper_mma_s")
         copies = [(Wl.forward(a), Sl.forward(b), Wl.forward(c), Sl.forward(d)) for a, b, c, d in copies]
@@ -278,17 +300,43 @@ def bench_shape(name, tokens, copy_bw, sweep, rows, log, gemv_sweep=False, layou
             else:
                 default, path = dataclasses.replace(default, gemv_max_pairs=0), "mma (gemv failed)"
             t_def = graph_time_us(tri(default))
-        t_before = float("nan")
-        if before is not None:  # another tree's default, interleaved with ours (clocks drift over a run)
-            fb = [lambda c=c: before.fused_moe_triton(xs[c], *copies[c], routes[c][1], routes[c][0], activation="situ",
-                                                      activation_params=SITU, layout=layout) for c in range(ncopies)]
-            ours, theirs = [t_def], []
+        # timed beside ours, interleaved round by round (clocks drift over a run): another tree's
+        # default, triton_kernels (with and without its routing step), config variants
+        side = {}
+        if before is not None:
+            side["before"] = [lambda c=c: before.fused_moe_triton(xs[c], *copies[c], routes[c][1], routes[c][0],
+                                                                  activation="situ", activation_params=SITU,
+                                                                  layout=layout) for c in range(ncopies)]
+        if tkms is not None:
+            side["tk"] = [lambda c=c: tkms[c](xs[c], routes[c][0], routes[c][1]) for c in range(ncopies)]
+            preps = [tkms[c].prepare(routes[c][0], routes[c][1]) for c in range(ncopies)]
+            side["tk_gemms"] = [lambda c=c: tkms[c].run(xs[c], preps[c]) for c in range(ncopies)]
+        for v in (variants or {}).get(str(T), []):
+            side[_diff(dataclasses.replace(default, **v), default)] = tri(dataclasses.replace(default, **v))
+        res = {}
+        if side:
+            ours, times, ratios = [t_def], {n: [] for n in side}, {n: [] for n in side}
             for _ in range(rounds):
-                theirs.append(graph_time_us(fb))
+                for n, fns in side.items():
+                    try:
+                        times[n].append(graph_time_us(fns))
+                    except Exception as exc:
+                        log(f"  {name} T={T} {n}: failed {type(exc).__name__}: {str(exc)[:300]}")
+                        if n.startswith("tk"):
+                            import traceback
+                            log(traceback.format_exc()[-3000:])
+                        times[n].append(float("nan"))
                 ours.append(graph_time_us(tri(default)))
-            t_def, t_before = statistics.median(ours), statistics.median(theirs)
-            log(f"  {name} T={T} before {t_before:.1f} us, after {t_def:.1f} us ({t_before / t_def:.3f}x): "
-                f"before {' '.join(f'{t:.1f}' for t in theirs)}, after {' '.join(f'{t:.1f}' for t in ours)}")
+                for n in side:
+                    ratios[n].append(times[n][-1] / ours[-1])
+            t_def = statistics.median(ours)
+            for n in side:
+                res[n] = statistics.median(times[n])
+                log(f"  {name} T={T} {n}: {res[n]:.1f} us, ours {t_def:.1f} us, {n} / ours {statistics.median(ratios[n]):.3f} "
+                    f"(rounds {' '.join(f'{t:.1f}' for t in times[n])}; ours {' '.join(f'{t:.1f}' for t in ours)})")
+        t_before = res.get("before", float("nan"))
+        if tkms is not None and T == tokens[min(1, len(tokens) - 1)]:
+            check_tk(name, T, tkms[0], canon0, copies[0], xs[0], routes[0], layout, log)
         best_t, best_cfg = t_def, default
         extra = []
         if gemv_sweep and uses_gemv(default, T * k, E):  # the other path and other tiles of this one
@@ -319,6 +367,7 @@ def bench_shape(name, tokens, copy_bw, sweep, rows, log, gemv_sweep=False, layou
         row = dict(shape=name, T=T, path=path, touched=touched, MB=mb / 1e6, floor_us=floor, triton_us=t_def,
                    tbps=mb / (t_def * 1e-6) / 1e12, pct_copy=100 * mb / (t_def * 1e-6) / copy_bw,
                    tflops=flops / (t_def * 1e-6) / 1e12, before_us=t_before,
+                   tk_us=res.get("tk", float("nan")), tk_gemms_us=res.get("tk_gemms", float("nan")),
                    best_us=best_t, best_cfg=str(best_cfg),
                    best_tbps=mb / (best_t * 1e-6) / 1e12, bf16_us=t_bf16, bf16_speedup=t_bf16 / best_t,
                    emul_us=t_emul, emul_speedup=t_emul / best_t, copy_tbps=copy_bw / 1e12)
@@ -326,8 +375,22 @@ def bench_shape(name, tokens, copy_bw, sweep, rows, log, gemv_sweep=False, layou
         log(f"{name} T={T}: triton {t_def:.1f} us (best {best_t:.1f}), bf16 {t_bf16:.1f}, emul {t_emul:.0f}, "
             f"floor {floor:.1f}, {row['pct_copy']:.1f}% copy, {row['tflops']:.0f} TFLOP/s")
         del routes, xs
-    del copies, w13b, w2b, bf16
+    del copies, w13b, w2b, bf16, tkms, canon0
     torch.cuda.empty_cache()
+
+
+def check_tk(name, T, tkm, canon, copy, x, route, layout, log):
+    """triton_kernels and ours on one routing, both with swigluoai, against a float64 reference
+    from the canonical bytes: relative errors (||out - ref|| / ||ref||) of each, and between them."""
+    from gpu_check import reference
+    ids, tw = route
+    params = {"alpha": 1.702, "limit": 7.0}
+    ref = reference(x, *canon, tw, ids, "swigluoai", params)
+    ours = fused_moe_triton(x, *copy, tw, ids, activation="swigluoai", activation_params=params, layout=layout)
+    theirs = tkm(x, ids, tw)
+    rel = lambda a, b: float((a.double() - b.double()).norm() / b.double().norm())
+    log(f"  {name} T={T} accuracy (swigluoai, bf16): ours {rel(ours, ref):.2e}, triton_kernels {rel(theirs, ref):.2e}, "
+        f"between them {rel(theirs, ours):.2e}")
 
 
 def _diff(cfg, default) -> str:
@@ -399,6 +462,9 @@ def main() -> int:
                     help="module path of another tree's triton_moe (e.g. a copy of the previous release under "
                          "another package name): its default timed beside ours, interleaved")
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds with --before (median)")
+    ap.add_argument("--triton-kernels", default=None, metavar="DIR",
+                    help="directory holding OpenAI's triton_kernels package: timed beside ours (tk_moe.py)")
+    ap.add_argument("--variants", default=None, help="JSON {T: [config overrides]} timed beside the default")
     ap.add_argument("--grid", default=None, choices=sorted(GRIDS), help="hopper_mma sweep grid instead of the default ones")
     args = ap.parse_args()
     global GRID
@@ -411,23 +477,36 @@ def main() -> int:
         logf.flush()
 
     tokens = [int(t) for t in args.tokens.split(",")]
+    import json
+    variants = json.loads(args.variants) if args.variants else None
     if args.compile_only:
         for name in args.shapes.split(","):
-            warm_compile(name, tokens, args.sweep, args.layout, max(2, args.compile_workers), log, args.before)
+            warm_compile(name, tokens, args.sweep, args.layout, max(2, args.compile_workers), log, args.before,
+                         args.triton_kernels, variants)
         return 0
     copy_bw = copy_bandwidth()
     log(f"{torch.cuda.get_device_name()} copy bandwidth {copy_bw / 1e12:.2f} TB/s; torch {torch.__version__}, triton {triton.__version__}")
     rows = []
     for name in args.shapes.split(","):
-        warm_compile(name, tokens, args.sweep, args.layout, args.compile_workers, log, args.before)
+        warm_compile(name, tokens, args.sweep, args.layout, args.compile_workers, log, args.before,
+                     args.triton_kernels, variants)
     before = None
     if args.before:
         import importlib
         before = importlib.import_module(args.before)
+    tk = None
+    if args.triton_kernels:
+        import tk_moe
+        try:
+            tk = tk_moe.TritonKernels(args.triton_kernels)
+        except Exception as exc:  # say why, time the rest
+            import traceback
+            log(f"triton_kernels from {args.triton_kernels} could not be imported: {type(exc).__name__}: {exc}")
+            log(traceback.format_exc())
     for name in args.shapes.split(","):
         bench_shape(name, tokens, copy_bw, args.sweep, rows, log, args.gemv_sweep, args.layout,
                     baselines=not args.no_baselines, random_layout=args.random_layout, before=before,
-                    rounds=args.rounds)
+                    rounds=args.rounds, tk=tk, variants=variants)
     with open(f"{args.out}/moe_bench.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
@@ -438,10 +517,11 @@ def main() -> int:
         log(f"plot failed: {exc}")
     log(f"\ncopy bandwidth {copy_bw / 1e12:.2f} TB/s")
     log(f"{'shape':6s} {'T':>5s} {'path':>5s} {'touch':>6s} {'MB':>7s} {'floor':>7s} {'triton':>8s} {'TB/s':>5s} {'%copy':>6s} "
-        f"{'TFLOP/s':>7s} {'before':>8s} {'x bef':>6s} {'best':>8s} {'bf16':>8s} {'x bf16':>6s} {'emul':>8s} {'x emul':>7s}")
+        f"{'TFLOP/s':>7s} {'before':>8s} {'x bef':>6s} {'tk':>8s} {'tk/ours':>7s} {'tkgemm':>8s} {'best':>8s} {'bf16':>8s} {'x bf16':>6s} {'emul':>8s} {'x emul':>7s}")
     for r in rows:
         log(f"{r['shape']:6s} {r['T']:5d} {r['path'][:5]:>5s} {r['touched']:6.0f} {r['MB']:7.0f} {r['floor_us']:7.1f} {r['triton_us']:8.1f} "
             f"{r['tbps']:5.2f} {r['pct_copy']:5.1f}% {r['tflops']:7.0f} {r['before_us']:8.1f} {r['before_us'] / r['triton_us']:6.3f} "
+            f"{r['tk_us']:8.1f} {r['tk_us'] / r['triton_us']:7.3f} {r['tk_gemms_us']:8.1f} "
             f"{r['best_us']:8.1f} {r['bf16_us']:8.1f} {r['bf16_speedup']:6.2f} {r['emul_us']:8.0f} {r['emul_speedup']:7.1f}")
     for r in rows:
         log(f"best config {r['shape']} T={r['T']}: {r['best_cfg']}")

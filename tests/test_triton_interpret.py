@@ -129,9 +129,10 @@ def test_fp16_multi_k_steps_and_tile_tails(cfg):
     assert rel_err(out, ref) < 1e-2
 
 
-def test_align_blocks_cover_every_pair_once():
+@pytest.mark.parametrize("grid", [0, 1])
+def test_align_blocks_cover_every_pair_once(grid):
     ids = torch.tensor([[2, 0], [2, -1], [2, 1], [0, 2], [-1, -1]], dtype=torch.int32)
-    sorted_ids, block_expert, npp, max_blocks = triton_moe.moe_align(ids, 4, 4)
+    sorted_ids, block_expert, npp, max_blocks = triton_moe.moe_align(ids, 4, 4, grid)
     n = int(npp)
     assert n == 4 * 3  # expert 0: 2 pairs, 1: 1, 2: 4 -> one block each
     flat = ids.reshape(-1)
@@ -144,6 +145,21 @@ def test_align_blocks_cover_every_pair_once():
         members = members[members < flat.numel()]
         assert len(members) > 0 and all(int(flat[m]) == e for m in members)
     assert torch.all(block_expert[n // 4:max_blocks] == -1)
+
+
+def test_align_many_programs_matches_one_program():
+    # several CHUNKs of pairs, many experts, skipped slots: same blocks, same members per expert
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(-1, 37, (700, 4), generator=g, dtype=torch.int32)
+    one = triton_moe.moe_align(ids, 37, 16, 0)
+    many = triton_moe.moe_align(ids, 37, 16, 1)
+    n = int(one[2])
+    assert int(many[2]) == n
+    assert torch.equal(one[1], many[1])
+    for e in range(37):
+        blocks = (one[1][:n // 16] == e).nonzero().flatten().tolist()
+        got = lambda s: sorted(v for b in blocks for v in s[b * 16:(b + 1) * 16].tolist() if v < ids.numel())
+        assert got(one[0]) == got(many[0]) == (ids.reshape(-1) == e).nonzero().flatten().tolist()
 
 
 def test_fp4_decode_every_code_and_special_scales():

@@ -73,6 +73,7 @@ class MoEConfig:
     num_warps2: int = 0  # warps of GEMM2 (0 = num_warps)
     rows2: int = 1  # GEMM2 row tiles per program, in one flat loop (hopper_mma, not with fused)
     maxnreg2: int = -1  # register cap of GEMM2 (-1 = maxnreg)
+    align: int = -1  # align over many programs (1), one program (0), or by the pair count (-1; see moe_align)
 
 
 def layout_of(layout: Mapping[str, str]) -> str | None:
@@ -235,17 +236,25 @@ def _act_launch(part, ids, b13, inter, num_pairs, i_pad, E, splits, act, acts, h
 
 
 def _sum_launch(pair_out, ids, out, H, top_k, E, splits):
-    """Deterministic sum over k (and GEMM2's K splits); tiles of at most 4096 elements."""
+    """Deterministic sum over k (and GEMM2's K splits): one program per (token, 1024 columns),
+    8 columns per thread (one 16-byte load of each k row)."""
     k2 = triton.next_power_of_2(top_k)
-    block_h = min(triton.next_power_of_2(H), max(128, 4096 // k2))
+    block_h = min(triton.next_power_of_2(H), 1024)
     K.moe_sum_kernel[(out.shape[0], triton.cdiv(H, block_h))](
         pair_out, ids, out, H, top_k, E, splits, pair_out.stride(0), pair_out.stride(1), out.stride(0),
-        BLOCK_H=block_h, K_POW2=k2, num_warps=4,
+        BLOCK_H=block_h, K_POW2=k2, num_warps=max(1, min(4, block_h // 256)),
     )
 
 
-def moe_align(topk_ids: torch.Tensor, num_experts: int, block_t: int):
-    """(sorted_ids, block_expert, num_post_pad) for the GEMM kernels; ids < 0 are skipped."""
+# from this many (token, k) pairs on, the align runs over many programs (a memset and two
+# launches) instead of one: the single program costs about 3.4 ns a pair on an H200
+# (223 us for 65536 pairs, docs/performance.md)
+ALIGN_GRID_PAIRS = 4096
+
+
+def moe_align(topk_ids: torch.Tensor, num_experts: int, block_t: int, grid: int = -1):
+    """(sorted_ids, block_expert, num_post_pad) for the GEMM kernels; ids < 0 are skipped.
+    ``grid``: 1 many programs, 0 one program, -1 by ALIGN_GRID_PAIRS."""
     ids = topk_ids.reshape(-1)
     if not ids.is_contiguous():
         ids = ids.contiguous()
@@ -254,12 +263,26 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_t: int):
     dev = ids.device
     sorted_ids = torch.empty(max_blocks * block_t, dtype=torch.int32, device=dev)
     block_expert = torch.empty(max_blocks, dtype=torch.int32, device=dev)
+    e2 = triton.next_power_of_2(num_experts)
+    if grid == 1 or (grid < 0 and num_pairs >= ALIGN_GRID_PAIRS):
+        scratch = torch.zeros(2 * num_experts + 2, dtype=torch.int32, device=dev)  # counts, arrivals | cursors, end
+        counts, arrive = scratch[:num_experts], scratch[num_experts:num_experts + 1]
+        cursor, num_post_pad = scratch[num_experts + 1:2 * num_experts + 1], scratch[2 * num_experts + 1:]
+        chunk = 1024
+        fill = max_blocks * block_t
+        K.moe_align_count_kernel[(triton.cdiv(max(fill, num_pairs), chunk),)](
+            ids, sorted_ids, block_expert, num_post_pad, counts, cursor, arrive, num_pairs, num_experts, max_blocks,
+            fill, BLOCK_T=block_t, CHUNK=chunk, E_POW2=e2, num_warps=4,
+        )
+        K.moe_align_scatter_kernel[(triton.cdiv(num_pairs, chunk),)](
+            ids, sorted_ids, cursor, num_pairs, num_experts, CHUNK=chunk, num_warps=4)
+        return sorted_ids, block_expert, num_post_pad, max_blocks
     scratch = torch.empty(2 * num_experts + 1, dtype=torch.int32, device=dev)
     num_post_pad = scratch[2 * num_experts:]
     K.moe_align_kernel[(1,)](
         ids, sorted_ids, block_expert, num_post_pad, scratch[:num_experts], scratch[num_experts:2 * num_experts],
         num_pairs, num_experts, max_blocks,
-        BLOCK_T=block_t, CHUNK=1024, E_POW2=triton.next_power_of_2(num_experts), num_warps=8,
+        BLOCK_T=block_t, CHUNK=1024, E_POW2=e2, num_warps=8,
     )
     return sorted_ids, block_expert, num_post_pad, max_blocks
 
@@ -388,7 +411,7 @@ def _two_gemms(x, topk_weights, topk_ids, w13_scale, w2_scale, w13_bias, w2_bias
         sorted_ids = block_expert = num_post_pad = ids
         max_blocks = blocks_est = num_pairs
     else:
-        sorted_ids, block_expert, num_post_pad, max_blocks = moe_align(ids, E, cfg.block_t)
+        sorted_ids, block_expert, num_post_pad, max_blocks = moe_align(ids, E, cfg.block_t, cfg.align)
         blocks_est = num_pairs // cfg.block_t + min(E, num_pairs)
     n1, n2 = triton.cdiv(i_pad, cfg.block_n1), triton.cdiv(H, cfg.block_n2)
     s1, ks1 = _splits(cfg.split_k1, blocks_est * n1, H, cfg.block_k)
@@ -434,7 +457,7 @@ def _gemv_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_b
     w13, w13_scale, w2, w2_scale = (t if t.stride(-1) == 1 else t.contiguous() for t in (w13, w13_scale, w2, w2_scale))
     ids = topk_ids.contiguous()
     tw = topk_weights.reshape(-1).contiguous()
-    sorted_ids, block_expert, num_post_pad, max_blocks = moe_align(ids, E, bt)
+    sorted_ids, block_expert, num_post_pad, max_blocks = moe_align(ids, E, bt, cfg.align)
     blocks_est = min(num_pairs, num_pairs // bt + min(E, num_pairs))
     bk1 = _gemv_block_k(cfg.gemv_block_k, H)
     bk2 = _gemv_block_k(cfg.gemv_block_k, i_pad)

@@ -405,24 +405,70 @@ def moe_act_kernel(
 
 
 @triton.jit
+def moe_align_count_kernel(
+    topk_ids_ptr, sorted_ids_ptr, block_expert_ptr, num_post_pad_ptr, counts_ptr, cursor_ptr, arrive_ptr,
+    num_pairs, num_experts, max_blocks, fill_len,
+    BLOCK_T: tl.constexpr, CHUNK: tl.constexpr, E_POW2: tl.constexpr,
+):
+    """``moe_align_kernel`` over many programs, first half (counts and arrival counter zeroed by
+    the caller): each program counts its CHUNK of pairs per expert and fills its share of
+    sorted_ids (padding) and block_expert (-1); the last program to arrive turns the counts into
+    block starts (cursor = first slot of each expert) and writes block_expert, num_post_pad.
+    ``moe_align_scatter_kernel`` then places the pairs."""
+    pid = tl.program_id(0)
+    offs = pid * CHUNK + tl.arange(0, CHUNK)
+    ids = tl.load(topk_ids_ptr + offs, mask=offs < num_pairs, other=-1).to(tl.int32)
+    ok = (ids >= 0) & (ids < num_experts)
+    tl.atomic_add(counts_ptr + ids, tl.full([CHUNK], 1, tl.int32), mask=ok, sem="relaxed")
+    tl.store(sorted_ids_ptr + offs, tl.full([CHUNK], 0, tl.int32) + num_pairs, mask=offs < fill_len)
+    tl.store(block_expert_ptr + offs, tl.full([CHUNK], -1, tl.int32), mask=offs < max_blocks)
+    tl.debug_barrier()
+    old = tl.atomic_add(arrive_ptr, 1, sem="acq_rel", scope="gpu")
+    if old == tl.num_programs(0) - 1:
+        tl.debug_barrier()
+        offs_e = tl.arange(0, E_POW2)
+        emask = offs_e < num_experts
+        counts = tl.load(counts_ptr + offs_e, mask=emask, other=0, volatile=True)
+        nblk = (counts + BLOCK_T - 1) // BLOCK_T
+        blk_end = tl.cumsum(nblk, axis=0)
+        blk_start = blk_end - nblk
+        tl.store(num_post_pad_ptr, tl.sum(nblk, axis=0) * BLOCK_T)
+        tl.store(cursor_ptr + offs_e, blk_start * BLOCK_T, mask=emask)
+        for j in range(0, tl.max(nblk, axis=0)):
+            tl.store(block_expert_ptr + blk_start + j, offs_e, mask=emask & (j < nblk))
+
+
+@triton.jit
+def moe_align_scatter_kernel(topk_ids_ptr, sorted_ids_ptr, cursor_ptr, num_pairs, num_experts, CHUNK: tl.constexpr):
+    """Second half of the many-program align: each pair takes the next slot of its expert."""
+    offs = tl.program_id(0) * CHUNK + tl.arange(0, CHUNK)
+    ids = tl.load(topk_ids_ptr + offs, mask=offs < num_pairs, other=-1).to(tl.int32)
+    ok = (ids >= 0) & (ids < num_experts)
+    slot = tl.atomic_add(cursor_ptr + ids, tl.full([CHUNK], 1, tl.int32), mask=ok, sem="relaxed")
+    tl.store(sorted_ids_ptr + slot, offs, mask=ok)
+
+
+@triton.jit
 def moe_sum_kernel(
     pair_ptr, ids_ptr, out_ptr, N, top_k, num_experts, splits, stride_ps, stride_pt, stride_ot,
     BLOCK_H: tl.constexpr, K_POW2: tl.constexpr,
 ):
     """out[t] = sum over splits and k of pair_out[split, t * top_k + k], skipping ids outside
-    [0, E) (never written). The k slots are loaded as one [K_POW2, BLOCK_H] tile (independent
-    loads, not a chain) and reduced in a fixed order: deterministic."""
+    [0, E) (never written). Each thread keeps its own columns of the row in registers: the k rows
+    are K_POW2 independent row loads (unrolled, all in flight before the adds) summed in k order,
+    with no reduction across threads; deterministic."""
     t = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     hmask = offs < N
-    offs_k = tl.arange(0, K_POW2)
-    eid = tl.load(ids_ptr + t * top_k + offs_k, mask=offs_k < top_k, other=-1)
-    km = (offs_k < top_k) & (eid >= 0) & (eid < num_experts)
-    rows = pair_ptr + (t * top_k + offs_k[:, None]) * stride_pt + offs[None, :]
     acc = tl.zeros([BLOCK_H], tl.float32)
     for sp in range(0, splits):
-        v = tl.load(rows + sp * stride_ps, mask=km[:, None] & hmask[None, :], other=0.0)
-        acc += tl.sum(v.to(tl.float32), axis=0)
+        for j in tl.static_range(K_POW2):
+            inside = tl.full([], j, tl.int32) < top_k
+            e = tl.load(ids_ptr + t * top_k + j, mask=inside, other=-1)
+            ok = (inside & (e >= 0) & (e < num_experts)).to(tl.int32)
+            m = hmask & ((tl.zeros([BLOCK_H], tl.int32) + ok) > 0)
+            v = tl.load(pair_ptr + sp * stride_ps + (t * top_k + j) * stride_pt + offs, mask=m, other=0.0)
+            acc += v.to(tl.float32)
     tl.store(out_ptr + t * stride_ot + offs, acc.to(out_ptr.dtype.element_ty), mask=hmask)
 
 

@@ -1,0 +1,80 @@
+"""Per-kernel device time of one MoE layer call, ours and (with --triton-kernels DIR) OpenAI's
+triton_kernels on the same bytes and routing, from torch.profiler (CUDA activity; mean over
+--iters calls after a warm-up; weights > L2 from T ~ 256 on, so the GEMMs read DRAM).
+
+    python benchmarks/kernel_split.py --shapes k3,dsv3 --tokens 2048,4096 [--triton-kernels DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import sys
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from moe_bench import SHAPES, SITU, make_weights, routing  # noqa: E402
+
+from mxfp4conv.runtime.triton_moe import fused_moe_triton  # noqa: E402
+from mxfp4conv.shuffle import get_layout  # noqa: E402
+
+
+def split(fn, iters):
+    for _ in range(2):
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            fn()
+        torch.cuda.synchronize()
+    tot = collections.defaultdict(float)
+    for ev in prof.events():
+        if ev.device_type == torch.autograd.DeviceType.CUDA:
+            tot[ev.name[:110]] += ev.device_time / iters
+    return sorted(tot.items(), key=lambda kv: -kv[1])
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shapes", default="k3")
+    ap.add_argument("--tokens", default="4096")
+    ap.add_argument("--iters", type=int, default=5)
+    ap.add_argument("--triton-kernels", default=None, metavar="DIR")
+    args = ap.parse_args()
+    tk = None
+    if args.triton_kernels:
+        import tk_moe
+        tk = tk_moe.TritonKernels(args.triton_kernels)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    for name in args.shapes.split(","):
+        H, I, E, k = SHAPES[name]
+        canon = make_weights(H, I, E, gen)
+        tkm = None
+        if tk is not None:
+            import tk_moe
+            tkm = tk_moe.TkMoE(tk, *canon)
+        Wl, Sl = get_layout("hopper_mma_w"), get_layout("hopper_mma_s")
+        w = (Wl.forward(canon[0]), Sl.forward(canon[1]), Wl.forward(canon[2]), Sl.forward(canon[3]))
+        del canon
+        for T in (int(t) for t in args.tokens.split(",")):
+            ids, tw = routing(T, E, k, gen)
+            x = torch.randn(T, H, device="cuda", generator=gen).to(torch.bfloat16)
+            runs = {"ours": lambda: fused_moe_triton(x, *w, tw, ids, activation="situ", activation_params=SITU,
+                                                     layout="hopper_mma")}
+            if tkm is not None:
+                runs["triton_kernels"] = lambda: tkm(x, ids, tw)
+            for label, fn in runs.items():
+                rows = split(fn, args.iters)
+                print(f"{name} T={T} {label}: total {sum(t for _, t in rows):.1f} us")
+                for kname, t in rows:
+                    print(f"    {t:9.1f} us  {kname}")
+        del w, tkm
+        torch.cuda.empty_cache()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
