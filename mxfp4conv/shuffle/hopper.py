@@ -36,6 +36,8 @@ converter streams them like the other layouts.
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 import torch
 
@@ -111,17 +113,34 @@ _SRC = _block_order()
 _DST = np.argsort(np.concatenate(_SRC))  # plain bytes (h = 0 part, then h = 1 part) -> block byte
 
 
-def _blocks(x: torch.Tensor) -> torch.Tensor:
-    """[E, N, K/2] -> [E * N/16 * K/64, 512]: each 16-row x 64-code block's bytes, rows first."""
-    e, n, kb = x.shape
-    return x.reshape(e, n // 16, 16, kb // 32, 32).transpose(2, 3).reshape(-1, 512)
+@lru_cache(maxsize=16)
+def _slab_order(kb: int) -> np.ndarray:
+    """For one 16-row slab of ``kb``-byte rows (row-major, ``16 * kb`` bytes): the slab byte
+    feeding each plain byte, all h = 0 bytes first, then all h = 1 bytes, each part ordered
+    (block, g, t, kt, c). ``_block_order`` per block, with the block gather folded in."""
+    h, b, g, t, kt, c = np.meshgrid(np.arange(2), np.arange(kb // 32), np.arange(8), np.arange(4), np.arange(4),
+                                    np.arange(2), indexing="ij")
+    return ((8 * h + g) * kb + 32 * b + 8 * kt + 4 * c + t).reshape(-1).astype(np.intp)
+
+
+_SLABS_PER_STEP_BYTES = 1 << 20  # slab bytes gathered at a time: the step's buffers stay in cache
 
 
 def _forward_cpu(x: torch.Tensor) -> torch.Tensor:
-    blocks = _blocks(x).numpy()
-    words = _FWD16[0][np.take(blocks, _SRC[0], axis=1).view(np.uint16)]
-    words |= _FWD16[1][np.take(blocks, _SRC[1], axis=1).view(np.uint16)]
-    return torch.from_numpy(words.view(np.uint8)).reshape(x.shape)
+    """One byte gather per slab into (h = 0 | h = 1) halves of plain words, then the two 16-bit
+    table lookups, a cache-sized group of slabs at a time, into one output buffer."""
+    e, n, kb = x.shape
+    slabs = x.numpy().reshape(-1, 16 * kb)
+    order = _slab_order(kb)
+    half = 4 * kb  # uint16 pairs (= output words) per slab and h
+    out = np.empty((slabs.shape[0], half), dtype=np.uint32)
+    step = max(1, _SLABS_PER_STEP_BYTES // (16 * kb))
+    for a in range(0, slabs.shape[0], step):
+        pairs = np.take(slabs[a:a + step], order, axis=1).view(np.uint16)
+        words = out[a:a + step]
+        np.take(_FWD16[0], pairs[:, :half], out=words, mode="wrap")  # 65536 entries: wrap never wraps
+        words |= np.take(_FWD16[1], pairs[:, half:], mode="wrap")
+    return torch.from_numpy(out.view(np.uint8)).reshape(x.shape)
 
 
 def _inverse_cpu(y: torch.Tensor, shape) -> torch.Tensor:
@@ -170,7 +189,23 @@ def weight_inverse(y: torch.Tensor, shape) -> torch.Tensor:
     return _inverse_cpu(y, shape) if y.device.type == "cpu" else _inverse_torch(y, shape)
 
 
+@lru_cache(maxsize=16)
+def _scale_order(g: int) -> np.ndarray:
+    """For one 16-row slab of ``g`` scale bytes per row, as ``g / 2`` uint16 pairs (j = 0, 1):
+    the slab pair feeding each stored pair, ordered (b, g, h)."""
+    h, b, gg = np.meshgrid(np.arange(2), np.arange(g // 2), np.arange(8), indexing="ij")
+    return ((8 * h + gg) * (g // 2) + b).transpose(1, 2, 0).reshape(-1).astype(np.intp)
+
+
 def scale_forward(x: torch.Tensor) -> torch.Tensor:
+    e, n, g = x.shape
+    if x.device.type == "cpu":
+        pairs = x.numpy().view(np.uint16).reshape(-1, 8 * g)
+        return torch.from_numpy(np.take(pairs, _scale_order(g), axis=1).view(np.uint8)).reshape(e, n, g)
+    return _scale_forward_torch(x)
+
+
+def _scale_forward_torch(x: torch.Tensor) -> torch.Tensor:
     e, n, g = x.shape
     s = x.reshape(e, n // 16, 2, 8, g // 2, 2)  # e nb h g b j
     return s.permute(0, 1, 4, 3, 2, 5).contiguous().reshape(e, n, g)  # e nb b g h j
