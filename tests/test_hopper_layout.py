@@ -119,15 +119,15 @@ def test_cpu_tables_and_device_path_agree(data):
 @given(data=weights(), step=st.sampled_from([1, 512, 1 << 20]))
 def test_cpu_weight_path_in_steps_agrees_with_device_path(data, step):
     # the CPU path gathers a few slabs at a time; any step size writes the same bytes
-    from mxfp4conv.shuffle import hopper
+    from mxfp4conv.shuffle import hopper, hopper_np
 
     x, _ = data
-    saved = hopper._SLABS_PER_STEP_BYTES
-    hopper._SLABS_PER_STEP_BYTES = step
+    saved = hopper_np.STEP_BYTES
+    hopper_np.STEP_BYTES = step
     try:
         assert torch.equal(hopper._forward_cpu(x), hopper._forward_torch(x))
     finally:
-        hopper._SLABS_PER_STEP_BYTES = saved
+        hopper_np.STEP_BYTES = saved
 
 
 @PROPS

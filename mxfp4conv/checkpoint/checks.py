@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-import torch
+from mxfp4conv.lazy_torch import torch
 
 from mxfp4conv.checkpoint.canonical import MoELayer, TensorRef
 from mxfp4conv.checkpoint.problems import Problems

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import threading
 
-import torch
+from mxfp4conv.lazy_torch import torch
 
 from mxfp4conv.convert.rank_tensors import RankGeometry
 from mxfp4conv.errors import CheckpointError

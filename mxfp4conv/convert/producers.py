@@ -14,7 +14,7 @@ import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-import torch
+from mxfp4conv.lazy_torch import torch
 
 from mxfp4conv.convert.manifest import SHUFFLE_PAD_BYTE
 from mxfp4conv.convert.plan import OutputPlan, Unit

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
+from mxfp4conv.lazy_torch import torch
 
 from mxfp4conv.errors import Mxfp4convError
 

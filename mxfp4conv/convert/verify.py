@@ -17,7 +17,7 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
+from mxfp4conv.lazy_torch import torch
 
 from mxfp4conv.checkpoint import strict_json
 from mxfp4conv.checkpoint.safetensors_io import pread_exact, read_header

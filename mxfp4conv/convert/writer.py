@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import torch
+from mxfp4conv.lazy_torch import torch
 
 from mxfp4conv.checkpoint.safetensors_io import DTYPE_BITS, expected_nbytes, read_header
 from mxfp4conv.convert.crc import crc32_combine
