@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 from mxfp4conv.lazy_torch import torch
 
 from mxfp4conv.errors import Mxfp4convError
@@ -158,8 +159,13 @@ def _bias(ex, kind: str) -> torch.Tensor:
     return b.to(torch.float32)
 
 
-def find_nan_scale(t: torch.Tensor) -> int | None:
-    """Flat index of the first 0xFF (e8m0 NaN) byte, or None."""
+def find_nan_scale(t) -> int | None:
+    """Flat index of the first 0xFF (e8m0 NaN) byte of a torch tensor or numpy array, or None."""
+    if isinstance(t, np.ndarray):
+        if t.dtype == np.uint8 and (t.size == 0 or int(t.max()) != 0xFF):  # one pass, no mask
+            return None
+        hit = np.flatnonzero(t.reshape(-1) == 0xFF)
+        return int(hit[0]) if hit.size else None
     if t.dtype == torch.uint8 and (t.numel() == 0 or int(t.max()) != 0xFF):  # one pass, no mask
         return None
     hit = (t.reshape(-1) == 0xFF).nonzero()
