@@ -51,3 +51,48 @@ def test_numpy_convert_skips_torch_and_matches_the_torch_path(src, tmp_path, arc
     ref = tmp_path / "torch"
     convert(str(src), ref, Target(arch=arch, tp=tp), progress="none", workers=2, chunk_bytes=50_000)
     assert _files(out) == _files(ref)
+
+
+VERIFY_CHILD = textwrap.dedent("""
+    import sys
+    from mxfp4conv.convert.verify import verify
+    rep = verify(sys.argv[1], sys.argv[2], workers=2)
+    print(rep.ok, rep.bytes_compared > 0, "torch" in sys.modules)
+""")
+
+
+@pytest.mark.parametrize("arch,tp", [("gfx950", 2), ("sm90", 1)])
+def test_verify_without_torch(src, tmp_path, arch, tp):
+    out = tmp_path / "out"
+    convert(str(src), out, Target(arch=arch, tp=tp), progress="none", workers=2, chunk_bytes=50_000)
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    p = subprocess.run([sys.executable, "-c", VERIFY_CHILD, str(out), str(src)], capture_output=True, text=True,
+                       env=env, timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split() == ["True", "True", "False"]
+
+
+@pytest.mark.parametrize("family,tp,ep,arch", [("kimi_k3", 2, False, "gfx950"), ("deepseek_v4", 2, True, "gfx950"),
+                                               ("quark", 2, False, "gfx942"), ("deepseek_v4", 1, False, "gfx950")])
+def test_numpy_weight_chunk_matches_build_chunk(tmp_path, family, tp, ep, arch):
+    import torch
+
+    from mxfp4conv.checkpoint import load_model, open_source
+    from mxfp4conv.checkpoint.experts import read_expert
+    from mxfp4conv.convert.rank_tensors import WEIGHT_KINDS, RankGeometry, build_chunk, build_weight_chunk_np
+    from mxfp4conv.oracle import decide
+
+    kw = {"scheme": "w_mxfp4"} if family == "quark" else {}
+    source = open_source(str(make_checkpoint(family, tmp_path / family, **kw)))
+    model = load_model(source)
+    g = RankGeometry.from_decision(decide(model, Target(arch=arch, tp=tp, ep=ep)))
+    layer = model.layers[-1]
+    for r in range(tp):
+        experts = range(g.expert_range(r).start + 1, g.expert_range(r).stop)
+        data = [read_expert(source, layer, e) for e in experts]
+        as_np = [{"w13": d.w13.numpy(), "w13_scale": d.w13_scale.numpy(), "w2": d.w2.numpy(),
+                  "w2_scale": d.w2_scale.numpy()} for d in data]
+        got = build_weight_chunk_np(as_np, g, r, WEIGHT_KINDS)
+        ref = build_chunk(data, g, r, WEIGHT_KINDS)
+        for k in WEIGHT_KINDS:
+            assert torch.equal(torch.from_numpy(got[k]), ref[k]), (r, k)

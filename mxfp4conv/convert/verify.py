@@ -17,6 +17,8 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from mxfp4conv.lazy_torch import torch
 
 from mxfp4conv.checkpoint import strict_json
@@ -28,7 +30,7 @@ from mxfp4conv.convert.manifest import (
 from mxfp4conv.convert.plan import LAYOUT_FIELD, SHARD_RE, expert_kinds, expert_tensor_name, stored_shape
 from mxfp4conv.convert.parallel import OrderedPool, chunk_budget, default_workers, one_torch_thread
 from mxfp4conv.convert.progress import Progress
-from mxfp4conv.convert.rank_tensors import WEIGHT_KINDS, RankGeometry, build_chunk
+from mxfp4conv.convert.rank_tensors import WEIGHT_KINDS, RankGeometry, build_chunk, build_weight_chunk_np
 from mxfp4conv.convert.writer import as_bytes
 from mxfp4conv.errors import CheckpointError, Mxfp4convError
 
@@ -133,8 +135,7 @@ def _verify(out: Path, source, rep: VerifyReport, workers: int, progress: str) -
         return
     reader = _OutReader(out, weight_map, headers)
     try:
-        with one_torch_thread():
-            _verify_against_source(out, source, manifest, weight_map, expected, reader, rep, workers, progress)
+        _verify_against_source(out, source, manifest, weight_map, expected, reader, rep, workers, progress)
     finally:
         reader.close()
 
@@ -299,8 +300,10 @@ def _verify_against_source(out, source, manifest, weight_map, expected, reader, 
     compared_plain = 0
     bar = Progress(total, progress, label="verifying")
     try:
-        # jobs are consumed in order, so the error reported is the first in checkpoint order
-        with OrderedPool(workers, name="mxfp4conv-verify") as pool:
+        # jobs are consumed in order, so the error reported is the first in checkpoint order;
+        # torch only where a layer has no numpy path (importing it costs seconds)
+        with one_torch_thread(load=not all(c.numpy for c in layer_checks)), \
+                OrderedPool(workers, name="mxfp4conv-verify") as pool:
             for (what, key, _), n in pool.map(work, jobs()):
                 if what == "plain":
                     compared_plain += n
@@ -357,6 +360,9 @@ class _LayerCheck:
                                   f"bytes for {g.experts_per_rank} experts).")
             self.per_expert[k] = (body // g.experts_per_rank, tail, body)
         self.total = sum(body for _, _, body in self.per_expert.values()) * g.tp
+        # per-expert source tensors and numpy layout paths: checked without torch
+        self.numpy = (layer.experts is not None and set(self.kinds) <= set(WEIGHT_KINDS)
+                      and all(self.layouts[k].forward_np is not None for k in self.kinds))
 
     def spans(self, chunk_bytes: int):
         g = self.g
@@ -374,15 +380,49 @@ class _LayerCheck:
                 _, tail, body = self.per_expert[k]
                 if tail:
                     name = expert_tensor_name(prefix, r, k)
-                    t = torch.frombuffer(self.reader.read(name, body, tail), dtype=torch.uint8)
-                    bad = (t != SHUFFLE_PAD_BYTE).nonzero()
-                    if bad.numel():
+                    t = np.frombuffer(self.reader.read(name, body, tail), dtype=np.uint8)
+                    bad = np.flatnonzero(t != SHUFFLE_PAD_BYTE)
+                    if bad.size:
                         raise VerifyError("pad bytes", f"{name}: trailing layout padding byte at offset "
-                                          f"{body + int(bad[0, 0])} is 0x{int(t[bad[0, 0]]):02X}, expected 0x7F.",
-                                          layer=prefix, rank=r, tensor=name, offset=body + int(bad[0, 0]))
+                                          f"{body + int(bad[0])} is 0x{int(t[bad[0]]):02X}, expected 0x7F.",
+                                          layer=prefix, rank=r, tensor=name, offset=body + int(bad[0]))
         return 0
 
     def check(self, experts: range) -> int:
+        if not self.numpy:
+            return self._check_torch(experts)
+        g, prefix = self.g, self.layer.prefix
+        data = [self._read_np(e) for e in experts]
+        compared = 0
+        for r in g.owner(experts.start):
+            local0 = experts.start - g.expert_range(r).start
+            chunk = build_weight_chunk_np(data, g, r, self.kinds)
+            for k in self.kinds:
+                name = expert_tensor_name(prefix, r, k)
+                pe = self.per_expert[k][0]
+                got = self.reader.read(name, local0 * pe, len(data) * pe)
+                if got != as_bytes(self.layouts[k].forward_np(chunk[k])):
+                    self._check_torch(experts)  # names the first difference
+                    raise VerifyError("expert bytes", f"MoE layer {prefix}, rank {r}, tensor {name}: differs from "
+                                      f"the source through the layout {self.layouts[k].name}.",
+                                      layer=prefix, rank=r, tensor=name)
+                compared += len(got)
+        return compared
+
+    def _read_np(self, e: int) -> dict:
+        """Expert ``e``'s weights and scales as uint8 ``[rows, bytes per row]`` (``read_expert``'s bytes)."""
+        ex = self.layer.experts[e]
+
+        def rows(ref):
+            info = self.src.tensor_info(ref.name)
+            a = np.frombuffer(self.src.read_range(info.shard, info.begin, info.nbytes), dtype=np.uint8)
+            return a.reshape(info.shape[0], -1) if len(info.shape) >= 1 else a
+
+        return {"w13": np.concatenate([rows(ex.gate), rows(ex.up)]),
+                "w13_scale": np.concatenate([rows(ex.gate_scale), rows(ex.up_scale)]),
+                "w2": rows(ex.down), "w2_scale": rows(ex.down_scale)}
+
+    def _check_torch(self, experts: range) -> int:
         from mxfp4conv.checkpoint.experts import read_expert
 
         g, prefix = self.g, self.layer.prefix
