@@ -28,6 +28,8 @@ from mxfp4conv.convert.manifest import (
     EXPERT_KINDS, MANIFEST_NAME, SHUFFLE_PAD_BYTE, build_manifest, load_manifest, target_from_manifest,
 )
 from mxfp4conv.convert.plan import LAYOUT_FIELD, SHARD_RE, expert_kinds, expert_tensor_name, stored_shape
+from mxfp4conv.convert.direct_read import DirectReader, merge_ranges
+from mxfp4conv.convert.memory import keep_freed_memory
 from mxfp4conv.convert.parallel import OrderedPool, chunk_budget, default_workers, one_torch_thread
 from mxfp4conv.convert.progress import Progress
 from mxfp4conv.convert.rank_tensors import WEIGHT_KINDS, RankGeometry, build_chunk, build_weight_chunk_np
@@ -76,14 +78,31 @@ class _OutReader:
         h = self.headers[self.weight_map[name]]
         return h, h.tensors[name]
 
-    def read(self, name: str, offset: int, n: int) -> bytearray:
-        shard = self.weight_map[name]
-        h, e = self.entry(name)
+    def _fd(self, shard: str) -> int:
         with self._lock:
             fd = self.fds.get(shard)
             if fd is None:
                 fd = self.fds[shard] = os.open(self.root / shard, os.O_RDONLY)
-        return pread_exact(fd, h.data_start + e.begin + offset, n)
+            return fd
+
+    def read(self, name: str, offset: int, n: int) -> bytearray:
+        shard = self.weight_map[name]
+        h, e = self.entry(name)
+        return pread_exact(self._fd(shard), h.data_start + e.begin + offset, n)
+
+    def prefetch(self, pieces: list[tuple[str, int, int]]) -> None:
+        """Start reading ``(tensor, offset, nbytes)`` pieces into the page cache (best effort)."""
+        if not hasattr(os, "posix_fadvise"):
+            return
+        ranges = []
+        for name, offset, n in pieces:
+            h, e = self.entry(name)
+            ranges.append((self.weight_map[name], h.data_start + e.begin + offset, n))
+        for shard, off, n in merge_ranges(ranges):
+            try:
+                os.posix_fadvise(self._fd(shard), off, n, os.POSIX_FADV_WILLNEED)
+            except OSError:
+                return
 
     def close(self):
         with self._lock:
@@ -133,6 +152,7 @@ def _verify(out: Path, source, rep: VerifyReport, workers: int, progress: str) -
         rep.checks.append(_check_recorded_checksums(out, sorted(headers)))
         rep.layers = [{"prefix": p, "status": "structure ok"} for p in manifest["moe"]["layers"]]
         return
+    keep_freed_memory()  # chunk buffers are reused instead of faulted in afresh (see convert)
     reader = _OutReader(out, weight_map, headers)
     try:
         _verify_against_source(out, source, manifest, weight_map, expected, reader, rep, workers, progress)
@@ -278,14 +298,22 @@ def _verify_against_source(out, source, manifest, weight_map, expected, reader, 
     layer_checks = [_LayerCheck(src, manifest, g, layer, expected, reader) for layer in model.layers]
     total = sum(src.tensor_info(n).nbytes for n in plain) + sum(c.total for c in layer_checks)
 
+    ahead = DirectReader(src)  # its own descriptors, for readahead only
+
     def jobs():
+        # the bytes a job compares are asked for when it is queued, a queue's length ahead
         for name in plain:
             info = src.tensor_info(name)
             for off in range(0, info.nbytes, chunk):
-                yield "plain", name, (info, off, min(chunk, info.nbytes - off))
+                n = min(chunk, info.nbytes - off)
+                ahead.prefetch([(info.shard, info.begin + off, n)])
+                reader.prefetch([(name, off, n)])
+                yield "plain", name, (info, off, n)
         for i, check in enumerate(layer_checks):
             yield "tail", i, None
             for experts in check.spans(chunk):
+                ahead.prefetch(check.source_ranges(experts))
+                reader.prefetch(check.out_pieces(experts))
                 yield "experts", i, experts
 
     def work(job):
@@ -312,6 +340,7 @@ def _verify_against_source(out, source, manifest, weight_map, expected, reader, 
                 bar.advance(n)
     finally:
         bar.close()
+        ahead.close()
     rep.bytes_compared += compared_plain
     rep.checks.append(f"{len(plain)} non-expert tensors byte-identical")
     for layer, n in zip(model.layers, per_layer):
@@ -371,6 +400,23 @@ class _LayerCheck:
         for span in ([g.expert_range(r) for r in g.ranks()] if g.ep else [range(g.num_experts)]):
             for a in range(span.start, span.stop, n):
                 yield range(a, min(a + n, span.stop))
+
+    def source_ranges(self, experts: range) -> list[tuple[str, int, int]]:
+        """``(shard, offset, nbytes)`` of the source bytes ``check(experts)`` reads (per-expert layers)."""
+        if self.layer.experts is None:
+            return []
+        return [(i.shard, i.begin, i.nbytes) for e in experts for ref in self.layer.experts[e].refs()
+                for i in (self.src.tensor_info(ref.name),)]
+
+    def out_pieces(self, experts: range) -> list[tuple[str, int, int]]:
+        """``(tensor, offset, nbytes)`` of the stored bytes ``check(experts)`` reads."""
+        g, out = self.g, []
+        for r in g.owner(experts.start):
+            local0 = experts.start - g.expert_range(r).start
+            for k in self.kinds:
+                pe = self.per_expert[k][0]
+                out.append((expert_tensor_name(self.layer.prefix, r, k), local0 * pe, len(experts) * pe))
+        return out
 
     def check_tails(self) -> int:
         """The trailing shuffle padding of each rank's tensors (not counted as compared)."""
