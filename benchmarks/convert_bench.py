@@ -190,7 +190,13 @@ def _run_measured(cmd: list[str], code: Path | None = None) -> dict:
 
     th = threading.Thread(target=poll, daemon=True)
     th.start()
-    _, status, usage = os.wait4(p.pid, 0)
+    try:
+        _, status, usage = os.wait4(p.pid, 0)
+    except BaseException:  # interrupted: leave no run behind
+        p.kill()
+        p.wait()
+        done.set()
+        raise
     elapsed = time.perf_counter() - t
     done.set()
     th.join()
@@ -246,6 +252,7 @@ def main(argv=None) -> None:
         raise SystemExit(f"{work} exists; give a new --dir")
     src = work / "source"
     rows, curves, start_s = [], {}, {}
+    interrupted = False
     try:
         t = time.perf_counter()
         info = generate(src, args.size_gb, args.hidden, args.intermediate, args.experts, args.source_shard_gb)
@@ -261,24 +268,28 @@ def main(argv=None) -> None:
         shutil.rmtree(work / "copy")
         print(f"plain copy: {copy_s:.1f} s ({info['bytes'] / copy_s / 1e6:.0f} MB/s); start-up "
               + ", ".join(f"{k} {v:.1f} s" for k, v in start_s.items()), flush=True)
-        for text in args.targets:
-            arch, tp = _target(text)
-            for w in args.workers:
-                for label, code in codes:
-                    out = work / f"out-{arch}-{tp}-w{w}-{label}"
-                    drop_caches(src)
-                    r = run_convert(src, out, arch, tp, w, args.shard_size, code)
-                    v = None
-                    if w in verify_at:
-                        drop_caches(src, out)
-                        v = run_verify(src, out, w, code)
-                    shutil.rmtree(out)
-                    curves[(text, w, label)] = r["samples"]
-                    rows.append((text, w, label, r, v))
-                    print(f"{text} --workers {w} ({label}): convert {r['seconds']:.1f} s "
-                          f"({r['seconds'] / copy_s:.2f}x copy), peak RSS {r['peak_rss'] / 2**20:.0f} MiB"
-                          + (f"; verify {v['seconds']:.1f} s ({v['seconds'] / r['seconds']:.2f}x convert), "
-                             f"peak RSS {v['peak_rss'] / 2**20:.0f} MiB" if v else ""), flush=True)
+        try:
+            for text in args.targets:
+                arch, tp = _target(text)
+                for w in args.workers:
+                    for label, code in codes:
+                        out = work / f"out-{arch}-{tp}-w{w}-{label}"
+                        drop_caches(src)
+                        r = run_convert(src, out, arch, tp, w, args.shard_size, code)
+                        v = None
+                        if w in verify_at:
+                            drop_caches(src, out)
+                            v = run_verify(src, out, w, code)
+                        shutil.rmtree(out)
+                        curves[(text, w, label)] = r["samples"]
+                        rows.append((text, w, label, r, v))
+                        print(f"{text} --workers {w} ({label}): convert {r['seconds']:.1f} s "
+                              f"({r['seconds'] / copy_s:.2f}x copy), peak RSS {r['peak_rss'] / 2**20:.0f} MiB"
+                              + (f"; verify {v['seconds']:.1f} s ({v['seconds'] / r['seconds']:.2f}x convert), "
+                                 f"peak RSS {v['peak_rss'] / 2**20:.0f} MiB" if v else ""), flush=True)
+        except KeyboardInterrupt:  # e.g. a time limit: the table still shows what was measured
+            interrupted = True
+            print("interrupted: the table holds the runs that finished", flush=True)
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
@@ -293,7 +304,8 @@ def main(argv=None) -> None:
         f"({args.experts} experts, hidden {args.hidden}, intermediate {args.intermediate}), {info['shards']} source "
         f"shards. Page cache before each run: {cached}. Plain copy (read + write + fsync): {copy_s:.1f} s, "
         f"{info['bytes'] / copy_s / 1e6:.0f} MB/s. Interpreter start-up and imports (cold, included in every "
-        f"convert and verify time): " + ", ".join(f"{k} {v:.1f} s" for k, v in start_s.items()) + ".",
+        f"convert and verify time): " + ", ".join(f"{k} {v:.1f} s" for k, v in start_s.items()) + "."
+        + (" Interrupted before the last runs." if interrupted else ""),
         "",
         "| target | code | workers | convert (s) | MB/s | convert / copy | less start-up / copy | CPU (s) "
         "| peak RSS (MiB) | verify --source (s) | verify / convert | verify peak RSS (MiB) |",
