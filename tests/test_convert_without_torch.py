@@ -36,8 +36,15 @@ def _files(d: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(d.iterdir()) if p.is_file() and not p.name.startswith(".mxfp4conv.lock")}
 
 
-@pytest.mark.parametrize("arch,tp", [("gfx950", 1), ("gfx950", 2), ("sm90", 1), ("gfx942", 2)])
-def test_numpy_convert_skips_torch_and_matches_the_torch_path(src, tmp_path, arch, tp, monkeypatch):
+CASES = [("kimi_k3", None, "gfx950", 1), ("kimi_k3", None, "gfx950", 2), ("kimi_k3", None, "sm90", 1),
+         ("kimi_k3", None, "gfx942", 2), ("deepseek_v4", None, "gfx950", 2), ("deepseek_v4", None, "sm90", 2),
+         ("quark", "w_mxfp4", "gfx950", 2), ("quark", "w_mxfp4_a_mxfp4", "gfx950", 1),
+         ("compressed_tensors", None, "sm90", 2)]
+
+
+@pytest.mark.parametrize("family,scheme,arch,tp", CASES)
+def test_numpy_convert_skips_torch_and_matches_the_torch_path(tmp_path, family, scheme, arch, tp, monkeypatch):
+    src = make_checkpoint(family, tmp_path / "src", **({"scheme": scheme} if scheme else {}))
     out = tmp_path / "np"
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     p = subprocess.run([sys.executable, "-c", CHILD, str(src), str(out), arch, str(tp)], capture_output=True,
