@@ -33,8 +33,12 @@ from pathlib import Path
 
 import numpy as np
 
-from mxfp4conv.checkpoint import synthetic
-from mxfp4conv.convert.writer import ShardWriter, TensorSpec
+HERE = Path(__file__).resolve().parents[1]  # the tree this script belongs to
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))
+
+from mxfp4conv.checkpoint import synthetic  # noqa: E402
+from mxfp4conv.convert.writer import ShardWriter, TensorSpec  # noqa: E402
 
 SCALE_LO, SCALE_HI = 118, 131  # e8m0 exponents near 1.0, never 0xFF
 
@@ -139,11 +143,20 @@ def drop_caches(*dirs: Path) -> str:
     return "files evicted with posix_fadvise"
 
 
-def startup_seconds() -> float:
+def _env(code: Path | None) -> dict | None:
+    """Environment that runs the package found under ``code`` (None: this one)."""
+    if code is None:
+        return None
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(code.resolve()) + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+def startup_seconds(code: Path | None = None) -> float:
     """Interpreter start and imports a convert pays before its first byte (after drop_caches)."""
     t = time.perf_counter()
-    subprocess.run([sys.executable, "-c", "import torch, numpy, mxfp4conv.convert.run, mxfp4conv.checkpoint, "
-                    "mxfp4conv.oracle, mxfp4conv.commands.convert"], check=True)
+    subprocess.run([sys.executable, "-c", "import mxfp4conv.cli, mxfp4conv.convert.run, mxfp4conv.checkpoint, "
+                    "mxfp4conv.oracle, mxfp4conv.commands.convert"], check=True, env=_env(code), cwd=code)
     return time.perf_counter() - t
 
 
@@ -158,11 +171,18 @@ def plain_copy(src: Path, dst: Path) -> float:
     return time.perf_counter() - t
 
 
-def _run_measured(cmd: list[str]) -> dict:
-    """Run ``cmd``; wall time, peak RSS (``wait4``) and RSS samples every 0.1 s."""
+def _run_measured(cmd: list[str], code: Path | None = None) -> dict:
+    """Run ``cmd``; wall time, CPU seconds, peak RSS and RSS samples every 0.1 s.
+
+    The peak is the child's last ``VmHWM`` (its own high-water mark since ``exec``), not
+    ``wait4``'s ``ru_maxrss``: that one also counts the process before ``exec``, i.e. a copy of
+    this script with its torch import and generation buffers (about 330 MiB here, more with a
+    CUDA build of torch), whatever the command itself used. Runs shorter than one sample fall
+    back to ``ru_maxrss``."""
     samples: list[tuple[float, int]] = []
+    hwm: list[int] = []
     t = time.perf_counter()
-    p = subprocess.Popen(cmd)
+    p = subprocess.Popen(cmd, env=_env(code), cwd=code)
     done = threading.Event()
 
     def poll():
@@ -171,30 +191,39 @@ def _run_measured(cmd: list[str]) -> dict:
                 for line in Path(f"/proc/{p.pid}/status").read_text().splitlines():
                     if line.startswith("VmRSS:"):
                         samples.append((time.perf_counter() - t, int(line.split()[1]) * 1024))
+                    elif line.startswith("VmHWM:"):
+                        hwm.append(int(line.split()[1]) * 1024)
             except OSError:
                 pass
             time.sleep(0.1)
 
     th = threading.Thread(target=poll, daemon=True)
     th.start()
-    _, status, usage = os.wait4(p.pid, 0)
+    try:
+        _, status, usage = os.wait4(p.pid, 0)
+    except BaseException:  # interrupted: leave no run behind
+        p.kill()
+        p.wait()
+        done.set()
+        raise
     elapsed = time.perf_counter() - t
     done.set()
     th.join()
     if os.waitstatus_to_exitcode(status) != 0:
         raise SystemExit(f"{' '.join(cmd[2:4])} failed with status {status}")
-    return {"seconds": elapsed, "peak_rss": usage.ru_maxrss * 1024, "samples": samples,
-            "cpu": usage.ru_utime + usage.ru_stime}
+    return {"seconds": elapsed, "peak_rss": hwm[-1] if len(hwm) > 1 else usage.ru_maxrss * 1024,
+            "samples": samples, "cpu": usage.ru_utime + usage.ru_stime}
 
 
-def run_convert(src: Path, out: Path, arch: str, tp: int, workers: int, shard_size: str) -> dict:
+def run_convert(src: Path, out: Path, arch: str, tp: int, workers: int, shard_size: str,
+                code: Path | None = None) -> dict:
     return _run_measured([sys.executable, "-m", "mxfp4conv", "convert", str(src), str(out), "--arch", arch,
-                          "--tp", str(tp), "--workers", str(workers), "--shard-size", shard_size, "--quiet"])
+                          "--tp", str(tp), "--workers", str(workers), "--shard-size", shard_size, "--quiet"], code)
 
 
-def run_verify(src: Path, out: Path, workers: int) -> dict:
+def run_verify(src: Path, out: Path, workers: int, code: Path | None = None) -> dict:
     return _run_measured([sys.executable, "-m", "mxfp4conv", "verify", str(out), "--source", str(src),
-                          "--workers", str(workers), "--quiet"])
+                          "--workers", str(workers), "--quiet"], code)
 
 
 def _target(text: str) -> tuple[str, int]:
@@ -219,14 +248,20 @@ def main(argv=None) -> None:
     ap.add_argument("--markdown", type=Path, help="append the table to this markdown file")
     ap.add_argument("--plot", type=Path, help="write throughput-by-workers and RSS plots (needs matplotlib)")
     ap.add_argument("--keep", action="store_true", help="keep the generated files")
+    ap.add_argument("--json", type=Path, help="write every measurement (RSS samples left out) to this file")
+    ap.add_argument("--baseline", type=Path, metavar="DIR",
+                    help="a checkout of other mxfp4conv code (e.g. a git worktree of main): every convert and "
+                         "verify runs with it too, right after this tree's, for before/after in one run")
     args = ap.parse_args(argv)
     verify_at = set(args.workers if args.verify_workers is None else args.verify_workers)
+    codes = [("this", HERE)] + ([("baseline", args.baseline.resolve())] if args.baseline else [])
 
-    work = args.dir
+    work = args.dir.resolve()
     if work.exists():
         raise SystemExit(f"{work} exists; give a new --dir")
     src = work / "source"
-    rows, curves = [], {}
+    rows, curves, start_s = [], {}, {}
+    interrupted = False
     try:
         t = time.perf_counter()
         info = generate(src, args.size_gb, args.hidden, args.intermediate, args.experts, args.source_shard_gb)
@@ -234,58 +269,76 @@ def main(argv=None) -> None:
               f"{info['layer_bytes'] / 1e9:.2f} GB, {info['shards']} shards in {time.perf_counter() - t:.0f} s",
               flush=True)
         cached = drop_caches(src)
-        start_s = startup_seconds()
+        for label, code in codes:
+            drop_caches(src)
+            start_s[label] = startup_seconds(code)
         drop_caches(src)
         copy_s = plain_copy(src, work / "copy")
         shutil.rmtree(work / "copy")
-        print(f"plain copy: {copy_s:.1f} s ({info['bytes'] / copy_s / 1e6:.0f} MB/s); "
-              f"start-up {start_s:.1f} s", flush=True)
-        for text in args.targets:
-            arch, tp = _target(text)
-            for w in args.workers:
-                out = work / f"out-{arch}-{tp}-w{w}"
-                drop_caches(src)
-                r = run_convert(src, out, arch, tp, w, args.shard_size)
-                v = None
-                if w in verify_at:
-                    drop_caches(src, out)
-                    v = run_verify(src, out, w)
-                shutil.rmtree(out)
-                curves[(text, w)] = r["samples"]
-                rows.append((text, w, r, v))
-                print(f"{text} --workers {w}: convert {r['seconds']:.1f} s ({r['seconds'] / copy_s:.2f}x copy), "
-                      f"peak RSS {r['peak_rss'] / 2**20:.0f} MiB"
-                      + (f"; verify {v['seconds']:.1f} s ({v['seconds'] / r['seconds']:.2f}x convert), "
-                         f"peak RSS {v['peak_rss'] / 2**20:.0f} MiB" if v else ""), flush=True)
+        print(f"plain copy: {copy_s:.1f} s ({info['bytes'] / copy_s / 1e6:.0f} MB/s); start-up "
+              + ", ".join(f"{k} {v:.1f} s" for k, v in start_s.items()), flush=True)
+        try:
+            for text in args.targets:
+                arch, tp = _target(text)
+                for w in args.workers:
+                    for label, code in codes:
+                        out = work / f"out-{arch}-{tp}-w{w}-{label}"
+                        drop_caches(src)
+                        r = run_convert(src, out, arch, tp, w, args.shard_size, code)
+                        v = None
+                        if w in verify_at:
+                            drop_caches(src, out)
+                            v = run_verify(src, out, w, code)
+                        shutil.rmtree(out)
+                        curves[(text, w, label)] = r["samples"]
+                        rows.append((text, w, label, r, v))
+                        print(f"{text} --workers {w} ({label}): convert {r['seconds']:.1f} s "
+                              f"({r['seconds'] / copy_s:.2f}x copy), peak RSS {r['peak_rss'] / 2**20:.0f} MiB"
+                              + (f"; verify {v['seconds']:.1f} s ({v['seconds'] / r['seconds']:.2f}x convert), "
+                                 f"peak RSS {v['peak_rss'] / 2**20:.0f} MiB" if v else ""), flush=True)
+        except KeyboardInterrupt:  # e.g. a time limit: the table still shows what was measured
+            interrupted = True
+            print("interrupted: the table holds the runs that finished", flush=True)
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
 
     gb = info["bytes"] / 1e9
+    load = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
     lines = [
         f"Date: {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC. Machine: {platform.machine()}, "
-        f"{os.cpu_count()} CPUs, {platform.system()} {platform.release()}, {_mem_gb():.0f} GB RAM.",
+        f"{os.cpu_count()} CPUs, {platform.system()} {platform.release()}, {_mem_gb():.0f} GB RAM, load average "
+        f"at the end {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} (1 / 5 / 15 min).",
         f"Checkpoint: Kimi-K3 format, {gb:.2f} GB, {info['layers']} MoE layers of {info['layer_bytes'] / 1e9:.2f} GB "
         f"({args.experts} experts, hidden {args.hidden}, intermediate {args.intermediate}), {info['shards']} source "
         f"shards. Page cache before each run: {cached}. Plain copy (read + write + fsync): {copy_s:.1f} s, "
         f"{info['bytes'] / copy_s / 1e6:.0f} MB/s. Interpreter start-up and imports (cold, included in every "
-        f"convert and verify time): {start_s:.1f} s.",
+        f"convert and verify time): " + ", ".join(f"{k} {v:.1f} s" for k, v in start_s.items()) + "."
+        + (" Interrupted before the last runs." if interrupted else ""),
         "",
-        "| target | workers | convert (s) | MB/s | convert / copy | CPU (s) | peak RSS (MiB) "
-        "| verify --source (s) | verify / convert | verify peak RSS (MiB) |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| target | code | workers | convert (s) | MB/s | convert / copy | less start-up / copy | CPU (s) "
+        "| peak RSS (MiB) | verify --source (s) | verify / convert | verify peak RSS (MiB) |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for text, w, r, v in rows:
+    for text, w, label, r, v in rows:
         s = r["seconds"]
         ver = (f"{v['seconds']:.1f} | {v['seconds'] / s:.2f} | {v['peak_rss'] / 2**20:.0f}" if v else "- | - | -")
-        lines.append(f"| {text.replace(':', ' tp ')} | {w} | {s:.1f} | {info['bytes'] / s / 1e6:.0f} | "
-                     f"{s / copy_s:.2f} | {r['cpu']:.1f} | {r['peak_rss'] / 2**20:.0f} | {ver} |")
+        lines.append(f"| {text.replace(':', ' tp ')} | {label} | {w} | {s:.1f} | {info['bytes'] / s / 1e6:.0f} | "
+                     f"{s / copy_s:.2f} | {(s - start_s[label]) / copy_s:.2f} | {r['cpu']:.1f} | "
+                     f"{r['peak_rss'] / 2**20:.0f} | {ver} |")
     table = "\n".join(lines)
     print()
-    print(table)
+    print(table, flush=True)
     if args.markdown:
         with open(args.markdown, "a") as f:
             f.write("\n" + table + "\n")
+    if args.json:
+        strip = lambda d: d and {k: v for k, v in d.items() if k != "samples"}  # noqa: E731
+        args.json.write_text(json.dumps({
+            "checkpoint": info, "copy_seconds": copy_s, "startup_seconds": start_s, "page_cache": cached,
+            "cpus": os.cpu_count(), "load_average": load,
+            "runs": [{"target": t, "workers": w, "code": c, "convert": strip(r), "verify": strip(v)}
+                     for t, w, c, r, v in rows]}, indent=1) + "\n")
     if args.plot:
         _plot(args.plot, rows, curves, info["bytes"], copy_s, gb)
 
@@ -301,20 +354,22 @@ def _plot(path: Path, rows, curves, nbytes: int, copy_s: float, gb: float) -> No
     import matplotlib.pyplot as plt
 
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4))
-    for text in dict.fromkeys(t for t, _, _, _ in rows):
-        pts = [(w, nbytes / r["seconds"] / 1e6) for t, w, r, _ in rows if t == text]
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"convert {text}")
-        ver = [(w, nbytes / v["seconds"] / 1e6) for t, w, _, v in rows if t == text and v]
+    for text, label in dict.fromkeys((t, c) for t, _, c, _, _ in rows):
+        tag = text if label == "this" else f"{text} ({label})"
+        pts = [(w, nbytes / r["seconds"] / 1e6) for t, w, c, r, _ in rows if (t, c) == (text, label)]
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"convert {tag}")
+        ver = [(w, nbytes / v["seconds"] / 1e6) for t, w, c, _, v in rows if (t, c) == (text, label) and v]
         if ver:
-            ax.plot([p[0] for p in ver], [p[1] for p in ver], marker="x", linestyle="--", label=f"verify {text}")
+            ax.plot([p[0] for p in ver], [p[1] for p in ver], marker="x", linestyle="--", label=f"verify {tag}")
     ax.axhline(nbytes / copy_s / 1e6, color="grey", linestyle=":", label="plain copy")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("--workers")
     ax.set_ylabel("MB/s of checkpoint")
     ax.set_title(f"throughput, {gb:.1f} GB checkpoint")
     ax.legend(fontsize=7)
-    for (text, w), pts in curves.items():
-        bx.plot([p[0] for p in pts], [p[1] / 2**20 for p in pts], label=f"{text} w{w}")
+    for (text, w, label), pts in curves.items():
+        bx.plot([p[0] for p in pts], [p[1] / 2**20 for p in pts], label=f"{text} w{w}" + ("" if label == "this" else
+                                                                                             f" {label}"))
     bx.set_xlabel("seconds")
     bx.set_ylabel("convert RSS (MiB)")
     bx.legend(fontsize=6, ncol=2)

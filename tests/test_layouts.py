@@ -219,3 +219,43 @@ def test_gfx1250_layouts_differ_from_the_gfx950_ones():
     gl = get_layout("aiter_scale_n32k4_gu1")
     # first dword pair of expert 0: gate row 0 then up row 0 (row 32 of [gate; up])
     assert torch.equal(gl.forward(s)[0, 0, :8], torch.cat([s[0, 0, :4], s[0, 32, :4]]))
+
+
+NUMPY_GRID = {**GRID, "hopper_mma_w": (16, 32), "hopper_mma_s": (16, 2)}
+
+
+def test_numpy_paths_exist_where_convert_needs_them():
+    have = {name for name, lay in LAYOUTS.items() if lay.forward_np is not None}
+    assert {"identity", "aiter_p16", "aiter_p16_gu16", "aiter_e8m0_shuffle", "aiter_scale_a16w4",
+            "aiter_scale_a16w4_gu16", "hopper_mma_w", "hopper_mma_s"} <= have
+
+
+@pytest.mark.parametrize("name", [n for n, lay in LAYOUTS.items() if lay.forward_np is not None])
+@PROPS
+@given(data=st.data())
+def test_numpy_path_writes_the_torch_paths_bytes(name, data):
+    lay = get_layout(name)
+    rn, kn = NUMPY_GRID[name]
+    e = data.draw(st.integers(1, 5))
+    x = rand_u8(e, rn * data.draw(st.integers(1, 3)), kn * data.draw(st.integers(1, 3 if kn > 2 else 20)),
+                seed=data.draw(st.integers(0, 10_000)))
+    got = lay.forward_np(x.numpy())
+    assert got.dtype.name == "uint8" and got.ndim == 1
+    assert torch.equal(torch.from_numpy(got), lay.forward_chunk(x))
+    # a non-contiguous input is read as its values
+    wide = torch.cat([x, x], dim=2)[:, :, : x.shape[2]]
+    assert torch.equal(torch.from_numpy(lay.forward_np(wide.numpy())), lay.forward_chunk(x))
+
+
+@pytest.mark.parametrize("name", [n for n, lay in LAYOUTS.items() if lay.forward_np is not None])
+def test_numpy_path_checks_shapes_like_the_torch_path(name):
+    import numpy as np
+
+    lay = get_layout(name)
+    with pytest.raises(LayoutError):
+        lay.forward_np(np.zeros((2, 3), dtype=np.uint8))
+    rn, kn = NUMPY_GRID[name]
+    if rn > 1:
+        with pytest.raises(LayoutError):
+            lay.forward_np(np.zeros((1, rn + 1, kn), dtype=np.uint8))
+    assert lay.forward_np(np.zeros((0, rn, kn), dtype=np.uint8)).size == 0

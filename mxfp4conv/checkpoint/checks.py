@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-import torch
+import numpy as np
 
 from mxfp4conv.checkpoint.canonical import MoELayer, TensorRef
 from mxfp4conv.checkpoint.problems import Problems
@@ -114,7 +114,7 @@ def _read_scales(source: Source, todo, budget: int | None) -> tuple[list[str], i
             continue
         data = source.read_range(info.shard, begin, n)
         total += n
-        counts = torch.bincount(torch.frombuffer(data, dtype=torch.uint8), minlength=256).tolist()
+        counts = np.bincount(np.frombuffer(data, dtype=np.uint8), minlength=256).tolist()
         histogram = [a + b for a, b in zip(histogram, counts)]
         if counts[NAN_E8M0]:
             where = f" (expert {row})" if row is not None else ""

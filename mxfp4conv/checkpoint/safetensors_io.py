@@ -19,6 +19,7 @@ can only write a file from tensors that are all in memory at once.
 from __future__ import annotations
 
 import errno
+import functools
 import math
 import os
 import stat
@@ -26,7 +27,7 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
+from mxfp4conv.lazy_torch import torch
 
 from mxfp4conv.checkpoint import strict_json
 from mxfp4conv.errors import CheckpointError
@@ -43,14 +44,16 @@ DTYPE_BITS: dict[str, int] = {
 
 # How a tensor is handed out by ``to_tensor``: e8m0 scales as raw uint8 bytes (never a
 # numeric cast), F4 as packed uint8 (two elements per byte, low nibble first).
-_TORCH_DTYPES: dict[str, torch.dtype] = {
-    "BOOL": torch.bool, "U8": torch.uint8, "I8": torch.int8, "F8_E8M0": torch.uint8,
-    "F4": torch.uint8, "F8_E5M2": torch.float8_e5m2, "F8_E4M3": torch.float8_e4m3fn,
-    "F8_E4M3FNUZ": torch.float8_e4m3fnuz, "F8_E5M2FNUZ": torch.float8_e5m2fnuz,
-    "I16": torch.int16, "U16": torch.uint16, "F16": torch.float16, "BF16": torch.bfloat16,
-    "I32": torch.int32, "U32": torch.uint32, "F32": torch.float32, "C64": torch.complex64,
-    "F64": torch.float64, "I64": torch.int64, "U64": torch.uint64,
-}
+@functools.cache
+def _torch_dtypes() -> dict:
+    return {
+        "BOOL": torch.bool, "U8": torch.uint8, "I8": torch.int8, "F8_E8M0": torch.uint8,
+        "F4": torch.uint8, "F8_E5M2": torch.float8_e5m2, "F8_E4M3": torch.float8_e4m3fn,
+        "F8_E4M3FNUZ": torch.float8_e4m3fnuz, "F8_E5M2FNUZ": torch.float8_e5m2fnuz,
+        "I16": torch.int16, "U16": torch.uint16, "F16": torch.float16, "BF16": torch.bfloat16,
+        "I32": torch.int32, "U32": torch.uint32, "F32": torch.float32, "C64": torch.complex64,
+        "F64": torch.float64, "I64": torch.int64, "U64": torch.uint64,
+    }
 
 
 @dataclass(frozen=True)
@@ -111,9 +114,9 @@ def storage_shape(dtype: str, shape: tuple[int, ...]) -> tuple[int, ...]:
 
 def to_tensor(buf: bytes | bytearray | memoryview, dtype: str, shape: tuple[int, ...]) -> torch.Tensor:
     """Raw bytes -> torch tensor of the stored dtype (F8_E8M0 and F4 as uint8)."""
-    if dtype not in _TORCH_DTYPES:  # F6_*: no torch dtype; hand out the bytes
+    if dtype not in _torch_dtypes():  # F6_*: no torch dtype; hand out the bytes
         return torch.frombuffer(bytearray(buf), dtype=torch.uint8) if len(buf) else torch.empty(0, dtype=torch.uint8)
-    tdtype = _TORCH_DTYPES[dtype]
+    tdtype = _torch_dtypes()[dtype]
     sshape = storage_shape(dtype, shape)
     if len(buf) == 0:
         return torch.empty(sshape, dtype=tdtype)

@@ -18,7 +18,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-import torch
+from mxfp4conv.lazy_torch import torch
 
 from mxfp4conv.checkpoint import safetensors_io as st
 from mxfp4conv.checkpoint import strict_json

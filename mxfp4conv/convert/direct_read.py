@@ -10,7 +10,8 @@ from __future__ import annotations
 import os
 import threading
 
-import torch
+import numpy as np
+from mxfp4conv.lazy_torch import torch
 
 from mxfp4conv.convert.rank_tensors import RankGeometry
 from mxfp4conv.errors import CheckpointError
@@ -84,10 +85,10 @@ class DirectReader:
             except OSError:
                 return
 
-    def scratch(self, n: int) -> torch.Tensor:
+    def scratch(self, n: int) -> np.ndarray:
         buf = getattr(self._local, "buf", None)
-        if buf is None or buf.numel() < n:
-            buf = self._local.buf = torch.empty(n, dtype=torch.uint8)
+        if buf is None or buf.size < n:
+            buf = self._local.buf = np.empty(n, dtype=np.uint8)
         return buf[:n]
 
 
@@ -103,19 +104,25 @@ def merge_ranges(ranges: list[tuple[str, int, int]], gap: int = 1 << 20) -> list
     return [tuple(r) for r in out]
 
 
-def _rows(t2d: torch.Tensor) -> list[memoryview]:
-    """One writable view per row of a 2-D uint8 tensor (rows may be strided)."""
-    if t2d.is_contiguous():
-        return [memoryview(t2d.numpy()).cast("B")]
-    return [memoryview(r.numpy()) for r in t2d]
+def _rows(t2d: np.ndarray) -> list[memoryview]:
+    """One writable view per row of a 2-D uint8 array (rows may be strided)."""
+    if t2d.flags.c_contiguous:
+        return [memoryview(t2d).cast("B")]
+    return [memoryview(r) for r in t2d]
 
 
 def build_chunk_direct(reader: DirectReader, layer, experts: range, g: RankGeometry, ranks: list[int],
                        kinds: tuple[str, ...]) -> dict[tuple[int, str], torch.Tensor]:
     """(rank, kind) -> stacked canonical padded tensor for ``experts`` of a per-expert layer."""
+    return {k: torch.from_numpy(v) for k, v in build_chunk_direct_np(reader, layer, experts, g, ranks, kinds).items()}
+
+
+def build_chunk_direct_np(reader: DirectReader, layer, experts: range, g: RankGeometry, ranks: list[int],
+                          kinds: tuple[str, ...]) -> dict[tuple[int, str], np.ndarray]:
+    """``build_chunk_direct`` as uint8 numpy arrays (no torch)."""
     n = len(experts)
     H, Hp, I, Ip = g.hidden, g.hidden_padded, g.intermediate, g.inter_rank_padded
-    out: dict[tuple[int, str], torch.Tensor] = {}
+    out: dict[tuple[int, str], np.ndarray] = {}
     for kind in kinds:
         div = 2 if kind.endswith("weight") else 32
         pad = g.weight_pad if div == 2 else g.scale_pad
@@ -125,7 +132,7 @@ def build_chunk_direct(reader: DirectReader, layer, experts: range, g: RankGeome
             shape = (n, Hp, Ip // div)
         # one allocation for all ranks: rank r is block r (contiguous), so the TP split of w2
         # below is a single strided copy per expert
-        block = torch.empty((len(ranks), *shape), dtype=torch.uint8)
+        block = np.empty((len(ranks), *shape), dtype=np.uint8)
         for j, r in enumerate(ranks):
             sl = g.inter_slice(r)
             ir = sl.stop - sl.start
@@ -161,12 +168,12 @@ def build_chunk_direct(reader: DirectReader, layer, experts: range, g: RankGeome
                 split = [r for r in ranks if r not in whole]
                 if split:
                     buf = reader.scratch(H * (I // div))
-                    reader.read_into(fd, base, [memoryview(buf.numpy())])
-                    src = buf.view(H, I // div)
+                    reader.read_into(fd, base, [memoryview(buf)])
+                    src = buf.reshape(H, I // div)
                     if split == list(range(g.tp)) and split == ranks:
                         # all TP ranks at once: [H, T, I/T] -> [T, H, I/T]
                         w = g.inter_rank // div
-                        block[:, i, :H, :w] = src.view(H, g.tp, w).permute(1, 0, 2)
+                        block[:, i, :H, :w] = src.reshape(H, g.tp, w).transpose(1, 0, 2)
                     else:
                         for r in split:
                             sl = g.inter_slice(r)

@@ -14,6 +14,8 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 
+from mxfp4conv import lazy_torch
+
 
 def default_workers() -> int:
     """All cores but one (left to the kernel's page-cache copies and writeback), at most 16:
@@ -31,9 +33,16 @@ def chunk_budget(workers: int, chunk_bytes: int) -> int:
 
 
 @contextmanager
-def one_torch_thread():
-    import torch
-
+def one_torch_thread(load: bool = True):
+    """torch's intra-op threads set to one for the block. ``load=False``: only if torch is
+    imported already (a run that has no use for torch does not import it for this)."""
+    if load:
+        import torch
+    else:
+        torch = lazy_torch.loaded()
+        if torch is None:
+            yield
+            return
     n = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

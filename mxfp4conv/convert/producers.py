@@ -14,11 +14,11 @@ import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-import torch
+import numpy as np
 
 from mxfp4conv.convert.manifest import SHUFFLE_PAD_BYTE
 from mxfp4conv.convert.plan import OutputPlan, Unit
-from mxfp4conv.convert.direct_read import DirectReader, build_chunk_direct
+from mxfp4conv.convert.direct_read import DirectReader, build_chunk_direct, build_chunk_direct_np
 from mxfp4conv.convert.rank_tensors import WEIGHT_KINDS, build_chunk, find_nan_scale
 from mxfp4conv.errors import Mxfp4convError
 
@@ -85,30 +85,46 @@ def expert_chunks(plan: OutputPlan, chunk_bytes: int) -> list[range]:
     return out
 
 
+def is_direct(layer, plan: OutputPlan) -> bool:
+    """Whether ``layer``'s experts are read straight into the per-rank buffers (``direct_read``)."""
+    return layer.experts is not None and set(plan.kinds) <= set(WEIGHT_KINDS)
+
+
+def numpy_only(model, plan: OutputPlan) -> bool:
+    """Whether converting runs without torch: every MoE layer is read directly and every layout
+    of the plan has a numpy path."""
+    return (all(is_direct(layer, plan) for layer in model.layers)
+            and all(plan.layouts[kind].forward_np is not None for kind in plan.kinds))
+
+
 def _layer_tasks(src, model, plan: OutputPlan, unit: Unit, chunk_bytes: int, allow_nan: bool,
                  reader: DirectReader) -> Iterator[Task]:
-    from mxfp4conv.checkpoint.experts import read_expert
-
     layer = model.layers[unit.layer]
     names = {(t.rank, t.kind): t.name for t in unit.tensors}
     g = plan.geometry
-    direct = layer.experts is not None and set(plan.kinds) <= set(WEIGHT_KINDS)
+    direct = is_direct(layer, plan)
+    with_numpy = direct and all(plan.layouts[kind].forward_np is not None for kind in plan.kinds)
 
     def direct_task(experts: range):
         def run() -> list:
             ranks = g.owner(experts.start)
-            bufs = build_chunk_direct(reader, layer, experts, g, ranks, plan.kinds)
+            build = build_chunk_direct_np if with_numpy else build_chunk_direct
+            bufs = build(reader, layer, experts, g, ranks, plan.kinds)
             if not allow_nan:
                 for r in ranks:
                     _check_nan_direct(layer, experts, r, bufs, g)
             pieces = []
             for r in ranks:
                 for kind in plan.kinds:
-                    pieces.append((names[(r, kind)], plan.layouts[kind].forward_chunk(bufs[(r, kind)])))
+                    lay = plan.layouts[kind]
+                    forward = lay.forward_np if with_numpy else lay.forward_chunk
+                    pieces.append((names[(r, kind)], forward(bufs[(r, kind)])))
             return pieces
         return run
 
     def task(experts: range):
+        from mxfp4conv.checkpoint.experts import read_expert
+
         def run() -> list:
             data = []
             for e in experts:
@@ -146,7 +162,7 @@ def _layer_tasks(src, model, plan: OutputPlan, unit: Unit, chunk_bytes: int, all
             if n:
                 tails.append((names[(r, kind)], g.experts_per_rank * pe[kind], n))
     if tails:
-        yield Task(lambda: [(name, torch.full((n,), SHUFFLE_PAD_BYTE, dtype=torch.uint8)) for name, _, n in tails],
+        yield Task(lambda: [(name, np.full((n,), SHUFFLE_PAD_BYTE, dtype=np.uint8)) for name, _, n in tails],
                    tuple(tails))
 
 

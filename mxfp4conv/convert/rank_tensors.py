@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
+import numpy as np
+from mxfp4conv.lazy_torch import torch
 
 from mxfp4conv.errors import Mxfp4convError
 
@@ -151,6 +152,35 @@ def build_chunk(experts: list, geom: RankGeometry, rank: int, kinds: tuple[str, 
     return out
 
 
+def build_weight_chunk_np(experts: list[dict], geom: RankGeometry, rank: int,
+                          kinds: tuple[str, ...]) -> dict[str, np.ndarray]:
+    """``build_chunk`` for the weight and scale kinds only, from uint8 numpy arrays: each expert a
+    dict with ``w13`` / ``w13_scale`` (rows [gate; up]) and ``w2`` / ``w2_scale``, as ``ExpertData``."""
+    n = len(experts)
+    H, Hp, I, Ip = geom.hidden, geom.hidden_padded, geom.intermediate, geom.inter_rank_padded
+    sl = geom.inter_slice(rank)
+    ir = sl.stop - sl.start
+    out: dict[str, np.ndarray] = {}
+    for kind in kinds:
+        if kind not in WEIGHT_KINDS:
+            raise ValueError(kind)
+        div = 2 if kind.endswith("weight") else 32
+        pad = geom.weight_pad if div == 2 else geom.scale_pad
+        key = kind[:-len("_weight")] if div == 2 else kind.replace("_weight_scale", "_scale")
+        if kind.startswith("w13"):
+            t = np.full((n, 2 * Ip, Hp // div), pad, dtype=np.uint8)
+            for i, ex in enumerate(experts):
+                src = ex[key]
+                t[i, :ir, : H // div] = src[sl.start:sl.stop]
+                t[i, Ip:Ip + ir, : H // div] = src[I + sl.start:I + sl.stop]
+        else:
+            t = np.full((n, Hp, Ip // div), pad, dtype=np.uint8)
+            for i, ex in enumerate(experts):
+                t[i, :H, : ir // div] = ex[key][:, sl.start // div: sl.stop // div]
+        out[kind] = t
+    return out
+
+
 def _bias(ex, kind: str) -> torch.Tensor:
     b = getattr(ex, kind)
     if b is None:
@@ -158,8 +188,13 @@ def _bias(ex, kind: str) -> torch.Tensor:
     return b.to(torch.float32)
 
 
-def find_nan_scale(t: torch.Tensor) -> int | None:
-    """Flat index of the first 0xFF (e8m0 NaN) byte, or None."""
+def find_nan_scale(t) -> int | None:
+    """Flat index of the first 0xFF (e8m0 NaN) byte of a torch tensor or numpy array, or None."""
+    if isinstance(t, np.ndarray):
+        if t.dtype == np.uint8 and (t.size == 0 or int(t.max()) != 0xFF):  # one pass, no mask
+            return None
+        hit = np.flatnonzero(t.reshape(-1) == 0xFF)
+        return int(hit[0]) if hit.size else None
     if t.dtype == torch.uint8 and (t.numel() == 0 or int(t.max()) != 0xFF):  # one pass, no mask
         return None
     hit = (t.reshape(-1) == 0xFF).nonzero()

@@ -28,7 +28,7 @@ from mxfp4conv.convert.plan import (
 )
 from mxfp4conv.convert.direct_read import DirectReader
 from mxfp4conv.convert.parallel import OrderedPool, chunk_budget, default_workers, one_torch_thread
-from mxfp4conv.convert.producers import unit_tasks
+from mxfp4conv.convert.producers import numpy_only, unit_tasks
 from mxfp4conv.convert.progress import Progress
 from mxfp4conv.convert.writer import (
     TEMP_SUFFIX, ShardWriter, WriteError, _os_error, as_bytes, fsync_dir, shard_checksum,
@@ -119,7 +119,8 @@ def _convert_into(src, model, plan, manifest, out, sidecars, resume, workers, pr
     todo = sum(t.spec.size() for s in plan.shards if s.name not in kept for t in s.tensors)
     bar = Progress(todo, progress)
     try:
-        with one_torch_thread():
+        # torch only where a step has no numpy path: importing it costs seconds
+        with one_torch_thread(load=not numpy_only(model, plan)):
             written = _write_shards(src, model, plan, out, kept, record, bar,
                                     default_workers() if workers is None else workers,
                                     allow_nan_scales, chunk_bytes)

@@ -17,7 +17,9 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
+import numpy as np
+
+from mxfp4conv.lazy_torch import torch
 
 from mxfp4conv.checkpoint import strict_json
 from mxfp4conv.checkpoint.safetensors_io import pread_exact, read_header
@@ -26,9 +28,11 @@ from mxfp4conv.convert.manifest import (
     EXPERT_KINDS, MANIFEST_NAME, SHUFFLE_PAD_BYTE, build_manifest, load_manifest, target_from_manifest,
 )
 from mxfp4conv.convert.plan import LAYOUT_FIELD, SHARD_RE, expert_kinds, expert_tensor_name, stored_shape
+from mxfp4conv.convert.direct_read import DirectReader, merge_ranges
+from mxfp4conv.convert.memory import keep_freed_memory
 from mxfp4conv.convert.parallel import OrderedPool, chunk_budget, default_workers, one_torch_thread
 from mxfp4conv.convert.progress import Progress
-from mxfp4conv.convert.rank_tensors import WEIGHT_KINDS, RankGeometry, build_chunk
+from mxfp4conv.convert.rank_tensors import WEIGHT_KINDS, RankGeometry, build_chunk, build_weight_chunk_np
 from mxfp4conv.convert.writer import as_bytes
 from mxfp4conv.errors import CheckpointError, Mxfp4convError
 
@@ -74,14 +78,31 @@ class _OutReader:
         h = self.headers[self.weight_map[name]]
         return h, h.tensors[name]
 
-    def read(self, name: str, offset: int, n: int) -> bytearray:
-        shard = self.weight_map[name]
-        h, e = self.entry(name)
+    def _fd(self, shard: str) -> int:
         with self._lock:
             fd = self.fds.get(shard)
             if fd is None:
                 fd = self.fds[shard] = os.open(self.root / shard, os.O_RDONLY)
-        return pread_exact(fd, h.data_start + e.begin + offset, n)
+            return fd
+
+    def read(self, name: str, offset: int, n: int) -> bytearray:
+        shard = self.weight_map[name]
+        h, e = self.entry(name)
+        return pread_exact(self._fd(shard), h.data_start + e.begin + offset, n)
+
+    def prefetch(self, pieces: list[tuple[str, int, int]]) -> None:
+        """Start reading ``(tensor, offset, nbytes)`` pieces into the page cache (best effort)."""
+        if not hasattr(os, "posix_fadvise"):
+            return
+        ranges = []
+        for name, offset, n in pieces:
+            h, e = self.entry(name)
+            ranges.append((self.weight_map[name], h.data_start + e.begin + offset, n))
+        for shard, off, n in merge_ranges(ranges):
+            try:
+                os.posix_fadvise(self._fd(shard), off, n, os.POSIX_FADV_WILLNEED)
+            except OSError:
+                return
 
     def close(self):
         with self._lock:
@@ -131,10 +152,10 @@ def _verify(out: Path, source, rep: VerifyReport, workers: int, progress: str) -
         rep.checks.append(_check_recorded_checksums(out, sorted(headers)))
         rep.layers = [{"prefix": p, "status": "structure ok"} for p in manifest["moe"]["layers"]]
         return
+    keep_freed_memory()  # chunk buffers are reused instead of faulted in afresh (see convert)
     reader = _OutReader(out, weight_map, headers)
     try:
-        with one_torch_thread():
-            _verify_against_source(out, source, manifest, weight_map, expected, reader, rep, workers, progress)
+        _verify_against_source(out, source, manifest, weight_map, expected, reader, rep, workers, progress)
     finally:
         reader.close()
 
@@ -277,14 +298,22 @@ def _verify_against_source(out, source, manifest, weight_map, expected, reader, 
     layer_checks = [_LayerCheck(src, manifest, g, layer, expected, reader) for layer in model.layers]
     total = sum(src.tensor_info(n).nbytes for n in plain) + sum(c.total for c in layer_checks)
 
+    ahead = DirectReader(src)  # its own descriptors, for readahead only
+
     def jobs():
+        # the bytes a job compares are asked for when it is queued, a queue's length ahead
         for name in plain:
             info = src.tensor_info(name)
             for off in range(0, info.nbytes, chunk):
-                yield "plain", name, (info, off, min(chunk, info.nbytes - off))
+                n = min(chunk, info.nbytes - off)
+                ahead.prefetch([(info.shard, info.begin + off, n)])
+                reader.prefetch([(name, off, n)])
+                yield "plain", name, (info, off, n)
         for i, check in enumerate(layer_checks):
             yield "tail", i, None
             for experts in check.spans(chunk):
+                ahead.prefetch(check.source_ranges(experts))
+                reader.prefetch(check.out_pieces(experts))
                 yield "experts", i, experts
 
     def work(job):
@@ -299,8 +328,10 @@ def _verify_against_source(out, source, manifest, weight_map, expected, reader, 
     compared_plain = 0
     bar = Progress(total, progress, label="verifying")
     try:
-        # jobs are consumed in order, so the error reported is the first in checkpoint order
-        with OrderedPool(workers, name="mxfp4conv-verify") as pool:
+        # jobs are consumed in order, so the error reported is the first in checkpoint order;
+        # torch only where a layer has no numpy path (importing it costs seconds)
+        with one_torch_thread(load=not all(c.numpy for c in layer_checks)), \
+                OrderedPool(workers, name="mxfp4conv-verify") as pool:
             for (what, key, _), n in pool.map(work, jobs()):
                 if what == "plain":
                     compared_plain += n
@@ -309,6 +340,7 @@ def _verify_against_source(out, source, manifest, weight_map, expected, reader, 
                 bar.advance(n)
     finally:
         bar.close()
+        ahead.close()
     rep.bytes_compared += compared_plain
     rep.checks.append(f"{len(plain)} non-expert tensors byte-identical")
     for layer, n in zip(model.layers, per_layer):
@@ -357,6 +389,9 @@ class _LayerCheck:
                                   f"bytes for {g.experts_per_rank} experts).")
             self.per_expert[k] = (body // g.experts_per_rank, tail, body)
         self.total = sum(body for _, _, body in self.per_expert.values()) * g.tp
+        # per-expert source tensors and numpy layout paths: checked without torch
+        self.numpy = (layer.experts is not None and set(self.kinds) <= set(WEIGHT_KINDS)
+                      and all(self.layouts[k].forward_np is not None for k in self.kinds))
 
     def spans(self, chunk_bytes: int):
         g = self.g
@@ -366,6 +401,23 @@ class _LayerCheck:
             for a in range(span.start, span.stop, n):
                 yield range(a, min(a + n, span.stop))
 
+    def source_ranges(self, experts: range) -> list[tuple[str, int, int]]:
+        """``(shard, offset, nbytes)`` of the source bytes ``check(experts)`` reads (per-expert layers)."""
+        if self.layer.experts is None:
+            return []
+        return [(i.shard, i.begin, i.nbytes) for e in experts for ref in self.layer.experts[e].refs()
+                for i in (self.src.tensor_info(ref.name),)]
+
+    def out_pieces(self, experts: range) -> list[tuple[str, int, int]]:
+        """``(tensor, offset, nbytes)`` of the stored bytes ``check(experts)`` reads."""
+        g, out = self.g, []
+        for r in g.owner(experts.start):
+            local0 = experts.start - g.expert_range(r).start
+            for k in self.kinds:
+                pe = self.per_expert[k][0]
+                out.append((expert_tensor_name(self.layer.prefix, r, k), local0 * pe, len(experts) * pe))
+        return out
+
     def check_tails(self) -> int:
         """The trailing shuffle padding of each rank's tensors (not counted as compared)."""
         prefix = self.layer.prefix
@@ -374,15 +426,49 @@ class _LayerCheck:
                 _, tail, body = self.per_expert[k]
                 if tail:
                     name = expert_tensor_name(prefix, r, k)
-                    t = torch.frombuffer(self.reader.read(name, body, tail), dtype=torch.uint8)
-                    bad = (t != SHUFFLE_PAD_BYTE).nonzero()
-                    if bad.numel():
+                    t = np.frombuffer(self.reader.read(name, body, tail), dtype=np.uint8)
+                    bad = np.flatnonzero(t != SHUFFLE_PAD_BYTE)
+                    if bad.size:
                         raise VerifyError("pad bytes", f"{name}: trailing layout padding byte at offset "
-                                          f"{body + int(bad[0, 0])} is 0x{int(t[bad[0, 0]]):02X}, expected 0x7F.",
-                                          layer=prefix, rank=r, tensor=name, offset=body + int(bad[0, 0]))
+                                          f"{body + int(bad[0])} is 0x{int(t[bad[0]]):02X}, expected 0x7F.",
+                                          layer=prefix, rank=r, tensor=name, offset=body + int(bad[0]))
         return 0
 
     def check(self, experts: range) -> int:
+        if not self.numpy:
+            return self._check_torch(experts)
+        g, prefix = self.g, self.layer.prefix
+        data = [self._read_np(e) for e in experts]
+        compared = 0
+        for r in g.owner(experts.start):
+            local0 = experts.start - g.expert_range(r).start
+            chunk = build_weight_chunk_np(data, g, r, self.kinds)
+            for k in self.kinds:
+                name = expert_tensor_name(prefix, r, k)
+                pe = self.per_expert[k][0]
+                got = self.reader.read(name, local0 * pe, len(data) * pe)
+                if got != as_bytes(self.layouts[k].forward_np(chunk[k])):
+                    self._check_torch(experts)  # names the first difference
+                    raise VerifyError("expert bytes", f"MoE layer {prefix}, rank {r}, tensor {name}: differs from "
+                                      f"the source through the layout {self.layouts[k].name}.",
+                                      layer=prefix, rank=r, tensor=name)
+                compared += len(got)
+        return compared
+
+    def _read_np(self, e: int) -> dict:
+        """Expert ``e``'s weights and scales as uint8 ``[rows, bytes per row]`` (``read_expert``'s bytes)."""
+        ex = self.layer.experts[e]
+
+        def rows(ref):
+            info = self.src.tensor_info(ref.name)
+            a = np.frombuffer(self.src.read_range(info.shard, info.begin, info.nbytes), dtype=np.uint8)
+            return a.reshape(info.shape[0], -1) if len(info.shape) >= 1 else a
+
+        return {"w13": np.concatenate([rows(ex.gate), rows(ex.up)]),
+                "w13_scale": np.concatenate([rows(ex.gate_scale), rows(ex.up_scale)]),
+                "w2": rows(ex.down), "w2_scale": rows(ex.down_scale)}
+
+    def _check_torch(self, experts: range) -> int:
         from mxfp4conv.checkpoint.experts import read_expert
 
         g, prefix = self.g, self.layer.prefix

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import torch
+from mxfp4conv import lazy_torch
 
 from mxfp4conv.checkpoint.safetensors_io import DTYPE_BITS, expected_nbytes, read_header
 from mxfp4conv.convert.crc import crc32_combine
@@ -87,7 +87,8 @@ def header_entry_size(spec: TensorSpec, begin: int) -> int:
 def as_bytes(chunk) -> memoryview:
     """A flat byte view of bytes/bytearray/memoryview/numpy array/torch tensor, without copying
     when the input is already contiguous."""
-    if isinstance(chunk, torch.Tensor):
+    torch = lazy_torch.loaded()  # a torch tensor exists only once torch is imported
+    if torch is not None and isinstance(chunk, torch.Tensor):
         t = chunk.detach()
         if t.device.type != "cpu":
             t = t.cpu()

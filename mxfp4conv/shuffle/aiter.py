@@ -28,12 +28,11 @@ from collections.abc import Sequence
 import sys
 
 import numpy as np
-import torch
+from mxfp4conv.lazy_torch import torch
 
 from mxfp4conv.errors import LayoutError
 
 SCALE_PAD = 0x7F  # e8m0 code of 1.0
-_FP4X2 = getattr(torch, "float4_e2m1fn_x2", None)
 
 
 def _ceil(n: int, m: int) -> int:
@@ -42,7 +41,8 @@ def _ceil(n: int, m: int) -> int:
 
 def _storage(x: torch.Tensor) -> torch.Tensor:
     """fp4x2 has no arithmetic; move it as bytes."""
-    return x.view(torch.uint8) if _FP4X2 is not None and x.dtype == _FP4X2 else x
+    fp4x2 = getattr(torch, "float4_e2m1fn_x2", None)
+    return x.view(torch.uint8) if fp4x2 is not None and x.dtype == fp4x2 else x
 
 
 def _shape(t: torch.Tensor) -> tuple[int, ...]:

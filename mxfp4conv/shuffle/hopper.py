@@ -37,12 +37,11 @@ converter streams them like the other layouts.
 from __future__ import annotations
 
 import numpy as np
-import torch
+from mxfp4conv.lazy_torch import torch
 
 from mxfp4conv.errors import LayoutError
+from mxfp4conv.shuffle import hopper_np as HN
 
-# magnitude bit 0 (m), 1, 2 (e) and sign position of the low-half code of each register
-_BITS = ((6, 7, 8, 15), (3, 4, 5, 12), (0, 1, 2, 9), (10, 11, 13, 14))
 ROWS = 16  # rows per slab
 CODES = 64  # codes per block
 
@@ -63,80 +62,23 @@ def check_scale(s) -> None:
     _check("hopper_mma_s", "e8m0 scales", s, 32 * s[2])
 
 
-def _luts() -> tuple[torch.Tensor, torch.Tensor]:
-    """Byte lookup tables of the bit re-encoding, a fixed permutation of the 32 bits of a word.
-
-    The "plain" word has byte ``2h + c`` = the canonical byte of row ``8h + g`` holding K
-    ``16kt + 8c + 2t`` (low nibble) and ``+1`` (high nibble). ``fwd[p, v]``: encoded bits of
-    plain byte ``p`` = v; ``inv[p, v]``: plain bits of encoded byte ``p`` = v.
-    """
-    src, dst = [], []  # plain bit -> encoded bit
-    for r in range(4):
-        for kk in range(2):
-            for j, pos in enumerate(_BITS[r]):
-                src.append(8 * r + 4 * kk + j)
-                dst.append(pos + 16 * kk)
-    v = torch.arange(256, dtype=torch.int64)
-    fwd = torch.zeros(4, 256, dtype=torch.int64)
-    inv = torch.zeros(4, 256, dtype=torch.int64)
-    for a, b in zip(src, dst):
-        fwd[a // 8] |= ((v >> (a % 8)) & 1) << b
-        inv[b // 8] |= ((v >> (b % 8)) & 1) << a
-    return fwd, inv
-
-
-_FWD, _INV = _luts()
-
-
-def _lut16(lut8: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
-    """The byte tables merged per 16-bit half-word (bytes 0-1 and 2-3): two gathers a word."""
-    v = np.arange(1 << 16)
-    t = lut8.numpy().astype(np.uint32)
-    return t[0][v & 0xFF] | t[1][v >> 8], t[2][v & 0xFF] | t[3][v >> 8]
-
-
-_FWD16 = _lut16(_FWD)
-_INV16 = _lut16(_INV)
-
-
-def _block_order() -> tuple[np.ndarray, np.ndarray]:
-    """For one 16-row x 32-byte block (rows, then K bytes): the byte feeding plain byte (h, c) of
-    word (g, t, kt), as two index lists (h = 0, h = 1), each ordered (g, t, kt, c)."""
-    h, g, t, kt, c = np.meshgrid(np.arange(2), np.arange(8), np.arange(4), np.arange(4), np.arange(2), indexing="ij")
-    src = ((8 * h + g) * 32 + 8 * kt + 4 * c + t).reshape(2, -1)
-    return src[0], src[1]
-
-
-_SRC = _block_order()
-_DST = np.argsort(np.concatenate(_SRC))  # plain bytes (h = 0 part, then h = 1 part) -> block byte
-
-
-def _blocks(x: torch.Tensor) -> torch.Tensor:
-    """[E, N, K/2] -> [E * N/16 * K/64, 512]: each 16-row x 64-code block's bytes, rows first."""
-    e, n, kb = x.shape
-    return x.reshape(e, n // 16, 16, kb // 32, 32).transpose(2, 3).reshape(-1, 512)
-
-
 def _forward_cpu(x: torch.Tensor) -> torch.Tensor:
-    blocks = _blocks(x).numpy()
-    words = _FWD16[0][np.take(blocks, _SRC[0], axis=1).view(np.uint16)]
-    words |= _FWD16[1][np.take(blocks, _SRC[1], axis=1).view(np.uint16)]
-    return torch.from_numpy(words.view(np.uint8)).reshape(x.shape)
+    return torch.from_numpy(HN.weight_forward(x.contiguous().numpy()))
 
 
 def _inverse_cpu(y: torch.Tensor, shape) -> torch.Tensor:
     e, n, kb = shape
     halves = y.contiguous().numpy().view(np.uint16).reshape(-1, 128, 2).transpose(2, 0, 1).copy()
-    plain = _INV16[0][halves[0]] | _INV16[1][halves[1]]  # bytes (h0 c0, h0 c1, h1 c0, h1 c1) of each word
+    plain = HN.INV16[0][halves[0]] | HN.INV16[1][halves[1]]  # bytes (h0 c0, h0 c1, h1 c0, h1 c1) of each word
     parts = plain.view(np.uint16).reshape(-1, 128, 2).transpose(0, 2, 1).reshape(-1, 512 // 2)  # h0 pairs, h1 pairs
-    blocks = torch.from_numpy(np.take(parts.view(np.uint8), _DST, axis=1))
+    blocks = torch.from_numpy(np.take(parts.view(np.uint8), HN.DST, axis=1))
     return blocks.reshape(e, n // 16, kb // 32, 16, 32).transpose(2, 3).reshape(shape)
 
 
-def _permute_bits_torch(words: torch.Tensor, lut: torch.Tensor) -> torch.Tensor:
+def _permute_bits_torch(words: torch.Tensor, lut: np.ndarray) -> torch.Tensor:
     """[M, 4] bytes of little-endian words -> [M, 4] bytes with the bits moved by ``lut`` (any device)."""
     b = words.to(torch.int64)
-    lut = lut.to(b.device)
+    lut = torch.from_numpy(lut).to(b.device)
     out = lut[0][b[..., 0]] | lut[1][b[..., 1]] | lut[2][b[..., 2]] | lut[3][b[..., 3]]
     return torch.stack([(out >> (8 * i)) & 0xFF for i in range(4)], dim=-1).to(torch.uint8)
 
@@ -148,7 +90,7 @@ def _forward_torch(x: torch.Tensor) -> torch.Tensor:
     for i in range(e):
         # row = 16 nb + 8 h + g ; byte = 32 b + 8 kt + 4 c + t
         plain = x[i].reshape(n // 16, 2, 8, kb // 32, 4, 2, 4).permute(0, 3, 2, 6, 4, 1, 5)  # nb b g t kt h c
-        out[i] = _permute_bits_torch(plain.reshape(-1, 4), _FWD).reshape(n, kb)
+        out[i] = _permute_bits_torch(plain.reshape(-1, 4), HN.FWD8).reshape(n, kb)
     return out
 
 
@@ -157,7 +99,7 @@ def _inverse_torch(y: torch.Tensor, shape) -> torch.Tensor:
     y = y.reshape(e, n * kb // 4, 4)
     out = torch.empty(shape, dtype=torch.uint8, device=y.device)
     for i in range(e):
-        plain = _permute_bits_torch(y[i], _INV).reshape(n // 16, kb // 32, 8, 4, 4, 2, 2)  # nb b g t kt h c
+        plain = _permute_bits_torch(y[i], HN.INV8).reshape(n // 16, kb // 32, 8, 4, 4, 2, 2)  # nb b g t kt h c
         out[i] = plain.permute(0, 5, 2, 1, 4, 6, 3).reshape(n, kb)
     return out
 
@@ -171,6 +113,13 @@ def weight_inverse(y: torch.Tensor, shape) -> torch.Tensor:
 
 
 def scale_forward(x: torch.Tensor) -> torch.Tensor:
+    e, n, g = x.shape
+    if x.device.type == "cpu":
+        return torch.from_numpy(HN.scale_forward(x.contiguous().numpy()))
+    return _scale_forward_torch(x)
+
+
+def _scale_forward_torch(x: torch.Tensor) -> torch.Tensor:
     e, n, g = x.shape
     s = x.reshape(e, n // 16, 2, 8, g // 2, 2)  # e nb h g b j
     return s.permute(0, 1, 4, 3, 2, 5).contiguous().reshape(e, n, g)  # e nb b g h j

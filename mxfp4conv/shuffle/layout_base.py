@@ -10,7 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import torch
+import numpy as np
+from mxfp4conv.lazy_torch import torch
 
 from mxfp4conv.errors import LayoutError
 
@@ -42,6 +43,9 @@ class Layout:
     forward_chunk: Callable[[torch.Tensor], torch.Tensor] | None = field(default=None, repr=False)
     tail_bytes: Callable[[Shape3], int] | None = field(default=None, repr=False)
     vllm_call: str | None = None  # the vLLM code path whose bytes this layout equals, if any
+    # ``forward_chunk`` on a uint8 numpy array (flat result), without torch; None where only
+    # the torch path exists. Same bytes (tested layout by layout).
+    forward_np: Callable | None = field(default=None, repr=False)
 
     def __post_init__(self):
         if self.forward_chunk is None:
@@ -84,8 +88,9 @@ def stored_as(name: str, y: torch.Tensor, shape: tuple[int, ...]) -> torch.Tenso
 
 
 def make_layout(name, description, aiter_call, applies_to, constraint, out_shape, fwd, inv, chunk=None, tail=None,
-                vllm_call=None):
-    """A Layout whose entry points validate shapes with ``constraint(shape3d)``."""
+                vllm_call=None, np_chunk=None):
+    """A Layout whose entry points validate shapes with ``constraint(shape3d)``. ``np_chunk(x, s)``:
+    the per-chunk forward on a contiguous uint8 numpy array, if the layout has one."""
 
     def check(shape3d) -> None:
         constraint(shape3(name, shape3d))
@@ -120,5 +125,14 @@ def make_layout(name, description, aiter_call, applies_to, constraint, out_shape
         constraint(s)
         return tail(s) if tail else 0
 
+    def forward_np(x):
+        s = shape3(name, x.shape)
+        constraint(s)
+        if x.dtype != np.uint8:
+            raise LayoutError(f"layout {name!r} moves raw bytes; got a numpy {x.dtype} array. Pass uint8 bytes.")
+        if not s[0]:
+            return np.empty(0, dtype=np.uint8)
+        return np_chunk(np.ascontiguousarray(x), s).reshape(-1)
+
     return Layout(name, description, aiter_call, applies_to, check, shape_of, forward, inverse, forward_chunk, tail_bytes,
-                  vllm_call)
+                  vllm_call, forward_np if np_chunk else None)

@@ -44,11 +44,13 @@ from __future__ import annotations
 
 from types import MappingProxyType
 
-import torch
+from mxfp4conv.lazy_torch import torch
 
 from mxfp4conv.errors import LayoutError
 from mxfp4conv.shuffle import aiter as A
+from mxfp4conv.shuffle import aiter_np as AN
 from mxfp4conv.shuffle import hopper as Hop
+from mxfp4conv.shuffle import hopper_np as HN
 from mxfp4conv.shuffle.layout_base import Layout, Shape3, ceil_to, make_layout
 from mxfp4conv.shuffle.triton_cdna4 import TRITON_CDNA4_SCALE, TRITON_CDNA4_SCALE_GU1
 from mxfp4conv.shuffle.triton_gfx1250 import TRITON_GFX1250_SCALE, TRITON_GFX1250_SCALE_GU1
@@ -81,7 +83,7 @@ def _scale_rows(label: str):
 # ---- the built-in layouts -------------------------------------------------------------------
 
 
-def _rows2d(x: torch.Tensor, s: Shape3) -> torch.Tensor:
+def _rows2d(x, s: Shape3):
     return x.reshape(s[0] * s[1], s[2])
 
 
@@ -94,6 +96,7 @@ _IDENTITY = make_layout(
     lambda s: s,
     lambda x, s: x,
     lambda y, s: y,
+    np_chunk=lambda x, s: x,
 )
 
 _P16 = make_layout(
@@ -105,6 +108,7 @@ _P16 = make_layout(
     lambda s: s,
     lambda x, s: A.shuffle_weight(x),
     lambda y, s: A.unshuffle_weight(y),
+    np_chunk=lambda x, s: AN.weight_p16(x),
 )
 
 _P16_GU16 = make_layout(
@@ -116,6 +120,7 @@ _P16_GU16 = make_layout(
     lambda s: s,
     lambda x, s: A.shuffle_weight_a16w4(x, 16, True),
     lambda y, s: A.unshuffle_weight_a16w4(y, 16, True),
+    np_chunk=lambda x, s: AN.weight_a16w4(x, 16, True),
 )
 
 
@@ -135,6 +140,7 @@ _E8M0 = make_layout(
     # per-expert bytes = the interleaved-path shuffle (same tiles, no row padding)
     chunk=lambda x, s: A.shuffle_scale_a16w4(_rows2d(x, s), s[0], False),
     tail=lambda s: (_e8m0_out(s)[0] - s[0] * s[1]) * _e8m0_out(s)[1],
+    np_chunk=lambda x, s: AN.scale_a16w4(_rows2d(x, s), s[0], False),
 )
 
 
@@ -150,6 +156,7 @@ def _a16w4_scale(gate_up: bool):
         lambda s: (s[0] * s[1], ceil_to(s[2], 8)),
         lambda x, s: A.shuffle_scale_a16w4(_rows2d(x, s), s[0], gate_up),
         lambda y, s: A.unshuffle_scale_a16w4(y, s[0], gate_up, shape=(s[0] * s[1], s[2])),
+        np_chunk=lambda x, s: AN.scale_a16w4(_rows2d(x, s), s[0], gate_up),
     )
 
 
@@ -203,6 +210,7 @@ _HOPPER_W = make_layout(
     lambda s: s,
     lambda x, s: Hop.weight_forward(x),
     lambda y, s: Hop.weight_inverse(y, s),
+    np_chunk=lambda x, s: HN.weight_forward(x),
 )
 
 _HOPPER_S = make_layout(
@@ -214,6 +222,7 @@ _HOPPER_S = make_layout(
     lambda s: s,
     lambda x, s: Hop.scale_forward(x),
     lambda y, s: Hop.scale_inverse(y, s),
+    np_chunk=lambda x, s: HN.scale_forward(x),
 )
 
 

@@ -14,7 +14,7 @@ N must be a multiple of 32 and K/32 of 8). vLLM hands the kernel the transposed 
 
 from __future__ import annotations
 
-import torch
+from mxfp4conv.lazy_torch import torch
 
 from mxfp4conv.errors import LayoutError
 from mxfp4conv.shuffle import aiter as A
