@@ -40,7 +40,7 @@ def register(app: typer.Typer) -> None:
         shard_size: str = options.shard_size_option(),
         resume: bool = typer.Option(False, "--resume", help="Keep finished shards of an interrupted run into OUT."),
         workers: int = typer.Option(None, "--workers", min=1, metavar="N", show_default=False,
-                                    help="Threads that read, transform and write (default: the cores but one, at most 16)."),
+                                    help="Threads that read, transform and write (default: the cores, at most 16)."),
         force: bool = typer.Option(False, "--force", help="Write into a non-empty OUT, replacing earlier output."),
         quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress output."),
         allow_nan_scales: bool = typer.Option(False, "--allow-nan-scales",

@@ -18,9 +18,14 @@ from mxfp4conv import lazy_torch
 
 
 def default_workers() -> int:
-    """All cores but one (left to the kernel's page-cache copies and writeback), at most 16:
-    past that one disk is the limit."""
-    return max(1, min(16, (os.cpu_count() or 2) - 1))
+    """The cores this process may run on, at most 16. Measured: on 2 cores two workers beat one
+    for every target, on 16 cores sixteen beat eight; the kernel's copies and writeback run in
+    the same threads' system calls, so none is left idle for them."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    return max(1, min(16, cores))
 
 
 IN_FLIGHT_BYTES = 768 << 20  # all running jobs together (peak RSS = this + the interpreter)
