@@ -39,7 +39,7 @@ from mxfp4conv.errors import OracleError
 from mxfp4conv.oracle import compressed_tensors as ct_methods
 from mxfp4conv.oracle.arch import Arch, get_arch
 from mxfp4conv.oracle.backends import (
-    BACKENDS, DSV4_ROCM_PRIORITY, FP8_STATIC, KEY_TEXT, MOE_BACKEND_STRINGS, MXFP4_DYN, Ctx,
+    B12X_FORCE_A16_ENV, BACKENDS, DSV4_ROCM_PRIORITY, FP8_STATIC, KEY_TEXT, MOE_BACKEND_STRINGS, MXFP4_DYN, Ctx,
     Server, b12x_requested, filter_by_activation, gpt_oss_priority, parse_backend, priority_backends, try_backend,
 )
 from mxfp4conv.oracle.decision import Candidate, Decision, Target
@@ -406,6 +406,11 @@ def decide(model: MoEModel, target: Target, server: Server | None = None) -> Dec
             f"decodes without a shared-memory shuffle; both sizes are padded to multiples of "
             f"{HOPPER_MMA_ALIGN}. Only mxfp4conv's runtime reads this layout (its torch backend "
             "inverts it); pass --layout identity for the canonical bytes.")
+    if walk.pick == "B12X_MXFP4_BF16" and target.backend and parse_backend(target.backend) == ("B12X_MXFP4_BF16",):
+        # vLLM reaches this member only through --moe-backend b12x with the bf16-only switch
+        final = replace(final, runtime_env={**final.runtime_env, B12X_FORCE_A16_ENV: "1"})
+        notes.append(f"The server reaches B12X_MXFP4_BF16 with --moe-backend b12x and "
+                     f"{B12X_FORCE_A16_ENV}=1 (in the manifest's runtime environment).")
     k3_minimum = _k3_minimum(model)
     g = padded_geometry(
         backend=backend, platform=arch.platform, cdna=arch.cdna,

@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from conformance.matrix import cases, vllm_case
+from conformance.matrix import BACKEND_REQUEST, cases, vllm_case
 from mxfp4conv.errors import OracleError
 from mxfp4conv.oracle import decide
 from vllm033.harness import require_vllm, run_probe
@@ -103,3 +103,6 @@ def test_matches_vllm(case, vllm_results):
     if "VLLM_ROCM_USE_AITER_MOE_SITUV2" in d.runtime_env:
         assert _mode(d.runtime_env["VLLM_ROCM_USE_AITER_MOE_SITUV2"]) == _mode(case.situv2 or "auto")
     assert "VLLM_ROCM_USE_AITER_MOE_SITUV2_A8W4" not in d.runtime_env  # not read by 0.33.0
+    if got["backend"] == "B12X_MXFP4_BF16":  # what the server needed, besides --moe-backend, to reach it
+        for k, v in BACKEND_REQUEST.get(case.target.backend, (None, {}))[1].items():
+            assert d.runtime_env.get(k) == v, (case.id, d.runtime_env)
