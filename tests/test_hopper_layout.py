@@ -161,3 +161,43 @@ def test_golden_digests(layout, shape, digest):
     y = layout.forward(x)
     assert hashlib.sha256(y.numpy().tobytes()).hexdigest()[:32] == digest
     assert torch.equal(layout.inverse(y, shape), x)
+
+
+def _weight_forward_by_byte_gather(x):
+    """The CPU weight path as first written (one byte gather per slab, then the two 16-bit
+    lookups), kept here as the reference for the lane-swap path."""
+    import numpy as np
+
+    from mxfp4conv.shuffle import hopper_np
+
+    e, n, kb = x.shape
+    h, b, g, t, kt, c = np.meshgrid(np.arange(2), np.arange(kb // 32), np.arange(8), np.arange(4), np.arange(4),
+                                    np.arange(2), indexing="ij")
+    order = ((8 * h + g) * kb + 32 * b + 8 * kt + 4 * c + t).reshape(-1)
+    pairs = np.take(x.reshape(-1, 16 * kb), order, axis=1).view(np.uint16)
+    half = 4 * kb
+    words = hopper_np.FWD16[0][pairs[:, :half]] | hopper_np.FWD16[1][pairs[:, half:]]
+    return words.view(np.uint8).reshape(x.shape)
+
+
+@PROPS
+@given(data=weights(), step=st.sampled_from([1, 512, 4096, 1 << 18]), offset=st.integers(0, 7))
+def test_cpu_weight_lane_swap_path_agrees_with_byte_gather(data, step, offset):
+    # any step size, and input bytes at any alignment, give the bytes of the byte-gather path
+    import numpy as np
+
+    from mxfp4conv.shuffle import hopper_np
+
+    x = data[0].numpy()
+    buf = np.empty(x.size + offset, dtype=np.uint8)
+    xa = buf[offset:].reshape(x.shape)
+    xa[...] = x
+    saved = hopper_np.STEP_BYTES
+    hopper_np.STEP_BYTES = step
+    try:
+        y = hopper_np.weight_forward(xa)
+    finally:
+        hopper_np.STEP_BYTES = saved
+    assert y.dtype == np.uint8 and y.shape == x.shape
+    assert np.array_equal(y, _weight_forward_by_byte_gather(x))
+    assert np.array_equal(xa, x)  # the input is left as it was
