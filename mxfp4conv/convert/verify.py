@@ -437,23 +437,15 @@ class _LayerCheck:
     def check(self, experts: range) -> int:
         if not self.numpy:
             return self._check_torch(experts)
-        g, prefix = self.g, self.layer.prefix
-        data = [self._read_np(e) for e in experts]
-        compared = 0
-        for r in g.owner(experts.start):
-            local0 = experts.start - g.expert_range(r).start
-            chunk = build_weight_chunk_np(data, g, r, self.kinds)
-            for k in self.kinds:
-                name = expert_tensor_name(prefix, r, k)
-                pe = self.per_expert[k][0]
-                got = self.reader.read(name, local0 * pe, len(data) * pe)
-                if got != as_bytes(self.layouts[k].forward_np(chunk[k])):
-                    self._check_torch(experts)  # names the first difference
-                    raise VerifyError("expert bytes", f"MoE layer {prefix}, rank {r}, tensor {name}: differs from "
-                                      f"the source through the layout {self.layouts[k].name}.",
-                                      layer=prefix, rank=r, tensor=name)
-                compared += len(got)
-        return compared
+
+        def differs(name, k, r, local0, got, want):
+            self._check_torch(experts)  # names the first difference
+            raise VerifyError("expert bytes", f"MoE layer {self.layer.prefix}, rank {r}, tensor {name}: differs "
+                              f"from the source through the layout {self.layouts[k].name}.",
+                              layer=self.layer.prefix, rank=r, tensor=name)
+
+        return self._compare(experts, [self._read_np(e) for e in experts], build_weight_chunk_np,
+                             lambda k, c: as_bytes(self.layouts[k].forward_np(c)), differs)
 
     def _read_np(self, e: int) -> dict:
         """Expert ``e``'s weights and scales as uint8 ``[rows, bytes per row]`` (``read_expert``'s bytes)."""
@@ -471,19 +463,27 @@ class _LayerCheck:
     def _check_torch(self, experts: range) -> int:
         from mxfp4conv.checkpoint.experts import read_expert
 
-        g, prefix = self.g, self.layer.prefix
         data = [read_expert(self.src, self.layer, e) for e in experts]
+        return self._compare(
+            experts, data, build_chunk,
+            lambda k, c: as_bytes(self.layouts[k].forward_chunk(c) if k in WEIGHT_KINDS else c),
+            lambda name, k, r, local0, got, want: self._locate(name, k, r, local0, data, got, want, experts.start))
+
+    def _compare(self, experts: range, data: list, build, stored_form, differs) -> int:
+        """The stored bytes of ``experts`` on every rank that holds them against ``stored_form`` of the
+        chunk ``build`` makes from the source ``data``; ``differs`` is called on a mismatch."""
+        g, prefix = self.g, self.layer.prefix
         compared = 0
         for r in g.owner(experts.start):
             local0 = experts.start - g.expert_range(r).start
-            chunk = build_chunk(data, g, r, self.kinds)
+            chunk = build(data, g, r, self.kinds)
             for k in self.kinds:
                 name = expert_tensor_name(prefix, r, k)
                 pe = self.per_expert[k][0]
-                want = as_bytes(self.layouts[k].forward_chunk(chunk[k]) if k in WEIGHT_KINDS else chunk[k])
                 got = self.reader.read(name, local0 * pe, len(data) * pe)
+                want = stored_form(k, chunk[k])
                 if got != want:
-                    self._locate(name, k, r, local0, data, got, want, experts.start)
+                    differs(name, k, r, local0, got, want)
                 compared += len(got)
         return compared
 
