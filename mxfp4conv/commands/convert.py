@@ -12,7 +12,7 @@ from mxfp4conv.commands import options
 
 
 def target_from_options(arch: str, tp: int, ep: bool, act_quant: str, no_aiter: bool, backend: str | None,
-                        layout: str = "auto", vllm: str | None = None):
+                        layout: str = "auto", vllm: str | None = None, moe_weight: str | None = None):
     """The Target the command-line options name (their values are checked by ``options``;
     an unknown ``--vllm`` release is refused by ``resolve_release``)."""
     from mxfp4conv.oracle import resolve_arch
@@ -20,7 +20,7 @@ def target_from_options(arch: str, tp: int, ep: bool, act_quant: str, no_aiter: 
     from mxfp4conv.oracle.releases import resolve_release
 
     return Target(arch=resolve_arch(arch), tp=tp, ep=ep, act_quant=act_quant, aiter=not no_aiter,
-                  backend=backend, layout=layout, vllm=resolve_release(vllm))
+                  backend=backend, layout=layout, vllm=resolve_release(vllm), moe_weight=moe_weight)
 
 
 def register(app: typer.Typer) -> None:
@@ -35,6 +35,7 @@ def register(app: typer.Typer) -> None:
         no_aiter: bool = typer.Option(False, "--no-aiter", help="Model a ROCm server without AITER."),
         backend: str = options.backend_option(),
         layout: str = options.layout_option(),
+        moe_weight: str = options.moe_weight_option(),
         vllm: str = options.vllm_option(),
         revision: str = options.revision_option(),
         shard_size: str = options.shard_size_option(),
@@ -52,7 +53,7 @@ def register(app: typer.Typer) -> None:
         from mxfp4conv.convert.run import convert
 
         source = options.with_revision(source, revision)
-        target = target_from_options(arch, tp, ep, act_quant, no_aiter, backend, layout, vllm)
+        target = target_from_options(arch, tp, ep, act_quant, no_aiter, backend, layout, vllm, moe_weight)
         try:
             res = convert(source, out, target, shard_size=shard_size, resume=resume, workers=workers, force=force,
                           progress="none" if quiet else "auto", allow_nan_scales=allow_nan_scales)

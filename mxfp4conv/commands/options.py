@@ -102,6 +102,16 @@ def backend_option():
                         help="Force a backend: a vLLM --moe-backend string or an Mxfp4MoeBackend name.")
 
 
+MOE_WEIGHTS = ("int4_per_group_32",)  # mxfp4conv.oracle.backends.MOE_WEIGHTS
+
+
+def moe_weight_option():
+    return typer.Option(None, "--moe-weight", metavar="W", **one_of(MOE_WEIGHTS),
+                        help="The server's --quantization-config.moe.weight: int4_per_group_32 (vLLM's "
+                             "gfx942 int4 requantisation of Kimi-K3's experts at load; mxfp4conv cannot "
+                             "write its bytes, so it needs --layout identity there).")
+
+
 LAYOUTS = ("auto", "identity", "hopper_mma")  # mxfp4conv.oracle.select.KERNEL_LAYOUT_CHOICES
 
 

@@ -97,7 +97,8 @@ def _render(d, model, spec: str, output: dict | None = None) -> None:
     con.print(f"Target: {d.arch}, tp {d.tp}{' with EP' if d.ep else ''}, act-quant "
               f"{o.get('requested_act_quant')} -> {d.act_quant}, AITER "
               f"{'on' if o.get('aiter') else 'off'}"
-              f"{', --backend ' + o['forced_backend'] if o.get('forced_backend') else ''}")
+              f"{', --backend ' + o['forced_backend'] if o.get('forced_backend') else ''}"
+              f"{', --moe-weight ' + o['moe_weight'] if o.get('moe_weight') else ''}")
     con.print(f"vLLM {o.get('vllm_release')} (the release modelled), selector: {o.get('selector')} "
               f"(converter {o.get('converter')})")
 
@@ -148,6 +149,9 @@ def _render(d, model, spec: str, output: dict | None = None) -> None:
     con.print("Producible by mxfp4conv here: " + ", ".join(o.get("producible") or []))
     env = " ".join(f"{k}={v}" for k, v in d.runtime_env.items())
     con.print(f"[bold]Server environment:[/] {env or '(none)'}")
+    if o.get("vllm_runtime_env") is not None:
+        venv = " ".join(f"{k}={v}" for k, v in o["vllm_runtime_env"].items())
+        con.print(f"vLLM's own pick ({o.get('vllm_backend')}) runs with: {venv or '(none)'}")
     for n in d.notes:
         con.print(f"- {escape(n)}")
 
@@ -163,6 +167,7 @@ def register(app: typer.Typer) -> None:
         no_aiter: bool = typer.Option(False, "--no-aiter", help="Model a ROCm server without AITER."),
         backend: str = options.backend_option(),
         layout: str = options.layout_option(),
+        moe_weight: str = options.moe_weight_option(),
         vllm: str = options.vllm_option(),
         revision: str = options.revision_option(),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object on stdout."),
@@ -187,7 +192,7 @@ def register(app: typer.Typer) -> None:
             return
         model = load_model(src)
         target = Target(arch=canonical, tp=tp, ep=ep, act_quant=act_quant, aiter=not no_aiter,
-                        backend=backend, layout=layout, vllm=release)
+                        backend=backend, layout=layout, vllm=release, moe_weight=moe_weight)
         d = decide(model, target)
         output = output_estimate(src, model, d, target)
         if as_json:

@@ -79,7 +79,7 @@ def _request(target) -> dict[str, Any] | None:
         return None
     return {"arch": target.arch, "tp": target.tp, "ep": target.ep, "act_quant": target.act_quant,
             "aiter": target.aiter, "backend": target.backend, "layout": target.layout,
-            "vllm": target.vllm}
+            "vllm": target.vllm, "moe_weight": target.moe_weight}
 
 
 def target_from_manifest(m: dict[str, Any]):
@@ -91,7 +91,7 @@ def target_from_manifest(m: dict[str, Any]):
                              "aiter": t.get("options", {}).get("aiter", True), "backend": t["backend"]}
     return Target(arch=r["arch"], tp=r["tp"], ep=bool(r["ep"]), act_quant=r["act_quant"],
                   aiter=bool(r["aiter"]), backend=r["backend"], layout=r.get("layout", "auto"),
-                  vllm=str(r.get("vllm") or m.get("vllm") or "0.33"))
+                  vllm=str(r.get("vllm") or m.get("vllm") or "0.33"), moe_weight=r.get("moe_weight"))
 
 
 _REQUIRED = {

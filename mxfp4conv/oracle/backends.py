@@ -22,6 +22,12 @@ MXFP8_DYN = "kMxfp8Dynamic"
 FP8_STATIC = "kFp8StaticTensorSym"
 FP8_128_DYN = "kFp8Dynamic128Sym"
 MXFP4_DYN = "kMxfp4Dynamic"
+# --quantization-config.moe.weight names the oracle models (config/quantization.py
+# QUANT_KEY_NAMES): int4_per_group_32 = kInt4Static32, read only by Mxfp4MoEMethod
+# (_moe_weight_override_is_int4); OnlineQuantizationConfig._get_method_cls maps it to no
+# online method, so no other layer or method changes.
+INT4_G32 = "int4_per_group_32"
+MOE_WEIGHTS = (INT4_G32,)
 KEY_TEXT = {
     None: "bf16 (unquantised)",
     MXFP8_DYN: "mxfp8 dynamic",
@@ -111,6 +117,9 @@ class Ctx:
     intermediate: int = 0
     situ_params: tuple = ()  # (beta, linear_beta) of a SiTU layer
     moe_backend: str = "auto"  # the --moe-backend string the server is given
+    # quantization_config.moe.weight the server is given (--quantization-config.moe.weight);
+    # None: not given. Only int4_per_group_32 (kInt4Static32) is modelled.
+    moe_weight: str | None = None
 
 
 Gate = Callable[[Ctx], "str | None"]
@@ -278,6 +287,14 @@ def quant(*keys: "str | None", extra: Callable[[Ctx], "str | None"] | None = Non
 
 
 def _aiter_mxfp4_weight(c: Ctx) -> str | None:
+    """AiterMxfp4Experts._supports_quant_scheme: mxfp4 weights on gfx950; int4 weights in
+    groups of 32 (kInt4Static32, the gfx942 Kimi-K3 requantisation) with bf16 activations
+    on gfx942 only."""
+    if c.weight_key == INT4_G32:
+        if c.arch.name != "gfx942" or c.act_key is not None:
+            return ("quant scheme: AiterMxfp4Experts takes int4 (groups of 32) weights only with "
+                    f"bf16 activations on gfx942; {c.arch.describe()}")
+        return None
     if not c.arch.on_gfx950 or c.arch.on_gfx1250:
         return f"quant scheme: AiterMxfp4Experts takes mxfp4 weights only on gfx950; {c.arch.describe()}"
     return None

@@ -25,6 +25,9 @@ class Target:
     # bf16 activations, else identity), identity (the canonical bytes) or hopper_mma
     layout: str = "auto"
     vllm: str = "0.33"  # the vLLM release whose decision is modelled (oracle.releases)
+    # the server's --quantization-config.moe.weight (vLLM's quantization_config.moe.weight);
+    # None: not given. Modelled: int4_per_group_32 (gfx942's Kimi-K3 int4 requantisation)
+    moe_weight: str | None = None
 
 
 @dataclass(frozen=True)

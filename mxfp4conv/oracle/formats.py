@@ -311,3 +311,36 @@ def emulation_format(act_quant: str, gpt_oss: bool) -> KernelFormat:
                  "w13 rows; the mxfp4conv format stores them de-interleaved as [gate; up] and "
                  "applies SwiGLU-OAI to the two halves (vLLM's swigluoai_uninterleave math).",)
     return KernelFormat(IDENTITY, act_quant=act_quant, kernel_act=act_quant, notes=notes)
+
+
+# Mxfp4MoEMethod._setup_kernel_k3_situ_gfx942 (vLLM 0.33.0): what gfx942's opt-in int4 path
+# does to each of w13 and w2 at load, in place of converter S, eight experts at a time.
+K3_INT4_CONVERSION = (
+    "for w13 and w2, eight experts at a time: dequantise MXFP4 to float32 with AITER "
+    "(fp4_utils.mxfp4_to_f32 x e8m0_to_f32 per block of 32) and round to bf16; requantise with "
+    "aiter.ops.quant.per_1x32_i4_quant (symmetric int4 in [-7, 7] per group of 32 along K, "
+    "scale = max|w| / 7 (at least 1e-6 / 7) in bf16, stored [E, K/32, N]); tile the int8 values "
+    "with shuffle_weight(layout=(16, 16)) ([gate; up] rows kept, no gate/up interleave), pack "
+    "eight values into four bytes (pack_int8_to_packed_int4: byte j = v[j] | v[j+4] << 4) as "
+    "[E, N, K/2] i4x2; scales through shuffle_scale_for_int4(group_size=32), flattened to one "
+    "dimension; the MXFP4 tensors are freed and both weights are tagged is_shuffled")
+K3_INT4_PYTHON = (
+    "Every step is a torch function of the checkpoint bytes (no compiled kernel), so the result is "
+    "deterministic and could run on CPU, but vLLM runs it on the GPU holding the weights and "
+    "AITER's bytes differ between AITER releases (shuffle_scale_for_int4 and the bf16 scale "
+    "packing have changed); the rounding makes it lossy: int4 values are not the MXFP4 values")
+
+
+def k3_int4_not_producible() -> NotProducible:
+    return NotProducible(
+        "vLLM requantises the MXFP4 experts to groupwise int4 at load (lossy), and its MXFP4 "
+        "parameters only accept the checkpoint's MXFP4 bytes: it re-runs that requantisation on "
+        "whatever is loaded, so no pre-converted int4 layout exists to write")
+
+
+def k3_int4_env(act_quant: str) -> dict[str, str]:
+    """The server environment of the gfx942 int4 path: AITER on, the SiTUv2 switch (vLLM's
+    default auto = a4w4 unless --act-quant bf16 asks for a16w4) and, unless a16w4,
+    AITER_BF16_FP8_MOE_BOUND=0, which Mxfp4MoEMethod.__init__ writes on both Kimi-K3 paths."""
+    mode, _ = SITUV2_MODES[act_quant]
+    return {**AITER_ENV, SITUV2_ENV: mode, **({} if mode == "a16w4" else BOUND_ENV)}

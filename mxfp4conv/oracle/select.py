@@ -39,14 +39,15 @@ from mxfp4conv.errors import OracleError
 from mxfp4conv.oracle import compressed_tensors as ct_methods
 from mxfp4conv.oracle.arch import Arch, get_arch
 from mxfp4conv.oracle.backends import (
-    B12X_FORCE_A16_ENV, BACKENDS, DSV4_ROCM_PRIORITY, FP8_STATIC, KEY_TEXT, MOE_BACKEND_STRINGS, MXFP4_DYN, Ctx,
+    B12X_FORCE_A16_ENV, BACKENDS, DSV4_ROCM_PRIORITY, FP8_STATIC, INT4_G32, KEY_TEXT, MOE_BACKEND_STRINGS,
+    MOE_WEIGHTS, MXFP4_DYN, Ctx,
     Server, b12x_requested, filter_by_activation, gpt_oss_priority, parse_backend, priority_backends, try_backend,
 )
 from mxfp4conv.oracle.decision import Candidate, Decision, Target
 from mxfp4conv.oracle.releases import release_version, resolve_release
 from mxfp4conv.oracle.formats import (
-    HOPPER_MMA_ALIGN, KERNEL_LAYOUTS, ActQuantRefused, ConverterRaises, KernelFormat, NotProducible,
-    emulation_format,
+    HOPPER_MMA_ALIGN, K3_INT4_CONVERSION, K3_INT4_PYTHON, KERNEL_LAYOUTS, ActQuantRefused, ConverterRaises,
+    KernelFormat, NotProducible, emulation_format, k3_int4_env, k3_int4_not_producible,
     kernel_format_g, kernel_format_s,
 )
 from mxfp4conv.oracle.roundup import (
@@ -82,6 +83,7 @@ class _Walk:
     error: str | None = None  # what vLLM raises when nothing serves the layer
     key: str | None = None  # activation key (converter G); None for converter S
     act_quant: str = "bf16"  # resolved by the key (converter G)
+    int4: bool = False  # gfx942's Kimi-K3 int4 requantisation path (--moe-weight int4_per_group_32)
 
 
 def _model_key(model: MoEModel) -> tuple[str | None, bool]:
@@ -153,8 +155,44 @@ def _k3_situ_aiter(ctx: Ctx, params: dict) -> bool:
             and params.get("linear_beta") is not None)
 
 
+INT4_OPTION = "--quantization-config.moe.weight int4_per_group_32"
+
+
+def k3_situ_int4_gfx942(ctx: Ctx, params: dict) -> str | None:
+    """_use_k3_situ_int4_gfx942 (quantization/mxfp4.py), asked of Mxfp4MoEMethod: None when
+    the gfx942 int4 path applies, else why vLLM ignores the option."""
+    if ctx.moe_weight != INT4_G32:
+        return "the server is not given " + INT4_OPTION
+    if not ctx.arch.is_rocm:
+        return f"it needs ROCm; {ctx.arch.describe()}"
+    if not (ctx.aiter and (ctx.arch.cdna or 0) > 2):
+        return ("it needs AITER fused MoE (rocm_aiter_ops.is_fused_moe_enabled), which is off "
+                "(--no-aiter / VLLM_ROCM_USE_AITER unset)" if not ctx.aiter
+                else f"it needs AITER fused MoE; {ctx.arch.describe()}")
+    if ctx.arch.name != "gfx942":
+        return f"it needs gfx942 (on_gfx942); {ctx.arch.describe()}"
+    if ctx.activation != "situ" or params.get("linear_beta") is None:
+        return (f"it needs a SiTU layer with linear_beta (Kimi-K3); this layer's activation is "
+                f"{ctx.activation}" + ("" if ctx.activation != "situ" else " without linear_beta"))
+    return None
+
+
 def _select_s(ctx: Ctx, forced: tuple[str, ...] | None, params: dict) -> _Walk:
     default = lambda n: BACKENDS[n].default_key  # noqa: E731
+    if k3_situ_int4_gfx942(ctx, params) is None:
+        # no selection (--moe-backend is not read); the kernel build later validates
+        # AiterMxfp4Experts with int4 weights in groups of 32 and bf16 activations
+        w = _Walk(SELECTOR_S, int4=True)
+        cls, reason = try_backend("AITER_MXFP4_BF16", replace(ctx, weight_key=INT4_G32, act_key=None))
+        w.tried.append(("AITER_MXFP4_BF16", cls is not None,
+                        f"Kimi-K3 SiTU int4 path ({INT4_OPTION}; _use_k3_situ_int4_gfx942: gfx942, "
+                        f"AITER MoE, SiTU with linear_beta): AiterMxfp4Experts without selection, "
+                        f"weights requantised to int4 at load; {reason}"))
+        if cls is None:  # _validate_mxfp4_experts_config at the kernel build
+            w.error = f"ValueError: AiterMxfp4Experts does not support this MoE deployment ({reason})"
+        else:
+            w.pick, w.cls = "AITER_MXFP4_BF16", cls
+        return w
     if _k3_situ_aiter(ctx, params):
         w = _Walk(SELECTOR_S)
         w.tried.append(("AITER_MXFP4_BF16", True,
@@ -222,9 +260,12 @@ def _resolve(model: MoEModel, target: Target, arch: Arch, server: Server) -> _Re
                       else model.geometry.intermediate // target.tp),
         situ_params=((model.activation.params.get("beta"), model.activation.params.get("linear_beta"))
                      if model.activation.name == "situ" else ()),
+        moe_weight=target.moe_weight,
     )
     if model.moe_method == "mxfp4":
         walk = _select_s(ctx, forced, model.activation.params)
+        if walk.int4:
+            return _Resolved(walk, None if walk.pick is None else k3_int4_not_producible())
         fmt = None if walk.pick is None else kernel_format_s(
             walk.pick, arch, target.tp, model.activation.name, target.act_quant,
             model.static_input_scales)
@@ -326,6 +367,11 @@ def decide(model: MoEModel, target: Target, server: Server | None = None) -> Dec
     if target.layout not in KERNEL_LAYOUT_CHOICES:
         raise OracleError(
             f"Unknown --layout {target.layout!r}; use one of {', '.join(KERNEL_LAYOUT_CHOICES)}.")
+    if target.moe_weight is not None and target.moe_weight not in MOE_WEIGHTS:
+        raise OracleError(
+            f"Unknown --moe-weight {target.moe_weight!r}: mxfp4conv models vLLM's "
+            f"--quantization-config.moe.weight {', '.join(MOE_WEIGHTS)} only (other names make vLLM "
+            "requantise the experts online, which is not modelled).")
     target = replace(target, arch=arch.name)
     geo = model.geometry
     split(geo.hidden, geo.intermediate, geo.num_experts, target.tp, target.ep)
@@ -343,6 +389,12 @@ def decide(model: MoEModel, target: Target, server: Server | None = None) -> Dec
     raises = walk.error if walk.pick is None else (
         f"{walk.pick}'s weight converter raises: {fmt}" if isinstance(fmt, ConverterRaises) else None)
     own_format = target.layout != "auto"  # the user asked for mxfp4conv's runtime format
+    if walk.int4 and walk.pick is not None and not own_format:
+        raise OracleError(
+            f"--moe-weight {INT4_G32}: vLLM {version} serves {_who(model, arch)} with {walk.pick} "
+            f"({walk.cls}) on its gfx942 int4 path ({INT4_OPTION}), but mxfp4conv cannot write "
+            f"that layout: {fmt}. vLLM's conversion, {K3_INT4_CONVERSION}. Pass --layout identity "
+            "to write mxfp4conv's own runtime format instead, or drop --moe-weight.")
     if raises and not own_format:
         raise OracleError(
             f"vLLM {version} cannot serve {_who(model, arch)}: it raises {raises} mxfp4conv does "
@@ -377,6 +429,11 @@ def decide(model: MoEModel, target: Target, server: Server | None = None) -> Dec
                 candidates[idx], reason=f"vLLM's pick ({candidates[idx].reason}); not written: {fmt}")
             head = (f"vLLM would pick {walk.pick} ({walk.cls}) here, but mxfp4conv cannot "
                     f"write its layout ({fmt}).")
+            if walk.int4:
+                head = (f"With {INT4_OPTION}, vLLM {version} takes {walk.pick} ({walk.cls}) here "
+                        f"without selection (_use_k3_situ_int4_gfx942) and requantises the experts "
+                        f"at load (Mxfp4MoEMethod._setup_kernel_k3_situ_gfx942): {K3_INT4_CONVERSION}. "
+                        f"{K3_INT4_PYTHON}. mxfp4conv cannot write that layout ({fmt}).")
             if raises:
                 head = f"vLLM {version} picks {walk.pick} ({walk.cls}) here, then {raises}."
             why = f"vLLM's pick {walk.pick} has a layout mxfp4conv cannot write"
@@ -411,6 +468,22 @@ def decide(model: MoEModel, target: Target, server: Server | None = None) -> Dec
         final = replace(final, runtime_env={**final.runtime_env, B12X_FORCE_A16_ENV: "1"})
         notes.append(f"The server reaches B12X_MXFP4_BF16 with --moe-backend b12x and "
                      f"{B12X_FORCE_A16_ENV}=1 (in the manifest's runtime environment).")
+    vllm_env = None  # the server environment of vLLM's pick, where mxfp4conv writes another format
+    if target.moe_weight is not None:
+        why = k3_situ_int4_gfx942(_int4_ctx(model, target, arch), model.activation.params) \
+            if model.moe_method == "mxfp4" else (
+                f"{'the compressed-tensors' if model.moe_method == 'compressed_tensors_mxfp4' else 'this'} "
+                "MoE method never reads quantization_config.moe.weight (only Mxfp4MoEMethod does), and "
+                "the online quantization config maps int4_per_group_32 to no online method")
+        if walk.int4:
+            vllm_env = k3_int4_env(target.act_quant)
+            env_text = " ".join(f"{k}={v}" for k, v in vllm_env.items())
+            notes.append(f"The server for vLLM's int4 path runs with {INT4_OPTION} and {env_text} "
+                         "(Mxfp4MoEMethod writes AITER_BF16_FP8_MOE_BOUND=0 itself unless SiTUv2 is "
+                         "a16w4); it loads the original MXFP4 checkpoint, not this output.")
+        else:
+            notes.append(f"vLLM {version} ignores {INT4_OPTION} here: {why}; the decision is the one "
+                         "without it.")
     k3_minimum = _k3_minimum(model)
     g = padded_geometry(
         backend=backend, platform=arch.platform, cdna=arch.cdna,
@@ -482,8 +555,18 @@ def decide(model: MoEModel, target: Target, server: Server | None = None) -> Dec
             "quark_literal_deinterleave": server.quark_literal_deinterleave,
             "kernel_layout": kernel_layout,
             "requested_layout": target.layout,
+            "moe_weight": target.moe_weight,
+            "vllm_int4_requant": walk.int4,
+            "vllm_runtime_env": vllm_env,
         },
     )
+
+
+def _int4_ctx(model: MoEModel, target: Target, arch: Arch) -> Ctx:
+    """What _use_k3_situ_int4_gfx942 reads, for the note saying why it does not apply."""
+    return Ctx(arch=arch, aiter=target.aiter, server=Server(), quark_checkpoint=False,
+               activation=model.activation.name, act_key=None, routing=model.routing,
+               num_local_experts=model.geometry.num_experts, moe_weight=target.moe_weight)
 
 
 def _kernel_layout(target: Target, arch: Arch, backend: str, final: KernelFormat) -> str:
