@@ -3,8 +3,10 @@ one becomes, as a ``probe_moe`` case.
 
 Families: Kimi-K3, DeepSeek-V4, gpt-oss, Quark w_mxfp4 / w_mxfp4_a_mxfp4 / w_mxfp4_a_fp8;
 archs gfx950, gfx942, gfx1250, sm90, sm100, cpu; tp 1, 2, 8 and 8 with EP; AITER on and off
-(ROCm); SiTUv2 modes (Kimi-K3 on ROCm); requested activation quantisation; and the backends
-only --moe-backend reaches (B12X, FlashInfer MoE-EP) on sm120, sm100 and sm90.
+(ROCm); SiTUv2 modes (Kimi-K3 on ROCm); requested activation quantisation; the backends
+only --moe-backend reaches (B12X, FlashInfer MoE-EP) on sm120, sm100 and sm90; and the server
+option --quantization-config.moe.weight int4_per_group_32 (mxfp4conv --moe-weight) for every
+family on gfx942 (where Kimi-K3 takes the int4 path), gfx950, sm100 and CPU.
 """
 
 from __future__ import annotations
@@ -113,6 +115,7 @@ def vllm_case(case: Case) -> dict:
         "quark_input": QUARK_INPUT.get(m.quant_scheme) if method == "quark" else None,
         "moe_activation": ACT_OVERRIDE[t.act_quant],
         "moe_backend": "auto" if moe_backend is None else moe_backend,
+        "moe_weight": t.moe_weight,
         "model_type": "gpt_oss" if m.family == "gpt_oss" else m.family,
         "env": env,
         # mxfp4conv's modelled server: amd-quark on ROCm and wherever a Quark checkpoint is served
@@ -143,8 +146,37 @@ def forced_cases() -> list[Case]:
     return out
 
 
+INT4 = "int4_per_group_32"
+INT4_ARCHS = ("gfx942", "gfx950", "sm100", "cpu")
+
+
+def int4_cases() -> list[Case]:
+    """--moe-weight int4_per_group_32 for every family: tp 1, 8 and 8 with EP; AITER on and off
+    on ROCm; on gfx942 both with --layout auto and --layout identity (mxfp4conv's own format,
+    the only one it writes where vLLM requantises to int4), and Kimi-K3's SiTUv2 modes there."""
+    out = []
+    for name, m in MODELS.items():
+        for arch in INT4_ARCHS:
+            rocm = arch.startswith("gfx")
+            for tp, ep in ((1, False), (8, False), (8, True)):
+                if ep and m.geometry.num_experts % tp or not ep and (m.geometry.intermediate // tp) % 32:
+                    continue
+                par = f"tp{tp}{'-ep' if ep else ''}"
+                for aiter in ((True, False) if rocm else (True,)):
+                    tag = f"{name}-{arch}-{par}" + ("" if not rocm else ("-aiter" if aiter else "-noaiter"))
+                    for layout in (("auto", "identity") if arch == "gfx942" else ("auto",)):
+                        t = Target(arch, tp=tp, ep=ep, aiter=aiter, layout=layout, moe_weight=INT4)
+                        out.append(Case(f"{tag}-int4-{layout}", name, t))
+                    if arch == "gfx942" and aiter and m.activation.name == "situ":
+                        for mode, aq in SITUV2_ACT.items():
+                            out.append(Case(f"{tag}-int4-identity-situv2_{mode}", name,
+                                            Target(arch, tp=tp, ep=ep, aiter=aiter, act_quant=aq,
+                                                   layout="identity", moe_weight=INT4), situv2=mode))
+    return out
+
+
 def cases() -> list[Case]:
-    out: list[Case] = forced_cases()
+    out: list[Case] = forced_cases() + int4_cases()
     for name, m in MODELS.items():
         for arch in ARCHS:
             rocm = arch.startswith("gfx")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 
 import pytest
 
@@ -77,14 +78,31 @@ def test_matches_vllm(case, vllm_results):
     got = vllm_results[case.id]
     assert "traceback" not in got, got  # the probe itself failed: a harness bug
     d, refused = _decide(case)
+    if case.target.moe_weight:
+        # vLLM composes no online MoE method for int4_per_group_32: the checkpoint's method
+        # (the one probed) serves the layer, as the oracle models
+        assert got["online_moe_method"] is None, (case.id, got)
     if "raised" in got:  # vLLM raises: mxfp4conv must say so and refuse
         assert refused is not None and got["raised"] in refused, (case.id, got, refused)
         return
     if refused is not None:  # vLLM serves it: the only refusals allowed are vLLM's converter
-        # raising later or an activation request vLLM's method does not honour
-        assert "raises" in refused or "act-quant" in refused, (case.id, got, refused)
+        # raising later, an activation request vLLM's method does not honour, vLLM's int4
+        # requantisation without --layout, and --layout where vLLM's pick is what is written
+        if "--moe-weight" in refused:
+            assert got.get("int4") and case.target.layout == "auto", (case.id, got, refused)
+        elif "whose layout is fixed" in refused:
+            auto, _ = _decide(replace(case, target=replace(case.target, layout="auto")))
+            assert auto is not None and auto.backend == got["backend"], (case.id, got, refused)
+        else:
+            assert "raises" in refused or "act-quant" in refused, (case.id, got, refused)
         return
     o = d.options
+    if case.target.moe_weight:  # vLLM's gfx942 int4 path taken or not, and its kernel-build check
+        assert o["vllm_int4_requant"] == got["int4"], (case.id, got)
+        if got["int4"]:
+            assert (got["int4_weight_key"], got["int4_act_key"]) == (case.target.moe_weight, None), got
+            assert got["int4_kernel_config"] == "ok", (case.id, got)
+            assert d.backend == "EMULATION" and case.target.layout != "auto", case.id
     assert o["vllm_backend"] == got["backend"], (case.id, got)
     assert o["vllm_expert_class"] == got["experts_cls"], (case.id, got)
     assert (o["vllm_hidden_padded"], o["vllm_intermediate_padded"]) == (
@@ -92,11 +110,19 @@ def test_matches_vllm(case, vllm_results):
     if d.backend == got["backend"]:  # what is written is vLLM's pick: same padding
         assert (d.hidden_padded, d.intermediate_per_rank_padded) == (
             got["hidden_padded"], got["intermediate_padded"]), case.id
-    # environment vLLM writes while building the method must be in the manifest's
+    # environment vLLM writes while building the method must be in the manifest's (or, where
+    # mxfp4conv writes its own format for vLLM's int4 path, in the environment plan states for
+    # vLLM's pick)
+    env = d.runtime_env if o["vllm_runtime_env"] is None else o["vllm_runtime_env"]
     for k, v in got["env_set"].items():
         if k.startswith("AITER_SITUV2_"):  # derived by vLLM itself from the SiTUv2 switch
             continue
-        assert d.runtime_env.get(k) == v, (case.id, k, v, d.runtime_env)
+        assert env.get(k) == v, (case.id, k, v, env)
+    if o["vllm_runtime_env"] is not None:  # nothing more than vLLM writes or is given
+        extra = {k for k in env if k not in got["env_set"]} - {"VLLM_ROCM_USE_AITER", "VLLM_ROCM_USE_AITER_MOE_SITUV2"}
+        assert not extra, (case.id, extra, got["env_set"])
+        assert env.get("VLLM_ROCM_USE_AITER") == "1"
+        assert _mode(env["VLLM_ROCM_USE_AITER_MOE_SITUV2"]) == _mode(case.situv2 or "auto")
     if "AITER_BF16_FP8_MOE_BOUND" in d.runtime_env and "AITER_BF16_FP8_MOE_BOUND" not in got["env_set"]:
         # set later by converter S's interleaved AITER branch (DeepSeek-V4-style SiLU layers)
         assert got["backend"] == "AITER_MXFP4_BF16" and case.model.activation.name != "situ", case.id

@@ -13,13 +13,19 @@ A case (JSON)::
      "tp": 1, "ep": false,
      "quark_input": null | "mxfp4" | "fp8",     # the Quark scheme's activations
      "moe_activation": null | "mxfp4" | ...,    # quantization_config.moe.activation override
+     "moe_weight": null | "int4_per_group_32",  # quantization_config.moe.weight (server option)
      "moe_backend": "auto" | vLLM --moe-backend string,
      "env": {"VLLM_ROCM_USE_AITER": "1", ...},
      "packages": {"quark": true}}               # optional stubbed packages present or not
 
 Result: ``backend`` (Mxfp4MoeBackend member name), ``experts_cls``, ``hidden_padded``,
 ``intermediate_padded`` (``maybe_roundup_sizes``), ``env_set`` (variables the method wrote
-into ``os.environ``); or ``raised`` / ``message`` when vLLM raised.
+into ``os.environ``); or ``raised`` / ``message`` when vLLM raised. With ``moe_weight`` set
+also ``online_moe_method`` (the class name vLLM's ``OnlineQuantizationConfig`` resolves for
+a routed-experts layer, or None: the checkpoint method stays), ``int4`` (Mxfp4MoEMethod's
+``is_k3_situ_int4_gfx942``) and, on that path, ``int4_weight_key`` / ``int4_kernel_config``
+(the quant keys ``_mxfp4_quant_keys_for_experts`` gives the experts class and the outcome of
+``_validate_mxfp4_experts_config``, which the kernel build runs).
 """
 
 from __future__ import annotations
@@ -58,9 +64,10 @@ def _vllm_config(case: dict):
     from vllm.config.quantization import QuantizationConfigArgs, QuantSpec
 
     override = case.get("moe_activation")
+    weight = case.get("moe_weight")
     qargs = None
-    if override:  # the user-facing name, e.g. "mxfp4", coerced by vLLM's pydantic model
-        qargs = QuantizationConfigArgs(moe=QuantSpec(activation=override))
+    if override or weight:  # the user-facing names, e.g. "mxfp4", coerced by vLLM's pydantic model
+        qargs = QuantizationConfigArgs(moe=QuantSpec(activation=override, weight=weight))
     model_config = types.SimpleNamespace(
         quantization_config=qargs,
         hf_config=types.SimpleNamespace(model_type=case.get("model_type")))
@@ -68,6 +75,35 @@ def _vllm_config(case: dict):
     parallel_config = types.SimpleNamespace(enable_dbo=False, enable_eplb=False)
     V._current_vllm_config = types.SimpleNamespace(
         model_config=model_config, parallel_config=parallel_config, weight_transfer_config=None)
+    return qargs
+
+
+def _online_moe_method(qargs) -> str | None:
+    """The online method vLLM composes over the checkpoint's for a routed-experts layer
+    (resolve_quant_method: OnlineQuantizationConfig.resolve_quant_method_cls)."""
+    from vllm.model_executor.layers.fused_moe import RoutedExperts
+    from vllm.model_executor.layers.quantization.online.base import OnlineQuantizationConfig
+
+    found = OnlineQuantizationConfig(qargs).resolve_quant_method_cls(
+        RoutedExperts, "model.layers.1.mlp.experts")
+    return None if found is None else found[-1].__name__
+
+
+def _int4_kernel_check(method, moe) -> dict:
+    """What the kernel build of the int4 path validates (make_mxfp4_moe_kernel)."""
+    from vllm.model_executor.layers.fused_moe.oracle import mxfp4 as O
+
+    from vllm.config.quantization import QUANT_KEY_NAMES
+
+    w, a = O._mxfp4_quant_keys_for_experts(method.experts_cls, method.mxfp4_backend)
+    names = {v: k for k, v in QUANT_KEY_NAMES.items()}
+    try:
+        O._validate_mxfp4_experts_config(method.experts_cls, moe, method.mxfp4_backend)
+        ok = "ok"
+    except ValueError as e:
+        ok = "ValueError: " + str(e).splitlines()[0][:300]
+    return {"int4_weight_key": names.get(w, str(w)), "int4_act_key": None if a is None else names.get(a, str(a)),
+            "int4_kernel_config": ok}
 
 
 def moe_config(case: dict):
@@ -118,7 +154,7 @@ def probe(case: dict) -> dict:
     import_utils._has_module.cache_clear()  # vLLM caches "is it installed" per process
     import_utils._has_module_spec.cache_clear()
     before = _apply_env(case.get("env", {}))
-    _vllm_config(case)
+    qargs = _vllm_config(case)
     moe, par = moe_config(case)
     try:
         method = make_method(case, moe)
@@ -128,7 +164,13 @@ def probe(case: dict) -> dict:
         h, i = method.maybe_roundup_sizes(case["hidden"], case["intermediate_per_partition"],
                                           torch.bfloat16, par)
         out.update(hidden_padded=h, intermediate_padded=i)
+        if case.get("moe_weight"):
+            out["int4"] = bool(getattr(method, "is_k3_situ_int4_gfx942", False))
+            if out["int4"]:
+                out.update(_int4_kernel_check(method, moe))
     except (ValueError, NotImplementedError, AssertionError) as e:
         out = {"raised": type(e).__name__, "message": str(e).splitlines()[0][:300]}
     out["env_set"] = {k: v for k, v in os.environ.items() if before.get(k) != v}
+    if case.get("moe_weight"):
+        out["online_moe_method"] = _online_moe_method(qargs)
     return out
