@@ -141,3 +141,5 @@ def test_option_choices_are_the_oracles():
 
     assert options.LAYOUTS == tuple(KERNEL_LAYOUT_CHOICES)
     assert options.ACT_QUANTS == tuple(ACT_QUANTS)
+    from mxfp4conv.oracle.backends import MOE_WEIGHTS
+    assert options.MOE_WEIGHTS == tuple(MOE_WEIGHTS)

@@ -446,3 +446,17 @@ def test_every_recipe_layout_is_registered():
 
     for name in PRODUCIBLE_LAYOUTS:
         assert get_layout(name).name == name
+
+
+def test_moe_weight_names_and_manifest_request():
+    """--moe-weight: only the modelled name is accepted, and a manifest's request keeps it."""
+    from mxfp4conv.convert.manifest import _request, target_from_manifest
+
+    m = MoEModel(family="kimi_k3", quant_scheme="w_mxfp4", moe_method="mxfp4",
+                 activation=Activation("situ", {"beta": 4.0, "linear_beta": 25.0}),
+                 routing="DeepSeekV3", geometry=MoEGeometry(2048, 1024, 64, 4), layers=())
+    with pytest.raises(OracleError, match="Unknown --moe-weight"):
+        decide(m, Target("gfx942", moe_weight="int8_per_channel_static"))
+    t = Target("gfx942", tp=8, ep=True, layout="identity", moe_weight="int4_per_group_32")
+    manifest = {"target": {"request": _request(t)}, "vllm": "0.33.0"}
+    assert target_from_manifest(manifest) == t

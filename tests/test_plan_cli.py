@@ -123,6 +123,8 @@ def test_plan_names_the_vllm_release(capsys, ckpts, flag):
     (["--arch", "h100", "--backend", "marlin"], ["cannot write", "MARLIN"]),
     (["--arch", "gfx950", "--vllm", "0.32"], ["Unknown --vllm release '0.32'", "0.33.0"]),
     (["--arch", "gfx950", "--vllm", "0.33.1"], ["Unknown --vllm release '0.33.1'"]),
+    (["--arch", "gfx942", "--moe-weight", "int4_per_group_32"],
+     ["--moe-weight int4_per_group_32", "AiterMxfp4Experts", "requantises", "--layout identity"]),
 ])
 def test_plan_refusals_exit_1(capsys, ckpts, args, texts):
     rc, out, err = run(capsys, "plan", str(ckpts["kimi_k3"]), *args, "--json")
@@ -131,6 +133,28 @@ def test_plan_refusals_exit_1(capsys, ckpts, args, texts):
     flat = " ".join(err.split())
     for t in texts:
         assert t in flat, flat
+
+
+def test_plan_moe_weight_int4_with_own_layout(capsys, ckpts):
+    """vLLM's gfx942 int4 path: plan states vLLM's pick, padding and environment, and writes
+    mxfp4conv's own format (the same decision as the library's)."""
+    rc, out, _ = run(capsys, "plan", str(ckpts["kimi_k3"]), "--arch", "mi300x", "--tp", "8", "--ep",
+                     "--moe-weight", "int4_per_group_32", "--layout", "identity", "--json")
+    assert rc == 0
+    got = json.loads(out)
+    model = load_model(open_source(str(ckpts["kimi_k3"])))
+    d = decide(model, Target("gfx942", tp=8, ep=True, layout="identity", moe_weight="int4_per_group_32"))
+    assert got["backend"] == d.backend == "EMULATION"
+    for k in ("vllm_backend", "vllm_expert_class", "vllm_int4_requant", "vllm_runtime_env",
+              "vllm_hidden_padded", "vllm_intermediate_padded", "moe_weight"):
+        assert got["options"][k] == d.options[k], k
+    assert got["options"]["vllm_int4_requant"] is True
+    assert any("requantises" in n for n in got["notes"])
+    rc, out, _ = run(capsys, "plan", str(ckpts["kimi_k3"]), "--arch", "gfx950", "--moe-weight",
+                     "int4_per_group_32", "--json")
+    assert rc == 0 and any("ignores --quantization-config.moe.weight" in n for n in json.loads(out)["notes"])
+    rc, _, err = run(capsys, "plan", str(ckpts["kimi_k3"]), "--arch", "gfx942", "--moe-weight", "int8")
+    assert rc == 2 and "--moe-weight" in err
 
 
 def test_plan_on_converted_checkpoint(capsys, tmp_path):
