@@ -146,8 +146,8 @@ def variants_for(T, H, I, k, E, dtype, quick):
 def hopper_variants(T, H, I, k, E):
     """The default, a forced K split, the v9 launch sequence (align, separate activation and k-sum
     kernels), one block per pair with more than one token, the fused reductions forced on where
-    the default leaves them off, GEMM2 row tiles in one flat loop where it does not use them, and
-    the align the default does not take."""
+    the default leaves them off, GEMM2 row tiles in one flat loop where it does not use them, row
+    tiles first in both grids (where not fused), and the align the default does not take."""
     default = select_config(T * k, E, H, I, "hopper_mma")
     out = [("default", default), ("split", dataclasses.replace(default, split_k1=3, split_k2=2)),
            ("v9", dataclasses.replace(default, fused=0, direct=0, pdl=0))]
@@ -159,6 +159,8 @@ def hopper_variants(T, H, I, k, E):
         out.append(("rows3", dataclasses.replace(default, rows2=3, fused=0)))
     if T * k / min(E, T * k) > 16:
         out.append(("bt16", dataclasses.replace(default, block_t=16, block_n2=128)))
+    if not hopper_options(default, T, T * k, True)[1]:  # row tiles first in both grids, GEMM2 two stages deep
+        out.append(("rowsfirst", dataclasses.replace(default, rows_first1=1, rows_first2=1, num_stages2=2)))
     if T > 1:  # the other align (many programs below ALIGN_GRID_PAIRS, one program from it)
         out.append(("align", dataclasses.replace(default, align=int(T * k < ALIGN_GRID_PAIRS))))
     return out
@@ -168,7 +170,8 @@ def path_name(cfg, T, k, E, dtype, layout="identity"):
     if layout != "identity":
         direct, fused, pdl = hopper_options(cfg, T, T * k, True)
         flags = "".join(f" {n}" for n, on in (("direct", direct), ("fused", fused), ("pdl", pdl)) if on)
-        return f"{layout} bt{cfg.block_t}{flags}{f' rows{cfg.rows2}' if cfg.rows2 > 1 and not fused else ''}"
+        order = " rowsfirst" if (cfg.rows_first1 or cfg.rows_first2) and not fused else ""
+        return f"{layout} bt{cfg.block_t}{flags}{f' rows{cfg.rows2}' if cfg.rows2 > 1 and not fused else ''}{order}"
     if uses_gemv(cfg, T * k, E):
         return "gemv"
     mode = 0 if dtype == torch.float32 or (dtype == torch.float16 and cfg.mode == 1) else cfg.mode

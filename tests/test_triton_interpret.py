@@ -403,3 +403,20 @@ def test_hopper_one_block_per_pair_and_fused_reductions(T, direct, fused, split,
     if T > 2:
         assert torch.all(out[2] == 0)
     assert rel_err(out, ref) < 1e-5
+
+
+@pytest.mark.parametrize("rows2,stages2", [(1, 0), (3, 2)], ids=["rows1", "rows3-stages2"])
+def test_hopper_rows_first_program_order(rows2, stages2):
+    # row tiles on grid axis 0 in both GEMMs (and GEMM2's own pipeline depth): same result as the
+    # default order; ragged ids, K split, H = 320 (GEMM2 tiles end on a half tile)
+    T, k, E, H, I = 6, 3, 5, 320, 128
+    ids = torch.tensor([[0, -1, 3], [4, 0, 2], [-1, -1, -1], [1, 3, 0], [2, 4, -1], [0, 1, 2]])
+    x, w13, s13, w2, s2, tw, ids, b13, b2 = make_problem(10, T, H, I, E, k, bias=True, ids=ids)
+    ref = reference(x, w13, s13, w2, s2, tw, ids, "silu", {}, b13, b2)
+    cfg = triton_moe.MoEConfig(block_t=16, block_n1=64, block_n2=64, block_k=64, split_k1=2, split_k2=1,
+                               rows2=rows2, rows_first1=1, rows_first2=1, num_stages2=stages2)
+    out = triton_moe.fused_moe_triton(x, *_hopper(w13, s13, w2, s2), tw, ids, activation="silu",
+                                      activation_params={}, w13_bias=b13, w2_bias=b2, config=cfg,
+                                      layout="hopper_mma")
+    assert torch.all(out[2] == 0)
+    assert rel_err(out, ref) < 1e-5

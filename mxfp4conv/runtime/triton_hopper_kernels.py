@@ -216,13 +216,19 @@ def moe_hgemm1_kernel(
     BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, DTYPE: tl.constexpr,
     SPLIT: tl.constexpr, ASM: tl.constexpr, BIG: tl.constexpr,
     DIRECT: tl.constexpr = False, FUSED: tl.constexpr = False, PDL: tl.constexpr = False,
+    ROWS_FIRST: tl.constexpr = False,
 ):
     """``moe_gemm1_kernel`` over the Hopper layouts: inter[pair, j] = act(gate_j . x, up_j . x).
-    With SPLIT and FUSED, the last K split of each tile finishes it (module docstring)."""
+    With SPLIT and FUSED, the last K split of each tile finishes it (module docstring).
+    ROWS_FIRST (not with FUSED): grid axis 0 is the row tile, axis 1 the pair block."""
     if PDL:
         _gdc_launch()  # let GEMM2's programs launch while the last of these run
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
+    if ROWS_FIRST:
+        pid_m = tl.program_id(1)
+        pid_n = tl.program_id(0)
+    else:
+        pid_m = tl.program_id(0)
+        pid_n = tl.program_id(1)
     if DIRECT:
         e, pair, tmask = _direct_block(block_expert_ptr, pid_m, num_pairs, num_experts, BLOCK_T)
     else:
@@ -280,16 +286,21 @@ def moe_hgemm2_kernel(
     BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, DTYPE: tl.constexpr,
     ASM: tl.constexpr, BIG: tl.constexpr,
     DIRECT: tl.constexpr = False, FUSED: tl.constexpr = False, PDL: tl.constexpr = False,
-    K_POW2: tl.constexpr = 1, ROW_TILES: tl.constexpr = 1,
+    K_POW2: tl.constexpr = 1, ROW_TILES: tl.constexpr = 1, ROWS_FIRST: tl.constexpr = False,
 ):
     """``moe_gemm2_kernel`` over the Hopper layouts:
     pair_out[split, pair, n] = w_pair * (w2[e, n, split's K range] . inter[pair] (+ b2[e, n] in split 0)).
     With FUSED, the last program touching a (token, row tile) also writes y[token, tile] = the sum
     over k and splits (module docstring). ROW_TILES > 1 (not with FUSED): a program does that many
     consecutive row tiles in one flat loop over (tile, K step), so the loads of the next tile are in
-    flight while this one finishes, and the block's prologue is paid once (short K: few steps a tile)."""
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
+    flight while this one finishes, and the block's prologue is paid once (short K: few steps a tile).
+    ROWS_FIRST (not with FUSED): grid axis 0 is the row-tile group, axis 1 the pair block."""
+    if ROWS_FIRST:
+        pid_m = tl.program_id(1)
+        pid_n = tl.program_id(0)
+    else:
+        pid_m = tl.program_id(0)
+        pid_n = tl.program_id(1)
     if DIRECT:
         e, pair, tmask = _direct_block(block_expert_ptr, pid_m, num_pairs, num_experts, BLOCK_T)
     else:

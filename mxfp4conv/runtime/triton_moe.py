@@ -74,6 +74,12 @@ class MoEConfig:
     rows2: int = 1  # GEMM2 row tiles per program, in one flat loop (hopper_mma, not with fused)
     maxnreg2: int = -1  # register cap of GEMM2 (-1 = maxnreg)
     align: int = -1  # align over many programs (1), one program (0), or by the pair count (-1; see moe_align)
+    num_stages2: int = 0  # pipeline depth of GEMM2 (0 = num_stages; hopper_mma)
+    # program order of GEMM1 / GEMM2 (hopper_mma, not with fused): 0 = pair blocks vary fastest
+    # (a wave spans many experts at one row tile), 1 = row tiles vary fastest (a block's row tiles
+    # run side by side, so its activation rows are read from DRAM about once)
+    rows_first1: int = 0
+    rows_first2: int = 0
 
 
 def layout_of(layout: Mapping[str, str]) -> str | None:
@@ -100,22 +106,27 @@ def select_config(num_pairs: int, num_experts: int, hidden: int, inter: int, lay
     automatically when that leaves SMs idle), 64/128-pair blocks with the byte decode in prefill."""
     per_expert = num_pairs / max(1, min(num_experts, num_pairs))
     if layout == "hopper_mma":  # measured on an H200 (moe_bench.py --layout hopper_mma --sweep, both layers)
+        short = inter <= 512  # short GEMM2 rows (I_pad <= 512: three 128-code steps a tile)
         if per_expert > 48:
-            return MoEConfig(block_t=128, block_n1=128, block_n2=256, block_k=128, num_warps=8, num_stages=3)
+            # prefill: row tiles first in both grids (a block's tiles side by side: its activation rows
+            # come from DRAM about once); short rows: GEMM2 in 128-row tiles, 4 warps, one stage
+            gemm2 = dict(block_n2=128, num_warps2=4, num_stages2=1) if short else dict(block_n2=256)
+            return MoEConfig(block_t=128, block_n1=128, block_k=128, num_warps=8, num_stages=3, rows_first1=1,
+                             rows_first2=1, **gemm2)
         bt = 16 if per_expert <= 12 else 32 if per_expert <= 24 else 64
         if num_pairs <= 16:  # one token (T = 1: one block per pair, fused reductions): 64-row GEMM2 tiles,
             # and no GEMM2 K split once those tiles alone give enough programs
             split2 = 1 if num_pairs * (hidden // 64) >= 768 else 0
             return MoEConfig(block_t=16, block_n1=64, block_n2=64, block_k=128, num_warps=4, num_stages=3,
                              split_k2=split2)
-        # short GEMM2 rows (I_pad <= 512: three 128-code steps a tile): GEMM1 capped at 128 registers
-        # (a fourth program per SM) while experts see few pairs, and past one pair per expert four
-        # GEMM2 row tiles per program in one flat loop (uncapped)
-        short = inter <= 512
+        # short GEMM2 rows: GEMM1 capped at 128 registers (a fourth program per SM) while experts see
+        # few pairs, past one pair per expert four GEMM2 row tiles per program in one flat loop
+        # (uncapped), and with 64-pair blocks row tiles first in both grids
         maxnreg = 128 if short and per_expert <= 12 else 0
         rows2 = 4 if short and per_expert > 1.05 else 1
+        first = int(short and bt == 64)
         return MoEConfig(block_t=bt, block_n1=64, block_n2=128, block_k=128, num_warps=4, num_stages=3, maxnreg=maxnreg,
-                         rows2=rows2, maxnreg2=0 if rows2 > 1 else -1)
+                         rows2=rows2, maxnreg2=0 if rows2 > 1 else -1, rows_first1=first, rows_first2=first)
     if per_expert <= 32:
         # decode path without tensor cores (taken at <= 1 pair per touched expert): 16-row tiles
         # with 256-code K steps where I_pad allows them in GEMM2 (DSV3-like), else 32-row tiles
@@ -388,7 +399,8 @@ def _launch_options(cfg: MoEConfig, second: bool = False) -> dict:
     """Launch options of GEMM1 (or, ``second``, GEMM2: num_warps2 / maxnreg2 where set)."""
     warps = cfg.num_warps2 if second and cfg.num_warps2 else cfg.num_warps
     maxnreg = cfg.maxnreg2 if second and cfg.maxnreg2 >= 0 else cfg.maxnreg
-    launch = dict(num_warps=warps, num_stages=cfg.num_stages)
+    stages = cfg.num_stages2 if second and cfg.num_stages2 else cfg.num_stages
+    launch = dict(num_warps=warps, num_stages=stages)
     if maxnreg and os.environ.get("TRITON_INTERPRET") != "1":
         launch["maxnreg"] = maxnreg
     return launch
@@ -546,17 +558,24 @@ def _hopper_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13
     k2 = triton.next_power_of_2(top_k)
     rows2 = 1 if fused else max(1, cfg.rows2)
 
+    def order(grid, on):  # (grid, rows first): row tiles on grid axis 0 where asked and possible
+        if on and not fused and grid[0] < 65536:
+            return (grid[1], grid[0], grid[2]), True
+        return grid, False
+
     def gemm1(grid, r):
+        grid, rf = order(grid, cfg.rows_first1)
         HK.moe_hgemm1_kernel[grid](
             x, w13, w13_scale, r.b13, r.inter, r.part, r.sorted_ids, r.block_expert, r.num_post_pad,
             r.cnt1, num_pairs, E, top_k, H, i_pad, r.ks1,
             x.stride(0), w13.stride(0), w13_scale.stride(0), r.b13.stride(0), r.inter.stride(0),
             act["p0"], act["p1"], **acts, HAS_BIAS=w13_bias is not None,
             BLOCK_N=cfg.block_n1, BLOCK_T=cfg.block_t, BLOCK_K=cfg.block_k, DTYPE=dtype, SPLIT=r.s1 > 1,
-            ASM=asm, BIG=big, DIRECT=direct, FUSED=fused, PDL=pdl, **launch,
+            ASM=asm, BIG=big, DIRECT=direct, FUSED=fused, PDL=pdl, ROWS_FIRST=rf, **launch,
         )
 
     def gemm2(grid, r):
+        grid, rf = order(grid, cfg.rows_first2)
         HK.moe_hgemm2_kernel[grid](
             r.inter, w2, w2_scale, r.b2, r.tw, r.pair_out, r.sorted_ids, r.block_expert, r.num_post_pad,
             r.ids, r.out, r.cnt2, num_pairs, E, top_k, i_pad, H, r.ks2,
@@ -564,7 +583,7 @@ def _hopper_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13
             r.pair_out.stride(0), r.out.stride(0),
             HAS_BIAS=w2_bias is not None,
             BLOCK_N=cfg.block_n2, BLOCK_T=cfg.block_t, BLOCK_K=cfg.block_k, DTYPE=dtype, ASM=asm, BIG=big,
-            DIRECT=direct, FUSED=fused, PDL=pdl, K_POW2=k2, ROW_TILES=rows2, **launch2,
+            DIRECT=direct, FUSED=fused, PDL=pdl, K_POW2=k2, ROW_TILES=rows2, ROWS_FIRST=rf, **launch2,
             **({"launch_pdl": True} if pdl else {}),
         )
 
