@@ -155,6 +155,19 @@ def _hopper_ptrs(w_ptr, s_ptr, e, stride_we, stride_se, nb0, K, k0, NB: tl.const
 
 
 @triton.jit
+def _block_and_tile(ROWS_FIRST: tl.constexpr):
+    """(pair block, row tile) of this program: grid axis 0 is the pair block, or the row tile
+    with ROWS_FIRST (one block's row tiles then run side by side)."""
+    if ROWS_FIRST:
+        pid_m = tl.program_id(1)
+        pid_n = tl.program_id(0)
+    else:
+        pid_m = tl.program_id(0)
+        pid_n = tl.program_id(1)
+    return pid_m, pid_n
+
+
+@triton.jit
 def _direct_block(block_expert_ptr, pid_m, num_pairs, num_experts, BLOCK_T: tl.constexpr):
     """DIRECT: block_expert_ptr is topk_ids itself and block pid_m holds pair pid_m alone; (expert
     or -1 for a skipped slot, the block's pairs, their mask)."""
@@ -223,12 +236,7 @@ def moe_hgemm1_kernel(
     ROWS_FIRST (not with FUSED): grid axis 0 is the row tile, axis 1 the pair block."""
     if PDL:
         _gdc_launch()  # let GEMM2's programs launch while the last of these run
-    if ROWS_FIRST:
-        pid_m = tl.program_id(1)
-        pid_n = tl.program_id(0)
-    else:
-        pid_m = tl.program_id(0)
-        pid_n = tl.program_id(1)
+    pid_m, pid_n = _block_and_tile(ROWS_FIRST)
     if DIRECT:
         e, pair, tmask = _direct_block(block_expert_ptr, pid_m, num_pairs, num_experts, BLOCK_T)
     else:
@@ -295,12 +303,7 @@ def moe_hgemm2_kernel(
     consecutive row tiles in one flat loop over (tile, K step), so the loads of the next tile are in
     flight while this one finishes, and the block's prologue is paid once (short K: few steps a tile).
     ROWS_FIRST (not with FUSED): grid axis 0 is the row-tile group, axis 1 the pair block."""
-    if ROWS_FIRST:
-        pid_m = tl.program_id(1)
-        pid_n = tl.program_id(0)
-    else:
-        pid_m = tl.program_id(0)
-        pid_n = tl.program_id(1)
+    pid_m, pid_n = _block_and_tile(ROWS_FIRST)
     if DIRECT:
         e, pair, tmask = _direct_block(block_expert_ptr, pid_m, num_pairs, num_experts, BLOCK_T)
     else:
