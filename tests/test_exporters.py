@@ -182,6 +182,16 @@ def test_compressed_tensors_w4a4_method_decides_like_vllm(name, arch, pick, act)
         assert "cannot serve it on gfx950" in chosen.reason
 
 
+def test_compressed_tensors_w4a4_method_ignores_the_int4_weight_option():
+    """vLLM 0.33.0 reads quantization_config.moe.weight only in Mxfp4MoEMethod."""
+    model = load_model(open_source(DATA / "ct_qwen3_moe_w_mxfp4"))
+    plain = decide(model, Target("gfx942"))
+    d = decide(model, Target("gfx942", moe_weight="int4_per_group_32"))
+    assert d.options["vllm_backend"] == plain.options["vllm_backend"] and d.backend == plain.backend
+    assert any("ignores --quantization-config.moe.weight int4_per_group_32" in n
+               and "never reads quantization_config.moe.weight" in n for n in d.notes)
+
+
 def test_compressed_tensors_w4a8_is_an_mxfp4_method_that_says_why(capsys):
     name = "ct_qwen3_moe_w_mxfp4_a_fp8"
     d = decide(load_model(open_source(DATA / name)), Target("gfx950", tp=2))

@@ -44,6 +44,7 @@ class Choice:
     error: str | None = None
     key: str | None = None
     act_quant: str = "bf16"
+    int4: bool = False  # this method never reads quantization_config.moe.weight (gfx942's int4 path)
 
 
 def cutlass_supported(arch: Arch) -> bool:
