@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from mxfp4conv.checkpoint.safetensors_io import read_header
 from mxfp4conv.checkpoint.synthetic import make_checkpoint
 
 CASES = [("kimi_k3", None), ("deepseek_v4", None), ("quark", "w_mxfp4"),
@@ -31,6 +32,17 @@ def synth(tmp_path_factory):
         return path
 
     return get
+
+
+def patch_tensor_byte(out: Path, name: str, offset: int, xor: int = 0x01) -> None:
+    """XOR one byte of tensor ``name`` of the checkpoint ``out`` in place."""
+    wm = json.loads((out / "model.safetensors.index.json").read_text())["weight_map"]
+    b, _ = read_header(out / wm[name]).absolute(name)
+    with open(out / wm[name], "r+b") as f:
+        f.seek(b + offset)
+        x = f.read(1)[0]
+        f.seek(b + offset)
+        f.write(bytes([x ^ xor]))
 
 
 def copy_of(src: Path, dst: Path) -> Path:

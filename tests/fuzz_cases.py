@@ -198,6 +198,16 @@ def build_corpus(base: Path) -> Corpus:
     return c
 
 
+def inspect_refuses(root: Path) -> bool:
+    """``inspect`` reports an error for the source at ``root`` (or refuses to read it)."""
+    from mxfp4conv.checkpoint.summary import inspect_source
+
+    try:
+        return bool(inspect_source(str(root)).problems.errors)
+    except Mxfp4convError:
+        return True
+
+
 def _copy(src: Path, dst: Path) -> Path:
     shutil.copytree(src, dst, symlinks=True)
     return dst
@@ -278,7 +288,6 @@ def t_index(c: Corpus, rng: random.Random) -> None:
     """The index: inspect, and convert's own check (load_model) must agree with it."""
     from mxfp4conv.checkpoint.detect import load_model
     from mxfp4conv.checkpoint.source import INDEX_NAME, open_source
-    from mxfp4conv.checkpoint.summary import inspect_source
 
     family = rng.choice(sorted(c.sources))
     root = _copy(c.sources[family], c.scratch() / "src")
@@ -300,12 +309,7 @@ def t_index(c: Corpus, rng: random.Random) -> None:
         text, _ = mutate_json(index, rng, prefer=prefer)
     (root / INDEX_NAME).write_text(text, encoding="utf-8", errors="surrogatepass")
     before = digest(root)
-    refused_by_inspect = False
-    try:
-        rep = inspect_source(str(root))
-        refused_by_inspect = bool(rep.problems.errors)
-    except Mxfp4convError:
-        refused_by_inspect = True
+    refused_by_inspect = inspect_refuses(root)
     try:
         src = open_source(str(root))
         load_model(src)
@@ -350,7 +354,6 @@ def t_config(c: Corpus, rng: random.Random) -> None:
     """config.json: inspect and load_model agree, and what is accepted is exactly the config."""
     from mxfp4conv.checkpoint.detect import load_model
     from mxfp4conv.checkpoint.source import open_source
-    from mxfp4conv.checkpoint.summary import inspect_source
     from mxfp4conv.convert.manifest import build_manifest, manifest_text
     from mxfp4conv.oracle import Target, decide
 
@@ -360,11 +363,7 @@ def t_config(c: Corpus, rng: random.Random) -> None:
     text, _ = mutate_json(cfg, rng, prefer=CONFIG_KEYS)
     (root / "config.json").write_text(text, encoding="utf-8", errors="surrogatepass")
     before = digest(root)
-    try:
-        rep = inspect_source(str(root))
-        inspect_bad = bool(rep.problems.errors)
-    except Mxfp4convError:
-        inspect_bad = True
+    inspect_bad = inspect_refuses(root)
     try:
         src = open_source(str(root))
         model = load_model(src)

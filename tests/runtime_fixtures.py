@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 
 import torch
@@ -219,3 +220,14 @@ def make_experts(d: dict, *, tp=1, ep=False, rank=0, H_pad=None, I_pad=None, act
         expert_offset=rank * epr if ep else 0, top_k=2, activation=activation,
         activation_params=dict(params or {}), **t,
     )
+
+
+def triton_ready() -> bool:
+    """mxfp4conv's Triton kernels can run here: a GPU, or the interpreter (TRITON_INTERPRET=1)."""
+    if os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available():
+        return False
+    try:
+        from mxfp4conv.runtime import triton_moe  # noqa: F401
+    except Exception:
+        return False
+    return True

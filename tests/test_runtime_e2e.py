@@ -1,14 +1,13 @@
 """Convert a synthetic checkpoint of every family, load it, and compare fused_moe with an
 independent float64 computation made straight from the source checkpoint's expert bytes."""
 
-import os
 
 import pytest
 import torch
 
 from mxfp4conv.oracle.decision import Target
 from mxfp4conv.runtime import fused_moe, load_moe_layers
-from runtime_fixtures import act64, dequant64, moe64, rel_err
+from runtime_fixtures import act64, dequant64, moe64, rel_err, triton_ready
 
 GEOM = dict(hidden=128, intermediate=128, num_experts=4, top_k=2, num_layers=1)
 T = 6
@@ -142,17 +141,7 @@ def test_quark_activation_quant_schemes(sources, tmp_path, scheme, act_quant):
         _check(out, model, oracle, 1, torch.float32, 0.3)
 
 
-def _triton_ready():
-    if os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available():
-        return False
-    try:
-        from mxfp4conv.runtime import triton_moe  # noqa: F401
-    except Exception:
-        return False
-    return True
-
-
-@pytest.mark.skipif(not _triton_ready(), reason="the Triton kernel module is not importable here")
+@pytest.mark.skipif(not triton_ready(), reason="the Triton kernel module is not importable here")
 @pytest.mark.parametrize("target", [dict(arch="gfx942", tp=2, ep=True), dict(arch="gfx950", tp=2),
                                     dict(arch="sm90", tp=2)],
                          ids=["ep2", "gfx950-tp2", "sm90-tp2"])

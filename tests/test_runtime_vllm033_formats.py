@@ -12,7 +12,8 @@ from mxfp4conv.runtime import fused_moe, load_moe_layers
 from mxfp4conv.runtime.loader import LayoutConversionWarning
 from mxfp4conv.shuffle.layouts import get_layout
 from runtime_fixtures import (
-    expert64, global_experts, manifest_for, moe64, mxfp4_qdq64, rank_tensors, rel_err, write_converted,
+    expert64, global_experts, manifest_for, moe64, mxfp4_qdq64, rank_tensors, rel_err, triton_ready,
+    write_converted,
 )
 
 LAYER = "model.layers.2.mlp"
@@ -202,17 +203,7 @@ def test_convert_writes_triton_layouts(tmp_path, monkeypatch, arch, backend, tp,
     _check(out, model, fns, tp, torch.float32, 2e-5)
 
 
-def _triton_ready():
-    if os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available():
-        return False
-    try:
-        from mxfp4conv.runtime import triton_moe  # noqa: F401
-    except Exception:
-        return False
-    return True
-
-
-@pytest.mark.skipif(not _triton_ready(), reason="the Triton kernel module is not importable here")
+@pytest.mark.skipif(not triton_ready(), reason="the Triton kernel module is not importable here")
 def test_triton_layout_checkpoint_runs_on_the_triton_backend(tmp_path):
     arch, backend, tp, layout = TRITON_RECIPES[1]
     d, _ = _write(tmp_path, layout, tp=tp, arch=arch, backend=backend, activation="silu", params={}, i_pad=256)

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from checkpoint_fixtures import patch_tensor_byte
 from mxfp4conv.checkpoint import load_model, open_source
-from mxfp4conv.checkpoint.safetensors_io import read_header
 from mxfp4conv.checkpoint.synthetic import make_checkpoint
 from mxfp4conv.convert.run import convert
 from mxfp4conv.convert.verify import VerifyError, verify
@@ -43,16 +43,6 @@ def copy(converted, tmp_path):
     d = tmp_path / "copy"
     shutil.copytree(converted, d)
     return d
-
-
-def patch_tensor_byte(out: Path, name: str, offset: int, xor: int = 0x01) -> None:
-    wm = json.loads((out / "model.safetensors.index.json").read_text())["weight_map"]
-    b, _ = read_header(out / wm[name]).absolute(name)
-    with open(out / wm[name], "r+b") as f:
-        f.seek(b + offset)
-        x = f.read(1)[0]
-        f.seek(b + offset)
-        f.write(bytes([x ^ xor]))
 
 
 def test_cli_convert_is_quiet_without_tty_and_verify_passes(src, converted):

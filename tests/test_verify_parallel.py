@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from mxfp4conv.checkpoint.safetensors_io import read_header
+from checkpoint_fixtures import patch_tensor_byte
 from mxfp4conv.checkpoint.synthetic import make_checkpoint
 from mxfp4conv.convert.progress import Progress
 from mxfp4conv.convert.run import convert
@@ -25,16 +25,6 @@ def k3(tmp_path_factory):
     out = d / "out"
     convert(str(src), out, Target(arch="gfx950", tp=2), progress="none", workers=2, chunk_bytes=30_000)
     return src, out
-
-
-def flip(out, name: str, offset: int) -> None:
-    wm = json.loads((out / "model.safetensors.index.json").read_text())["weight_map"]
-    b, _ = read_header(out / wm[name]).absolute(name)
-    with open(out / wm[name], "r+b") as f:
-        f.seek(b + offset)
-        x = f.read(1)[0]
-        f.seek(b + offset)
-        f.write(bytes([x ^ 0x10]))
 
 
 @pytest.mark.parametrize("workers", [1, 4])
@@ -53,8 +43,8 @@ def test_first_error_in_checkpoint_order_whatever_the_workers(k3, tmp_path):
     shutil.copytree(out, bad)
     m = json.loads((bad / "mxfp4conv.json").read_text())
     first, last = m["moe"]["layers"][0], m["moe"]["layers"][-1]
-    flip(bad, f"{last}.experts.rank0.w2_weight", 5)  # later in order ...
-    flip(bad, f"{first}.experts.rank1.w13_weight", 4000)  # ... than this one
+    patch_tensor_byte(bad, f"{last}.experts.rank0.w2_weight", 5, 0x10)  # later in order ...
+    patch_tensor_byte(bad, f"{first}.experts.rank1.w13_weight", 4000, 0x10)  # ... than this one
     errors = []
     for workers in (1, 3):
         with pytest.raises(VerifyError) as ei:

@@ -15,7 +15,7 @@ Conventions (all families):
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 FAMILIES = ("kimi_k3", "deepseek_v4", "quark", "gpt_oss", "compressed_tensors")
@@ -29,6 +29,11 @@ class TensorRef:
     shard: str  # file name relative to the checkpoint root, exactly as in weight_map
     dtype: str  # safetensors dtype string as stored: "U8", "I8", "F8_E8M0", "BF16", ...
     shape: tuple[int, ...]
+
+
+def _present_refs(tensors) -> list[TensorRef]:
+    """The tensors an expert record names, in field order (the optional ones when present)."""
+    return [r for r in (getattr(tensors, f.name) for f in fields(tensors)) if r is not None]
 
 
 @dataclass(frozen=True)
@@ -51,11 +56,7 @@ class ExpertTensors:
     down_bias: TensorRef | None = None
 
     def refs(self) -> list[TensorRef]:
-        return [r for r in (
-            self.gate, self.gate_scale, self.up, self.up_scale, self.down, self.down_scale,
-            self.gate_input_scale, self.up_input_scale, self.down_input_scale,
-            self.gate_bias, self.up_bias, self.down_bias,
-        ) if r is not None]
+        return _present_refs(self)
 
 
 @dataclass(frozen=True)
@@ -76,10 +77,7 @@ class GateUpExpertTensors:
     down_bias: TensorRef | None = None
 
     def refs(self) -> list[TensorRef]:
-        return [r for r in (
-            self.gate_up, self.gate_up_scale, self.down, self.down_scale, self.gate_up_input_scale,
-            self.down_input_scale, self.gate_up_bias, self.down_bias,
-        ) if r is not None]
+        return _present_refs(self)
 
 
 @dataclass(frozen=True)
