@@ -147,7 +147,8 @@ def hopper_variants(T, H, I, k, E):
     """The default, a forced K split, the v9 launch sequence (align, separate activation and k-sum
     kernels), one block per pair with more than one token, the fused reductions forced on where
     the default leaves them off, GEMM2 row tiles in one flat loop where it does not use them, row
-    tiles first in both grids (where not fused), and the align the default does not take."""
+    tiles first in both grids (where not fused), the small tiles of partly filled blocks switched
+    the other way, and the align the default does not take."""
     default = select_config(T * k, E, H, I, "hopper_mma")
     out = [("default", default), ("split", dataclasses.replace(default, split_k1=3, split_k2=2)),
            ("v9", dataclasses.replace(default, fused=0, direct=0, pdl=0))]
@@ -158,9 +159,13 @@ def hopper_variants(T, H, I, k, E):
     if default.rows2 == 1:  # GEMM2's flat loop over several row tiles
         out.append(("rows3", dataclasses.replace(default, rows2=3, fused=0)))
     if T * k / min(E, T * k) > 16:
-        out.append(("bt16", dataclasses.replace(default, block_t=16, block_n2=128)))
+        out.append(("bt16", dataclasses.replace(default, block_t=16, block_n2=128, tail_t=0)))
     if not hopper_options(default, T, T * k, True)[1]:  # row tiles first in both grids, GEMM2 two stages deep
         out.append(("rowsfirst", dataclasses.replace(default, rows_first1=1, rows_first2=1, num_stages2=2)))
+    if not hopper_options(default, T, T * k, True)[1]:  # partly filled blocks in small tiles, or not (the other
+        # choice from the default's; 32-pair blocks at least, so that there is a smaller tile)
+        bt = max(32, default.block_t)
+        out.append(("tail", dataclasses.replace(default, block_t=bt, tail_t=0 if default.tail_t else bt // 2, rows2=1)))
     if T > 1:  # the other align (many programs below ALIGN_GRID_PAIRS, one program from it)
         out.append(("align", dataclasses.replace(default, align=int(T * k < ALIGN_GRID_PAIRS))))
     return out

@@ -7,6 +7,7 @@ out here), so a layout, decode, routing or reduction bug in the kernels shows up
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 
@@ -420,3 +421,28 @@ def test_hopper_rows_first_program_order(rows2, stages2):
                                       layout="hopper_mma")
     assert torch.all(out[2] == 0)
     assert rel_err(out, ref) < 1e-5
+
+
+@pytest.mark.parametrize("split", [1, 2], ids=["one-split", "split-k"])
+def test_hopper_small_tiles_for_partly_filled_blocks(split):
+    # tail_t: a block of at most tail_t pairs runs both GEMMs on [rows, tail_t] tiles. Expert 0 has
+    # 40 pairs (a full 32-pair block, then a block of 8: small tiles), expert 1 20 (more than
+    # tail_t: full tiles), expert 2 5 (small tiles), expert 3 none; bias on both GEMMs.
+    T, k, E, H, I = 40, 2, 4, 320, 128
+    ids = torch.full((T, k), -1, dtype=torch.int64)
+    ids[:, 0] = 0
+    ids[:20, 1] = 1
+    ids[20:25, 1] = 2
+    x, w13, s13, w2, s2, tw, ids, b13, b2 = make_problem(11, T, H, I, E, k, bias=True, ids=ids)
+    ref = reference(x, w13, s13, w2, s2, tw, ids, "silu", {}, b13, b2)
+    cfg = triton_moe.MoEConfig(block_t=32, block_n1=64, block_n2=64, block_k=64, split_k1=split, split_k2=split,
+                               tail_t=16, rows_first1=1, rows_first2=1)
+    out = triton_moe.fused_moe_triton(x, *_hopper(w13, s13, w2, s2), tw, ids, activation="silu",
+                                      activation_params={}, w13_bias=b13, w2_bias=b2, config=cfg,
+                                      layout="hopper_mma")
+    assert rel_err(out, ref) < 1e-5
+    for bad in (8, 24, 32):
+        with pytest.raises(RuntimeInputError, match="tail_t"):
+            triton_moe.fused_moe_triton(x, *_hopper(w13, s13, w2, s2), tw, ids, activation="silu",
+                                        activation_params={}, config=dataclasses.replace(cfg, tail_t=bad),
+                                        layout="hopper_mma")

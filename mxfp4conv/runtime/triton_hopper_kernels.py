@@ -219,42 +219,15 @@ def _gemm2_token_sum(pair_ptr, ids_ptr, y_ptr, cnt_ptr, t, offs_n, nmask, top_k,
 
 
 @triton.jit
-def moe_hgemm1_kernel(
-    x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, part_ptr,
-    sorted_ids_ptr, block_expert_ptr, num_post_pad_ptr,
-    cnt_ptr, num_pairs, num_experts, top_k, K, I_pad, K_SPLIT,
-    stride_xt, stride_we, stride_se, stride_be, stride_ot,
-    p0, p1,
-    ACT: tl.constexpr, HAS_LIMIT: tl.constexpr, HAS_LINEAR: tl.constexpr, HAS_BIAS: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, DTYPE: tl.constexpr,
-    SPLIT: tl.constexpr, ASM: tl.constexpr, BIG: tl.constexpr,
-    DIRECT: tl.constexpr = False, FUSED: tl.constexpr = False, PDL: tl.constexpr = False,
-    ROWS_FIRST: tl.constexpr = False,
-):
-    """``moe_gemm1_kernel`` over the Hopper layouts: inter[pair, j] = act(gate_j . x, up_j . x).
-    With SPLIT and FUSED, the last K split of each tile finishes it (module docstring).
-    ROWS_FIRST (not with FUSED): grid axis 0 is the row tile, axis 1 the pair block."""
-    if PDL:
-        _gdc_launch()  # let GEMM2's programs launch while the last of these run
-    pid_m, pid_n = _block_and_tile(ROWS_FIRST)
-    if DIRECT:
-        e, pair, tmask = _direct_block(block_expert_ptr, pid_m, num_pairs, num_experts, BLOCK_T)
-    else:
-        if pid_m * BLOCK_T >= tl.load(num_post_pad_ptr):
-            return
-        e = tl.load(block_expert_ptr + pid_m).to(tl.int64)
-        pair, tmask = block_pairs(sorted_ids_ptr, pid_m, num_pairs, BLOCK_T)
-    if e < 0:
-        return
+def _hgemm1_tile(x_ptr, wg, sg, wu, su, o_nb, o_b, pair, tmask, e, offs_n, nmask, b_ptr, out_ptr, part_ptr,
+                 num_pairs, top_k, K, I_pad, K_SPLIT, k_lo, stride_xt, stride_be, stride_ot, p0, p1,
+                 ACT: tl.constexpr, HAS_LIMIT: tl.constexpr, HAS_LINEAR: tl.constexpr, HAS_BIAS: tl.constexpr,
+                 BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, DTYPE: tl.constexpr,
+                 SPLIT: tl.constexpr, ASM: tl.constexpr, BIG: tl.constexpr):
+    """GEMM1's K loop and epilogue for one [BLOCK_N, BLOCK_T] tile of gate and up rows."""
     NB: tl.constexpr = BLOCK_N // 16
     KB: tl.constexpr = BLOCK_K // 64
     tok = (pair // top_k).to(tl.int64)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    nmask = offs_n < I_pad
-    k_lo = tl.program_id(2) * (K_SPLIT // BLOCK_K) * BLOCK_K  # keeps k_lo's known divisibility: 16-byte loads
-    wg, sg, o_nb, o_b = _hopper_ptrs(w_ptr, s_ptr, e, stride_we, stride_se, pid_n * NB, K, k_lo, NB, KB)
-    wu = wg + (I_pad // 16) * (8 * K)
-    su = sg + (I_pad // 16) * (K // 2)
     offs_k = tl.arange(0, BLOCK_K)
     xt = x_ptr + tok[None, :] * stride_xt + offs_k[:, None] + k_lo
     acc_g = tl.zeros([BLOCK_N, BLOCK_T], tl.float32)
@@ -274,6 +247,83 @@ def moe_hgemm1_kernel(
         xt += BLOCK_K
     gemm1_finish(acc_g, acc_u, pair, tmask, e, offs_n, nmask, b_ptr, out_ptr, part_ptr, num_pairs, I_pad,
                  stride_be, stride_ot, p0, p1, ACT, HAS_LIMIT, HAS_LINEAR, HAS_BIAS, SPLIT)
+
+
+@triton.jit
+def _hgemm2_tile(a_ptr, wp, sp, o_nb, o_b, pair, tmask, e, offs_n, nmask, b_ptr, tw_ptr, out_ptr, K, N, K_SPLIT,
+                 k_lo, stride_at, stride_be, stride_ot, stride_os, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr,
+                 BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, DTYPE: tl.constexpr, ASM: tl.constexpr,
+                 BIG: tl.constexpr):
+    """GEMM2's K loop and epilogue for one [BLOCK_N, BLOCK_T] tile (one row tile a program)."""
+    NB: tl.constexpr = BLOCK_N // 16
+    KB: tl.constexpr = BLOCK_K // 64
+    offs_k = tl.arange(0, BLOCK_K)
+    at = a_ptr + pair.to(tl.int64)[None, :] * stride_at + offs_k[:, None] + k_lo
+    acc = tl.zeros([BLOCK_N, BLOCK_T], tl.float32)
+    nbm = (o_nb < N // 16)[:, None, None]
+    for k0 in range(k_lo, tl.minimum(K, k_lo + K_SPLIT), BLOCK_K):
+        m = nbm & (o_b < (K - k0) // 64)[None, :, None]
+        x = tl.load(at, mask=tmask[None, :] & (offs_k[:, None] < K - k0), other=0.0)
+        a = _hopper_tile(tl.load(wp, mask=m, other=0), tl.load(sp, mask=m, other=0), NB, KB, BIG, ASM, DTYPE)
+        acc = _mma(a, x, acc, ASM)
+        wp += BLOCK_K * 8
+        sp += BLOCK_K // 2
+        at += BLOCK_K
+    gemm2_finish(acc, pair, tmask, e, offs_n, nmask, b_ptr, tw_ptr, out_ptr, stride_be, stride_ot, stride_os,
+                 HAS_BIAS)
+
+
+@triton.jit
+def moe_hgemm1_kernel(
+    x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, part_ptr,
+    sorted_ids_ptr, block_expert_ptr, num_post_pad_ptr,
+    cnt_ptr, num_pairs, num_experts, top_k, K, I_pad, K_SPLIT,
+    stride_xt, stride_we, stride_se, stride_be, stride_ot,
+    p0, p1,
+    ACT: tl.constexpr, HAS_LIMIT: tl.constexpr, HAS_LINEAR: tl.constexpr, HAS_BIAS: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, DTYPE: tl.constexpr,
+    SPLIT: tl.constexpr, ASM: tl.constexpr, BIG: tl.constexpr,
+    DIRECT: tl.constexpr = False, FUSED: tl.constexpr = False, PDL: tl.constexpr = False,
+    ROWS_FIRST: tl.constexpr = False, TAIL_T: tl.constexpr = 0,
+):
+    """``moe_gemm1_kernel`` over the Hopper layouts: inter[pair, j] = act(gate_j . x, up_j . x).
+    With SPLIT and FUSED, the last K split of each tile finishes it (module docstring).
+    ROWS_FIRST (not with FUSED): grid axis 0 is the row tile, axis 1 the pair block."""
+    if PDL:
+        _gdc_launch()  # let GEMM2's programs launch while the last of these run
+    pid_m, pid_n = _block_and_tile(ROWS_FIRST)
+    if DIRECT:
+        e, pair, tmask = _direct_block(block_expert_ptr, pid_m, num_pairs, num_experts, BLOCK_T)
+    else:
+        if pid_m * BLOCK_T >= tl.load(num_post_pad_ptr):
+            return
+        e = tl.load(block_expert_ptr + pid_m).to(tl.int64)
+        pair, tmask = block_pairs(sorted_ids_ptr, pid_m, num_pairs, BLOCK_T)
+    if e < 0:
+        return
+    NB: tl.constexpr = BLOCK_N // 16
+    KB: tl.constexpr = BLOCK_K // 64
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    nmask = offs_n < I_pad
+    k_lo = tl.program_id(2) * (K_SPLIT // BLOCK_K) * BLOCK_K  # keeps k_lo's known divisibility: 16-byte loads
+    wg, sg, o_nb, o_b = _hopper_ptrs(w_ptr, s_ptr, e, stride_we, stride_se, pid_n * NB, K, k_lo, NB, KB)
+    wu = wg + (I_pad // 16) * (8 * K)
+    su = sg + (I_pad // 16) * (K // 2)
+    if TAIL_T > 0 and not DIRECT:
+        if tl.sum(tmask.to(tl.int32), axis=0) <= TAIL_T:  # a block's pairs fill its first slots (moe_align)
+            pair_s = tl.load(sorted_ids_ptr + pid_m * BLOCK_T + tl.arange(0, TAIL_T))
+            _hgemm1_tile(x_ptr, wg, sg, wu, su, o_nb, o_b, pair_s, pair_s < num_pairs, e, offs_n, nmask, b_ptr,
+                         out_ptr, part_ptr, num_pairs, top_k, K, I_pad, K_SPLIT, k_lo, stride_xt, stride_be,
+                         stride_ot, p0, p1, ACT, HAS_LIMIT, HAS_LINEAR, HAS_BIAS, BLOCK_N, TAIL_T, BLOCK_K, DTYPE,
+                         SPLIT, ASM, BIG)
+        else:
+            _hgemm1_tile(x_ptr, wg, sg, wu, su, o_nb, o_b, pair, tmask, e, offs_n, nmask, b_ptr, out_ptr, part_ptr,
+                         num_pairs, top_k, K, I_pad, K_SPLIT, k_lo, stride_xt, stride_be, stride_ot, p0, p1, ACT,
+                         HAS_LIMIT, HAS_LINEAR, HAS_BIAS, BLOCK_N, BLOCK_T, BLOCK_K, DTYPE, SPLIT, ASM, BIG)
+    else:
+        _hgemm1_tile(x_ptr, wg, sg, wu, su, o_nb, o_b, pair, tmask, e, offs_n, nmask, b_ptr, out_ptr, part_ptr,
+                     num_pairs, top_k, K, I_pad, K_SPLIT, k_lo, stride_xt, stride_be, stride_ot, p0, p1, ACT,
+                     HAS_LIMIT, HAS_LINEAR, HAS_BIAS, BLOCK_N, BLOCK_T, BLOCK_K, DTYPE, SPLIT, ASM, BIG)
     if SPLIT and FUSED:
         tl.debug_barrier()
         splits = tl.num_programs(2)
@@ -295,6 +345,7 @@ def moe_hgemm2_kernel(
     ASM: tl.constexpr, BIG: tl.constexpr,
     DIRECT: tl.constexpr = False, FUSED: tl.constexpr = False, PDL: tl.constexpr = False,
     K_POW2: tl.constexpr = 1, ROW_TILES: tl.constexpr = 1, ROWS_FIRST: tl.constexpr = False,
+    TAIL_T: tl.constexpr = 0,
 ):
     """``moe_gemm2_kernel`` over the Hopper layouts:
     pair_out[split, pair, n] = w_pair * (w2[e, n, split's K range] . inter[pair] (+ b2[e, n] in split 0)).
@@ -327,17 +378,20 @@ def moe_hgemm2_kernel(
     if PDL:
         _gdc_wait()  # GEMM1's intermediate is complete and visible from here on
     if ROW_TILES == 1:
-        nbm = (o_nb < N // 16)[:, None, None]
-        for k0 in range(k_lo, tl.minimum(K, k_lo + K_SPLIT), BLOCK_K):
-            m = nbm & (o_b < (K - k0) // 64)[None, :, None]
-            x = tl.load(at, mask=tmask[None, :] & (offs_k[:, None] < K - k0), other=0.0)
-            a = _hopper_tile(tl.load(wp, mask=m, other=0), tl.load(sp, mask=m, other=0), NB, KB, BIG, ASM, DTYPE)
-            acc = _mma(a, x, acc, ASM)
-            wp += BLOCK_K * 8
-            sp += BLOCK_K // 2
-            at += BLOCK_K
-        gemm2_finish(acc, pair, tmask, e, offs_n, nmask, b_ptr, tw_ptr, out_ptr, stride_be, stride_ot, stride_os,
-                     HAS_BIAS)
+        if TAIL_T > 0 and not DIRECT:
+            if tl.sum(tmask.to(tl.int32), axis=0) <= TAIL_T:  # a block's pairs fill its first slots (moe_align)
+                pair_s = tl.load(sorted_ids_ptr + pid_m * BLOCK_T + tl.arange(0, TAIL_T))
+                _hgemm2_tile(a_ptr, wp, sp, o_nb, o_b, pair_s, pair_s < num_pairs, e, offs_n, nmask, b_ptr, tw_ptr,
+                             out_ptr, K, N, K_SPLIT, k_lo, stride_at, stride_be, stride_ot, stride_os, HAS_BIAS,
+                             BLOCK_N, TAIL_T, BLOCK_K, DTYPE, ASM, BIG)
+            else:
+                _hgemm2_tile(a_ptr, wp, sp, o_nb, o_b, pair, tmask, e, offs_n, nmask, b_ptr, tw_ptr, out_ptr, K, N,
+                             K_SPLIT, k_lo, stride_at, stride_be, stride_ot, stride_os, HAS_BIAS, BLOCK_N, BLOCK_T,
+                             BLOCK_K, DTYPE, ASM, BIG)
+        else:
+            _hgemm2_tile(a_ptr, wp, sp, o_nb, o_b, pair, tmask, e, offs_n, nmask, b_ptr, tw_ptr, out_ptr, K, N,
+                         K_SPLIT, k_lo, stride_at, stride_be, stride_ot, stride_os, HAS_BIAS, BLOCK_N, BLOCK_T,
+                         BLOCK_K, DTYPE, ASM, BIG)
     else:
         # row tiles tile0, tile0 + 1, ...; _hopper_ptrs above placed wp / sp at the first
         steps = tl.cdiv(tl.minimum(K, k_lo + K_SPLIT) - k_lo, BLOCK_K)

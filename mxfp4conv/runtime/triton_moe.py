@@ -80,6 +80,10 @@ class MoEConfig:
     # run side by side, so its activation rows are read from DRAM about once)
     rows_first1: int = 0
     rows_first2: int = 0
+    # pairs of a block's smaller tile (hopper_mma, sorted blocks; 0 = off): a block holding at most
+    # tail_t pairs (an expert's last, partly filled block) runs both GEMMs on [rows, tail_t] tiles
+    # instead of [rows, block_t] ones (its MMAs over the empty slots are not done)
+    tail_t: int = 0
 
 
 def layout_of(layout: Mapping[str, str]) -> str | None:
@@ -111,8 +115,11 @@ def select_config(num_pairs: int, num_experts: int, hidden: int, inter: int, lay
             # prefill: row tiles first in both grids (a block's tiles side by side: its activation rows
             # come from DRAM about once); short rows: GEMM2 in 128-row tiles, 4 warps, one stage
             gemm2 = dict(block_n2=128, num_warps2=4, num_stages2=1) if short else dict(block_n2=256)
+            # an expert's last block in small tiles: most experts' second block holds <= 32 pairs
+            # from 96 pairs an expert on, most whole blocks <= 64 up to 64 (in between, too few do)
+            tail = 32 if per_expert > 96 else 64 if per_expert <= 64 else 0
             return MoEConfig(block_t=128, block_n1=128, block_k=128, num_warps=8, num_stages=3, rows_first1=1,
-                             rows_first2=1, **gemm2)
+                             rows_first2=1, tail_t=tail, **gemm2)
         bt = 16 if per_expert <= 12 else 32 if per_expert <= 24 else 64
         if num_pairs <= 16:  # one token (T = 1: one block per pair, fused reductions): 64-row GEMM2 tiles,
             # and no GEMM2 K split once those tiles alone give enough programs
@@ -123,10 +130,14 @@ def select_config(num_pairs: int, num_experts: int, hidden: int, inter: int, lay
         # few pairs, past one pair per expert four GEMM2 row tiles per program in one flat loop
         # (uncapped), and with 64-pair blocks row tiles first in both grids
         maxnreg = 128 if short and per_expert <= 12 else 0
-        rows2 = 4 if short and per_expert > 1.05 else 1
+        # blocks of 32 / 64 pairs: those holding at most half that in half-width tiles (GEMM2's too
+        # where it runs one row tile a program: the multi-tile loop has no small tiles)
+        tail = bt // 2 if bt >= 32 else 0
+        rows2 = 4 if short and per_expert > 1.05 and bt < 64 else 1
         first = int(short and bt == 64)
         return MoEConfig(block_t=bt, block_n1=64, block_n2=128, block_k=128, num_warps=4, num_stages=3, maxnreg=maxnreg,
-                         rows2=rows2, maxnreg2=0 if rows2 > 1 else -1, rows_first1=first, rows_first2=first)
+                         rows2=rows2, maxnreg2=0 if rows2 > 1 else -1, rows_first1=first, rows_first2=first,
+                         tail_t=tail)
     if per_expert <= 32:
         # decode path without tensor cores (taken at <= 1 pair per touched expert): 16-row tiles
         # with 256-code K steps where I_pad allows them in GEMM2 (DSV3-like), else 32-row tiles
@@ -550,6 +561,10 @@ def _hopper_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13
         raise RuntimeInputError(
             f"fused_moe_triton: the hopper_mma kernels need block_k a multiple of 64 and block_n1/block_n2 "
             f"multiples of 16, got {cfg.block_k}, {cfg.block_n1}, {cfg.block_n2}.")
+    if cfg.tail_t and (cfg.tail_t < 16 or cfg.tail_t & (cfg.tail_t - 1) or cfg.tail_t >= cfg.block_t):
+        raise RuntimeInputError(
+            f"fused_moe_triton: tail_t must be 0 or a power of two from 16 to below block_t ({cfg.block_t}), "
+            f"got {cfg.tail_t}.")
     x = x.contiguous()
     w13, w13_scale, w2, w2_scale = (t.contiguous() for t in (w13, w13_scale, w2, w2_scale))
     acts = dict(ACT=act["ACT"], HAS_LIMIT=act["HAS_LIMIT"], HAS_LINEAR=act["HAS_LINEAR"])
@@ -557,6 +572,7 @@ def _hopper_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13
     direct, fused, pdl = hopper_options(cfg, T, num_pairs, asm)
     k2 = triton.next_power_of_2(top_k)
     rows2 = 1 if fused else max(1, cfg.rows2)
+    tail = 0 if direct or fused else cfg.tail_t
 
     def order(grid, on):  # (grid, rows first): row tiles on grid axis 0 where asked and possible
         if on and not fused and grid[0] < 65536:
@@ -571,7 +587,7 @@ def _hopper_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13
             x.stride(0), w13.stride(0), w13_scale.stride(0), r.b13.stride(0), r.inter.stride(0),
             act["p0"], act["p1"], **acts, HAS_BIAS=w13_bias is not None,
             BLOCK_N=cfg.block_n1, BLOCK_T=cfg.block_t, BLOCK_K=cfg.block_k, DTYPE=dtype, SPLIT=r.s1 > 1,
-            ASM=asm, BIG=big, DIRECT=direct, FUSED=fused, PDL=pdl, ROWS_FIRST=rf, **launch,
+            ASM=asm, BIG=big, DIRECT=direct, FUSED=fused, PDL=pdl, ROWS_FIRST=rf, TAIL_T=tail, **launch,
         )
 
     def gemm2(grid, r):
@@ -583,7 +599,8 @@ def _hopper_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13
             r.pair_out.stride(0), r.out.stride(0),
             HAS_BIAS=w2_bias is not None,
             BLOCK_N=cfg.block_n2, BLOCK_T=cfg.block_t, BLOCK_K=cfg.block_k, DTYPE=dtype, ASM=asm, BIG=big,
-            DIRECT=direct, FUSED=fused, PDL=pdl, K_POW2=k2, ROW_TILES=rows2, ROWS_FIRST=rf, **launch2,
+            DIRECT=direct, FUSED=fused, PDL=pdl, K_POW2=k2, ROW_TILES=rows2, ROWS_FIRST=rf,
+            TAIL_T=tail if rows2 == 1 else 0, **launch2,
             **({"launch_pdl": True} if pdl else {}),
         )
 
