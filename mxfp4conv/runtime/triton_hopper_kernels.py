@@ -219,17 +219,16 @@ def _gemm2_token_sum(pair_ptr, ids_ptr, y_ptr, cnt_ptr, t, offs_n, nmask, top_k,
 
 
 @triton.jit
-def _hgemm1_tile(x_ptr, wg, sg, wu, su, o_nb, o_b, pair, tmask, e, offs_n, nmask, b_ptr, out_ptr, part_ptr,
-                 num_pairs, top_k, K, I_pad, K_SPLIT, k_lo, stride_xt, stride_be, stride_ot, p0, p1,
+def _hgemm1_tile(xt, wg, sg, wu, su, o_nb, o_b, pair, tmask, e, offs_n, nmask, b_ptr, out_ptr, part_ptr,
+                 num_pairs, K, I_pad, K_SPLIT, k_lo, stride_be, stride_ot, p0, p1,
                  ACT: tl.constexpr, HAS_LIMIT: tl.constexpr, HAS_LINEAR: tl.constexpr, HAS_BIAS: tl.constexpr,
                  BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, DTYPE: tl.constexpr,
                  SPLIT: tl.constexpr, ASM: tl.constexpr, BIG: tl.constexpr):
-    """GEMM1's K loop and epilogue for one [BLOCK_N, BLOCK_T] tile of gate and up rows."""
+    """GEMM1's K loop and epilogue for one [BLOCK_N, BLOCK_T] tile of gate and up rows (xt: the
+    pairs' x pointers at code k_lo)."""
     NB: tl.constexpr = BLOCK_N // 16
     KB: tl.constexpr = BLOCK_K // 64
-    tok = (pair // top_k).to(tl.int64)
     offs_k = tl.arange(0, BLOCK_K)
-    xt = x_ptr + tok[None, :] * stride_xt + offs_k[:, None] + k_lo
     acc_g = tl.zeros([BLOCK_N, BLOCK_T], tl.float32)
     acc_u = tl.zeros([BLOCK_N, BLOCK_T], tl.float32)
     nbm = (o_nb < I_pad // 16)[:, None, None]
@@ -250,15 +249,15 @@ def _hgemm1_tile(x_ptr, wg, sg, wu, su, o_nb, o_b, pair, tmask, e, offs_n, nmask
 
 
 @triton.jit
-def _hgemm2_tile(a_ptr, wp, sp, o_nb, o_b, pair, tmask, e, offs_n, nmask, b_ptr, tw_ptr, out_ptr, K, N, K_SPLIT,
-                 k_lo, stride_at, stride_be, stride_ot, stride_os, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr,
+def _hgemm2_tile(at, wp, sp, o_nb, o_b, pair, tmask, e, offs_n, nmask, b_ptr, tw_ptr, out_ptr, K, N, K_SPLIT,
+                 k_lo, stride_be, stride_ot, stride_os, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr,
                  BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, DTYPE: tl.constexpr, ASM: tl.constexpr,
                  BIG: tl.constexpr):
-    """GEMM2's K loop and epilogue for one [BLOCK_N, BLOCK_T] tile (one row tile a program)."""
+    """GEMM2's K loop and epilogue for one [BLOCK_N, BLOCK_T] tile, one row tile a program (at: the
+    pairs' intermediate pointers at code k_lo)."""
     NB: tl.constexpr = BLOCK_N // 16
     KB: tl.constexpr = BLOCK_K // 64
     offs_k = tl.arange(0, BLOCK_K)
-    at = a_ptr + pair.to(tl.int64)[None, :] * stride_at + offs_k[:, None] + k_lo
     acc = tl.zeros([BLOCK_N, BLOCK_T], tl.float32)
     nbm = (o_nb < N // 16)[:, None, None]
     for k0 in range(k_lo, tl.minimum(K, k_lo + K_SPLIT), BLOCK_K):
@@ -303,27 +302,30 @@ def moe_hgemm1_kernel(
         return
     NB: tl.constexpr = BLOCK_N // 16
     KB: tl.constexpr = BLOCK_K // 64
+    tok = (pair // top_k).to(tl.int64)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = offs_n < I_pad
     k_lo = tl.program_id(2) * (K_SPLIT // BLOCK_K) * BLOCK_K  # keeps k_lo's known divisibility: 16-byte loads
     wg, sg, o_nb, o_b = _hopper_ptrs(w_ptr, s_ptr, e, stride_we, stride_se, pid_n * NB, K, k_lo, NB, KB)
     wu = wg + (I_pad // 16) * (8 * K)
     su = sg + (I_pad // 16) * (K // 2)
+    offs_k = tl.arange(0, BLOCK_K)
+    xt = x_ptr + tok[None, :] * stride_xt + offs_k[:, None] + k_lo
     if TAIL_T > 0 and not DIRECT:
         if tl.sum(tmask.to(tl.int32), axis=0) <= TAIL_T:  # a block's pairs fill its first slots (moe_align)
             pair_s = tl.load(sorted_ids_ptr + pid_m * BLOCK_T + tl.arange(0, TAIL_T))
-            _hgemm1_tile(x_ptr, wg, sg, wu, su, o_nb, o_b, pair_s, pair_s < num_pairs, e, offs_n, nmask, b_ptr,
-                         out_ptr, part_ptr, num_pairs, top_k, K, I_pad, K_SPLIT, k_lo, stride_xt, stride_be,
-                         stride_ot, p0, p1, ACT, HAS_LIMIT, HAS_LINEAR, HAS_BIAS, BLOCK_N, TAIL_T, BLOCK_K, DTYPE,
-                         SPLIT, ASM, BIG)
+            xt_s = x_ptr + (pair_s // top_k).to(tl.int64)[None, :] * stride_xt + offs_k[:, None] + k_lo
+            _hgemm1_tile(xt_s, wg, sg, wu, su, o_nb, o_b, pair_s, pair_s < num_pairs, e, offs_n, nmask, b_ptr,
+                         out_ptr, part_ptr, num_pairs, K, I_pad, K_SPLIT, k_lo, stride_be, stride_ot, p0, p1, ACT,
+                         HAS_LIMIT, HAS_LINEAR, HAS_BIAS, BLOCK_N, TAIL_T, BLOCK_K, DTYPE, SPLIT, ASM, BIG)
         else:
-            _hgemm1_tile(x_ptr, wg, sg, wu, su, o_nb, o_b, pair, tmask, e, offs_n, nmask, b_ptr, out_ptr, part_ptr,
-                         num_pairs, top_k, K, I_pad, K_SPLIT, k_lo, stride_xt, stride_be, stride_ot, p0, p1, ACT,
-                         HAS_LIMIT, HAS_LINEAR, HAS_BIAS, BLOCK_N, BLOCK_T, BLOCK_K, DTYPE, SPLIT, ASM, BIG)
+            _hgemm1_tile(xt, wg, sg, wu, su, o_nb, o_b, pair, tmask, e, offs_n, nmask, b_ptr, out_ptr, part_ptr, num_pairs, K,
+                         I_pad, K_SPLIT, k_lo, stride_be, stride_ot, p0, p1, ACT, HAS_LIMIT, HAS_LINEAR, HAS_BIAS, BLOCK_N,
+                         BLOCK_T, BLOCK_K, DTYPE, SPLIT, ASM, BIG)
     else:
-        _hgemm1_tile(x_ptr, wg, sg, wu, su, o_nb, o_b, pair, tmask, e, offs_n, nmask, b_ptr, out_ptr, part_ptr,
-                     num_pairs, top_k, K, I_pad, K_SPLIT, k_lo, stride_xt, stride_be, stride_ot, p0, p1, ACT,
-                     HAS_LIMIT, HAS_LINEAR, HAS_BIAS, BLOCK_N, BLOCK_T, BLOCK_K, DTYPE, SPLIT, ASM, BIG)
+        _hgemm1_tile(xt, wg, sg, wu, su, o_nb, o_b, pair, tmask, e, offs_n, nmask, b_ptr, out_ptr, part_ptr, num_pairs, K,
+                     I_pad, K_SPLIT, k_lo, stride_be, stride_ot, p0, p1, ACT, HAS_LIMIT, HAS_LINEAR, HAS_BIAS, BLOCK_N,
+                     BLOCK_T, BLOCK_K, DTYPE, SPLIT, ASM, BIG)
     if SPLIT and FUSED:
         tl.debug_barrier()
         splits = tl.num_programs(2)
@@ -381,17 +383,16 @@ def moe_hgemm2_kernel(
         if TAIL_T > 0 and not DIRECT:
             if tl.sum(tmask.to(tl.int32), axis=0) <= TAIL_T:  # a block's pairs fill its first slots (moe_align)
                 pair_s = tl.load(sorted_ids_ptr + pid_m * BLOCK_T + tl.arange(0, TAIL_T))
-                _hgemm2_tile(a_ptr, wp, sp, o_nb, o_b, pair_s, pair_s < num_pairs, e, offs_n, nmask, b_ptr, tw_ptr,
-                             out_ptr, K, N, K_SPLIT, k_lo, stride_at, stride_be, stride_ot, stride_os, HAS_BIAS,
-                             BLOCK_N, TAIL_T, BLOCK_K, DTYPE, ASM, BIG)
-            else:
-                _hgemm2_tile(a_ptr, wp, sp, o_nb, o_b, pair, tmask, e, offs_n, nmask, b_ptr, tw_ptr, out_ptr, K, N,
-                             K_SPLIT, k_lo, stride_at, stride_be, stride_ot, stride_os, HAS_BIAS, BLOCK_N, BLOCK_T,
+                at_s = a_ptr + pair_s.to(tl.int64)[None, :] * stride_at + offs_k[:, None] + k_lo
+                _hgemm2_tile(at_s, wp, sp, o_nb, o_b, pair_s, pair_s < num_pairs, e, offs_n, nmask, b_ptr, tw_ptr,
+                             out_ptr, K, N, K_SPLIT, k_lo, stride_be, stride_ot, stride_os, HAS_BIAS, BLOCK_N, TAIL_T,
                              BLOCK_K, DTYPE, ASM, BIG)
+            else:
+                _hgemm2_tile(at, wp, sp, o_nb, o_b, pair, tmask, e, offs_n, nmask, b_ptr, tw_ptr, out_ptr, K, N, K_SPLIT,
+                             k_lo, stride_be, stride_ot, stride_os, HAS_BIAS, BLOCK_N, BLOCK_T, BLOCK_K, DTYPE, ASM, BIG)
         else:
-            _hgemm2_tile(a_ptr, wp, sp, o_nb, o_b, pair, tmask, e, offs_n, nmask, b_ptr, tw_ptr, out_ptr, K, N,
-                         K_SPLIT, k_lo, stride_at, stride_be, stride_ot, stride_os, HAS_BIAS, BLOCK_N, BLOCK_T,
-                         BLOCK_K, DTYPE, ASM, BIG)
+            _hgemm2_tile(at, wp, sp, o_nb, o_b, pair, tmask, e, offs_n, nmask, b_ptr, tw_ptr, out_ptr, K, N, K_SPLIT,
+                         k_lo, stride_be, stride_ot, stride_os, HAS_BIAS, BLOCK_N, BLOCK_T, BLOCK_K, DTYPE, ASM, BIG)
     else:
         # row tiles tile0, tile0 + 1, ...; _hopper_ptrs above placed wp / sp at the first
         steps = tl.cdiv(tl.minimum(K, k_lo + K_SPLIT) - k_lo, BLOCK_K)
