@@ -143,12 +143,20 @@ def drop_caches(*dirs: Path) -> str:
     return "files evicted with posix_fadvise"
 
 
+# --baseline-env: extra variables for the runs of the baseline's code, told apart by identity (the
+# baseline may be this very tree, run with other settings)
+BASELINE_ENV: dict[str, str] = {}
+BASELINE_CODE: list[Path] = []
+
+
 def _env(code: Path | None) -> dict | None:
     """Environment that runs the package found under ``code`` (None: this one)."""
     if code is None:
         return None
     env = dict(os.environ)
     env["PYTHONPATH"] = str(code.resolve()) + os.pathsep + env.get("PYTHONPATH", "")
+    if any(code is b for b in BASELINE_CODE):
+        env.update(BASELINE_ENV)
     return env
 
 
@@ -252,9 +260,20 @@ def main(argv=None) -> None:
     ap.add_argument("--baseline", type=Path, metavar="DIR",
                     help="a checkout of other mxfp4conv code (e.g. a git worktree of main): every convert and "
                          "verify runs with it too, right after this tree's, for before/after in one run")
+    ap.add_argument("--baseline-env", nargs="+", default=[], metavar="NAME=VALUE",
+                    help="environment variables for the baseline's runs only, e.g. --baseline . "
+                         "--baseline-env MXFP4CONV_NO_NATIVE=1 (this tree without its compiled transform)")
     args = ap.parse_args(argv)
+    for item in args.baseline_env:
+        name, eq, value = item.partition("=")
+        if not eq or not name:
+            ap.error(f"--baseline-env {item!r}: write NAME=VALUE")
+        BASELINE_ENV[name] = value
     verify_at = set(args.workers if args.verify_workers is None else args.verify_workers)
     codes = [("this", HERE)] + ([("baseline", args.baseline.resolve())] if args.baseline else [])
+    BASELINE_CODE[:] = [c for label, c in codes if label == "baseline"]
+    if args.baseline_env and not args.baseline:
+        ap.error("--baseline-env needs --baseline (. for this tree)")
 
     work = args.dir.resolve()
     if work.exists():

@@ -103,3 +103,28 @@ def test_numpy_weight_chunk_matches_build_chunk(tmp_path, family, tp, ep, arch):
         ref = build_chunk(data, g, r, WEIGHT_KINDS)
         for k in WEIGHT_KINDS:
             assert torch.equal(torch.from_numpy(got[k]), ref[k]), (r, k)
+
+
+NO_EXTENSION_CHILD = textwrap.dedent("""
+    import sys
+    sys.modules["mxfp4conv.shuffle._hopper_native"] = None  # as if it was never built: import fails
+    from mxfp4conv.convert.run import convert
+    from mxfp4conv.convert.verify import verify
+    from mxfp4conv.oracle import Target
+    from mxfp4conv.shuffle import hopper_native
+    convert(sys.argv[1], sys.argv[2], Target(arch="sm90", tp=1), progress="none", workers=2, chunk_bytes=50_000)
+    print(hopper_native.built(), verify(sys.argv[2], sys.argv[1], workers=2).ok, "torch" in sys.modules)
+""")
+
+
+def test_convert_without_the_compiled_extension(src, tmp_path):
+    # the optional extension absent: the numpy path converts, without torch, the same bytes
+    out = tmp_path / "out"
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    p = subprocess.run([sys.executable, "-c", NO_EXTENSION_CHILD, str(src), str(out)], capture_output=True,
+                       text=True, env=env, timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split() == ["False", "True", "False"]
+    ref = tmp_path / "ref"
+    convert(str(src), ref, Target(arch="sm90", tp=1), progress="none", workers=2, chunk_bytes=50_000)
+    assert _files(out) == _files(ref)

@@ -118,14 +118,14 @@ def test_cpu_tables_and_device_path_agree(data):
 @PROPS
 @given(data=weights(), step=st.sampled_from([1, 512, 1 << 20]))
 def test_cpu_weight_path_in_steps_agrees_with_device_path(data, step):
-    # the CPU path gathers a few slabs at a time; any step size writes the same bytes
+    # the numpy path gathers a few slabs at a time; any step size writes the same bytes
     from mxfp4conv.shuffle import hopper, hopper_np
 
     x, _ = data
     saved = hopper_np.STEP_BYTES
     hopper_np.STEP_BYTES = step
     try:
-        assert torch.equal(hopper._forward_cpu(x), hopper._forward_torch(x))
+        assert torch.equal(torch.from_numpy(hopper_np.weight_forward(x.numpy())), hopper._forward_torch(x))
     finally:
         hopper_np.STEP_BYTES = saved
 
@@ -153,11 +153,22 @@ GOLDEN = [
 ]
 
 
+@pytest.mark.parametrize("native", [False, True], ids=["numpy", "native"])
 @pytest.mark.parametrize("layout,shape,digest", GOLDEN)
-def test_golden_digests(layout, shape, digest):
+def test_golden_digests(layout, shape, digest, native, monkeypatch):
+    # with the compiled weight transform (when built) and without it
     import hashlib
 
+    from mxfp4conv.shuffle import hopper_native
+
+    if native and not hopper_native.built():
+        pytest.skip("the compiled extension mxfp4conv.shuffle._hopper_native is not built")
+    if native:
+        monkeypatch.delenv(hopper_native.ENV_OFF, raising=False)
+    else:
+        monkeypatch.setenv(hopper_native.ENV_OFF, "1")
     x = rand_u8(*shape, seed=sum(shape))
+    assert layout.forward_np(x.numpy()).tobytes() == layout.forward(x).numpy().tobytes()
     y = layout.forward(x)
     assert hashlib.sha256(y.numpy().tobytes()).hexdigest()[:32] == digest
     assert torch.equal(layout.inverse(y, shape), x)

@@ -40,6 +40,7 @@ import numpy as np
 from mxfp4conv.lazy_torch import torch
 
 from mxfp4conv.errors import LayoutError
+from mxfp4conv.shuffle import hopper_native as HX
 from mxfp4conv.shuffle import hopper_np as HN
 
 ROWS = 16  # rows per slab
@@ -63,7 +64,7 @@ def check_scale(s) -> None:
 
 
 def _forward_cpu(x: torch.Tensor) -> torch.Tensor:
-    return torch.from_numpy(HN.weight_forward(x.contiguous().numpy()))
+    return torch.from_numpy(HX.weight_forward(x.contiguous().numpy()))
 
 
 def _inverse_cpu(y: torch.Tensor, shape) -> torch.Tensor:

@@ -50,6 +50,7 @@ from mxfp4conv.errors import LayoutError
 from mxfp4conv.shuffle import aiter as A
 from mxfp4conv.shuffle import aiter_np as AN
 from mxfp4conv.shuffle import hopper as Hop
+from mxfp4conv.shuffle import hopper_native as HX
 from mxfp4conv.shuffle import hopper_np as HN
 from mxfp4conv.shuffle.layout_base import Layout, Shape3, ceil_to, make_layout
 from mxfp4conv.shuffle.triton_cdna4 import TRITON_CDNA4_SCALE, TRITON_CDNA4_SCALE_GU1
@@ -210,7 +211,7 @@ _HOPPER_W = make_layout(
     lambda s: s,
     lambda x, s: Hop.weight_forward(x),
     lambda y, s: Hop.weight_inverse(y, s),
-    np_chunk=lambda x, s: HN.weight_forward(x),
+    np_chunk=lambda x, s: HX.weight_forward(x),
 )
 
 _HOPPER_S = make_layout(
