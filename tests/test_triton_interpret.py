@@ -423,8 +423,8 @@ def test_hopper_rows_first_program_order(rows2, stages2):
     assert rel_err(out, ref) < 1e-5
 
 
-@pytest.mark.parametrize("split", [1, 2], ids=["one-split", "split-k"])
-def test_hopper_small_tiles_for_partly_filled_blocks(split):
+@pytest.mark.parametrize("split,tail2", [(1, -1), (2, -1), (2, 0)], ids=["one-split", "split-k", "gemm1-only"])
+def test_hopper_small_tiles_for_partly_filled_blocks(split, tail2):
     # tail_t: a block of at most tail_t pairs runs both GEMMs on [rows, tail_t] tiles. Expert 0 has
     # 40 pairs (a full 32-pair block, then a block of 8: small tiles), expert 1 20 (more than
     # tail_t: full tiles), expert 2 5 (small tiles), expert 3 none; bias on both GEMMs.
@@ -436,7 +436,7 @@ def test_hopper_small_tiles_for_partly_filled_blocks(split):
     x, w13, s13, w2, s2, tw, ids, b13, b2 = make_problem(11, T, H, I, E, k, bias=True, ids=ids)
     ref = reference(x, w13, s13, w2, s2, tw, ids, "silu", {}, b13, b2)
     cfg = triton_moe.MoEConfig(block_t=32, block_n1=64, block_n2=64, block_k=64, split_k1=split, split_k2=split,
-                               tail_t=16, rows_first1=1, rows_first2=1)
+                               tail_t=16, tail_t2=tail2, rows_first1=1, rows_first2=1)
     out = triton_moe.fused_moe_triton(x, *_hopper(w13, s13, w2, s2), tw, ids, activation="silu",
                                       activation_params={}, w13_bias=b13, w2_bias=b2, config=cfg,
                                       layout="hopper_mma")
@@ -446,3 +446,28 @@ def test_hopper_small_tiles_for_partly_filled_blocks(split):
             triton_moe.fused_moe_triton(x, *_hopper(w13, s13, w2, s2), tw, ids, activation="silu",
                                         activation_params={}, config=dataclasses.replace(cfg, tail_t=bad),
                                         layout="hopper_mma")
+
+
+def test_hopper_two_tiles_for_blocks_up_to_one_and_a_half_tails():
+    # dual: a block of more than tail_t but at most 1.5 tail_t pairs runs [rows, tail_t] and
+    # [rows, tail_t / 2] tiles on the same decoded weights. 64-pair blocks, tail_t 32: expert 0 has
+    # 70 pairs (a full block, then 6: small tiles), expert 1 40 (two tiles), expert 2 20 (small
+    # tiles), expert 3 50 (more than 48: full tiles); K split and bias on both GEMMs.
+    T, k, E, H, I = 70, 3, 4, 320, 128
+    ids = torch.full((T, k), -1, dtype=torch.int64)
+    ids[:, 0] = 0
+    ids[:40, 1] = 1
+    ids[40:60, 1] = 2
+    ids[:50, 2] = 3
+    x, w13, s13, w2, s2, tw, ids, b13, b2 = make_problem(12, T, H, I, E, k, bias=True, ids=ids)
+    ref = reference(x, w13, s13, w2, s2, tw, ids, "silu", {}, b13, b2)
+    cfg = triton_moe.MoEConfig(block_t=64, block_n1=64, block_n2=64, block_k=64, split_k1=2, split_k2=1,
+                               tail_t=32, dual=1)
+    out = triton_moe.fused_moe_triton(x, *_hopper(w13, s13, w2, s2), tw, ids, activation="silu",
+                                      activation_params={}, w13_bias=b13, w2_bias=b2, config=cfg,
+                                      layout="hopper_mma")
+    assert rel_err(out, ref) < 1e-5
+    with pytest.raises(RuntimeInputError, match="dual needs tail_t "):
+        triton_moe.fused_moe_triton(x, *_hopper(w13, s13, w2, s2), tw, ids, activation="silu",
+                                    activation_params={}, config=dataclasses.replace(cfg, block_t=32, tail_t=16),
+                                    layout="hopper_mma")

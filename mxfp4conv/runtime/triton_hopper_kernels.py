@@ -219,26 +219,37 @@ def _gemm2_token_sum(pair_ptr, ids_ptr, y_ptr, cnt_ptr, t, offs_n, nmask, top_k,
 
 
 @triton.jit
-def _hgemm1_tile(xt, wg, sg, wu, su, o_nb, o_b, pair, tmask, e, offs_n, nmask, b_ptr, out_ptr, part_ptr,
-                 num_pairs, K, I_pad, K_SPLIT, k_lo, stride_be, stride_ot, p0, p1,
+def _hgemm1_tile(xt, xt2, wg, sg, wu, su, o_nb, o_b, pair, tmask, pair2, tmask2, e, offs_n, nmask, b_ptr, out_ptr,
+                 part_ptr, num_pairs, K, I_pad, K_SPLIT, k_lo, stride_be, stride_ot, p0, p1,
                  ACT: tl.constexpr, HAS_LIMIT: tl.constexpr, HAS_LINEAR: tl.constexpr, HAS_BIAS: tl.constexpr,
                  BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, DTYPE: tl.constexpr,
-                 SPLIT: tl.constexpr, ASM: tl.constexpr, BIG: tl.constexpr):
+                 SPLIT: tl.constexpr, ASM: tl.constexpr, BIG: tl.constexpr, BT2: tl.constexpr = 0):
     """GEMM1's K loop and epilogue for one [BLOCK_N, BLOCK_T] tile of gate and up rows (xt: the
-    pairs' x pointers at code k_lo)."""
+    pairs' x pointers at code k_lo); BT2 > 0: also a [BLOCK_N, BT2] tile of the pairs pair2 (x
+    pointers xt2), on the same decoded weights."""
     NB: tl.constexpr = BLOCK_N // 16
     KB: tl.constexpr = BLOCK_K // 64
     offs_k = tl.arange(0, BLOCK_K)
     acc_g = tl.zeros([BLOCK_N, BLOCK_T], tl.float32)
     acc_u = tl.zeros([BLOCK_N, BLOCK_T], tl.float32)
+    if BT2 > 0:
+        acc_g2 = tl.zeros([BLOCK_N, BT2], tl.float32)
+        acc_u2 = tl.zeros([BLOCK_N, BT2], tl.float32)
     nbm = (o_nb < I_pad // 16)[:, None, None]
     for k0 in range(k_lo, tl.minimum(K, k_lo + K_SPLIT), BLOCK_K):
         m = nbm & (o_b < (K - k0) // 64)[None, :, None]
         x = tl.load(xt, mask=tmask[None, :] & (offs_k[:, None] < K - k0), other=0.0)
+        if BT2 > 0:
+            x2 = tl.load(xt2, mask=tmask2[None, :] & (offs_k[:, None] < K - k0), other=0.0)
         a = _hopper_tile(tl.load(wg, mask=m, other=0), tl.load(sg, mask=m, other=0), NB, KB, BIG, ASM, DTYPE)
         acc_g = _mma(a, x, acc_g, ASM)
+        if BT2 > 0:
+            acc_g2 = _mma(a, x2, acc_g2, ASM)
         a = _hopper_tile(tl.load(wu, mask=m, other=0), tl.load(su, mask=m, other=0), NB, KB, BIG, ASM, DTYPE)
         acc_u = _mma(a, x, acc_u, ASM)
+        if BT2 > 0:
+            acc_u2 = _mma(a, x2, acc_u2, ASM)
+            xt2 += BLOCK_K
         wg += BLOCK_K * 8
         wu += BLOCK_K * 8
         sg += BLOCK_K // 2
@@ -246,30 +257,52 @@ def _hgemm1_tile(xt, wg, sg, wu, su, o_nb, o_b, pair, tmask, e, offs_n, nmask, b
         xt += BLOCK_K
     gemm1_finish(acc_g, acc_u, pair, tmask, e, offs_n, nmask, b_ptr, out_ptr, part_ptr, num_pairs, I_pad,
                  stride_be, stride_ot, p0, p1, ACT, HAS_LIMIT, HAS_LINEAR, HAS_BIAS, SPLIT)
+    if BT2 > 0:
+        gemm1_finish(acc_g2, acc_u2, pair2, tmask2, e, offs_n, nmask, b_ptr, out_ptr, part_ptr, num_pairs, I_pad,
+                     stride_be, stride_ot, p0, p1, ACT, HAS_LIMIT, HAS_LINEAR, HAS_BIAS, SPLIT)
 
 
 @triton.jit
-def _hgemm2_tile(at, wp, sp, o_nb, o_b, pair, tmask, e, offs_n, nmask, b_ptr, tw_ptr, out_ptr, K, N, K_SPLIT,
-                 k_lo, stride_be, stride_ot, stride_os, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, DTYPE: tl.constexpr, ASM: tl.constexpr,
-                 BIG: tl.constexpr):
+def _hgemm2_tile(at, at2, wp, sp, o_nb, o_b, pair, tmask, pair2, tmask2, e, offs_n, nmask, b_ptr, tw_ptr, out_ptr,
+                 K, N, K_SPLIT, k_lo, stride_be, stride_ot, stride_os, HAS_BIAS: tl.constexpr,
+                 BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, DTYPE: tl.constexpr,
+                 ASM: tl.constexpr, BIG: tl.constexpr, BT2: tl.constexpr = 0):
     """GEMM2's K loop and epilogue for one [BLOCK_N, BLOCK_T] tile, one row tile a program (at: the
-    pairs' intermediate pointers at code k_lo)."""
+    pairs' intermediate pointers at code k_lo); BT2 > 0: also a [BLOCK_N, BT2] tile of pair2."""
     NB: tl.constexpr = BLOCK_N // 16
     KB: tl.constexpr = BLOCK_K // 64
     offs_k = tl.arange(0, BLOCK_K)
     acc = tl.zeros([BLOCK_N, BLOCK_T], tl.float32)
+    if BT2 > 0:
+        acc2 = tl.zeros([BLOCK_N, BT2], tl.float32)
     nbm = (o_nb < N // 16)[:, None, None]
     for k0 in range(k_lo, tl.minimum(K, k_lo + K_SPLIT), BLOCK_K):
         m = nbm & (o_b < (K - k0) // 64)[None, :, None]
         x = tl.load(at, mask=tmask[None, :] & (offs_k[:, None] < K - k0), other=0.0)
+        if BT2 > 0:
+            x2 = tl.load(at2, mask=tmask2[None, :] & (offs_k[:, None] < K - k0), other=0.0)
         a = _hopper_tile(tl.load(wp, mask=m, other=0), tl.load(sp, mask=m, other=0), NB, KB, BIG, ASM, DTYPE)
         acc = _mma(a, x, acc, ASM)
+        if BT2 > 0:
+            acc2 = _mma(a, x2, acc2, ASM)
+            at2 += BLOCK_K
         wp += BLOCK_K * 8
         sp += BLOCK_K // 2
         at += BLOCK_K
     gemm2_finish(acc, pair, tmask, e, offs_n, nmask, b_ptr, tw_ptr, out_ptr, stride_be, stride_ot, stride_os,
                  HAS_BIAS)
+    if BT2 > 0:
+        gemm2_finish(acc2, pair2, tmask2, e, offs_n, nmask, b_ptr, tw_ptr, out_ptr, stride_be, stride_ot, stride_os,
+                     HAS_BIAS)
+
+
+@triton.jit
+def _slot_pairs(sorted_ids_ptr, rows_ptr, slot0, num_pairs, per_row, stride_row, offs_k, k_lo, BT: tl.constexpr):
+    """The pairs in BT block slots from slot0, their mask and their operand pointers at code k_lo
+    (row pair // per_row of rows_ptr: x for GEMM1, the intermediate for GEMM2)."""
+    pair = tl.load(sorted_ids_ptr + slot0 + tl.arange(0, BT))
+    rows = rows_ptr + (pair // per_row).to(tl.int64)[None, :] * stride_row + offs_k[:, None] + k_lo
+    return pair, pair < num_pairs, rows
 
 
 @triton.jit
@@ -283,7 +316,7 @@ def moe_hgemm1_kernel(
     BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, DTYPE: tl.constexpr,
     SPLIT: tl.constexpr, ASM: tl.constexpr, BIG: tl.constexpr,
     DIRECT: tl.constexpr = False, FUSED: tl.constexpr = False, PDL: tl.constexpr = False,
-    ROWS_FIRST: tl.constexpr = False, TAIL_T: tl.constexpr = 0,
+    ROWS_FIRST: tl.constexpr = False, TAIL_T: tl.constexpr = 0, DUAL: tl.constexpr = False,
 ):
     """``moe_gemm1_kernel`` over the Hopper layouts: inter[pair, j] = act(gate_j . x, up_j . x).
     With SPLIT and FUSED, the last K split of each tile finishes it (module docstring).
@@ -312,20 +345,38 @@ def moe_hgemm1_kernel(
     offs_k = tl.arange(0, BLOCK_K)
     xt = x_ptr + tok[None, :] * stride_xt + offs_k[:, None] + k_lo
     if TAIL_T > 0 and not DIRECT:
-        if tl.sum(tmask.to(tl.int32), axis=0) <= TAIL_T:  # a block's pairs fill its first slots (moe_align)
-            pair_s = tl.load(sorted_ids_ptr + pid_m * BLOCK_T + tl.arange(0, TAIL_T))
-            xt_s = x_ptr + (pair_s // top_k).to(tl.int64)[None, :] * stride_xt + offs_k[:, None] + k_lo
-            _hgemm1_tile(xt_s, wg, sg, wu, su, o_nb, o_b, pair_s, pair_s < num_pairs, e, offs_n, nmask, b_ptr,
-                         out_ptr, part_ptr, num_pairs, K, I_pad, K_SPLIT, k_lo, stride_be, stride_ot, p0, p1, ACT,
-                         HAS_LIMIT, HAS_LINEAR, HAS_BIAS, BLOCK_N, TAIL_T, BLOCK_K, DTYPE, SPLIT, ASM, BIG)
+        # a block's pairs fill its first slots (moe_align): with n of them, the first n tile columns
+        n = tl.sum(tmask.to(tl.int32), axis=0)
+        if n <= TAIL_T:
+            pa, ma, ra = _slot_pairs(sorted_ids_ptr, x_ptr, pid_m * BLOCK_T, num_pairs, top_k, stride_xt, offs_k, k_lo,
+                                     TAIL_T)
+            _hgemm1_tile(ra, ra, wg, sg, wu, su, o_nb, o_b, pa, ma, pa, ma, e, offs_n, nmask, b_ptr, out_ptr, part_ptr,
+                         num_pairs, K, I_pad, K_SPLIT, k_lo, stride_be, stride_ot, p0, p1, ACT, HAS_LIMIT, HAS_LINEAR,
+                         HAS_BIAS, BLOCK_N, TAIL_T, BLOCK_K, DTYPE, SPLIT, ASM, BIG)
         else:
-            _hgemm1_tile(xt, wg, sg, wu, su, o_nb, o_b, pair, tmask, e, offs_n, nmask, b_ptr, out_ptr, part_ptr, num_pairs, K,
-                         I_pad, K_SPLIT, k_lo, stride_be, stride_ot, p0, p1, ACT, HAS_LIMIT, HAS_LINEAR, HAS_BIAS, BLOCK_N,
-                         BLOCK_T, BLOCK_K, DTYPE, SPLIT, ASM, BIG)
+            if DUAL:  # up to 1.5 TAIL_T pairs: [rows, TAIL_T] and [rows, TAIL_T / 2] tiles
+                if n <= TAIL_T + TAIL_T // 2:
+                    pa, ma, ra = _slot_pairs(sorted_ids_ptr, x_ptr, pid_m * BLOCK_T, num_pairs, top_k, stride_xt,
+                                             offs_k, k_lo, TAIL_T)
+                    pb, mb, rb = _slot_pairs(sorted_ids_ptr, x_ptr, pid_m * BLOCK_T + TAIL_T, num_pairs, top_k,
+                                             stride_xt, offs_k, k_lo, TAIL_T // 2)
+                    _hgemm1_tile(ra, rb, wg, sg, wu, su, o_nb, o_b, pa, ma, pb, mb, e, offs_n, nmask, b_ptr, out_ptr,
+                                 part_ptr, num_pairs, K, I_pad, K_SPLIT, k_lo, stride_be, stride_ot, p0, p1, ACT,
+                                 HAS_LIMIT, HAS_LINEAR, HAS_BIAS, BLOCK_N, TAIL_T, BLOCK_K, DTYPE, SPLIT, ASM, BIG,
+                                 TAIL_T // 2)
+                else:
+                    _hgemm1_tile(xt, xt, wg, sg, wu, su, o_nb, o_b, pair, tmask, pair, tmask, e, offs_n, nmask, b_ptr,
+                                 out_ptr, part_ptr, num_pairs, K, I_pad, K_SPLIT, k_lo, stride_be, stride_ot, p0, p1,
+                                 ACT, HAS_LIMIT, HAS_LINEAR, HAS_BIAS, BLOCK_N, BLOCK_T, BLOCK_K, DTYPE, SPLIT, ASM,
+                                 BIG)
+            else:
+                _hgemm1_tile(xt, xt, wg, sg, wu, su, o_nb, o_b, pair, tmask, pair, tmask, e, offs_n, nmask, b_ptr,
+                             out_ptr, part_ptr, num_pairs, K, I_pad, K_SPLIT, k_lo, stride_be, stride_ot, p0, p1, ACT,
+                             HAS_LIMIT, HAS_LINEAR, HAS_BIAS, BLOCK_N, BLOCK_T, BLOCK_K, DTYPE, SPLIT, ASM, BIG)
     else:
-        _hgemm1_tile(xt, wg, sg, wu, su, o_nb, o_b, pair, tmask, e, offs_n, nmask, b_ptr, out_ptr, part_ptr, num_pairs, K,
-                     I_pad, K_SPLIT, k_lo, stride_be, stride_ot, p0, p1, ACT, HAS_LIMIT, HAS_LINEAR, HAS_BIAS, BLOCK_N,
-                     BLOCK_T, BLOCK_K, DTYPE, SPLIT, ASM, BIG)
+        _hgemm1_tile(xt, xt, wg, sg, wu, su, o_nb, o_b, pair, tmask, pair, tmask, e, offs_n, nmask, b_ptr, out_ptr,
+                     part_ptr, num_pairs, K, I_pad, K_SPLIT, k_lo, stride_be, stride_ot, p0, p1, ACT, HAS_LIMIT,
+                     HAS_LINEAR, HAS_BIAS, BLOCK_N, BLOCK_T, BLOCK_K, DTYPE, SPLIT, ASM, BIG)
     if SPLIT and FUSED:
         tl.debug_barrier()
         splits = tl.num_programs(2)
@@ -347,7 +398,7 @@ def moe_hgemm2_kernel(
     ASM: tl.constexpr, BIG: tl.constexpr,
     DIRECT: tl.constexpr = False, FUSED: tl.constexpr = False, PDL: tl.constexpr = False,
     K_POW2: tl.constexpr = 1, ROW_TILES: tl.constexpr = 1, ROWS_FIRST: tl.constexpr = False,
-    TAIL_T: tl.constexpr = 0,
+    TAIL_T: tl.constexpr = 0, DUAL: tl.constexpr = False,
 ):
     """``moe_gemm2_kernel`` over the Hopper layouts:
     pair_out[split, pair, n] = w_pair * (w2[e, n, split's K range] . inter[pair] (+ b2[e, n] in split 0)).
@@ -381,18 +432,36 @@ def moe_hgemm2_kernel(
         _gdc_wait()  # GEMM1's intermediate is complete and visible from here on
     if ROW_TILES == 1:
         if TAIL_T > 0 and not DIRECT:
-            if tl.sum(tmask.to(tl.int32), axis=0) <= TAIL_T:  # a block's pairs fill its first slots (moe_align)
-                pair_s = tl.load(sorted_ids_ptr + pid_m * BLOCK_T + tl.arange(0, TAIL_T))
-                at_s = a_ptr + pair_s.to(tl.int64)[None, :] * stride_at + offs_k[:, None] + k_lo
-                _hgemm2_tile(at_s, wp, sp, o_nb, o_b, pair_s, pair_s < num_pairs, e, offs_n, nmask, b_ptr, tw_ptr,
-                             out_ptr, K, N, K_SPLIT, k_lo, stride_be, stride_ot, stride_os, HAS_BIAS, BLOCK_N, TAIL_T,
-                             BLOCK_K, DTYPE, ASM, BIG)
+            # a block's pairs fill its first slots (moe_align): with n of them, the first n tile columns
+            n = tl.sum(tmask.to(tl.int32), axis=0)
+            if n <= TAIL_T:
+                pa, ma, ra = _slot_pairs(sorted_ids_ptr, a_ptr, pid_m * BLOCK_T, num_pairs, 1, stride_at, offs_k, k_lo,
+                                         TAIL_T)
+                _hgemm2_tile(ra, ra, wp, sp, o_nb, o_b, pa, ma, pa, ma, e, offs_n, nmask, b_ptr, tw_ptr, out_ptr, K, N,
+                             K_SPLIT, k_lo, stride_be, stride_ot, stride_os, HAS_BIAS, BLOCK_N, TAIL_T, BLOCK_K, DTYPE,
+                             ASM, BIG)
             else:
-                _hgemm2_tile(at, wp, sp, o_nb, o_b, pair, tmask, e, offs_n, nmask, b_ptr, tw_ptr, out_ptr, K, N, K_SPLIT,
-                             k_lo, stride_be, stride_ot, stride_os, HAS_BIAS, BLOCK_N, BLOCK_T, BLOCK_K, DTYPE, ASM, BIG)
+                if DUAL:  # up to 1.5 TAIL_T pairs: [rows, TAIL_T] and [rows, TAIL_T / 2] tiles
+                    if n <= TAIL_T + TAIL_T // 2:
+                        pa, ma, ra = _slot_pairs(sorted_ids_ptr, a_ptr, pid_m * BLOCK_T, num_pairs, 1, stride_at,
+                                                 offs_k, k_lo, TAIL_T)
+                        pb, mb, rb = _slot_pairs(sorted_ids_ptr, a_ptr, pid_m * BLOCK_T + TAIL_T, num_pairs, 1,
+                                                 stride_at, offs_k, k_lo, TAIL_T // 2)
+                        _hgemm2_tile(ra, rb, wp, sp, o_nb, o_b, pa, ma, pb, mb, e, offs_n, nmask, b_ptr, tw_ptr,
+                                     out_ptr, K, N, K_SPLIT, k_lo, stride_be, stride_ot, stride_os, HAS_BIAS, BLOCK_N,
+                                     TAIL_T, BLOCK_K, DTYPE, ASM, BIG, TAIL_T // 2)
+                    else:
+                        _hgemm2_tile(at, at, wp, sp, o_nb, o_b, pair, tmask, pair, tmask, e, offs_n, nmask, b_ptr,
+                                     tw_ptr, out_ptr, K, N, K_SPLIT, k_lo, stride_be, stride_ot, stride_os, HAS_BIAS,
+                                     BLOCK_N, BLOCK_T, BLOCK_K, DTYPE, ASM, BIG)
+                else:
+                    _hgemm2_tile(at, at, wp, sp, o_nb, o_b, pair, tmask, pair, tmask, e, offs_n, nmask, b_ptr, tw_ptr,
+                                 out_ptr, K, N, K_SPLIT, k_lo, stride_be, stride_ot, stride_os, HAS_BIAS, BLOCK_N,
+                                 BLOCK_T, BLOCK_K, DTYPE, ASM, BIG)
         else:
-            _hgemm2_tile(at, wp, sp, o_nb, o_b, pair, tmask, e, offs_n, nmask, b_ptr, tw_ptr, out_ptr, K, N, K_SPLIT,
-                         k_lo, stride_be, stride_ot, stride_os, HAS_BIAS, BLOCK_N, BLOCK_T, BLOCK_K, DTYPE, ASM, BIG)
+            _hgemm2_tile(at, at, wp, sp, o_nb, o_b, pair, tmask, pair, tmask, e, offs_n, nmask, b_ptr, tw_ptr, out_ptr,
+                         K, N, K_SPLIT, k_lo, stride_be, stride_ot, stride_os, HAS_BIAS, BLOCK_N, BLOCK_T, BLOCK_K,
+                         DTYPE, ASM, BIG)
     else:
         # row tiles tile0, tile0 + 1, ...; _hopper_ptrs above placed wp / sp at the first
         steps = tl.cdiv(tl.minimum(K, k_lo + K_SPLIT) - k_lo, BLOCK_K)

@@ -84,6 +84,10 @@ class MoEConfig:
     # tail_t pairs (an expert's last, partly filled block) runs both GEMMs on [rows, tail_t] tiles
     # instead of [rows, block_t] ones (its MMAs over the empty slots are not done)
     tail_t: int = 0
+    # with tail_t: a block of up to 1.5 tail_t pairs in two tiles, [rows, tail_t] and [rows, tail_t / 2],
+    # on the same decoded weights (1 on, 0 off; needs tail_t >= 32)
+    dual: int = 0
+    tail_t2: int = -1  # GEMM2's tail_t where it differs (-1: tail_t; 0: none)
 
 
 def layout_of(layout: Mapping[str, str]) -> str | None:
@@ -561,10 +565,14 @@ def _hopper_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13
         raise RuntimeInputError(
             f"fused_moe_triton: the hopper_mma kernels need block_k a multiple of 64 and block_n1/block_n2 "
             f"multiples of 16, got {cfg.block_k}, {cfg.block_n1}, {cfg.block_n2}.")
-    if cfg.tail_t and (cfg.tail_t < 16 or cfg.tail_t & (cfg.tail_t - 1) or cfg.tail_t >= cfg.block_t):
-        raise RuntimeInputError(
-            f"fused_moe_triton: tail_t must be 0 or a power of two from 16 to below block_t ({cfg.block_t}), "
-            f"got {cfg.tail_t}.")
+    tails = (("tail_t", cfg.tail_t), ("tail_t2", cfg.tail_t if cfg.tail_t2 < 0 else cfg.tail_t2))
+    for name, t in tails:
+        if t and (t < 16 or t & (t - 1) or t >= cfg.block_t):
+            raise RuntimeInputError(
+                f"fused_moe_triton: {name} must be 0 or a power of two from 16 to below block_t ({cfg.block_t}), "
+                f"got {t}.")
+        if cfg.dual and t and t < 32:
+            raise RuntimeInputError(f"fused_moe_triton: dual needs {name} of 32 or more, got {t}.")
     x = x.contiguous()
     w13, w13_scale, w2, w2_scale = (t.contiguous() for t in (w13, w13_scale, w2, w2_scale))
     acts = dict(ACT=act["ACT"], HAS_LIMIT=act["HAS_LIMIT"], HAS_LINEAR=act["HAS_LINEAR"])
@@ -573,6 +581,7 @@ def _hopper_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13
     k2 = triton.next_power_of_2(top_k)
     rows2 = 1 if fused else max(1, cfg.rows2)
     tail = 0 if direct or fused else cfg.tail_t
+    tail2 = 0 if direct or fused or rows2 > 1 else cfg.tail_t if cfg.tail_t2 < 0 else cfg.tail_t2
 
     def order(grid, on):  # (grid, rows first): row tiles on grid axis 0 where asked and possible
         if on and not fused and grid[0] < 65536:
@@ -587,7 +596,8 @@ def _hopper_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13
             x.stride(0), w13.stride(0), w13_scale.stride(0), r.b13.stride(0), r.inter.stride(0),
             act["p0"], act["p1"], **acts, HAS_BIAS=w13_bias is not None,
             BLOCK_N=cfg.block_n1, BLOCK_T=cfg.block_t, BLOCK_K=cfg.block_k, DTYPE=dtype, SPLIT=r.s1 > 1,
-            ASM=asm, BIG=big, DIRECT=direct, FUSED=fused, PDL=pdl, ROWS_FIRST=rf, TAIL_T=tail, **launch,
+            ASM=asm, BIG=big, DIRECT=direct, FUSED=fused, PDL=pdl, ROWS_FIRST=rf, TAIL_T=tail,
+            DUAL=bool(tail and cfg.dual), **launch,
         )
 
     def gemm2(grid, r):
@@ -600,7 +610,7 @@ def _hopper_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13
             HAS_BIAS=w2_bias is not None,
             BLOCK_N=cfg.block_n2, BLOCK_T=cfg.block_t, BLOCK_K=cfg.block_k, DTYPE=dtype, ASM=asm, BIG=big,
             DIRECT=direct, FUSED=fused, PDL=pdl, K_POW2=k2, ROW_TILES=rows2, ROWS_FIRST=rf,
-            TAIL_T=tail if rows2 == 1 else 0, **launch2,
+            TAIL_T=tail2, DUAL=bool(tail2 and cfg.dual), **launch2,
             **({"launch_pdl": True} if pdl else {}),
         )
 
