@@ -147,8 +147,8 @@ def hopper_variants(T, H, I, k, E):
     """The default, a forced K split, the v9 launch sequence (align, separate activation and k-sum
     kernels), one block per pair with more than one token, the fused reductions forced on where
     the default leaves them off, GEMM2 row tiles in one flat loop where it does not use them, row
-    tiles first in both grids (where not fused), the small tiles of partly filled blocks switched
-    the other way, and the align the default does not take."""
+    tiles first in both grids (where not fused), the small and the two-tile paths of partly filled
+    blocks switched the other way, and the align the default does not take."""
     default = select_config(T * k, E, H, I, "hopper_mma")
     out = [("default", default), ("split", dataclasses.replace(default, split_k1=3, split_k2=2)),
            ("v9", dataclasses.replace(default, fused=0, direct=0, pdl=0))]
@@ -165,7 +165,12 @@ def hopper_variants(T, H, I, k, E):
     if not hopper_options(default, T, T * k, True)[1]:  # partly filled blocks in small tiles, or not (the other
         # choice from the default's; 32-pair blocks at least, so that there is a smaller tile)
         bt = max(32, default.block_t)
-        out.append(("tail", dataclasses.replace(default, block_t=bt, tail_t=0 if default.tail_t else bt // 2, rows2=1)))
+        out.append(("tail", dataclasses.replace(default, block_t=bt, tail_t=0 if default.tail_t else bt // 2, dual=0,
+                                                rows2=1)))
+        bt = max(64, default.block_t)  # and the two-tile blocks switched the other way (on: 64-pair blocks at least)
+        on = not (default.dual and default.tail_t >= 32)
+        out.append(("dual", dataclasses.replace(default, block_t=bt, tail_t=default.tail_t or bt // 2,
+                                                dual=int(on), rows2=1) if on else dataclasses.replace(default, dual=0)))
     if T > 1:  # the other align (many programs below ALIGN_GRID_PAIRS, one program from it)
         out.append(("align", dataclasses.replace(default, align=int(T * k < ALIGN_GRID_PAIRS))))
     return out

@@ -119,11 +119,11 @@ def select_config(num_pairs: int, num_experts: int, hidden: int, inter: int, lay
             # prefill: row tiles first in both grids (a block's tiles side by side: its activation rows
             # come from DRAM about once); short rows: GEMM2 in 128-row tiles, 4 warps, one stage
             gemm2 = dict(block_n2=128, num_warps2=4, num_stages2=1) if short else dict(block_n2=256)
-            # an expert's last block in small tiles: most experts' second block holds <= 32 pairs
-            # from 96 pairs an expert on, most whole blocks <= 64 up to 64 (in between, too few do)
-            tail = 32 if per_expert > 96 else 64 if per_expert <= 64 else 0
+            # partly filled blocks in smaller tiles: past 96 pairs an expert, most experts' second block
+            # holds <= 32 pairs; below, most blocks fit 64 or 64 + 32 (dual)
+            tail = 32 if per_expert > 96 else 64
             return MoEConfig(block_t=128, block_n1=128, block_k=128, num_warps=8, num_stages=3, rows_first1=1,
-                             rows_first2=1, tail_t=tail, **gemm2)
+                             rows_first2=1, tail_t=tail, dual=int(tail == 64), **gemm2)
         bt = 16 if per_expert <= 12 else 32 if per_expert <= 24 else 64
         if num_pairs <= 16:  # one token (T = 1: one block per pair, fused reductions): 64-row GEMM2 tiles,
             # and no GEMM2 K split once those tiles alone give enough programs
@@ -134,14 +134,15 @@ def select_config(num_pairs: int, num_experts: int, hidden: int, inter: int, lay
         # few pairs, past one pair per expert four GEMM2 row tiles per program in one flat loop
         # (uncapped), and with 64-pair blocks row tiles first in both grids
         maxnreg = 128 if short and per_expert <= 12 else 0
-        # blocks of 32 / 64 pairs: those holding at most half that in half-width tiles (GEMM2's too
-        # where it runs one row tile a program: the multi-tile loop has no small tiles)
+        # blocks of 32 / 64 pairs: those holding at most half that in half-width tiles, 64-pair ones up
+        # to 48 in 32 + 16 (GEMM2's too where it runs one row tile a program: the multi-tile loop has
+        # no small tiles)
         tail = bt // 2 if bt >= 32 else 0
         rows2 = 4 if short and per_expert > 1.05 and bt < 64 else 1
         first = int(short and bt == 64)
         return MoEConfig(block_t=bt, block_n1=64, block_n2=128, block_k=128, num_warps=4, num_stages=3, maxnreg=maxnreg,
                          rows2=rows2, maxnreg2=0 if rows2 > 1 else -1, rows_first1=first, rows_first2=first,
-                         tail_t=tail)
+                         tail_t=tail, dual=int(tail >= 32))
     if per_expert <= 32:
         # decode path without tensor cores (taken at <= 1 pair per touched expert): 16-row tiles
         # with 256-code K steps where I_pad allows them in GEMM2 (DSV3-like), else 32-row tiles
