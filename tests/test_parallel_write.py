@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from mxfp4conv.convert import crc
 from mxfp4conv.convert.crc import crc32_combine
 from mxfp4conv.convert.parallel import OrderedPool
 from mxfp4conv.convert.writer import ShardWriter, TensorSpec, WriteError, shard_checksum
@@ -20,6 +21,19 @@ from mxfp4conv.convert.writer import ShardWriter, TensorSpec, WriteError, shard_
 def test_crc32_combine_equals_crc_of_concatenation(a, b, start):
     crc_a = zlib.crc32(a, start)
     assert crc32_combine(crc_a, zlib.crc32(b), len(b)) == zlib.crc32(a + b, start)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=70000), st.integers(0, 2**32 - 1))
+def test_converter_crc32_is_zlibs(data, start):
+    # the converter's crc32 (zlib-ng's where installed) is zlib's checksum, from any start value
+    assert crc.crc32(data, start) == zlib.crc32(data, start)
+    assert crc.crc32(memoryview(data)[1:]) == zlib.crc32(data[1:])
+
+
+def test_converter_crc32_is_zlib_ngs_when_installed():
+    zlib_ng = pytest.importorskip("zlib_ng.zlib_ng", reason="zlib-ng is not installed")
+    assert crc.crc32 is zlib_ng.crc32
 
 
 def test_crc32_combine_long_zero_runs():

@@ -8,6 +8,13 @@ crc32 over all its bytes in order, which this gives without reading anything aga
 
 from __future__ import annotations
 
+try:  # zlib-ng's crc32 (carry-less multiply folding: about 25 GB/s a core, zlib's about 4); same checksum
+    from zlib_ng.zlib_ng import crc32
+except ImportError:  # pragma: no cover - a dependency, but a platform may lack its wheel
+    from zlib import crc32
+
+__all__ = ["crc32", "crc32_combine"]
+
 POLY = 0xEDB88320  # crc32 polynomial, reflected
 _ONE = 1 << 31  # x**0 in the reflected representation
 

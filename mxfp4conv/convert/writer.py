@@ -14,7 +14,6 @@ import hashlib
 import json
 import os
 import struct
-import zlib
 from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -24,7 +23,7 @@ import numpy as np
 from mxfp4conv import lazy_torch
 
 from mxfp4conv.checkpoint.safetensors_io import DTYPE_BITS, expected_nbytes, read_header
-from mxfp4conv.convert.crc import crc32_combine
+from mxfp4conv.convert.crc import crc32, crc32_combine
 from mxfp4conv.convert.writeback import start_writeback
 from mxfp4conv.errors import Mxfp4convError
 
@@ -193,7 +192,7 @@ class ShardWriter:
         self.written[name] = done + len(view)
 
     def _crc(self, name: str, view) -> None:
-        self.crcs[name] = zlib.crc32(view, self.crcs[name])
+        self.crcs[name] = crc32(view, self.crcs[name])
 
     # ---- parallel writing: pieces written anywhere, then recorded in order ----------------
 
@@ -212,7 +211,7 @@ class ShardWriter:
         except OSError as exc:
             raise _os_error(exc, self.temp, "write") from exc
         start_writeback(self.fd, pos, len(view))
-        return zlib.crc32(view)
+        return crc32(view)
 
     def record(self, name: str, offset: int, nbytes: int, crc: int) -> None:
         """Account for a piece written by ``write_at``; pieces of a tensor must come in order."""
@@ -311,7 +310,7 @@ def shard_checksum(path: Path, chunk_bytes: int = 64 << 20) -> tuple[str, int]:
                 k = f.readinto(memoryview(buf)[: min(left, chunk_bytes)])
                 if not k:
                     raise Mxfp4convError(f"{path} is truncated inside tensor {e.name}")
-                crc = zlib.crc32(memoryview(buf)[:k], crc)
+                crc = crc32(memoryview(buf)[:k], crc)
                 left -= k
             crcs.append((e.name, e.nbytes, crc))
     return combine_digest(h.raw, crcs), h.file_size
