@@ -68,6 +68,21 @@ def _words_asm(w):
 
 
 @triton.jit
+def _factors_asm(s):
+    """e8m0 bytes -> the bf16 factors ``2**(s - 1)`` (bits ``(s + 126) << 7``, s <= 128), two at a time:
+    one byte permute spreads two bytes into the halves of a word, one multiply-add shifts both."""
+    return tl.inline_asm_elementwise(
+        asm="""{
+        .reg .b32 a, b;
+        prmt.b32 a, $2, 0, 0x4140;
+        prmt.b32 b, $2, 0, 0x4342;
+        mad.lo.u32 $0, a, 128, 0x3F003F00;
+        mad.lo.u32 $1, b, 128, 0x3F003F00;
+        }""",
+        constraints="=r,=r,r", args=[s], dtype=tl.bfloat16, is_pure=True, pack=4)
+
+
+@triton.jit
 def _halves_f32(r):
     """The two bf16 halves of each int32 as fp32 (their bits moved up: exact, subnormals too)."""
     return (r << 16).to(tl.float32, bitcast=True), (r & -0x10000).to(tl.float32, bitcast=True)
@@ -103,12 +118,12 @@ def _hopper_tile(w, s, NB: tl.constexpr, KB: tl.constexpr, BIG: tl.constexpr, AS
     w = w.reshape(NB, KB, 8, 4, 4, 4)  # nb b g t kt byte
     if ASM:
         a, b = _words_asm(w)
-        s16 = s.to(tl.int16)
         if BIG:  # some scale > 2 (2**(s-1) would overflow bf16): restore 2**126 first, then 2**(s-127)
+            s16 = s.to(tl.int16)
             bits = tl.where(s16 == 255, 0x7FC0, tl.where(s16 == 0, 0x0040, s16 << 7))
+            f = bits.to(tl.int16).to(tl.bfloat16, bitcast=True)
         else:
-            bits = (s16 + 126) << 7
-        f = bits.to(tl.int16).to(tl.bfloat16, bitcast=True)
+            f = _factors_asm(s)
     else:
         a, b = _words_generic(w)
         s32 = s.to(tl.int32)

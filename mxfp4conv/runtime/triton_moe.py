@@ -126,10 +126,14 @@ def select_config(num_pairs: int, num_experts: int, hidden: int, inter: int, lay
                              rows_first2=1, tail_t=tail, dual=int(tail == 64), **gemm2)
         bt = 16 if per_expert <= 12 else 32 if per_expert <= 24 else 64
         if num_pairs <= 16:  # one token (T = 1: one block per pair, fused reductions): 64-row GEMM2 tiles,
-            # and no GEMM2 K split once those tiles alone give enough programs
+            # and no GEMM2 K split once those tiles alone give enough programs; GEMM1's K splits at least
+            # six 128-code steps long (K3-like: 4 splits of 7 steps, not 10 of 3: the fused tail and the
+            # pipeline fill of each program weigh less)
             split2 = 1 if num_pairs * (hidden // 64) >= 768 else 0
+            steps1 = hidden // 128
+            auto1 = max(1, min(steps1 // 2, triton.cdiv(_TARGET_PROGRAMS, num_pairs * triton.cdiv(inter, 64))))
             return MoEConfig(block_t=16, block_n1=64, block_n2=64, block_k=128, num_warps=4, num_stages=3,
-                             split_k2=split2)
+                             split_k1=max(1, min(auto1, steps1 // 6)), split_k2=split2)
         # short GEMM2 rows: GEMM1 capped at 128 registers (a fourth program per SM) while experts see
         # few pairs, past one pair per expert four GEMM2 row tiles per program in one flat loop
         # (uncapped), and with 64-pair blocks row tiles first in both grids
