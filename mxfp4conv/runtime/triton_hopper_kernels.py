@@ -110,26 +110,29 @@ def _words_generic(w):
 
 
 @triton.jit
-def _hopper_tile(w, s, NB: tl.constexpr, KB: tl.constexpr, BIG: tl.constexpr, ASM: tl.constexpr,
+def _hopper_tile(w, s, NB: tl.constexpr, KB: tl.constexpr, FACT: tl.constexpr, ASM: tl.constexpr,
                  DTYPE: tl.constexpr):
     """w [NB, KB, 512] and s [NB, KB, 128] (each lane's 4 scale bytes, repeated for the 4 lanes of
     a row group) -> the dequantised [16 NB, 64 KB] operand tile: bf16 with ASM (exact: every MXFP4
-    value is a bf16), else DTYPE."""
+    value is a bf16), else DTYPE. FACT (with ASM): the e8m0 factors one at a time (0) or two to a
+    word (1), both for scales <= 2; 2: some scale is larger (two multiplies)."""
     w = w.reshape(NB, KB, 8, 4, 4, 4)  # nb b g t kt byte
     if ASM:
         a, b = _words_asm(w)
-        if BIG:  # some scale > 2 (2**(s-1) would overflow bf16): restore 2**126 first, then 2**(s-127)
+        if FACT == 2:  # some scale > 2 (2**(s-1) would overflow bf16): restore 2**126 first, then 2**(s-127)
             s16 = s.to(tl.int16)
             bits = tl.where(s16 == 255, 0x7FC0, tl.where(s16 == 0, 0x0040, s16 << 7))
             f = bits.to(tl.int16).to(tl.bfloat16, bitcast=True)
-        else:
+        elif FACT == 1:
             f = _factors_asm(s)
+        else:
+            f = ((s.to(tl.int16) + 126) << 7).to(tl.int16).to(tl.bfloat16, bitcast=True)
     else:
         a, b = _words_generic(w)
         s32 = s.to(tl.int32)
         f = tl.where(s32 == 255, float("nan"), tl.where(s32 == 0, 5.877471754111438e-39, (s32 << 23).to(tl.float32, bitcast=True)))
     v = tl.join(a, b)  # nb b g t kt (c kk) h
-    if BIG or not ASM:
+    if FACT == 2 or not ASM:
         v = v * 8.507059e37  # 2**126
     f = f.reshape(NB, KB, 8, 4, 2, 2).permute(0, 1, 2, 3, 5, 4)  # nb b g t j h
     v = v.reshape(NB, KB, 8, 4, 2, 2, 2, 2, 2) * f.reshape(NB, KB, 8, 4, 2, 1, 1, 1, 2)  # j: the 32-group
@@ -238,7 +241,7 @@ def _hgemm1_tile(xt, xt2, wg, sg, wu, su, o_nb, o_b, pair, tmask, pair2, tmask2,
                  part_ptr, num_pairs, K, I_pad, K_SPLIT, k_lo, stride_be, stride_ot, p0, p1,
                  ACT: tl.constexpr, HAS_LIMIT: tl.constexpr, HAS_LINEAR: tl.constexpr, HAS_BIAS: tl.constexpr,
                  BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, DTYPE: tl.constexpr,
-                 SPLIT: tl.constexpr, ASM: tl.constexpr, BIG: tl.constexpr, BT2: tl.constexpr = 0):
+                 SPLIT: tl.constexpr, ASM: tl.constexpr, FACT: tl.constexpr, BT2: tl.constexpr = 0):
     """GEMM1's K loop and epilogue for one [BLOCK_N, BLOCK_T] tile of gate and up rows (xt: the
     pairs' x pointers at code k_lo); BT2 > 0: also a [BLOCK_N, BT2] tile of the pairs pair2 (x
     pointers xt2), on the same decoded weights."""
@@ -256,11 +259,11 @@ def _hgemm1_tile(xt, xt2, wg, sg, wu, su, o_nb, o_b, pair, tmask, pair2, tmask2,
         x = tl.load(xt, mask=tmask[None, :] & (offs_k[:, None] < K - k0), other=0.0)
         if BT2 > 0:
             x2 = tl.load(xt2, mask=tmask2[None, :] & (offs_k[:, None] < K - k0), other=0.0)
-        a = _hopper_tile(tl.load(wg, mask=m, other=0), tl.load(sg, mask=m, other=0), NB, KB, BIG, ASM, DTYPE)
+        a = _hopper_tile(tl.load(wg, mask=m, other=0), tl.load(sg, mask=m, other=0), NB, KB, FACT, ASM, DTYPE)
         acc_g = _mma(a, x, acc_g, ASM)
         if BT2 > 0:
             acc_g2 = _mma(a, x2, acc_g2, ASM)
-        a = _hopper_tile(tl.load(wu, mask=m, other=0), tl.load(su, mask=m, other=0), NB, KB, BIG, ASM, DTYPE)
+        a = _hopper_tile(tl.load(wu, mask=m, other=0), tl.load(su, mask=m, other=0), NB, KB, FACT, ASM, DTYPE)
         acc_u = _mma(a, x, acc_u, ASM)
         if BT2 > 0:
             acc_u2 = _mma(a, x2, acc_u2, ASM)
@@ -281,7 +284,7 @@ def _hgemm1_tile(xt, xt2, wg, sg, wu, su, o_nb, o_b, pair, tmask, pair2, tmask2,
 def _hgemm2_tile(at, at2, wp, sp, o_nb, o_b, pair, tmask, pair2, tmask2, e, offs_n, nmask, b_ptr, tw_ptr, out_ptr,
                  K, N, K_SPLIT, k_lo, stride_be, stride_ot, stride_os, HAS_BIAS: tl.constexpr,
                  BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, DTYPE: tl.constexpr,
-                 ASM: tl.constexpr, BIG: tl.constexpr, BT2: tl.constexpr = 0):
+                 ASM: tl.constexpr, FACT: tl.constexpr, BT2: tl.constexpr = 0):
     """GEMM2's K loop and epilogue for one [BLOCK_N, BLOCK_T] tile, one row tile a program (at: the
     pairs' intermediate pointers at code k_lo); BT2 > 0: also a [BLOCK_N, BT2] tile of pair2."""
     NB: tl.constexpr = BLOCK_N // 16
@@ -296,7 +299,7 @@ def _hgemm2_tile(at, at2, wp, sp, o_nb, o_b, pair, tmask, pair2, tmask2, e, offs
         x = tl.load(at, mask=tmask[None, :] & (offs_k[:, None] < K - k0), other=0.0)
         if BT2 > 0:
             x2 = tl.load(at2, mask=tmask2[None, :] & (offs_k[:, None] < K - k0), other=0.0)
-        a = _hopper_tile(tl.load(wp, mask=m, other=0), tl.load(sp, mask=m, other=0), NB, KB, BIG, ASM, DTYPE)
+        a = _hopper_tile(tl.load(wp, mask=m, other=0), tl.load(sp, mask=m, other=0), NB, KB, FACT, ASM, DTYPE)
         acc = _mma(a, x, acc, ASM)
         if BT2 > 0:
             acc2 = _mma(a, x2, acc2, ASM)
@@ -329,7 +332,7 @@ def moe_hgemm1_kernel(
     p0, p1,
     ACT: tl.constexpr, HAS_LIMIT: tl.constexpr, HAS_LINEAR: tl.constexpr, HAS_BIAS: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, DTYPE: tl.constexpr,
-    SPLIT: tl.constexpr, ASM: tl.constexpr, BIG: tl.constexpr,
+    SPLIT: tl.constexpr, ASM: tl.constexpr, FACT: tl.constexpr,
     DIRECT: tl.constexpr = False, FUSED: tl.constexpr = False, PDL: tl.constexpr = False,
     ROWS_FIRST: tl.constexpr = False, TAIL_T: tl.constexpr = 0, DUAL: tl.constexpr = False,
 ):
@@ -367,7 +370,7 @@ def moe_hgemm1_kernel(
                                      TAIL_T)
             _hgemm1_tile(ra, ra, wg, sg, wu, su, o_nb, o_b, pa, ma, pa, ma, e, offs_n, nmask, b_ptr, out_ptr, part_ptr,
                          num_pairs, K, I_pad, K_SPLIT, k_lo, stride_be, stride_ot, p0, p1, ACT, HAS_LIMIT, HAS_LINEAR,
-                         HAS_BIAS, BLOCK_N, TAIL_T, BLOCK_K, DTYPE, SPLIT, ASM, BIG)
+                         HAS_BIAS, BLOCK_N, TAIL_T, BLOCK_K, DTYPE, SPLIT, ASM, FACT)
         else:
             if DUAL:  # up to 1.5 TAIL_T pairs: [rows, TAIL_T] and [rows, TAIL_T / 2] tiles
                 if n <= TAIL_T + TAIL_T // 2:
@@ -377,21 +380,21 @@ def moe_hgemm1_kernel(
                                              stride_xt, offs_k, k_lo, TAIL_T // 2)
                     _hgemm1_tile(ra, rb, wg, sg, wu, su, o_nb, o_b, pa, ma, pb, mb, e, offs_n, nmask, b_ptr, out_ptr,
                                  part_ptr, num_pairs, K, I_pad, K_SPLIT, k_lo, stride_be, stride_ot, p0, p1, ACT,
-                                 HAS_LIMIT, HAS_LINEAR, HAS_BIAS, BLOCK_N, TAIL_T, BLOCK_K, DTYPE, SPLIT, ASM, BIG,
+                                 HAS_LIMIT, HAS_LINEAR, HAS_BIAS, BLOCK_N, TAIL_T, BLOCK_K, DTYPE, SPLIT, ASM, FACT,
                                  TAIL_T // 2)
                 else:
                     _hgemm1_tile(xt, xt, wg, sg, wu, su, o_nb, o_b, pair, tmask, pair, tmask, e, offs_n, nmask, b_ptr,
                                  out_ptr, part_ptr, num_pairs, K, I_pad, K_SPLIT, k_lo, stride_be, stride_ot, p0, p1,
                                  ACT, HAS_LIMIT, HAS_LINEAR, HAS_BIAS, BLOCK_N, BLOCK_T, BLOCK_K, DTYPE, SPLIT, ASM,
-                                 BIG)
+                                 FACT)
             else:
                 _hgemm1_tile(xt, xt, wg, sg, wu, su, o_nb, o_b, pair, tmask, pair, tmask, e, offs_n, nmask, b_ptr,
                              out_ptr, part_ptr, num_pairs, K, I_pad, K_SPLIT, k_lo, stride_be, stride_ot, p0, p1, ACT,
-                             HAS_LIMIT, HAS_LINEAR, HAS_BIAS, BLOCK_N, BLOCK_T, BLOCK_K, DTYPE, SPLIT, ASM, BIG)
+                             HAS_LIMIT, HAS_LINEAR, HAS_BIAS, BLOCK_N, BLOCK_T, BLOCK_K, DTYPE, SPLIT, ASM, FACT)
     else:
         _hgemm1_tile(xt, xt, wg, sg, wu, su, o_nb, o_b, pair, tmask, pair, tmask, e, offs_n, nmask, b_ptr, out_ptr,
                      part_ptr, num_pairs, K, I_pad, K_SPLIT, k_lo, stride_be, stride_ot, p0, p1, ACT, HAS_LIMIT,
-                     HAS_LINEAR, HAS_BIAS, BLOCK_N, BLOCK_T, BLOCK_K, DTYPE, SPLIT, ASM, BIG)
+                     HAS_LINEAR, HAS_BIAS, BLOCK_N, BLOCK_T, BLOCK_K, DTYPE, SPLIT, ASM, FACT)
     if SPLIT and FUSED:
         tl.debug_barrier()
         splits = tl.num_programs(2)
@@ -410,7 +413,7 @@ def moe_hgemm2_kernel(
     stride_at, stride_we, stride_se, stride_be, stride_ot, stride_os, stride_yt,
     HAS_BIAS: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, DTYPE: tl.constexpr,
-    ASM: tl.constexpr, BIG: tl.constexpr,
+    ASM: tl.constexpr, FACT: tl.constexpr,
     DIRECT: tl.constexpr = False, FUSED: tl.constexpr = False, PDL: tl.constexpr = False,
     K_POW2: tl.constexpr = 1, ROW_TILES: tl.constexpr = 1, ROWS_FIRST: tl.constexpr = False,
     TAIL_T: tl.constexpr = 0, DUAL: tl.constexpr = False,
@@ -454,7 +457,7 @@ def moe_hgemm2_kernel(
                                          TAIL_T)
                 _hgemm2_tile(ra, ra, wp, sp, o_nb, o_b, pa, ma, pa, ma, e, offs_n, nmask, b_ptr, tw_ptr, out_ptr, K, N,
                              K_SPLIT, k_lo, stride_be, stride_ot, stride_os, HAS_BIAS, BLOCK_N, TAIL_T, BLOCK_K, DTYPE,
-                             ASM, BIG)
+                             ASM, FACT)
             else:
                 if DUAL:  # up to 1.5 TAIL_T pairs: [rows, TAIL_T] and [rows, TAIL_T / 2] tiles
                     if n <= TAIL_T + TAIL_T // 2:
@@ -464,19 +467,19 @@ def moe_hgemm2_kernel(
                                                  stride_at, offs_k, k_lo, TAIL_T // 2)
                         _hgemm2_tile(ra, rb, wp, sp, o_nb, o_b, pa, ma, pb, mb, e, offs_n, nmask, b_ptr, tw_ptr,
                                      out_ptr, K, N, K_SPLIT, k_lo, stride_be, stride_ot, stride_os, HAS_BIAS, BLOCK_N,
-                                     TAIL_T, BLOCK_K, DTYPE, ASM, BIG, TAIL_T // 2)
+                                     TAIL_T, BLOCK_K, DTYPE, ASM, FACT, TAIL_T // 2)
                     else:
                         _hgemm2_tile(at, at, wp, sp, o_nb, o_b, pair, tmask, pair, tmask, e, offs_n, nmask, b_ptr,
                                      tw_ptr, out_ptr, K, N, K_SPLIT, k_lo, stride_be, stride_ot, stride_os, HAS_BIAS,
-                                     BLOCK_N, BLOCK_T, BLOCK_K, DTYPE, ASM, BIG)
+                                     BLOCK_N, BLOCK_T, BLOCK_K, DTYPE, ASM, FACT)
                 else:
                     _hgemm2_tile(at, at, wp, sp, o_nb, o_b, pair, tmask, pair, tmask, e, offs_n, nmask, b_ptr, tw_ptr,
                                  out_ptr, K, N, K_SPLIT, k_lo, stride_be, stride_ot, stride_os, HAS_BIAS, BLOCK_N,
-                                 BLOCK_T, BLOCK_K, DTYPE, ASM, BIG)
+                                 BLOCK_T, BLOCK_K, DTYPE, ASM, FACT)
         else:
             _hgemm2_tile(at, at, wp, sp, o_nb, o_b, pair, tmask, pair, tmask, e, offs_n, nmask, b_ptr, tw_ptr, out_ptr,
                          K, N, K_SPLIT, k_lo, stride_be, stride_ot, stride_os, HAS_BIAS, BLOCK_N, BLOCK_T, BLOCK_K,
-                         DTYPE, ASM, BIG)
+                         DTYPE, ASM, FACT)
     else:
         # row tiles tile0, tile0 + 1, ...; _hopper_ptrs above placed wp / sp at the first
         steps = tl.cdiv(tl.minimum(K, k_lo + K_SPLIT) - k_lo, BLOCK_K)
@@ -490,7 +493,7 @@ def moe_hgemm2_kernel(
             x = tl.load(at + ks * BLOCK_K, mask=tmask[None, :] & (offs_k[:, None] < K - k0), other=0.0)
             w = tl.load(wp + slab.to(tl.int64) * (8 * K) + ks * (BLOCK_K * 8), mask=m, other=0)
             sc = tl.load(sp + slab.to(tl.int64) * (K // 2) + ks * (BLOCK_K // 2), mask=m, other=0)
-            acc = _mma(_hopper_tile(w, sc, NB, KB, BIG, ASM, DTYPE), x, acc, ASM)
+            acc = _mma(_hopper_tile(w, sc, NB, KB, FACT, ASM, DTYPE), x, acc, ASM)
             if ks == steps - 1:
                 offs_t = offs_n + nt * BLOCK_N
                 gemm2_finish(acc, pair, tmask, e, offs_t, offs_t < N, b_ptr, tw_ptr, out_ptr, stride_be, stride_ot,

@@ -88,6 +88,9 @@ class MoEConfig:
     # on the same decoded weights (1 on, 0 off; needs tail_t >= 32)
     dual: int = 0
     tail_t2: int = -1  # GEMM2's tail_t where it differs (-1: tail_t; 0: none)
+    # hopper_mma decode: the e8m0 factors of scales <= 2 two to a word (1: a byte permute and a
+    # multiply-add per two) or one at a time (0: the v13 instructions)
+    factor_pairs: int = 1
 
 
 def layout_of(layout: Mapping[str, str]) -> str | None:
@@ -565,7 +568,7 @@ def _hopper_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13
     dtype = getattr(triton.language, _TL_DTYPES[x.dtype])
     interp = os.environ.get("TRITON_INTERPRET") == "1"
     asm = x.is_cuda and torch.version.cuda is not None and not interp
-    big = _big_scales(w13_scale, w2_scale)
+    fact = 2 if _big_scales(w13_scale, w2_scale) else cfg.factor_pairs
     if cfg.block_k % 64 or cfg.block_n1 % 16 or cfg.block_n2 % 16:
         raise RuntimeInputError(
             f"fused_moe_triton: the hopper_mma kernels need block_k a multiple of 64 and block_n1/block_n2 "
@@ -601,7 +604,7 @@ def _hopper_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13
             x.stride(0), w13.stride(0), w13_scale.stride(0), r.b13.stride(0), r.inter.stride(0),
             act["p0"], act["p1"], **acts, HAS_BIAS=w13_bias is not None,
             BLOCK_N=cfg.block_n1, BLOCK_T=cfg.block_t, BLOCK_K=cfg.block_k, DTYPE=dtype, SPLIT=r.s1 > 1,
-            ASM=asm, BIG=big, DIRECT=direct, FUSED=fused, PDL=pdl, ROWS_FIRST=rf, TAIL_T=tail,
+            ASM=asm, FACT=fact, DIRECT=direct, FUSED=fused, PDL=pdl, ROWS_FIRST=rf, TAIL_T=tail,
             DUAL=bool(tail and cfg.dual), **launch,
         )
 
@@ -613,7 +616,7 @@ def _hopper_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13
             r.inter.stride(0), w2.stride(0), w2_scale.stride(0), r.b2.stride(0), r.pair_out.stride(1),
             r.pair_out.stride(0), r.out.stride(0),
             HAS_BIAS=w2_bias is not None,
-            BLOCK_N=cfg.block_n2, BLOCK_T=cfg.block_t, BLOCK_K=cfg.block_k, DTYPE=dtype, ASM=asm, BIG=big,
+            BLOCK_N=cfg.block_n2, BLOCK_T=cfg.block_t, BLOCK_K=cfg.block_k, DTYPE=dtype, ASM=asm, FACT=fact,
             DIRECT=direct, FUSED=fused, PDL=pdl, K_POW2=k2, ROW_TILES=rows2, ROWS_FIRST=rf,
             TAIL_T=tail2, DUAL=bool(tail2 and cfg.dual), **launch2,
             **({"launch_pdl": True} if pdl else {}),
