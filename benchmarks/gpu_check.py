@@ -148,7 +148,8 @@ def hopper_variants(T, H, I, k, E):
     kernels), one block per pair with more than one token, the fused reductions forced on where
     the default leaves them off, GEMM2 row tiles in one flat loop where it does not use them, row
     tiles first in both grids (where not fused), the small and the two-tile paths of partly filled
-    blocks switched the other way, and the align the default does not take."""
+    blocks switched the other way, the decode's e8m0 factors computed the other way, and the align
+    the default does not take."""
     default = select_config(T * k, E, H, I, "hopper_mma")
     out = [("default", default), ("split", dataclasses.replace(default, split_k1=3, split_k2=2)),
            ("v9", dataclasses.replace(default, fused=0, direct=0, pdl=0))]
@@ -171,6 +172,8 @@ def hopper_variants(T, H, I, k, E):
         on = not (default.dual and default.tail_t >= 32)
         out.append(("dual", dataclasses.replace(default, block_t=bt, tail_t=default.tail_t or bt // 2,
                                                 dual=int(on), rows2=1) if on else dataclasses.replace(default, dual=0)))
+    # the e8m0 factors of the decode computed the other way (two to a word or one at a time)
+    out.append(("factors", dataclasses.replace(default, factor_pairs=1 - default.factor_pairs)))
     if T > 1:  # the other align (many programs below ALIGN_GRID_PAIRS, one program from it)
         out.append(("align", dataclasses.replace(default, align=int(T * k < ALIGN_GRID_PAIRS))))
     return out

@@ -125,8 +125,11 @@ def select_config(num_pairs: int, num_experts: int, hidden: int, inter: int, lay
             # partly filled blocks in smaller tiles: past 96 pairs an expert, most experts' second block
             # holds <= 32 pairs; below, most blocks fit 64 or 64 + 32 (dual)
             tail = 32 if per_expert > 96 else 64
+            # the e8m0 factors two to a word measured 1.02x faster at 64 pairs an expert (DSV3 T = 2048) and
+            # within the run's spread past it (DSV3 / K3 T = 4096): there the v13 instructions stay
             return MoEConfig(block_t=128, block_n1=128, block_k=128, num_warps=8, num_stages=3, rows_first1=1,
-                             rows_first2=1, tail_t=tail, dual=int(tail == 64), **gemm2)
+                             rows_first2=1, tail_t=tail, dual=int(tail == 64), factor_pairs=int(per_expert <= 64),
+                             **gemm2)
         bt = 16 if per_expert <= 12 else 32 if per_expert <= 24 else 64
         if num_pairs <= 16:  # one token (T = 1: one block per pair, fused reductions): 64-row GEMM2 tiles,
             # and no GEMM2 K split once those tiles alone give enough programs; GEMM1's K splits at least
