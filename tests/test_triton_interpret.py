@@ -193,6 +193,19 @@ def test_bad_inputs_raise_clear_errors():
     assert math.isfinite(float(call(x, w13, s13, w2, s2, tw, ids, activation="silu", activation_params={}).sum()))
 
 
+@pytest.mark.parametrize("H,I,E,k", [(7168, 2048, 256, 8), (3584, 384, 896, 16), (2880, 2880, 128, 4), (1024, 256, 64, 6),
+                                     (512, 128, 8, 2)])
+def test_one_token_gemm1_splits_keep_six_k_steps(H, I, E, k):
+    # hopper_mma, one token: GEMM1's K splits are at least six block_k steps long (or there is one),
+    # never more than the automatic count, and they cover K
+    cfg = triton_moe.select_config(k, E, H, I, "hopper_mma")
+    programs = k * -(-I // cfg.block_n1)
+    splits, per = triton_moe._splits(cfg.split_k1, programs, H, cfg.block_k)
+    auto, _ = triton_moe._splits(0, programs, H, cfg.block_k)
+    assert splits == 1 or per >= 6 * cfg.block_k
+    assert 1 <= splits <= auto and splits * per >= H > (splits - 1) * per
+
+
 @pytest.mark.parametrize("requested,programs,k", [(0, 96, 3584), (0, 448, 384), (0, 5000, 7168), (3, 10, 96), (1, 1, 4096)])
 def test_split_k_ranges_cover_k_without_empty_splits(requested, programs, k):
     splits, per = triton_moe._splits(requested, programs, k, 128)
