@@ -237,11 +237,34 @@ def _gemm2_token_sum(pair_ptr, ids_ptr, y_ptr, cnt_ptr, t, offs_n, nmask, top_k,
 
 
 @triton.jit
+def _load_step(p, nbm, o_b, K, k0, EVEN: tl.constexpr):
+    """A step's weight or scale tile at code k0, masked to the real rows (nbm) and 64-code blocks;
+    EVEN (every step full, every row real): unmasked."""
+    if EVEN:
+        v = tl.load(p)
+    else:
+        v = tl.load(p, mask=nbm & (o_b < (K - k0) // 64)[None, :, None], other=0)
+    return v
+
+
+@triton.jit
+def _load_x(p, tmask, offs_k, K, k0, EVEN: tl.constexpr):
+    """A step's [BLOCK_K, pairs] operand tile at code k0, masked to the block's pairs (and, unless
+    EVEN, to K)."""
+    if EVEN:
+        v = tl.load(p, mask=tmask[None, :], other=0.0)
+    else:
+        v = tl.load(p, mask=tmask[None, :] & (offs_k[:, None] < K - k0), other=0.0)
+    return v
+
+
+@triton.jit
 def _hgemm1_tile(xt, xt2, wg, sg, wu, su, o_nb, o_b, pair, tmask, pair2, tmask2, e, offs_n, nmask, b_ptr, out_ptr,
                  part_ptr, num_pairs, K, I_pad, K_SPLIT, k_lo, stride_be, stride_ot, p0, p1,
                  ACT: tl.constexpr, HAS_LIMIT: tl.constexpr, HAS_LINEAR: tl.constexpr, HAS_BIAS: tl.constexpr,
                  BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, DTYPE: tl.constexpr,
-                 SPLIT: tl.constexpr, ASM: tl.constexpr, FACT: tl.constexpr, BT2: tl.constexpr = 0):
+                 SPLIT: tl.constexpr, ASM: tl.constexpr, FACT: tl.constexpr, BT2: tl.constexpr = 0,
+                 EVEN: tl.constexpr = False):
     """GEMM1's K loop and epilogue for one [BLOCK_N, BLOCK_T] tile of gate and up rows (xt: the
     pairs' x pointers at code k_lo); BT2 > 0: also a [BLOCK_N, BT2] tile of the pairs pair2 (x
     pointers xt2), on the same decoded weights."""
@@ -255,15 +278,16 @@ def _hgemm1_tile(xt, xt2, wg, sg, wu, su, o_nb, o_b, pair, tmask, pair2, tmask2,
         acc_u2 = tl.zeros([BLOCK_N, BT2], tl.float32)
     nbm = (o_nb < I_pad // 16)[:, None, None]
     for k0 in range(k_lo, tl.minimum(K, k_lo + K_SPLIT), BLOCK_K):
-        m = nbm & (o_b < (K - k0) // 64)[None, :, None]
-        x = tl.load(xt, mask=tmask[None, :] & (offs_k[:, None] < K - k0), other=0.0)
+        x = _load_x(xt, tmask, offs_k, K, k0, EVEN)
         if BT2 > 0:
-            x2 = tl.load(xt2, mask=tmask2[None, :] & (offs_k[:, None] < K - k0), other=0.0)
-        a = _hopper_tile(tl.load(wg, mask=m, other=0), tl.load(sg, mask=m, other=0), NB, KB, FACT, ASM, DTYPE)
+            x2 = _load_x(xt2, tmask2, offs_k, K, k0, EVEN)
+        a = _hopper_tile(_load_step(wg, nbm, o_b, K, k0, EVEN), _load_step(sg, nbm, o_b, K, k0, EVEN), NB, KB, FACT,
+                         ASM, DTYPE)
         acc_g = _mma(a, x, acc_g, ASM)
         if BT2 > 0:
             acc_g2 = _mma(a, x2, acc_g2, ASM)
-        a = _hopper_tile(tl.load(wu, mask=m, other=0), tl.load(su, mask=m, other=0), NB, KB, FACT, ASM, DTYPE)
+        a = _hopper_tile(_load_step(wu, nbm, o_b, K, k0, EVEN), _load_step(su, nbm, o_b, K, k0, EVEN), NB, KB, FACT,
+                         ASM, DTYPE)
         acc_u = _mma(a, x, acc_u, ASM)
         if BT2 > 0:
             acc_u2 = _mma(a, x2, acc_u2, ASM)
@@ -284,7 +308,7 @@ def _hgemm1_tile(xt, xt2, wg, sg, wu, su, o_nb, o_b, pair, tmask, pair2, tmask2,
 def _hgemm2_tile(at, at2, wp, sp, o_nb, o_b, pair, tmask, pair2, tmask2, e, offs_n, nmask, b_ptr, tw_ptr, out_ptr,
                  K, N, K_SPLIT, k_lo, stride_be, stride_ot, stride_os, HAS_BIAS: tl.constexpr,
                  BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, DTYPE: tl.constexpr,
-                 ASM: tl.constexpr, FACT: tl.constexpr, BT2: tl.constexpr = 0):
+                 ASM: tl.constexpr, FACT: tl.constexpr, BT2: tl.constexpr = 0, EVEN: tl.constexpr = False):
     """GEMM2's K loop and epilogue for one [BLOCK_N, BLOCK_T] tile, one row tile a program (at: the
     pairs' intermediate pointers at code k_lo); BT2 > 0: also a [BLOCK_N, BT2] tile of pair2."""
     NB: tl.constexpr = BLOCK_N // 16
@@ -295,11 +319,11 @@ def _hgemm2_tile(at, at2, wp, sp, o_nb, o_b, pair, tmask, pair2, tmask2, e, offs
         acc2 = tl.zeros([BLOCK_N, BT2], tl.float32)
     nbm = (o_nb < N // 16)[:, None, None]
     for k0 in range(k_lo, tl.minimum(K, k_lo + K_SPLIT), BLOCK_K):
-        m = nbm & (o_b < (K - k0) // 64)[None, :, None]
-        x = tl.load(at, mask=tmask[None, :] & (offs_k[:, None] < K - k0), other=0.0)
+        x = _load_x(at, tmask, offs_k, K, k0, EVEN)
         if BT2 > 0:
-            x2 = tl.load(at2, mask=tmask2[None, :] & (offs_k[:, None] < K - k0), other=0.0)
-        a = _hopper_tile(tl.load(wp, mask=m, other=0), tl.load(sp, mask=m, other=0), NB, KB, FACT, ASM, DTYPE)
+            x2 = _load_x(at2, tmask2, offs_k, K, k0, EVEN)
+        a = _hopper_tile(_load_step(wp, nbm, o_b, K, k0, EVEN), _load_step(sp, nbm, o_b, K, k0, EVEN), NB, KB, FACT,
+                         ASM, DTYPE)
         acc = _mma(a, x, acc, ASM)
         if BT2 > 0:
             acc2 = _mma(a, x2, acc2, ASM)
@@ -335,6 +359,7 @@ def moe_hgemm1_kernel(
     SPLIT: tl.constexpr, ASM: tl.constexpr, FACT: tl.constexpr,
     DIRECT: tl.constexpr = False, FUSED: tl.constexpr = False, PDL: tl.constexpr = False,
     ROWS_FIRST: tl.constexpr = False, TAIL_T: tl.constexpr = 0, DUAL: tl.constexpr = False,
+    EVEN: tl.constexpr = False,
 ):
     """``moe_gemm1_kernel`` over the Hopper layouts: inter[pair, j] = act(gate_j . x, up_j . x).
     With SPLIT and FUSED, the last K split of each tile finishes it (module docstring).
@@ -370,7 +395,7 @@ def moe_hgemm1_kernel(
                                      TAIL_T)
             _hgemm1_tile(ra, ra, wg, sg, wu, su, o_nb, o_b, pa, ma, pa, ma, e, offs_n, nmask, b_ptr, out_ptr, part_ptr,
                          num_pairs, K, I_pad, K_SPLIT, k_lo, stride_be, stride_ot, p0, p1, ACT, HAS_LIMIT, HAS_LINEAR,
-                         HAS_BIAS, BLOCK_N, TAIL_T, BLOCK_K, DTYPE, SPLIT, ASM, FACT)
+                         HAS_BIAS, BLOCK_N, TAIL_T, BLOCK_K, DTYPE, SPLIT, ASM, FACT, EVEN=EVEN)
         else:
             if DUAL:  # up to 1.5 TAIL_T pairs: [rows, TAIL_T] and [rows, TAIL_T / 2] tiles
                 if n <= TAIL_T + TAIL_T // 2:
@@ -381,20 +406,21 @@ def moe_hgemm1_kernel(
                     _hgemm1_tile(ra, rb, wg, sg, wu, su, o_nb, o_b, pa, ma, pb, mb, e, offs_n, nmask, b_ptr, out_ptr,
                                  part_ptr, num_pairs, K, I_pad, K_SPLIT, k_lo, stride_be, stride_ot, p0, p1, ACT,
                                  HAS_LIMIT, HAS_LINEAR, HAS_BIAS, BLOCK_N, TAIL_T, BLOCK_K, DTYPE, SPLIT, ASM, FACT,
-                                 TAIL_T // 2)
+                                 TAIL_T // 2, EVEN=EVEN)
                 else:
                     _hgemm1_tile(xt, xt, wg, sg, wu, su, o_nb, o_b, pair, tmask, pair, tmask, e, offs_n, nmask, b_ptr,
                                  out_ptr, part_ptr, num_pairs, K, I_pad, K_SPLIT, k_lo, stride_be, stride_ot, p0, p1,
                                  ACT, HAS_LIMIT, HAS_LINEAR, HAS_BIAS, BLOCK_N, BLOCK_T, BLOCK_K, DTYPE, SPLIT, ASM,
-                                 FACT)
+                                 FACT, EVEN=EVEN)
             else:
                 _hgemm1_tile(xt, xt, wg, sg, wu, su, o_nb, o_b, pair, tmask, pair, tmask, e, offs_n, nmask, b_ptr,
                              out_ptr, part_ptr, num_pairs, K, I_pad, K_SPLIT, k_lo, stride_be, stride_ot, p0, p1, ACT,
-                             HAS_LIMIT, HAS_LINEAR, HAS_BIAS, BLOCK_N, BLOCK_T, BLOCK_K, DTYPE, SPLIT, ASM, FACT)
+                             HAS_LIMIT, HAS_LINEAR, HAS_BIAS, BLOCK_N, BLOCK_T, BLOCK_K, DTYPE, SPLIT, ASM, FACT,
+                             EVEN=EVEN)
     else:
         _hgemm1_tile(xt, xt, wg, sg, wu, su, o_nb, o_b, pair, tmask, pair, tmask, e, offs_n, nmask, b_ptr, out_ptr,
                      part_ptr, num_pairs, K, I_pad, K_SPLIT, k_lo, stride_be, stride_ot, p0, p1, ACT, HAS_LIMIT,
-                     HAS_LINEAR, HAS_BIAS, BLOCK_N, BLOCK_T, BLOCK_K, DTYPE, SPLIT, ASM, FACT)
+                     HAS_LINEAR, HAS_BIAS, BLOCK_N, BLOCK_T, BLOCK_K, DTYPE, SPLIT, ASM, FACT, EVEN=EVEN)
     if SPLIT and FUSED:
         tl.debug_barrier()
         splits = tl.num_programs(2)
@@ -416,7 +442,7 @@ def moe_hgemm2_kernel(
     ASM: tl.constexpr, FACT: tl.constexpr,
     DIRECT: tl.constexpr = False, FUSED: tl.constexpr = False, PDL: tl.constexpr = False,
     K_POW2: tl.constexpr = 1, ROW_TILES: tl.constexpr = 1, ROWS_FIRST: tl.constexpr = False,
-    TAIL_T: tl.constexpr = 0, DUAL: tl.constexpr = False,
+    TAIL_T: tl.constexpr = 0, DUAL: tl.constexpr = False, EVEN: tl.constexpr = False,
 ):
     """``moe_gemm2_kernel`` over the Hopper layouts:
     pair_out[split, pair, n] = w_pair * (w2[e, n, split's K range] . inter[pair] (+ b2[e, n] in split 0)).
@@ -457,7 +483,7 @@ def moe_hgemm2_kernel(
                                          TAIL_T)
                 _hgemm2_tile(ra, ra, wp, sp, o_nb, o_b, pa, ma, pa, ma, e, offs_n, nmask, b_ptr, tw_ptr, out_ptr, K, N,
                              K_SPLIT, k_lo, stride_be, stride_ot, stride_os, HAS_BIAS, BLOCK_N, TAIL_T, BLOCK_K, DTYPE,
-                             ASM, FACT)
+                             ASM, FACT, EVEN=EVEN)
             else:
                 if DUAL:  # up to 1.5 TAIL_T pairs: [rows, TAIL_T] and [rows, TAIL_T / 2] tiles
                     if n <= TAIL_T + TAIL_T // 2:
@@ -467,19 +493,19 @@ def moe_hgemm2_kernel(
                                                  stride_at, offs_k, k_lo, TAIL_T // 2)
                         _hgemm2_tile(ra, rb, wp, sp, o_nb, o_b, pa, ma, pb, mb, e, offs_n, nmask, b_ptr, tw_ptr,
                                      out_ptr, K, N, K_SPLIT, k_lo, stride_be, stride_ot, stride_os, HAS_BIAS, BLOCK_N,
-                                     TAIL_T, BLOCK_K, DTYPE, ASM, FACT, TAIL_T // 2)
+                                     TAIL_T, BLOCK_K, DTYPE, ASM, FACT, TAIL_T // 2, EVEN=EVEN)
                     else:
                         _hgemm2_tile(at, at, wp, sp, o_nb, o_b, pair, tmask, pair, tmask, e, offs_n, nmask, b_ptr,
                                      tw_ptr, out_ptr, K, N, K_SPLIT, k_lo, stride_be, stride_ot, stride_os, HAS_BIAS,
-                                     BLOCK_N, BLOCK_T, BLOCK_K, DTYPE, ASM, FACT)
+                                     BLOCK_N, BLOCK_T, BLOCK_K, DTYPE, ASM, FACT, EVEN=EVEN)
                 else:
                     _hgemm2_tile(at, at, wp, sp, o_nb, o_b, pair, tmask, pair, tmask, e, offs_n, nmask, b_ptr, tw_ptr,
                                  out_ptr, K, N, K_SPLIT, k_lo, stride_be, stride_ot, stride_os, HAS_BIAS, BLOCK_N,
-                                 BLOCK_T, BLOCK_K, DTYPE, ASM, FACT)
+                                 BLOCK_T, BLOCK_K, DTYPE, ASM, FACT, EVEN=EVEN)
         else:
             _hgemm2_tile(at, at, wp, sp, o_nb, o_b, pair, tmask, pair, tmask, e, offs_n, nmask, b_ptr, tw_ptr, out_ptr,
                          K, N, K_SPLIT, k_lo, stride_be, stride_ot, stride_os, HAS_BIAS, BLOCK_N, BLOCK_T, BLOCK_K,
-                         DTYPE, ASM, FACT)
+                         DTYPE, ASM, FACT, EVEN=EVEN)
     else:
         # row tiles tile0, tile0 + 1, ...; _hopper_ptrs above placed wp / sp at the first
         steps = tl.cdiv(tl.minimum(K, k_lo + K_SPLIT) - k_lo, BLOCK_K)
@@ -489,10 +515,10 @@ def moe_hgemm2_kernel(
         for _ in range(0, tiles * steps):
             k0 = k_lo + ks * BLOCK_K
             slab = nt * NB  # 16-row slabs past the first tile's
-            m = ((o_nb + slab) < N // 16)[:, None, None] & (o_b < (K - k0) // 64)[None, :, None]
-            x = tl.load(at + ks * BLOCK_K, mask=tmask[None, :] & (offs_k[:, None] < K - k0), other=0.0)
-            w = tl.load(wp + slab.to(tl.int64) * (8 * K) + ks * (BLOCK_K * 8), mask=m, other=0)
-            sc = tl.load(sp + slab.to(tl.int64) * (K // 2) + ks * (BLOCK_K // 2), mask=m, other=0)
+            nbm = ((o_nb + slab) < N // 16)[:, None, None]
+            x = _load_x(at + ks * BLOCK_K, tmask, offs_k, K, k0, EVEN)
+            w = _load_step(wp + slab.to(tl.int64) * (8 * K) + ks * (BLOCK_K * 8), nbm, o_b, K, k0, EVEN)
+            sc = _load_step(sp + slab.to(tl.int64) * (K // 2) + ks * (BLOCK_K // 2), nbm, o_b, K, k0, EVEN)
             acc = _mma(_hopper_tile(w, sc, NB, KB, FACT, ASM, DTYPE), x, acc, ASM)
             if ks == steps - 1:
                 offs_t = offs_n + nt * BLOCK_N

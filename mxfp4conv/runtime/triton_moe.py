@@ -608,7 +608,7 @@ def _hopper_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13
             act["p0"], act["p1"], **acts, HAS_BIAS=w13_bias is not None,
             BLOCK_N=cfg.block_n1, BLOCK_T=cfg.block_t, BLOCK_K=cfg.block_k, DTYPE=dtype, SPLIT=r.s1 > 1,
             ASM=asm, FACT=fact, DIRECT=direct, FUSED=fused, PDL=pdl, ROWS_FIRST=rf, TAIL_T=tail,
-            DUAL=bool(tail and cfg.dual), **launch,
+            DUAL=bool(tail and cfg.dual), EVEN=H % cfg.block_k == 0 and i_pad % cfg.block_n1 == 0, **launch,
         )
 
     def gemm2(grid, r):
@@ -621,7 +621,8 @@ def _hopper_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13
             HAS_BIAS=w2_bias is not None,
             BLOCK_N=cfg.block_n2, BLOCK_T=cfg.block_t, BLOCK_K=cfg.block_k, DTYPE=dtype, ASM=asm, FACT=fact,
             DIRECT=direct, FUSED=fused, PDL=pdl, K_POW2=k2, ROW_TILES=rows2, ROWS_FIRST=rf,
-            TAIL_T=tail2, DUAL=bool(tail2 and cfg.dual), **launch2,
+            TAIL_T=tail2, DUAL=bool(tail2 and cfg.dual), EVEN=i_pad % cfg.block_k == 0 and H % cfg.block_n2 == 0,
+            **launch2,
             **({"launch_pdl": True} if pdl else {}),
         )
 
