@@ -561,6 +561,23 @@ def hopper_options(cfg: MoEConfig, T: int, num_pairs: int, cuda: bool) -> tuple[
     return direct, fused, pdl
 
 
+def hopper_constants(cfg: MoEConfig, T: int, top_k: int, H: int, i_pad: int, dtype, asm: bool, fact: int, acts: dict,
+                     bias13: bool, bias2: bool) -> tuple[dict, dict, tuple[bool, bool, int]]:
+    """The compile-time arguments of moe_hgemm1_kernel and moe_hgemm2_kernel for one call (all but
+    SPLIT and ROWS_FIRST, which follow from the grid), and (direct, fused, GEMM2 row tiles a program)."""
+    direct, fused, pdl = hopper_options(cfg, T, T * top_k, asm)
+    rows2 = 1 if fused else max(1, cfg.rows2)
+    tail = 0 if direct or fused else cfg.tail_t
+    tail2 = 0 if direct or fused or rows2 > 1 else cfg.tail_t if cfg.tail_t2 < 0 else cfg.tail_t2
+    common = dict(BLOCK_T=cfg.block_t, BLOCK_K=cfg.block_k, DTYPE=dtype, ASM=asm, FACT=fact, DIRECT=direct,
+                  FUSED=fused, PDL=pdl)
+    c1 = dict(common, **acts, HAS_BIAS=bias13, BLOCK_N=cfg.block_n1, TAIL_T=tail, DUAL=bool(tail and cfg.dual),
+              EVEN=H % cfg.block_k == 0 and i_pad % cfg.block_n1 == 0)
+    c2 = dict(common, HAS_BIAS=bias2, BLOCK_N=cfg.block_n2, K_POW2=triton.next_power_of_2(top_k), ROW_TILES=rows2,
+              TAIL_T=tail2, DUAL=bool(tail2 and cfg.dual), EVEN=i_pad % cfg.block_k == 0 and H % cfg.block_n2 == 0)
+    return c1, c2, (direct, fused, rows2)
+
+
 def _hopper_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias, act, cfg, out):
     """The MMA path over the hopper_mma layouts (moe_hgemm1/2_kernel)."""
     T, H = x.shape
@@ -588,11 +605,8 @@ def _hopper_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13
     w13, w13_scale, w2, w2_scale = (t.contiguous() for t in (w13, w13_scale, w2, w2_scale))
     acts = dict(ACT=act["ACT"], HAS_LIMIT=act["HAS_LIMIT"], HAS_LINEAR=act["HAS_LINEAR"])
     launch, launch2 = _launch_options(cfg), _launch_options(cfg, second=True)
-    direct, fused, pdl = hopper_options(cfg, T, num_pairs, asm)
-    k2 = triton.next_power_of_2(top_k)
-    rows2 = 1 if fused else max(1, cfg.rows2)
-    tail = 0 if direct or fused else cfg.tail_t
-    tail2 = 0 if direct or fused or rows2 > 1 else cfg.tail_t if cfg.tail_t2 < 0 else cfg.tail_t2
+    c1, c2, (direct, fused, rows2) = hopper_constants(cfg, T, top_k, H, i_pad, dtype, asm, fact, acts,
+                                                      w13_bias is not None, w2_bias is not None)
 
     def order(grid, on):  # (grid, rows first): row tiles on grid axis 0 where asked and possible
         if on and not fused and grid[0] < 65536:
@@ -605,10 +619,7 @@ def _hopper_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13
             x, w13, w13_scale, r.b13, r.inter, r.part, r.sorted_ids, r.block_expert, r.num_post_pad,
             r.cnt1, num_pairs, E, top_k, H, i_pad, r.ks1,
             x.stride(0), w13.stride(0), w13_scale.stride(0), r.b13.stride(0), r.inter.stride(0),
-            act["p0"], act["p1"], **acts, HAS_BIAS=w13_bias is not None,
-            BLOCK_N=cfg.block_n1, BLOCK_T=cfg.block_t, BLOCK_K=cfg.block_k, DTYPE=dtype, SPLIT=r.s1 > 1,
-            ASM=asm, FACT=fact, DIRECT=direct, FUSED=fused, PDL=pdl, ROWS_FIRST=rf, TAIL_T=tail,
-            DUAL=bool(tail and cfg.dual), EVEN=H % cfg.block_k == 0 and i_pad % cfg.block_n1 == 0, **launch,
+            act["p0"], act["p1"], **c1, SPLIT=r.s1 > 1, ROWS_FIRST=rf, **launch,
         )
 
     def gemm2(grid, r):
@@ -618,12 +629,8 @@ def _hopper_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13
             r.ids, r.out, r.cnt2, num_pairs, E, top_k, i_pad, H, r.ks2,
             r.inter.stride(0), w2.stride(0), w2_scale.stride(0), r.b2.stride(0), r.pair_out.stride(1),
             r.pair_out.stride(0), r.out.stride(0),
-            HAS_BIAS=w2_bias is not None,
-            BLOCK_N=cfg.block_n2, BLOCK_T=cfg.block_t, BLOCK_K=cfg.block_k, DTYPE=dtype, ASM=asm, FACT=fact,
-            DIRECT=direct, FUSED=fused, PDL=pdl, K_POW2=k2, ROW_TILES=rows2, ROWS_FIRST=rf,
-            TAIL_T=tail2, DUAL=bool(tail2 and cfg.dual), EVEN=i_pad % cfg.block_k == 0 and H % cfg.block_n2 == 0,
-            **launch2,
-            **({"launch_pdl": True} if pdl else {}),
+            **c2, ROWS_FIRST=rf, **launch2,
+            **({"launch_pdl": True} if c2["PDL"] else {}),
         )
 
     return _two_gemms(x, topk_weights, topk_ids, w13_scale, w2_scale, w13_bias, w2_bias, act, cfg, out, gemm1, gemm2,

@@ -1,0 +1,134 @@
+"""Instructions per K step of the hopper_mma GEMMs, read from their sm_90a SASS without a GPU.
+
+Compiles moe_hgemm1_kernel / moe_hgemm2_kernel for sm_90a with the installed Triton (its bundled
+ptxas and cuobjdump), with the compile-time arguments fused_moe_triton would pass for each layer
+and token count (select_config, hopper_constants), and prints, per kernel: registers, stack
+frame, and each loop of 100+ instructions with its instruction count and commonest opcodes. The
+K loop's count is the issue cost of one block_k step; a decode change can be judged here before
+any GPU time is spent (docs/performance.md).
+
+    python benchmarks/hopper_sass.py [--shapes dsv3,k3] [--tokens 1,8,64,4096] [--override JSON]
+        [--keep DIR]
+
+--override '{"factor_pairs": 0}' applies config overrides to every point; --keep writes the PTX
+and SASS there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import dataclasses
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+from mxfp4conv.runtime import triton_hopper_kernels as HK  # noqa: E402
+from mxfp4conv.runtime import triton_moe as M  # noqa: E402
+
+SHAPES = {"dsv3": (7168, 2048, 256, 8), "k3": (3584, 384, 896, 16)}
+PTR_TYPES = {"x_ptr": "*bf16", "a_ptr": "*bf16", "out_ptr": "*bf16", "y_ptr": "*bf16", "b_ptr": "*fp32",
+             "part_ptr": "*fp32", "tw_ptr": "*fp32", "sorted_ids_ptr": "*i32", "block_expert_ptr": "*i32",
+             "num_post_pad_ptr": "*i32", "ids_ptr": "*i32", "cnt_ptr": "*i32"}
+DIVISIBLE = {"K", "I_pad", "K_SPLIT", "N", "num_experts"}  # multiples of 16 in every real call
+
+
+def _tool(name: str) -> str:
+    return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", name)
+
+
+def compile_sass(fn, consts: dict, num_warps: int, num_stages: int, keep: str | None, tag: str) -> tuple[str, str]:
+    """(SASS text, resource usage line) of ``fn`` for sm_90a with these compile-time arguments."""
+    sig, attrs = {}, {}
+    for i, name in enumerate(fn.arg_names):
+        if name in consts:
+            sig[name] = "constexpr"
+            continue
+        sig[name] = PTR_TYPES.get(name, "*u8") if name.endswith("_ptr") else "fp32" if name in ("p0", "p1") else "i32"
+        if name.endswith("_ptr") or name in DIVISIBLE or name.startswith("stride_"):
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    src = ASTSource(fn, sig, constexprs=dict(consts), attrs=attrs)
+    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=num_warps,
+                                                                                num_stages=num_stages))
+    with tempfile.TemporaryDirectory() as tmp:
+        cubin = os.path.join(tmp, "k.cubin")
+        with open(cubin, "wb") as f:
+            f.write(kernel.asm["cubin"])
+        sass = subprocess.run([_tool("cuobjdump"), "-sass", cubin], check=True, capture_output=True, text=True).stdout
+        res = subprocess.run([_tool("cuobjdump"), "-res-usage", cubin], check=True, capture_output=True, text=True).stdout
+    if keep:
+        os.makedirs(keep, exist_ok=True)
+        with open(os.path.join(keep, f"{tag}.ptx"), "w") as f:
+            f.write(kernel.asm["ptx"])
+        with open(os.path.join(keep, f"{tag}.sass"), "w") as f:
+            f.write(sass)
+    usage = re.search(r"REG:\d+ STACK:\d+", res)
+    return sass, usage.group(0) if usage else "?"
+
+
+def loops(sass: str, least: int = 100) -> list[tuple[int, collections.Counter]]:
+    """(instructions, opcode counts) of each loop body (a backward branch's span) of least+ instructions."""
+    ins = [(int(m.group(1), 16), m.group(2).strip())
+           for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
+    out = []
+    for addr, text in ins:
+        m = re.search(r"BRA (0x[0-9a-f]+)", text)
+        if m and int(m.group(1), 16) < addr:
+            body = [t for a, t in ins if int(m.group(1), 16) <= a <= addr]
+            if len(body) >= least:
+                ops = collections.Counter(re.sub(r"^@!?U?P\w+\s+", "", t).split()[0].split(".")[0] for t in body)
+                out.append((len(body), ops))
+    return out
+
+
+def point_constants(shape: str, T: int, override: dict):
+    """(config, GEMM1 and GEMM2 compile-time arguments) of a bf16 call with the silu activation."""
+    H, I, E, k = SHAPES[shape]
+    cfg = dataclasses.replace(M.select_config(T * k, E, H, I, "hopper_mma"), **override)
+    acts = dict(ACT=M.K.ACT_SILU, HAS_LIMIT=False, HAS_LINEAR=False)
+    c1, c2, (direct, fused, rows2) = M.hopper_constants(cfg, T, k, H, I, tl.bfloat16, True, cfg.factor_pairs, acts,
+                                                        False, False)
+    pairs = T * k
+    blocks = pairs if direct else pairs // cfg.block_t + min(E, pairs)
+    s1, _ = M._splits(cfg.split_k1, blocks * triton.cdiv(I, cfg.block_n1), H, cfg.block_k)
+    c1.update(SPLIT=s1 > 1, ROWS_FIRST=bool(cfg.rows_first1 and not fused))
+    c2.update(ROWS_FIRST=bool(cfg.rows_first2 and not fused))
+    return cfg, c1, c2
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--shapes", default="dsv3,k3")
+    ap.add_argument("--tokens", default="1,8,64,4096")
+    ap.add_argument("--override", default="{}", help="JSON config overrides applied at every point")
+    ap.add_argument("--keep", default=None, help="directory for the PTX and SASS")
+    args = ap.parse_args()
+    override = json.loads(args.override)
+    print(f"triton {triton.__version__}, sm_90a; loops of 100+ instructions (the K loop: one block_k step)")
+    print(f"{'shape':6} {'T':>5} {'kernel':6} {'warps':>5} {'REG/STACK':>16}  loops: instructions (top opcodes)")
+    for shape in args.shapes.split(","):
+        for T in (int(t) for t in args.tokens.split(",")):
+            cfg, c1, c2 = point_constants(shape, T, override)
+            for name, fn, consts, second in (("gemm1", HK.moe_hgemm1_kernel, c1, False),
+                                             ("gemm2", HK.moe_hgemm2_kernel, c2, True)):
+                launch = M._launch_options(cfg, second=second)
+                sass, usage = compile_sass(fn, consts, launch["num_warps"], launch["num_stages"], args.keep,
+                                           f"{shape}_T{T}_{name}")
+                body = "; ".join(f"{n} ({', '.join(f'{op} {c}' for op, c in ops.most_common(4))})"
+                                 for n, ops in loops(sass))
+                print(f"{shape:6} {T:>5} {name:6} {launch['num_warps']:>5} {usage:>16}  {body}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
