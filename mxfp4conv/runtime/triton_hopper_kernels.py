@@ -363,7 +363,9 @@ def moe_hgemm1_kernel(
 ):
     """``moe_gemm1_kernel`` over the Hopper layouts: inter[pair, j] = act(gate_j . x, up_j . x).
     With SPLIT and FUSED, the last K split of each tile finishes it (module docstring).
-    ROWS_FIRST (not with FUSED): grid axis 0 is the row tile, axis 1 the pair block."""
+    ROWS_FIRST (not with FUSED): grid axis 0 is the row tile, axis 1 the pair block.
+    EVEN (the caller checks it): every K step is full and every row tile real, so the loads carry
+    only the pairs' mask (both GEMMs)."""
     if PDL:
         _gdc_launch()  # let GEMM2's programs launch while the last of these run
     pid_m, pid_n = _block_and_tile(ROWS_FIRST)
