@@ -28,7 +28,7 @@ import torch
 from mxfp4conv.codec import dequantize_mxfp4
 
 from mxfp4conv.runtime.triton_moe import ALIGN_GRID_PAIRS, hopper_options, fused_moe_triton, select_config, uses_gemv
-from mxfp4conv.shuffle import get_layout
+from mxfp4conv.shuffle import get_layout, hopper
 
 
 def act64(name, params, g, u):
@@ -216,6 +216,9 @@ def main() -> int:
                 Wl, Sl = get_layout("hopper_mma_w"), get_layout("hopper_mma_s")
                 stored = (Wl.forward(w13), Sl.forward(s13), Wl.forward(w2), Sl.forward(s2))
                 runs += [(layout, v, c, stored) for v, c in hopper_variants(T, H, I, k, E)]
+                # the same weights with their words' bits in the BITS_ROT order (the 9-instruction decode)
+                rot = (hopper.weight_words_rot(stored[0]), stored[1], hopper.weight_words_rot(stored[2]), stored[3])
+                runs.append(("hopper_mma_rot", "rot", select_config(T * k, E, H, I, "hopper_mma"), rot))
         for layout, vname, cfg, weights in runs:
             t0 = time.time()
             label = f"{name} [{path_name(cfg, T, k, E, dtype, layout)}{' splitK' if vname == 'split' else ''}]"

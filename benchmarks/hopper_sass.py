@@ -8,10 +8,10 @@ K loop's count is the issue cost of one block_k step; a decode change can be jud
 any GPU time is spent (docs/performance.md).
 
     python benchmarks/hopper_sass.py [--shapes dsv3,k3] [--tokens 1,8,64,4096] [--override JSON]
-        [--keep DIR]
+        [--layout hopper_mma|hopper_mma_rot] [--keep DIR]
 
---override '{"factor_pairs": 0}' applies config overrides to every point; --keep writes the PTX
-and SASS there.
+--override '{"factor_pairs": 0}' applies config overrides to every point; --layout hopper_mma_rot
+compiles the decode of the BITS_ROT word order; --keep writes the PTX and SASS there.
 """
 
 from __future__ import annotations
@@ -91,13 +91,13 @@ def loops(sass: str, least: int = 100) -> list[tuple[int, collections.Counter]]:
     return out
 
 
-def point_constants(shape: str, T: int, override: dict):
+def point_constants(shape: str, T: int, override: dict, layout: str = "hopper_mma"):
     """(config, GEMM1 and GEMM2 compile-time arguments) of a bf16 call with the silu activation."""
     H, I, E, k = SHAPES[shape]
     cfg = dataclasses.replace(M.select_config(T * k, E, H, I, "hopper_mma"), **override)
     acts = dict(ACT=M.K.ACT_SILU, HAS_LIMIT=False, HAS_LINEAR=False)
     c1, c2, (direct, fused, rows2) = M.hopper_constants(cfg, T, k, H, I, tl.bfloat16, True, cfg.factor_pairs, acts,
-                                                        False, False)
+                                                        False, False, rot=layout == "hopper_mma_rot")
     pairs = T * k
     blocks = pairs if direct else pairs // cfg.block_t + min(E, pairs)
     s1, _ = M._splits(cfg.split_k1, blocks * triton.cdiv(I, cfg.block_n1), H, cfg.block_k)
@@ -111,14 +111,15 @@ def main() -> int:
     ap.add_argument("--shapes", default="dsv3,k3")
     ap.add_argument("--tokens", default="1,8,64,4096")
     ap.add_argument("--override", default="{}", help="JSON config overrides applied at every point")
+    ap.add_argument("--layout", default="hopper_mma", choices=M.HOPPER_SETS)
     ap.add_argument("--keep", default=None, help="directory for the PTX and SASS")
     args = ap.parse_args()
     override = json.loads(args.override)
-    print(f"triton {triton.__version__}, sm_90a; loops of 100+ instructions (the K loop: one block_k step)")
+    print(f"triton {triton.__version__}, sm_90a, {args.layout}; loops of 100+ instructions (the K loop: one block_k step)")
     print(f"{'shape':6} {'T':>5} {'kernel':6} {'warps':>5} {'REG/STACK':>16}  loops: instructions (top opcodes)")
     for shape in args.shapes.split(","):
         for T in (int(t) for t in args.tokens.split(",")):
-            cfg, c1, c2 = point_constants(shape, T, override)
+            cfg, c1, c2 = point_constants(shape, T, override, args.layout)
             for name, fn, consts, second in (("gemm1", HK.moe_hgemm1_kernel, c1, False),
                                              ("gemm2", HK.moe_hgemm2_kernel, c2, True)):
                 launch = M._launch_options(cfg, second=second)

@@ -30,7 +30,8 @@ outside the graph; its output is checked once per layer against a float64 refere
 ours (both with the swigluoai activation, the one triton_kernels fuses).
 --variants '{"1": [{"block_n1": 128}], "8": [{"direct": 1}]}' times config overrides of the
 default at those T, interleaved with the default (ratio: median over rounds of variant / the
-default timed next to it).
+default timed next to it); a "layout" key times the same weights in another layout
+(with --layout hopper_mma: "hopper_mma_rot", the BITS_ROT word order).
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ from mxfp4conv.codec import dequantize_mxfp4
 import dataclasses
 
 from mxfp4conv.runtime.triton_moe import MoEConfig, fused_moe_triton, select_config, uses_gemv
-from mxfp4conv.shuffle import get_layout
+from mxfp4conv.shuffle import get_layout, hopper
 
 SHAPES = {"dsv3": (7168, 2048, 256, 8), "k3": (3584, 384, 896, 16)}
 BPW = 0.5 + 1 / 32
@@ -197,7 +198,7 @@ def sweep_for(layout, per_expert, T):
 def _warm_worker(args):
     """Compile (run once on uninitialised weights) the configs of one shape in a child process,
     filling Triton's on-disk cache so the timing process finds every kernel compiled."""
-    name, jobs, layout, before, tk_path = args
+    name, jobs, before, tk_path = args
     H, I, E, k = SHAPES[name]  # jobs carry their configs: the grid is not needed here
     impl = fused_moe_triton
     if before:
@@ -210,7 +211,7 @@ def _warm_worker(args):
     gen = torch.Generator(device="cuda").manual_seed(1)
     failed = 0
     tkm = None
-    for T, cfg in jobs:
+    for T, cfg, layout in jobs:
         ids, tw = routing(T, E, k, gen)
         x = torch.randn(T, H, device="cuda", generator=gen).to(torch.bfloat16)
         try:
@@ -238,16 +239,18 @@ def warm_compile(name, tokens, sweep, layout, workers, log, before=None, tk_path
     for T in tokens:
         default = select_config(T * k, E, H, I, layout)
         grid = sweep_for(layout, T * k / min(E, T * k), T) if sweep else None
-        jobs += [(T, default)] + [(T, dataclasses.replace(default, **h)) for h in (grid or [])]
+        jobs += [(T, default, layout)] + [(T, dataclasses.replace(default, **h), layout) for h in (grid or [])]
         if before:
-            jobs.append((T, None))
+            jobs.append((T, None, layout))
         if tk_path:
-            jobs.append((T, "tk"))
-        jobs += [(T, dataclasses.replace(default, **v)) for v in (variants or {}).get(str(T), [])]
+            jobs.append((T, "tk", layout))
+        for v in (variants or {}).get(str(T), []):
+            cfg, lay = _variant(default, v, layout)
+            jobs.append((T, cfg, lay))
     chunks = [jobs[i::workers] for i in range(workers)]
     t0 = time.perf_counter()
     with mp.get_context("spawn").Pool(workers) as pool:
-        failed = sum(pool.map(_warm_worker, [(name, c, layout, before, tk_path) for c in chunks if c]))
+        failed = sum(pool.map(_warm_worker, [(name, c, before, tk_path) for c in chunks if c]))
     log(f"  {name}: compiled {len(jobs)} configs in {workers} processes, {time.perf_counter() - t0:.0f}s"
         f"{f' ({failed} failed)' if failed else ''}")
 
@@ -277,16 +280,25 @@ def bench_shape(name, tokens, copy_bw, sweep, rows, log, gemv_sweep=False, layou
         copies = [(Wl.forward(a), Sl.forward(b), Wl.forward(c), Sl.forward(d)) for a, b, c, d in copies]
     # (random_layout: uniform random bytes are the hopper_mma bytes of other uniform random weights
     # and scales in the same range, so the conversion only costs time; the timing is the same)
+    other = {}
+
+    def relaid(lay):  # the copies in a variant's layout: hopper_mma_rot from hopper_mma
+        if lay not in other:
+            if (layout, lay) != ("hopper_mma", "hopper_mma_rot"):
+                raise SystemExit(f"a variant's layout {lay!r} is not made from --layout {layout}")
+            other[lay] = [(hopper.weight_words_rot(a), b, hopper.weight_words_rot(c), d) for a, b, c, d in copies]
+        return other[lay]
     for T in tokens:
         routes = [routing(T, E, k, gen) for _ in range(ncopies)]
         xs = [torch.randn(T, H, device="cuda", generator=gen).to(torch.bfloat16) for _ in range(ncopies)]
         touched = statistics.mean(int(torch.unique(r[0]).numel()) for r in routes)
         mb = model_bytes(touched, T, H, I, k)
 
-        def tri(cfg):
-            return [lambda c=c, cfg=cfg: fused_moe_triton(xs[c], *copies[c], routes[c][1], routes[c][0],
+        def tri(cfg, lay=layout):
+            ws = copies if lay == layout else relaid(lay)
+            return [lambda c=c, cfg=cfg: fused_moe_triton(xs[c], *ws[c], routes[c][1], routes[c][0],
                                                            activation="situ", activation_params=SITU, config=cfg,
-                                                           layout=layout)
+                                                           layout=lay)
                     for c in range(ncopies)]
 
         default = select_config(T * k, E, H, I, layout)
@@ -312,7 +324,8 @@ def bench_shape(name, tokens, copy_bw, sweep, rows, log, gemv_sweep=False, layou
             preps = [tkms[c].prepare(routes[c][0], routes[c][1]) for c in range(ncopies)]
             side["tk_gemms"] = [lambda c=c: tkms[c].run(xs[c], preps[c]) for c in range(ncopies)]
         for v in (variants or {}).get(str(T), []):
-            side[_diff(dataclasses.replace(default, **v), default)] = tri(dataclasses.replace(default, **v))
+            cfg, lay = _variant(default, v, layout)
+            side[_diff(cfg, default) + (f" layout={lay}" if lay != layout else "")] = tri(cfg, lay)
         res = {}
         if side:
             ours, times, ratios = [t_def], {n: [] for n in side}, {n: [] for n in side}
@@ -391,6 +404,12 @@ def check_tk(name, T, tkm, canon, copy, x, route, layout, log):
     rel = lambda a, b: float((a.double() - b.double()).norm() / b.double().norm())
     log(f"  {name} T={T} accuracy (swigluoai, bf16): ours {rel(ours, ref):.2e}, triton_kernels {rel(theirs, ref):.2e}, "
         f"between them {rel(theirs, ours):.2e}")
+
+
+def _variant(default, overrides: dict, layout: str):
+    """(config, layout) of a --variants entry: config overrides, and "layout" for the weights' layout."""
+    o = dict(overrides)
+    return dataclasses.replace(default, **{k: v for k, v in o.items() if k != "layout"}), o.get("layout", layout)
 
 
 def _diff(cfg, default) -> str:

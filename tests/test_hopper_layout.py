@@ -88,6 +88,28 @@ def test_stored_words_are_each_lanes_mma_fragment(shape):
                 assert torch.equal(got, ref), (kt, r, kk)
 
 
+def _rotl(w: torch.Tensor, k: int) -> torch.Tensor:
+    return ((w << k) | (w >> (32 - k))) & 0xFFFFFFFF
+
+
+def test_rotation_order_words_give_the_same_registers():
+    """hopper.weight_words_rot re-encodes each stored word so that rotations and masks (the
+    kernels' 9-instruction decode, written out here, not taken from the layout code) give the
+    registers the documented masks give from the stored word, for every code in every position."""
+    from mxfp4conv.shuffle import hopper
+
+    x = rand_u8(2, 32, 96, seed=11)
+    x[0, 0, :16] = torch.arange(0, 256, 16, dtype=torch.uint8) + torch.arange(16, dtype=torch.uint8)
+    y = W.forward(x)
+    want = _registers(y)
+    z = hopper.weight_words_rot(y)
+    assert z.shape == y.shape and z.dtype == torch.uint8 and not torch.equal(z, y)
+    w = z.reshape(-1).view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+    got = [w & MASK, _rotl(w, 4) & MASK, _rotl(w, 10) & MASK, (_rotl(w, 6) & 0x00400040) | (_rotl(w, 14) & 0x81808180)]
+    for r in range(4):  # the four registers hold all 32 bits between them: the re-encoding loses none
+        assert torch.equal(got[r], want[r]), r
+
+
 def test_scale_words_hold_rows_g_and_g_plus_8():
     s = rand_u8(2, 32, 6, seed=3)
     y = S.forward(s).reshape(2, 2, 3, 8, 2, 2)  # e, slab, 64-code block, g, h, j

@@ -419,6 +419,27 @@ def test_hopper_one_block_per_pair_and_fused_reductions(T, direct, fused, split,
     assert rel_err(out, ref) < 1e-5
 
 
+@pytest.mark.parametrize("T,overrides", [(1, {}), (6, {"rows2": 3}), (6, {"block_t": 32, "tail_t": 16}),
+                                         (12, {"block_t": 64, "tail_t": 32, "dual": 1})],
+                         ids=["T1-direct-fused", "rows3", "small-tiles", "two-tiles"])
+def test_hopper_rotation_word_order_decodes_to_the_same_result(T, overrides):
+    # layout "hopper_mma_rot": the same weights with each word's bits in BITS_ROT order (the
+    # 9-instruction decode) must give exactly the hopper_mma result, on every kernel path
+    from mxfp4conv.shuffle import hopper
+
+    k, E, H, I = 3, 5, 320, 128
+    x, w13, s13, w2, s2, tw, ids, b13, b2 = make_problem(12, T, H, I, E, k, bias=True)
+    cfg = dataclasses.replace(triton_moe.MoEConfig(block_t=16, block_n1=64, block_n2=64, block_k=64, split_k1=2,
+                                                   split_k2=1), **overrides)
+    stored = _hopper(w13, s13, w2, s2)
+    rot = (hopper.weight_words_rot(stored[0]), stored[1], hopper.weight_words_rot(stored[2]), stored[3])
+    outs = [triton_moe.fused_moe_triton(x, *w, tw, ids, activation="silu", activation_params={}, w13_bias=b13,
+                                        w2_bias=b2, config=cfg, layout=layout)
+            for w, layout in ((stored, "hopper_mma"), (rot, "hopper_mma_rot"))]
+    assert torch.equal(outs[0], outs[1])
+    assert rel_err(outs[1], reference(x, w13, s13, w2, s2, tw, ids, "silu", {}, b13, b2)) < 1e-5
+
+
 @pytest.mark.parametrize("rows2,stages2", [(1, 0), (3, 2)], ids=["rows1", "rows3-stages2"])
 def test_hopper_rows_first_program_order(rows2, stages2):
     # row tiles on grid axis 0 in both GEMMs (and GEMM2's own pipeline depth): same result as the

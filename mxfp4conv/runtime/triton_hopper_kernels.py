@@ -68,6 +68,27 @@ def _words_asm(w):
 
 
 @triton.jit
+def _words_rot_asm(w):
+    """``_words_asm`` for words in the ``hopper_np.BITS_ROT`` bit order: R1 / R2 by one rotation and
+    the R0 mask, R3 from two rotations (9 integer instructions a word instead of 11)."""
+    return tl.inline_asm_elementwise(
+        asm="""{
+        .reg .b32 a, b;
+        and.b32 $0, $4, 0x81C081C0;
+        shf.l.wrap.b32 a, $4, $4, 4;
+        and.b32 $1, a, 0x81C081C0;
+        shf.l.wrap.b32 a, $4, $4, 10;
+        and.b32 $2, a, 0x81C081C0;
+        shf.l.wrap.b32 a, $4, $4, 6;
+        shf.l.wrap.b32 b, $4, $4, 14;
+        and.b32 a, a, 0x00400040;
+        and.b32 b, b, 0x81808180;
+        or.b32 $3, a, b;
+        }""",
+        constraints="=r,=r,=r,=r,r", args=[w], dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
+
+
+@triton.jit
 def _factors_asm(s):
     """e8m0 bytes -> the bf16 factors ``2**(s - 1)`` (bits ``(s + 126) << 7``, s <= 128), two at a time:
     one byte permute spreads two bytes into the halves of a word, one multiply-add shifts both."""
@@ -89,17 +110,28 @@ def _halves_f32(r):
 
 
 @triton.jit
-def _words_generic(w):
-    """``_words_asm`` in plain Triton integer operations, as fp32 ``e2m1 * 2**-126`` (the
-    interpreter's bf16 arithmetic and conversions flush those subnormals; fp32 keeps them)."""
+def _rotl(x, k: tl.constexpr):
+    return (x << k) | ((x >> (32 - k)) & ((1 << k) - 1))  # int32: mask off the arithmetic shift's sign copies
+
+
+@triton.jit
+def _words_generic(w, ROT: tl.constexpr):
+    """``_words_asm`` (``_words_rot_asm`` with ROT) in plain Triton integer operations, as fp32
+    ``e2m1 * 2**-126`` (the interpreter's bf16 arithmetic and conversions flush those subnormals;
+    fp32 keeps them)."""
     b02, b13 = tl.split(w.to(tl.int32).reshape(w.shape[0], w.shape[1], 8, 4, 4, 2, 2))
     b0, b2 = tl.split(b02)
     b1, b3 = tl.split(b13)
     word = b0 | (b1 << 8) | (b2 << 16) | (b3 << 24)
     r0 = word & -0x7E3F7E40  # 0x81C081C0 as int32
-    r1 = (word << 3) & -0x7E3F7E40
-    r2 = (word << 6) & -0x7E3F7E40
-    r3 = ((word >> 4) & 0x00C000C0) | ((word >> 5) & 0x01000100) | ((word << 1) & -0x7FFF8000)
+    if ROT:
+        r1 = _rotl(word, 4) & -0x7E3F7E40
+        r2 = _rotl(word, 10) & -0x7E3F7E40
+        r3 = (_rotl(word, 6) & 0x00400040) | (_rotl(word, 14) & -0x7E7F7E80)  # 0x81808180
+    else:
+        r1 = (word << 3) & -0x7E3F7E40
+        r2 = (word << 6) & -0x7E3F7E40
+        r3 = ((word >> 4) & 0x00C000C0) | ((word >> 5) & 0x01000100) | ((word << 1) & -0x7FFF8000)
     r0l, r0h = _halves_f32(r0)
     r1l, r1h = _halves_f32(r1)
     r2l, r2h = _halves_f32(r2)
@@ -111,14 +143,18 @@ def _words_generic(w):
 
 @triton.jit
 def _hopper_tile(w, s, NB: tl.constexpr, KB: tl.constexpr, FACT: tl.constexpr, ASM: tl.constexpr,
-                 DTYPE: tl.constexpr):
+                 DTYPE: tl.constexpr, ROT: tl.constexpr = False):
     """w [NB, KB, 512] and s [NB, KB, 128] (each lane's 4 scale bytes, repeated for the 4 lanes of
     a row group) -> the dequantised [16 NB, 64 KB] operand tile: bf16 with ASM (exact: every MXFP4
     value is a bf16), else DTYPE. FACT (with ASM): the e8m0 factors one at a time (0) or two to a
-    word (1), both for scales <= 2; 2: some scale is larger (two multiplies)."""
+    word (1), both for scales <= 2; 2: some scale is larger (two multiplies). ROT: the words' bits
+    are in the ``hopper_np.BITS_ROT`` order."""
     w = w.reshape(NB, KB, 8, 4, 4, 4)  # nb b g t kt byte
     if ASM:
-        a, b = _words_asm(w)
+        if ROT:
+            a, b = _words_rot_asm(w)
+        else:
+            a, b = _words_asm(w)
         if FACT == 2:  # some scale > 2 (2**(s-1) would overflow bf16): restore 2**126 first, then 2**(s-127)
             s16 = s.to(tl.int16)
             bits = tl.where(s16 == 255, 0x7FC0, tl.where(s16 == 0, 0x0040, s16 << 7))
@@ -128,7 +164,7 @@ def _hopper_tile(w, s, NB: tl.constexpr, KB: tl.constexpr, FACT: tl.constexpr, A
         else:
             f = ((s.to(tl.int16) + 126) << 7).to(tl.int16).to(tl.bfloat16, bitcast=True)
     else:
-        a, b = _words_generic(w)
+        a, b = _words_generic(w, ROT)
         s32 = s.to(tl.int32)
         f = tl.where(s32 == 255, float("nan"), tl.where(s32 == 0, 5.877471754111438e-39, (s32 << 23).to(tl.float32, bitcast=True)))
     v = tl.join(a, b)  # nb b g t kt (c kk) h
@@ -264,7 +300,7 @@ def _hgemm1_tile(xt, xt2, wg, sg, wu, su, o_nb, o_b, pair, tmask, pair2, tmask2,
                  ACT: tl.constexpr, HAS_LIMIT: tl.constexpr, HAS_LINEAR: tl.constexpr, HAS_BIAS: tl.constexpr,
                  BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, DTYPE: tl.constexpr,
                  SPLIT: tl.constexpr, ASM: tl.constexpr, FACT: tl.constexpr, BT2: tl.constexpr = 0,
-                 EVEN: tl.constexpr = False):
+                 EVEN: tl.constexpr = False, ROT: tl.constexpr = False):
     """GEMM1's K loop and epilogue for one [BLOCK_N, BLOCK_T] tile of gate and up rows (xt: the
     pairs' x pointers at code k_lo); BT2 > 0: also a [BLOCK_N, BT2] tile of the pairs pair2 (x
     pointers xt2), on the same decoded weights."""
@@ -282,12 +318,12 @@ def _hgemm1_tile(xt, xt2, wg, sg, wu, su, o_nb, o_b, pair, tmask, pair2, tmask2,
         if BT2 > 0:
             x2 = _load_x(xt2, tmask2, offs_k, K, k0, EVEN)
         a = _hopper_tile(_load_step(wg, nbm, o_b, K, k0, EVEN), _load_step(sg, nbm, o_b, K, k0, EVEN), NB, KB, FACT,
-                         ASM, DTYPE)
+                         ASM, DTYPE, ROT)
         acc_g = _mma(a, x, acc_g, ASM)
         if BT2 > 0:
             acc_g2 = _mma(a, x2, acc_g2, ASM)
         a = _hopper_tile(_load_step(wu, nbm, o_b, K, k0, EVEN), _load_step(su, nbm, o_b, K, k0, EVEN), NB, KB, FACT,
-                         ASM, DTYPE)
+                         ASM, DTYPE, ROT)
         acc_u = _mma(a, x, acc_u, ASM)
         if BT2 > 0:
             acc_u2 = _mma(a, x2, acc_u2, ASM)
@@ -308,7 +344,8 @@ def _hgemm1_tile(xt, xt2, wg, sg, wu, su, o_nb, o_b, pair, tmask, pair2, tmask2,
 def _hgemm2_tile(at, at2, wp, sp, o_nb, o_b, pair, tmask, pair2, tmask2, e, offs_n, nmask, b_ptr, tw_ptr, out_ptr,
                  K, N, K_SPLIT, k_lo, stride_be, stride_ot, stride_os, HAS_BIAS: tl.constexpr,
                  BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, DTYPE: tl.constexpr,
-                 ASM: tl.constexpr, FACT: tl.constexpr, BT2: tl.constexpr = 0, EVEN: tl.constexpr = False):
+                 ASM: tl.constexpr, FACT: tl.constexpr, BT2: tl.constexpr = 0, EVEN: tl.constexpr = False,
+                 ROT: tl.constexpr = False):
     """GEMM2's K loop and epilogue for one [BLOCK_N, BLOCK_T] tile, one row tile a program (at: the
     pairs' intermediate pointers at code k_lo); BT2 > 0: also a [BLOCK_N, BT2] tile of pair2."""
     NB: tl.constexpr = BLOCK_N // 16
@@ -323,7 +360,7 @@ def _hgemm2_tile(at, at2, wp, sp, o_nb, o_b, pair, tmask, pair2, tmask2, e, offs
         if BT2 > 0:
             x2 = _load_x(at2, tmask2, offs_k, K, k0, EVEN)
         a = _hopper_tile(_load_step(wp, nbm, o_b, K, k0, EVEN), _load_step(sp, nbm, o_b, K, k0, EVEN), NB, KB, FACT,
-                         ASM, DTYPE)
+                         ASM, DTYPE, ROT)
         acc = _mma(a, x, acc, ASM)
         if BT2 > 0:
             acc2 = _mma(a, x2, acc2, ASM)
@@ -359,13 +396,13 @@ def moe_hgemm1_kernel(
     SPLIT: tl.constexpr, ASM: tl.constexpr, FACT: tl.constexpr,
     DIRECT: tl.constexpr = False, FUSED: tl.constexpr = False, PDL: tl.constexpr = False,
     ROWS_FIRST: tl.constexpr = False, TAIL_T: tl.constexpr = 0, DUAL: tl.constexpr = False,
-    EVEN: tl.constexpr = False,
+    EVEN: tl.constexpr = False, ROT: tl.constexpr = False,
 ):
     """``moe_gemm1_kernel`` over the Hopper layouts: inter[pair, j] = act(gate_j . x, up_j . x).
     With SPLIT and FUSED, the last K split of each tile finishes it (module docstring).
     ROWS_FIRST (not with FUSED): grid axis 0 is the row tile, axis 1 the pair block.
     EVEN (the caller checks it): every K step is full and every row tile real, so the loads carry
-    only the pairs' mask (both GEMMs)."""
+    only the pairs' mask (both GEMMs). ROT: the weight words' bits are in the ``BITS_ROT`` order."""
     if PDL:
         _gdc_launch()  # let GEMM2's programs launch while the last of these run
     pid_m, pid_n = _block_and_tile(ROWS_FIRST)
@@ -397,7 +434,7 @@ def moe_hgemm1_kernel(
                                      TAIL_T)
             _hgemm1_tile(ra, ra, wg, sg, wu, su, o_nb, o_b, pa, ma, pa, ma, e, offs_n, nmask, b_ptr, out_ptr, part_ptr,
                          num_pairs, K, I_pad, K_SPLIT, k_lo, stride_be, stride_ot, p0, p1, ACT, HAS_LIMIT, HAS_LINEAR,
-                         HAS_BIAS, BLOCK_N, TAIL_T, BLOCK_K, DTYPE, SPLIT, ASM, FACT, EVEN=EVEN)
+                         HAS_BIAS, BLOCK_N, TAIL_T, BLOCK_K, DTYPE, SPLIT, ASM, FACT, EVEN=EVEN, ROT=ROT)
         else:
             if DUAL:  # up to 1.5 TAIL_T pairs: [rows, TAIL_T] and [rows, TAIL_T / 2] tiles
                 if n <= TAIL_T + TAIL_T // 2:
@@ -408,21 +445,21 @@ def moe_hgemm1_kernel(
                     _hgemm1_tile(ra, rb, wg, sg, wu, su, o_nb, o_b, pa, ma, pb, mb, e, offs_n, nmask, b_ptr, out_ptr,
                                  part_ptr, num_pairs, K, I_pad, K_SPLIT, k_lo, stride_be, stride_ot, p0, p1, ACT,
                                  HAS_LIMIT, HAS_LINEAR, HAS_BIAS, BLOCK_N, TAIL_T, BLOCK_K, DTYPE, SPLIT, ASM, FACT,
-                                 TAIL_T // 2, EVEN=EVEN)
+                                 TAIL_T // 2, EVEN=EVEN, ROT=ROT)
                 else:
                     _hgemm1_tile(xt, xt, wg, sg, wu, su, o_nb, o_b, pair, tmask, pair, tmask, e, offs_n, nmask, b_ptr,
                                  out_ptr, part_ptr, num_pairs, K, I_pad, K_SPLIT, k_lo, stride_be, stride_ot, p0, p1,
                                  ACT, HAS_LIMIT, HAS_LINEAR, HAS_BIAS, BLOCK_N, BLOCK_T, BLOCK_K, DTYPE, SPLIT, ASM,
-                                 FACT, EVEN=EVEN)
+                                 FACT, EVEN=EVEN, ROT=ROT)
             else:
                 _hgemm1_tile(xt, xt, wg, sg, wu, su, o_nb, o_b, pair, tmask, pair, tmask, e, offs_n, nmask, b_ptr,
                              out_ptr, part_ptr, num_pairs, K, I_pad, K_SPLIT, k_lo, stride_be, stride_ot, p0, p1, ACT,
                              HAS_LIMIT, HAS_LINEAR, HAS_BIAS, BLOCK_N, BLOCK_T, BLOCK_K, DTYPE, SPLIT, ASM, FACT,
-                             EVEN=EVEN)
+                             EVEN=EVEN, ROT=ROT)
     else:
         _hgemm1_tile(xt, xt, wg, sg, wu, su, o_nb, o_b, pair, tmask, pair, tmask, e, offs_n, nmask, b_ptr, out_ptr,
                      part_ptr, num_pairs, K, I_pad, K_SPLIT, k_lo, stride_be, stride_ot, p0, p1, ACT, HAS_LIMIT,
-                     HAS_LINEAR, HAS_BIAS, BLOCK_N, BLOCK_T, BLOCK_K, DTYPE, SPLIT, ASM, FACT, EVEN=EVEN)
+                     HAS_LINEAR, HAS_BIAS, BLOCK_N, BLOCK_T, BLOCK_K, DTYPE, SPLIT, ASM, FACT, EVEN=EVEN, ROT=ROT)
     if SPLIT and FUSED:
         tl.debug_barrier()
         splits = tl.num_programs(2)
@@ -444,7 +481,7 @@ def moe_hgemm2_kernel(
     ASM: tl.constexpr, FACT: tl.constexpr,
     DIRECT: tl.constexpr = False, FUSED: tl.constexpr = False, PDL: tl.constexpr = False,
     K_POW2: tl.constexpr = 1, ROW_TILES: tl.constexpr = 1, ROWS_FIRST: tl.constexpr = False,
-    TAIL_T: tl.constexpr = 0, DUAL: tl.constexpr = False, EVEN: tl.constexpr = False,
+    TAIL_T: tl.constexpr = 0, DUAL: tl.constexpr = False, EVEN: tl.constexpr = False, ROT: tl.constexpr = False,
 ):
     """``moe_gemm2_kernel`` over the Hopper layouts:
     pair_out[split, pair, n] = w_pair * (w2[e, n, split's K range] . inter[pair] (+ b2[e, n] in split 0)).
@@ -485,7 +522,7 @@ def moe_hgemm2_kernel(
                                          TAIL_T)
                 _hgemm2_tile(ra, ra, wp, sp, o_nb, o_b, pa, ma, pa, ma, e, offs_n, nmask, b_ptr, tw_ptr, out_ptr, K, N,
                              K_SPLIT, k_lo, stride_be, stride_ot, stride_os, HAS_BIAS, BLOCK_N, TAIL_T, BLOCK_K, DTYPE,
-                             ASM, FACT, EVEN=EVEN)
+                             ASM, FACT, EVEN=EVEN, ROT=ROT)
             else:
                 if DUAL:  # up to 1.5 TAIL_T pairs: [rows, TAIL_T] and [rows, TAIL_T / 2] tiles
                     if n <= TAIL_T + TAIL_T // 2:
@@ -495,19 +532,19 @@ def moe_hgemm2_kernel(
                                                  stride_at, offs_k, k_lo, TAIL_T // 2)
                         _hgemm2_tile(ra, rb, wp, sp, o_nb, o_b, pa, ma, pb, mb, e, offs_n, nmask, b_ptr, tw_ptr,
                                      out_ptr, K, N, K_SPLIT, k_lo, stride_be, stride_ot, stride_os, HAS_BIAS, BLOCK_N,
-                                     TAIL_T, BLOCK_K, DTYPE, ASM, FACT, TAIL_T // 2, EVEN=EVEN)
+                                     TAIL_T, BLOCK_K, DTYPE, ASM, FACT, TAIL_T // 2, EVEN=EVEN, ROT=ROT)
                     else:
                         _hgemm2_tile(at, at, wp, sp, o_nb, o_b, pair, tmask, pair, tmask, e, offs_n, nmask, b_ptr,
                                      tw_ptr, out_ptr, K, N, K_SPLIT, k_lo, stride_be, stride_ot, stride_os, HAS_BIAS,
-                                     BLOCK_N, BLOCK_T, BLOCK_K, DTYPE, ASM, FACT, EVEN=EVEN)
+                                     BLOCK_N, BLOCK_T, BLOCK_K, DTYPE, ASM, FACT, EVEN=EVEN, ROT=ROT)
                 else:
                     _hgemm2_tile(at, at, wp, sp, o_nb, o_b, pair, tmask, pair, tmask, e, offs_n, nmask, b_ptr, tw_ptr,
                                  out_ptr, K, N, K_SPLIT, k_lo, stride_be, stride_ot, stride_os, HAS_BIAS, BLOCK_N,
-                                 BLOCK_T, BLOCK_K, DTYPE, ASM, FACT, EVEN=EVEN)
+                                 BLOCK_T, BLOCK_K, DTYPE, ASM, FACT, EVEN=EVEN, ROT=ROT)
         else:
             _hgemm2_tile(at, at, wp, sp, o_nb, o_b, pair, tmask, pair, tmask, e, offs_n, nmask, b_ptr, tw_ptr, out_ptr,
                          K, N, K_SPLIT, k_lo, stride_be, stride_ot, stride_os, HAS_BIAS, BLOCK_N, BLOCK_T, BLOCK_K,
-                         DTYPE, ASM, FACT, EVEN=EVEN)
+                         DTYPE, ASM, FACT, EVEN=EVEN, ROT=ROT)
     else:
         # row tiles tile0, tile0 + 1, ...; _hopper_ptrs above placed wp / sp at the first
         steps = tl.cdiv(tl.minimum(K, k_lo + K_SPLIT) - k_lo, BLOCK_K)
@@ -521,7 +558,7 @@ def moe_hgemm2_kernel(
             x = _load_x(at + ks * BLOCK_K, tmask, offs_k, K, k0, EVEN)
             w = _load_step(wp + slab.to(tl.int64) * (8 * K) + ks * (BLOCK_K * 8), nbm, o_b, K, k0, EVEN)
             sc = _load_step(sp + slab.to(tl.int64) * (K // 2) + ks * (BLOCK_K // 2), nbm, o_b, K, k0, EVEN)
-            acc = _mma(_hopper_tile(w, sc, NB, KB, FACT, ASM, DTYPE), x, acc, ASM)
+            acc = _mma(_hopper_tile(w, sc, NB, KB, FACT, ASM, DTYPE, ROT), x, acc, ASM)
             if ks == steps - 1:
                 offs_t = offs_n + nt * BLOCK_N
                 gemm2_finish(acc, pair, tmask, e, offs_t, offs_t < N, b_ptr, tw_ptr, out_ptr, stride_be, stride_ot,

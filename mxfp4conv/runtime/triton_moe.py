@@ -32,7 +32,11 @@ from mxfp4conv.runtime.activations import activation_params
 
 LAYOUTS = ("identity", "hopper_mma_w", "hopper_mma_s")  # per tensor; see layout_of for the combinations
 # layout argument of fused_moe_triton -> (weights, scales) layouts it means
-LAYOUT_SETS = {"identity": ("identity", "identity"), "hopper_mma": ("hopper_mma_w", "hopper_mma_s")}
+LAYOUT_SETS = {"identity": ("identity", "identity"), "hopper_mma": ("hopper_mma_w", "hopper_mma_s"),
+               # hopper_mma with the weight words' bits in hopper_np.BITS_ROT order (a benchmark input made by
+               # shuffle.hopper.weight_words_rot; no stored layout has it)
+               "hopper_mma_rot": ("hopper_mma_w_rot", "hopper_mma_s")}
+HOPPER_SETS = ("hopper_mma", "hopper_mma_rot")
 _ACT_IDS = {"silu": K.ACT_SILU, "situ": K.ACT_SITU, "swigluoai": K.ACT_SWIGLUOAI}
 _TL_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
 
@@ -116,7 +120,7 @@ def select_config(num_pairs: int, num_experts: int, hidden: int, inter: int, lay
     swap-AB 16-pair blocks with the int32-word decode while experts see few tokens (K split
     automatically when that leaves SMs idle), 64/128-pair blocks with the byte decode in prefill."""
     per_expert = num_pairs / max(1, min(num_experts, num_pairs))
-    if layout == "hopper_mma":  # measured on an H200 (moe_bench.py --layout hopper_mma --sweep, both layers)
+    if layout in HOPPER_SETS:  # measured on an H200 (moe_bench.py --layout hopper_mma --sweep, both layers)
         short = inter <= 512  # short GEMM2 rows (I_pad <= 512: three 128-code steps a tile)
         if per_expert > 48:
             # prefill: row tiles first in both grids (a block's tiles side by side: its activation rows
@@ -243,7 +247,7 @@ def _check_inputs(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_b
     i_pad = two_i // 2
     if H % 32 or i_pad % 32:
         bad(f"H_pad ({H}) and I_pad ({i_pad}) must be multiples of 32 (one e8m0 scale per 32 weights).")
-    if layout == "hopper_mma" and (H % 64 or i_pad % 64):
+    if layout in HOPPER_SETS and (H % 64 or i_pad % 64):
         bad(f"the hopper_mma layout needs H_pad ({H}) and I_pad ({i_pad}) to be multiples of 64.")
     if tuple(w13_scale.shape) != (E, two_i, H // 32):
         bad(f"w13_scale {tuple(w13_scale.shape)} must be {(E, two_i, H // 32)}.")
@@ -345,9 +349,9 @@ def fused_moe_triton(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, *,
     if num_pairs == 0:
         return out.zero_()
     cfg = config or select_config(num_pairs, E, H, i_pad, layout)
-    if layout == "hopper_mma":
+    if layout in HOPPER_SETS:
         return _hopper_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias,
-                               act, cfg, out)
+                               act, cfg, out, rot=layout == "hopper_mma_rot")
     if uses_gemv(cfg, num_pairs, E):
         try:
             w13q, w2q = w13.view(torch.int32), w2.view(torch.int32)
@@ -562,7 +566,7 @@ def hopper_options(cfg: MoEConfig, T: int, num_pairs: int, cuda: bool) -> tuple[
 
 
 def hopper_constants(cfg: MoEConfig, T: int, top_k: int, H: int, i_pad: int, dtype, asm: bool, fact: int, acts: dict,
-                     bias13: bool, bias2: bool) -> tuple[dict, dict, tuple[bool, bool, int]]:
+                     bias13: bool, bias2: bool, rot: bool = False) -> tuple[dict, dict, tuple[bool, bool, int]]:
     """The compile-time arguments of moe_hgemm1_kernel and moe_hgemm2_kernel for one call (all but
     SPLIT and ROWS_FIRST, which follow from the grid), and (direct, fused, GEMM2 row tiles a program)."""
     direct, fused, pdl = hopper_options(cfg, T, T * top_k, asm)
@@ -570,7 +574,7 @@ def hopper_constants(cfg: MoEConfig, T: int, top_k: int, H: int, i_pad: int, dty
     tail = 0 if direct or fused else cfg.tail_t
     tail2 = 0 if direct or fused or rows2 > 1 else cfg.tail_t if cfg.tail_t2 < 0 else cfg.tail_t2
     common = dict(BLOCK_T=cfg.block_t, BLOCK_K=cfg.block_k, DTYPE=dtype, ASM=asm, FACT=fact, DIRECT=direct,
-                  FUSED=fused, PDL=pdl)
+                  FUSED=fused, PDL=pdl, ROT=rot)
     c1 = dict(common, **acts, HAS_BIAS=bias13, BLOCK_N=cfg.block_n1, TAIL_T=tail, DUAL=bool(tail and cfg.dual),
               EVEN=H % cfg.block_k == 0 and i_pad % cfg.block_n1 == 0)
     c2 = dict(common, HAS_BIAS=bias2, BLOCK_N=cfg.block_n2, K_POW2=triton.next_power_of_2(top_k), ROW_TILES=rows2,
@@ -578,8 +582,9 @@ def hopper_constants(cfg: MoEConfig, T: int, top_k: int, H: int, i_pad: int, dty
     return c1, c2, (direct, fused, rows2)
 
 
-def _hopper_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias, act, cfg, out):
-    """The MMA path over the hopper_mma layouts (moe_hgemm1/2_kernel)."""
+def _hopper_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias, act, cfg, out,
+                    rot=False):
+    """The MMA path over the hopper_mma layouts (moe_hgemm1/2_kernel); rot: weight words in BITS_ROT order."""
     T, H = x.shape
     E, two_i, _ = w13.shape
     i_pad = two_i // 2
@@ -606,7 +611,7 @@ def _hopper_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13
     acts = dict(ACT=act["ACT"], HAS_LIMIT=act["HAS_LIMIT"], HAS_LINEAR=act["HAS_LINEAR"])
     launch, launch2 = _launch_options(cfg), _launch_options(cfg, second=True)
     c1, c2, (direct, fused, rows2) = hopper_constants(cfg, T, top_k, H, i_pad, dtype, asm, fact, acts,
-                                                      w13_bias is not None, w2_bias is not None)
+                                                      w13_bias is not None, w2_bias is not None, rot)
 
     def order(grid, on):  # (grid, rows first): row tiles on grid axis 0 where asked and possible
         if on and not fused and grid[0] < 65536:

@@ -109,6 +109,15 @@ def weight_forward(x: torch.Tensor) -> torch.Tensor:
     return _forward_cpu(x) if x.device.type == "cpu" else _forward_torch(x)
 
 
+def weight_words_rot(y: torch.Tensor) -> torch.Tensor:
+    """hopper_mma_w bytes -> the same words with their bits in ``hopper_np.BITS_ROT`` order, which
+    ``fused_moe_triton(layout="hopper_mma_rot")`` reads (any device; a benchmark input, not a layout)."""
+    out = torch.empty_like(y)
+    for i in range(y.shape[0]):  # one expert at a time: the lookups hold 8 bytes a byte
+        out[i] = _permute_bits_torch(y[i].reshape(-1, 4), HN.ROT8).reshape(y.shape[1:])
+    return out
+
+
 def weight_inverse(y: torch.Tensor, shape) -> torch.Tensor:
     return _inverse_cpu(y, shape) if y.device.type == "cpu" else _inverse_torch(y, shape)
 
