@@ -98,9 +98,7 @@ def point_constants(shape: str, T: int, override: dict, layout: str = "hopper_mm
     acts = dict(ACT=M.K.ACT_SILU, HAS_LIMIT=False, HAS_LINEAR=False)
     c1, c2, (direct, fused, rows2) = M.hopper_constants(cfg, T, k, H, I, tl.bfloat16, True, cfg.factor_pairs, acts,
                                                         False, False, rot=layout == "hopper_mma_rot")
-    pairs = T * k
-    blocks = pairs if direct else pairs // cfg.block_t + min(E, pairs)
-    s1, _ = M._splits(cfg.split_k1, blocks * triton.cdiv(I, cfg.block_n1), H, cfg.block_k)
+    (s1, _), _ = M.gemm_splits(cfg, T * k, E, H, I, direct, rows2)
     c1.update(SPLIT=s1 > 1, ROWS_FIRST=bool(cfg.rows_first1 and not fused))
     c2.update(ROWS_FIRST=bool(cfg.rows_first2 and not fused))
     return cfg, c1, c2

@@ -295,6 +295,19 @@ def _load_x(p, tmask, offs_k, K, k0, EVEN: tl.constexpr):
 
 
 @triton.jit
+def _decode_mma(w, s, nbm, o_b, K, k0, x, x2, acc, acc2, NB: tl.constexpr, KB: tl.constexpr, FACT: tl.constexpr,
+                ASM: tl.constexpr, DTYPE: tl.constexpr, ROT: tl.constexpr, EVEN: tl.constexpr, BT2: tl.constexpr):
+    """One K step of one weight matrix: its tile at code k0 decoded once, then acc + tile @ x and,
+    with BT2 > 0, acc2 + tile @ x2 (acc2 passes through otherwise)."""
+    a = _hopper_tile(_load_step(w, nbm, o_b, K, k0, EVEN), _load_step(s, nbm, o_b, K, k0, EVEN), NB, KB, FACT, ASM,
+                     DTYPE, ROT)
+    acc = _mma(a, x, acc, ASM)
+    if BT2 > 0:
+        acc2 = _mma(a, x2, acc2, ASM)
+    return acc, acc2
+
+
+@triton.jit
 def _hgemm1_tile(xt, xt2, wg, sg, wu, su, o_nb, o_b, pair, tmask, pair2, tmask2, e, offs_n, nmask, b_ptr, out_ptr,
                  part_ptr, num_pairs, K, I_pad, K_SPLIT, k_lo, stride_be, stride_ot, p0, p1,
                  ACT: tl.constexpr, HAS_LIMIT: tl.constexpr, HAS_LINEAR: tl.constexpr, HAS_BIAS: tl.constexpr,
@@ -309,24 +322,17 @@ def _hgemm1_tile(xt, xt2, wg, sg, wu, su, o_nb, o_b, pair, tmask, pair2, tmask2,
     offs_k = tl.arange(0, BLOCK_K)
     acc_g = tl.zeros([BLOCK_N, BLOCK_T], tl.float32)
     acc_u = tl.zeros([BLOCK_N, BLOCK_T], tl.float32)
-    if BT2 > 0:
-        acc_g2 = tl.zeros([BLOCK_N, BT2], tl.float32)
-        acc_u2 = tl.zeros([BLOCK_N, BT2], tl.float32)
+    acc_g2 = tl.zeros([BLOCK_N, BT2 if BT2 > 0 else 16], tl.float32)  # (unused without BT2)
+    acc_u2 = acc_g2
     nbm = (o_nb < I_pad // 16)[:, None, None]
     for k0 in range(k_lo, tl.minimum(K, k_lo + K_SPLIT), BLOCK_K):
         x = _load_x(xt, tmask, offs_k, K, k0, EVEN)
+        x2 = _load_x(xt2, tmask2, offs_k, K, k0, EVEN) if BT2 > 0 else x
+        acc_g, acc_g2 = _decode_mma(wg, sg, nbm, o_b, K, k0, x, x2, acc_g, acc_g2, NB, KB, FACT, ASM, DTYPE, ROT, EVEN,
+                                    BT2)
+        acc_u, acc_u2 = _decode_mma(wu, su, nbm, o_b, K, k0, x, x2, acc_u, acc_u2, NB, KB, FACT, ASM, DTYPE, ROT, EVEN,
+                                    BT2)
         if BT2 > 0:
-            x2 = _load_x(xt2, tmask2, offs_k, K, k0, EVEN)
-        a = _hopper_tile(_load_step(wg, nbm, o_b, K, k0, EVEN), _load_step(sg, nbm, o_b, K, k0, EVEN), NB, KB, FACT,
-                         ASM, DTYPE, ROT)
-        acc_g = _mma(a, x, acc_g, ASM)
-        if BT2 > 0:
-            acc_g2 = _mma(a, x2, acc_g2, ASM)
-        a = _hopper_tile(_load_step(wu, nbm, o_b, K, k0, EVEN), _load_step(su, nbm, o_b, K, k0, EVEN), NB, KB, FACT,
-                         ASM, DTYPE, ROT)
-        acc_u = _mma(a, x, acc_u, ASM)
-        if BT2 > 0:
-            acc_u2 = _mma(a, x2, acc_u2, ASM)
             xt2 += BLOCK_K
         wg += BLOCK_K * 8
         wu += BLOCK_K * 8
@@ -352,18 +358,13 @@ def _hgemm2_tile(at, at2, wp, sp, o_nb, o_b, pair, tmask, pair2, tmask2, e, offs
     KB: tl.constexpr = BLOCK_K // 64
     offs_k = tl.arange(0, BLOCK_K)
     acc = tl.zeros([BLOCK_N, BLOCK_T], tl.float32)
-    if BT2 > 0:
-        acc2 = tl.zeros([BLOCK_N, BT2], tl.float32)
+    acc2 = tl.zeros([BLOCK_N, BT2 if BT2 > 0 else 16], tl.float32)  # (unused without BT2)
     nbm = (o_nb < N // 16)[:, None, None]
     for k0 in range(k_lo, tl.minimum(K, k_lo + K_SPLIT), BLOCK_K):
         x = _load_x(at, tmask, offs_k, K, k0, EVEN)
+        x2 = _load_x(at2, tmask2, offs_k, K, k0, EVEN) if BT2 > 0 else x
+        acc, acc2 = _decode_mma(wp, sp, nbm, o_b, K, k0, x, x2, acc, acc2, NB, KB, FACT, ASM, DTYPE, ROT, EVEN, BT2)
         if BT2 > 0:
-            x2 = _load_x(at2, tmask2, offs_k, K, k0, EVEN)
-        a = _hopper_tile(_load_step(wp, nbm, o_b, K, k0, EVEN), _load_step(sp, nbm, o_b, K, k0, EVEN), NB, KB, FACT,
-                         ASM, DTYPE, ROT)
-        acc = _mma(a, x, acc, ASM)
-        if BT2 > 0:
-            acc2 = _mma(a, x2, acc2, ASM)
             at2 += BLOCK_K
         wp += BLOCK_K * 8
         sp += BLOCK_K // 2

@@ -140,10 +140,9 @@ def select_config(num_pairs: int, num_experts: int, hidden: int, inter: int, lay
             # six 128-code steps long (K3-like: 4 splits of 7 steps, not 10 of 3: the fused tail and the
             # pipeline fill of each program weigh less)
             split2 = 1 if num_pairs * (hidden // 64) >= 768 else 0
-            steps1 = hidden // 128
-            auto1 = max(1, min(steps1 // 2, triton.cdiv(_TARGET_PROGRAMS, num_pairs * triton.cdiv(inter, 64))))
+            auto1, _ = _splits(0, num_pairs * triton.cdiv(inter, 64), hidden, 128)
             return MoEConfig(block_t=16, block_n1=64, block_n2=64, block_k=128, num_warps=4, num_stages=3,
-                             split_k1=max(1, min(auto1, steps1 // 6)), split_k2=split2)
+                             split_k1=max(1, min(auto1, hidden // 128 // 6)), split_k2=split2)
         # short GEMM2 rows: GEMM1 capped at 128 registers (a fourth program per SM) while experts see
         # few pairs, past one pair per expert four GEMM2 row tiles per program in one flat loop
         # (uncapped), and with 64-pair blocks row tiles first in both grids
@@ -436,6 +435,15 @@ def _launch_options(cfg: MoEConfig, second: bool = False) -> dict:
     return launch
 
 
+def gemm_splits(cfg: MoEConfig, num_pairs: int, E: int, H: int, i_pad: int, direct: bool, rows2: int = 1):
+    """((splits, K per split) of GEMM1, the same of GEMM2) of the tensor-core paths: the automatic
+    counts size the grid from the blocks the align can make (one per pair with ``direct``)."""
+    blocks = num_pairs if direct else num_pairs // cfg.block_t + min(E, num_pairs)
+    programs2 = blocks * triton.cdiv(triton.cdiv(H, cfg.block_n2), rows2)
+    return (_splits(cfg.split_k1, blocks * triton.cdiv(i_pad, cfg.block_n1), H, cfg.block_k),
+            _splits(cfg.split_k2, programs2, i_pad, cfg.block_k))
+
+
 def _two_gemms(x, topk_weights, topk_ids, w13_scale, w2_scale, w13_bias, w2_bias, act, cfg, out, gemm1, gemm2,
                direct=False, fused=False, rows2=1):
     """What both tensor-core paths do around their two GEMM kernels: align the pairs into expert
@@ -451,14 +459,12 @@ def _two_gemms(x, topk_weights, topk_ids, w13_scale, w2_scale, w13_bias, w2_bias
     ids = topk_ids.contiguous()
     if direct:
         sorted_ids = block_expert = num_post_pad = ids
-        max_blocks = blocks_est = num_pairs
+        max_blocks = num_pairs
     else:
         sorted_ids, block_expert, num_post_pad, max_blocks = moe_align(ids, E, cfg.block_t, cfg.align)
-        blocks_est = num_pairs // cfg.block_t + min(E, num_pairs)
     n1, n2 = triton.cdiv(i_pad, cfg.block_n1), triton.cdiv(H, cfg.block_n2)
-    s1, ks1 = _splits(cfg.split_k1, blocks_est * n1, H, cfg.block_k)
     g2 = triton.cdiv(n2, rows2)
-    s2, ks2 = _splits(cfg.split_k2, blocks_est * g2, i_pad, cfg.block_k)
+    (s1, ks1), (s2, ks2) = gemm_splits(cfg, num_pairs, E, H, i_pad, direct, rows2)
     inter = torch.empty(num_pairs, i_pad, dtype=x.dtype, device=x.device)
     run = _Run(
         sorted_ids, block_expert, num_post_pad, topk_weights.reshape(-1).contiguous(), s1, ks1, s2, ks2, inter,
