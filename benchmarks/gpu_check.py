@@ -11,8 +11,9 @@ Every case runs the configuration the dispatcher picks (the decode path without 
 when experts see few pairs, else the MMA path) and the other path forced, with and without a
 forced K split; the label names the path each run took.
 
-    python benchmarks/gpu_check.py [--out DIR] [--quick]   (--quick: skip the MMA modes 2 and 3,
-                                                            which no default uses)
+    python benchmarks/gpu_check.py [--out DIR] [--quick] [--layout identity|hopper_mma_rot|hopper_mma|both]
+        (--quick: skip the MMA modes 2 and 3, which no default uses; a hopper layout runs its variants
+        and the default in the other bit order; both: identity and hopper_mma_rot)
 """
 
 from __future__ import annotations
@@ -27,8 +28,9 @@ import torch
 
 from mxfp4conv.codec import dequantize_mxfp4
 
-from mxfp4conv.runtime.triton_moe import ALIGN_GRID_PAIRS, hopper_options, fused_moe_triton, select_config, uses_gemv
-from mxfp4conv.shuffle import get_layout, hopper
+from mxfp4conv.runtime.triton_moe import (ALIGN_GRID_PAIRS, HOPPER_SETS, LAYOUT_SETS, hopper_options,
+                                          fused_moe_triton, select_config, uses_gemv)
+from mxfp4conv.shuffle import get_layout
 
 
 def act64(name, params, g, u):
@@ -150,7 +152,7 @@ def hopper_variants(T, H, I, k, E):
     tiles first in both grids (where not fused), the small and the two-tile paths of partly filled
     blocks switched the other way, the decode's e8m0 factors computed the other way, and the align
     the default does not take."""
-    default = select_config(T * k, E, H, I, "hopper_mma")
+    default = select_config(T * k, E, H, I, "hopper_mma_rot")
     out = [("default", default), ("split", dataclasses.replace(default, split_k1=3, split_k2=2)),
            ("v9", dataclasses.replace(default, fused=0, direct=0, pdl=0))]
     if 1 < T <= 64:
@@ -195,10 +197,10 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--layout", default="identity", help="identity, hopper_mma or both")
+    ap.add_argument("--layout", default="identity", help="identity, hopper_mma_rot, hopper_mma or both")
     ap.add_argument("--cases", default=None, help="comma-separated case indices (default: all)")
     args = ap.parse_args()
-    layouts = ("identity", "hopper_mma") if args.layout == "both" else (args.layout,)
+    layouts = ("identity", "hopper_mma_rot") if args.layout == "both" else (args.layout,)
     dev = torch.device("cuda")
     rows, ok_all = [], True
     only = None if args.cases is None else {int(c) for c in args.cases.split(",")}
@@ -213,12 +215,14 @@ def main() -> int:
             if layout == "identity":
                 runs += [(layout, v, c, (w13, s13, w2, s2)) for v, c in variants_for(T, H, I, k, E, dtype, args.quick)]
             elif H % 64 == 0 and I % 64 == 0:
-                Wl, Sl = get_layout("hopper_mma_w"), get_layout("hopper_mma_s")
-                stored = (Wl.forward(w13), Sl.forward(s13), Wl.forward(w2), Sl.forward(s2))
-                runs += [(layout, v, c, stored) for v, c in hopper_variants(T, H, I, k, E)]
-                # the same weights with their words' bits in the BITS_ROT order (the 9-instruction decode)
-                rot = (hopper.weight_words_rot(stored[0]), stored[1], hopper.weight_words_rot(stored[2]), stored[3])
-                runs.append(("hopper_mma_rot", "rot", select_config(T * k, E, H, I, "hopper_mma"), rot))
+                def stored(lay):
+                    Wl, Sl = (get_layout(n) for n in LAYOUT_SETS[lay])
+                    return Wl.forward(w13), Sl.forward(s13), Wl.forward(w2), Sl.forward(s2)
+
+                runs += [(layout, v, c, stored(layout)) for v, c in hopper_variants(T, H, I, k, E)]
+                # the same weights in the other bit order of the weight words
+                other = next(h for h in HOPPER_SETS if h != layout)
+                runs.append((other, other, select_config(T * k, E, H, I, other), stored(other)))
         for layout, vname, cfg, weights in runs:
             t0 = time.time()
             label = f"{name} [{path_name(cfg, T, k, E, dtype, layout)}{' splitK' if vname == 'split' else ''}]"

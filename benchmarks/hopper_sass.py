@@ -8,10 +8,10 @@ K loop's count is the issue cost of one block_k step; a decode change can be jud
 any GPU time is spent (docs/performance.md).
 
     python benchmarks/hopper_sass.py [--shapes dsv3,k3] [--tokens 1,8,64,4096] [--override JSON]
-        [--layout hopper_mma|hopper_mma_rot] [--keep DIR]
+        [--layout hopper_mma_rot|hopper_mma] [--keep DIR]
 
---override '{"factor_pairs": 0}' applies config overrides to every point; --layout hopper_mma_rot
-compiles the decode of the BITS_ROT word order; --keep writes the PTX and SASS there.
+--override '{"factor_pairs": 0}' applies config overrides to every point; --layout hopper_mma
+compiles the decode of the earlier bit order (hopper_mma_w); --keep writes the PTX and SASS there.
 """
 
 from __future__ import annotations
@@ -91,10 +91,10 @@ def loops(sass: str, least: int = 100) -> list[tuple[int, collections.Counter]]:
     return out
 
 
-def point_constants(shape: str, T: int, override: dict, layout: str = "hopper_mma"):
+def point_constants(shape: str, T: int, override: dict, layout: str = "hopper_mma_rot"):
     """(config, GEMM1 and GEMM2 compile-time arguments) of a bf16 call with the silu activation."""
     H, I, E, k = SHAPES[shape]
-    cfg = dataclasses.replace(M.select_config(T * k, E, H, I, "hopper_mma"), **override)
+    cfg = dataclasses.replace(M.select_config(T * k, E, H, I, layout), **override)
     acts = dict(ACT=M.K.ACT_SILU, HAS_LIMIT=False, HAS_LINEAR=False)
     c1, c2, (direct, fused, rows2) = M.hopper_constants(cfg, T, k, H, I, tl.bfloat16, True, cfg.factor_pairs, acts,
                                                         False, False, rot=layout == "hopper_mma_rot")
@@ -109,7 +109,7 @@ def main() -> int:
     ap.add_argument("--shapes", default="dsv3,k3")
     ap.add_argument("--tokens", default="1,8,64,4096")
     ap.add_argument("--override", default="{}", help="JSON config overrides applied at every point")
-    ap.add_argument("--layout", default="hopper_mma", choices=M.HOPPER_SETS)
+    ap.add_argument("--layout", default="hopper_mma_rot", choices=M.HOPPER_SETS)
     ap.add_argument("--keep", default=None, help="directory for the PTX and SASS")
     args = ap.parse_args()
     override = json.loads(args.override)

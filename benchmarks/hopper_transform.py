@@ -1,4 +1,5 @@
-"""The hopper_mma transforms on one core: the numpy path against the compiled one (when built).
+"""The hopper_mma transforms on one core: the numpy path against the compiled one (when built),
+for both weight bit orders (hopper_mma_w_rot, what convert writes, and hopper_mma_w).
 
 Same process, same input, interleaved rounds; GB/s of input a second, median (and best) of the
 runs in each round. The output buffers are new arrays every call, as in ``weight_forward``.
@@ -40,11 +41,13 @@ def main(argv=None) -> None:
     rng = np.random.default_rng(0)
     w = rng.integers(0, 256, (e, n, kb), dtype=np.uint8)
     s = rng.integers(0, 256, (e, n, kb // 16), dtype=np.uint8)
-    paths = [("weights numpy", hopper_np.weight_forward, w)]
-    if hopper_native.enabled():
-        assert np.array_equal(hopper_native.weight_forward(w), hopper_np.weight_forward(w))
-        paths.append(("weights native", hopper_native.weight_forward, w))
-    else:
+    paths = []
+    for tag, rot in (("rot", True), ("w", False)):
+        paths.append((f"{tag} numpy", lambda x, rot=rot: hopper_np.weight_forward(x, rot), w))
+        if hopper_native.enabled():
+            assert np.array_equal(hopper_native.weight_forward(w, rot), hopper_np.weight_forward(w, rot))
+            paths.append((f"{tag} native", lambda x, rot=rot: hopper_native.weight_forward(x, rot), w))
+    if not hopper_native.enabled():
         print("the compiled transform is not built or is switched off: numpy only")
     paths.append(("scales numpy", hopper_np.scale_forward, s))
     print(f"weights {w.nbytes / 2**20:.0f} MiB {tuple(w.shape)}, scales {s.nbytes / 2**20:.1f} MiB {tuple(s.shape)}")

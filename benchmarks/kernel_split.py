@@ -56,14 +56,14 @@ def main() -> int:
         if tk is not None:
             import tk_moe
             tkm = tk_moe.TkMoE(tk, *canon)
-        Wl, Sl = get_layout("hopper_mma_w"), get_layout("hopper_mma_s")
+        Wl, Sl = get_layout("hopper_mma_w_rot"), get_layout("hopper_mma_s")
         w = (Wl.forward(canon[0]), Sl.forward(canon[1]), Wl.forward(canon[2]), Sl.forward(canon[3]))
         del canon
         for T in (int(t) for t in args.tokens.split(",")):
             ids, tw = routing(T, E, k, gen)
             x = torch.randn(T, H, device="cuda", generator=gen).to(torch.bfloat16)
             runs = {"ours": lambda: fused_moe_triton(x, *w, tw, ids, activation="situ", activation_params=SITU,
-                                                     layout="hopper_mma")}
+                                                     layout="hopper_mma_rot")}
             if tkm is not None:
                 runs["triton_kernels"] = lambda: tkm(x, ids, tw)
             for label, fn in runs.items():

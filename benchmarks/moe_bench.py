@@ -17,8 +17,8 @@ uses the next copy and its own routing, so L2 never serves weights. Columns:
   emulation shape of work)
 
     python benchmarks/moe_bench.py --out DIR [--sweep] [--gemv-sweep] [--shapes dsv3,k3] [--tokens 1,8,...]
-        [--layout hopper_mma] [--grid rows2|t1] [--no-baselines] [--random-layout] [--compile-workers N]
-        [--before PKG.runtime.triton_moe --rounds 3] [--triton-kernels DIR] [--variants JSON]
+        [--layout hopper_mma_rot|hopper_mma] [--grid rows2|t1] [--no-baselines] [--random-layout] [--compile-workers N]
+        [--before PKG.runtime.triton_moe [--before-layout L] --rounds 3] [--triton-kernels DIR] [--variants JSON]
 
 --before times another tree's default beside ours, interleaved round by round (the same config
 drifts by up to 10-15% over a run on the H200), e.g. the previous release copied under another
@@ -30,8 +30,8 @@ outside the graph; its output is checked once per layer against a float64 refere
 ours (both with the swigluoai activation, the one triton_kernels fuses).
 --variants '{"1": [{"block_n1": 128}], "8": [{"direct": 1}]}' times config overrides of the
 default at those T, interleaved with the default (ratio: median over rounds of variant / the
-default timed next to it); a "layout" key times the same weights in another layout
-(with --layout hopper_mma: "hopper_mma_rot", the BITS_ROT word order).
+default timed next to it); a "layout" key times the same weights in the other hopper layout
+(hopper_mma_rot: weights in hopper_mma_w_rot, what convert writes; hopper_mma: hopper_mma_w).
 """
 
 from __future__ import annotations
@@ -50,8 +50,8 @@ import triton.testing
 from mxfp4conv.codec import dequantize_mxfp4
 import dataclasses
 
-from mxfp4conv.runtime.triton_moe import MoEConfig, fused_moe_triton, select_config, uses_gemv
-from mxfp4conv.shuffle import get_layout, hopper
+from mxfp4conv.runtime.triton_moe import HOPPER_SETS, LAYOUT_SETS, MoEConfig, fused_moe_triton, select_config, uses_gemv
+from mxfp4conv.shuffle import get_layout
 
 SHAPES = {"dsv3": (7168, 2048, 256, 8), "k3": (3584, 384, 896, 16)}
 BPW = 0.5 + 1 / 32
@@ -185,8 +185,8 @@ GRID = None  # set from --grid
 
 
 def sweep_for(layout, per_expert, T):
-    """Config overrides tried besides the default (hopper_mma), by pairs per touched expert."""
-    if layout != "hopper_mma":
+    """Config overrides tried besides the default (hopper_mma layouts), by pairs per touched expert."""
+    if layout not in HOPPER_SETS:
         return None
     if GRID is not None:
         return GRIDS[GRID]
@@ -198,7 +198,7 @@ def sweep_for(layout, per_expert, T):
 def _warm_worker(args):
     """Compile (run once on uninitialised weights) the configs of one shape in a child process,
     filling Triton's on-disk cache so the timing process finds every kernel compiled."""
-    name, jobs, before, tk_path = args
+    name, jobs, before, tk_path, before_layout = args
     H, I, E, k = SHAPES[name]  # jobs carry their configs: the grid is not needed here
     impl = fused_moe_triton
     if before:
@@ -221,7 +221,7 @@ def _warm_worker(args):
                     tkm = tk_moe.TkMoE(tk_moe.TritonKernels(tk_path), *w)
                 tkm(x, ids, tw)
             elif cfg is None:  # the before tree's default
-                impl(x, *w, tw, ids, activation="situ", activation_params=SITU, layout=layout)
+                impl(x, *w, tw, ids, activation="situ", activation_params=SITU, layout=before_layout or layout)
             else:
                 fused_moe_triton(x, *w, tw, ids, activation="situ", activation_params=SITU, config=cfg, layout=layout)
         except Exception:  # reported again by the timing process
@@ -230,7 +230,8 @@ def _warm_worker(args):
     return failed
 
 
-def warm_compile(name, tokens, sweep, layout, workers, log, before=None, tk_path=None, variants=None):
+def warm_compile(name, tokens, sweep, layout, workers, log, before=None, tk_path=None, variants=None,
+                 before_layout=None):
     if workers <= 1:
         return
     import multiprocessing as mp
@@ -250,13 +251,13 @@ def warm_compile(name, tokens, sweep, layout, workers, log, before=None, tk_path
     chunks = [jobs[i::workers] for i in range(workers)]
     t0 = time.perf_counter()
     with mp.get_context("spawn").Pool(workers) as pool:
-        failed = sum(pool.map(_warm_worker, [(name, c, before, tk_path) for c in chunks if c]))
+        failed = sum(pool.map(_warm_worker, [(name, c, before, tk_path, before_layout) for c in chunks if c]))
     log(f"  {name}: compiled {len(jobs)} configs in {workers} processes, {time.perf_counter() - t0:.0f}s"
         f"{f' ({failed} failed)' if failed else ''}")
 
 
 def bench_shape(name, tokens, copy_bw, sweep, rows, log, gemv_sweep=False, layout="identity", baselines=True,
-                random_layout=False, before=None, rounds=1, tk=None, variants=None):
+                random_layout=False, before=None, rounds=1, tk=None, variants=None, before_layout=None):
     H, I, E, k = SHAPES[name]
     gen = torch.Generator(device="cuda").manual_seed(0)
     layer = E * 3 * H * I * BPW
@@ -275,19 +276,25 @@ def bench_shape(name, tokens, copy_bw, sweep, rows, log, gemv_sweep=False, layou
         import tk_moe
         tkms = [tk_moe.TkMoE(tk, *c) for c in copies]
         canon0 = copies[0]
-    if layout == "hopper_mma" and not random_layout:
-        Wl, Sl = get_layout("hopper_mma_w"), get_layout("hopper_mma_s")
-        copies = [(Wl.forward(a), Sl.forward(b), Wl.forward(c), Sl.forward(d)) for a, b, c, d in copies]
-    # (random_layout: uniform random bytes are the hopper_mma bytes of other uniform random weights
-    # and scales in the same range, so the conversion only costs time; the timing is the same)
+    canonical = copies
+
+    def laid_out(lay):  # the canonical copies in a hopper_mma layout set
+        if random_layout:  # uniform random bytes are the stored bytes of other uniform random weights and
+            return canonical  # scales in the same range: the conversion would only cost time
+        Wl, Sl = (get_layout(n) for n in LAYOUT_SETS[lay])
+        return [(Wl.forward(a), Sl.forward(b), Wl.forward(c), Sl.forward(d)) for a, b, c, d in canonical]
+
+    if layout in HOPPER_SETS:
+        copies = laid_out(layout)
     other = {}
 
-    def relaid(lay):  # the copies in a variant's layout: hopper_mma_rot from hopper_mma
+    def relaid(lay):  # the copies in a variant's (or the before tree's) layout
         if lay not in other:
-            if (layout, lay) != ("hopper_mma", "hopper_mma_rot"):
-                raise SystemExit(f"a variant's layout {lay!r} is not made from --layout {layout}")
-            other[lay] = [(hopper.weight_words_rot(a), b, hopper.weight_words_rot(c), d) for a, b, c, d in copies]
+            if not {layout, lay} <= set(HOPPER_SETS):
+                raise SystemExit(f"layout {lay!r} is not made from --layout {layout}")
+            other[lay] = laid_out(lay)
         return other[lay]
+    before_layout = before_layout or layout
     for T in tokens:
         routes = [routing(T, E, k, gen) for _ in range(ncopies)]
         xs = [torch.randn(T, H, device="cuda", generator=gen).to(torch.bfloat16) for _ in range(ncopies)]
@@ -307,8 +314,8 @@ def bench_shape(name, tokens, copy_bw, sweep, rows, log, gemv_sweep=False, layou
             t_def = graph_time_us(tri(default))
         except Exception as exc:  # report it and time the other path (raw layout) / no PDL (hopper_mma) instead
             log(f"  {name} T={T} default {path} failed {type(exc).__name__}: {str(exc)[:200]}")
-            if layout == "hopper_mma":
-                default, path = dataclasses.replace(default, pdl=0), "hopper_mma (pdl failed)"
+            if layout in HOPPER_SETS:
+                default, path = dataclasses.replace(default, pdl=0), f"{layout} (pdl failed)"
             else:
                 default, path = dataclasses.replace(default, gemv_max_pairs=0), "mma (gemv failed)"
             t_def = graph_time_us(tri(default))
@@ -316,9 +323,10 @@ def bench_shape(name, tokens, copy_bw, sweep, rows, log, gemv_sweep=False, layou
         # default, triton_kernels (with and without its routing step), config variants
         side = {}
         if before is not None:
-            side["before"] = [lambda c=c: before.fused_moe_triton(xs[c], *copies[c], routes[c][1], routes[c][0],
+            wb = copies if before_layout == layout else relaid(before_layout)
+            side["before"] = [lambda c=c: before.fused_moe_triton(xs[c], *wb[c], routes[c][1], routes[c][0],
                                                                   activation="situ", activation_params=SITU,
-                                                                  layout=layout) for c in range(ncopies)]
+                                                                  layout=before_layout) for c in range(ncopies)]
         if tkms is not None:
             side["tk"] = [lambda c=c: tkms[c](xs[c], routes[c][0], routes[c][1]) for c in range(ncopies)]
             preps = [tkms[c].prepare(routes[c][0], routes[c][1]) for c in range(ncopies)]
@@ -356,7 +364,7 @@ def bench_shape(name, tokens, copy_bw, sweep, rows, log, gemv_sweep=False, layou
             extra = [dataclasses.replace(default, gemv_max_pairs=0)] + [dataclasses.replace(default, **g) for g in GEMV_SWEEP]
         elif gemv_sweep and uses_gemv(dataclasses.replace(default, gemv_max_pairs=4), T * k, E):
             extra = [dataclasses.replace(default, gemv_max_pairs=4)]  # the decode path just past its threshold
-        if sweep and layout == "hopper_mma":
+        if sweep and layout in HOPPER_SETS:
             extra += [dataclasses.replace(default, **h) for h in sweep_for(layout, T * k / min(E, T * k), T)]
         elif sweep:
             extra += SWEEP_LARGE if T * k / min(E, T * k) > 32 else SWEEP_SMALL
@@ -471,7 +479,9 @@ def main() -> int:
     ap.add_argument("--gemv-sweep", action="store_true")
     ap.add_argument("--shapes", default="dsv3,k3")
     ap.add_argument("--tokens", default="1,8,64,256,4096")
-    ap.add_argument("--layout", default="identity", help="weight layout the kernel reads: identity or hopper_mma")
+    ap.add_argument("--layout", default="identity",
+                    help="weight layout the kernel reads: identity, hopper_mma_rot (what convert writes for sm90) "
+                         "or hopper_mma (the earlier bit order)")
     ap.add_argument("--no-baselines", action="store_true", help="skip the bf16 grouped_mm and emulation columns")
     ap.add_argument("--random-layout", action="store_true",
                     help="hopper_mma: time on random bytes as stored, without converting them (same timing)")
@@ -480,6 +490,9 @@ def main() -> int:
     ap.add_argument("--before", default=None,
                     help="module path of another tree's triton_moe (e.g. a copy of the previous release under "
                          "another package name): its default timed beside ours, interleaved")
+    ap.add_argument("--before-layout", default=None,
+                    help="the layout the --before tree reads (default: --layout), e.g. hopper_mma for a tree "
+                         "from before hopper_mma_rot")
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds with --before (median)")
     ap.add_argument("--triton-kernels", default=None, metavar="DIR",
                     help="directory holding OpenAI's triton_kernels package: timed beside ours (tk_moe.py)")
@@ -501,14 +514,14 @@ def main() -> int:
     if args.compile_only:
         for name in args.shapes.split(","):
             warm_compile(name, tokens, args.sweep, args.layout, max(2, args.compile_workers), log, args.before,
-                         args.triton_kernels, variants)
+                         args.triton_kernels, variants, args.before_layout)
         return 0
     copy_bw = copy_bandwidth()
     log(f"{torch.cuda.get_device_name()} copy bandwidth {copy_bw / 1e12:.2f} TB/s; torch {torch.__version__}, triton {triton.__version__}")
     rows = []
     for name in args.shapes.split(","):
         warm_compile(name, tokens, args.sweep, args.layout, args.compile_workers, log, args.before,
-                     args.triton_kernels, variants)
+                     args.triton_kernels, variants, args.before_layout)
     before = None
     if args.before:
         import importlib
@@ -525,7 +538,7 @@ def main() -> int:
     for name in args.shapes.split(","):
         bench_shape(name, tokens, copy_bw, args.sweep, rows, log, args.gemv_sweep, args.layout,
                     baselines=not args.no_baselines, random_layout=args.random_layout, before=before,
-                    rounds=args.rounds, tk=tk, variants=variants)
+                    rounds=args.rounds, tk=tk, variants=variants, before_layout=args.before_layout)
     with open(f"{args.out}/moe_bench.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()

@@ -1,7 +1,7 @@
 """One fused MoE call per kernel mode, for a profiler (ncu) to attach to.
 
     ncu --clock-control none -k regex:moe_gemm -c 4 python benchmarks/profile_moe.py --shape dsv3 --tokens 64
-    ncu --clock-control none -k regex:moe_ python benchmarks/profile_moe.py --layout hopper_mma --shape k3 --tokens 8
+    ncu --clock-control none -k regex:moe_ python benchmarks/profile_moe.py --layout hopper_mma_rot --shape k3 --tokens 8
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import dataclasses
 
 import torch
 
-from mxfp4conv.runtime.triton_moe import fused_moe_triton, select_config
+from mxfp4conv.runtime.triton_moe import LAYOUT_SETS, fused_moe_triton, select_config
 from mxfp4conv.shuffle import get_layout
 
 SHAPES = {"dsv3": (7168, 2048, 256, 8), "k3": (3584, 384, 896, 16)}
@@ -22,7 +22,7 @@ def main() -> None:
     ap.add_argument("--shape", default="dsv3")
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--modes", default="0,1")
-    ap.add_argument("--layout", default="identity", help="identity or hopper_mma (then --modes is ignored)")
+    ap.add_argument("--layout", default="identity", help="identity, hopper_mma_rot or hopper_mma (then --modes is ignored)")
     args = ap.parse_args()
     H, I, E, k = SHAPES[args.shape]
     T = args.tokens
@@ -33,11 +33,11 @@ def main() -> None:
     ids = torch.rand(T, E, device="cuda").topk(k, dim=1).indices.to(torch.int32)
     tw = torch.rand(T, k, device="cuda")
     x = torch.randn(T, H, device="cuda", dtype=torch.bfloat16)
-    if args.layout == "hopper_mma":
-        W, S = get_layout("hopper_mma_w"), get_layout("hopper_mma_s")
+    if args.layout in LAYOUT_SETS and args.layout != "identity":
+        W, S = (get_layout(n) for n in LAYOUT_SETS[args.layout])
         weights = (W.forward(w13), S.forward(s13), W.forward(w2), S.forward(s2))
         for _ in range(2):  # the second call is the one to read (no compilation in it)
-            fused_moe_triton(x, *weights, tw, ids, activation="silu", activation_params={}, layout="hopper_mma")
+            fused_moe_triton(x, *weights, tw, ids, activation="silu", activation_params={}, layout=args.layout)
         torch.cuda.synchronize()
         return
     for m in (int(v) for v in args.modes.split(",")):

@@ -12,6 +12,7 @@ from mxfp4conv.errors import LayoutError
 from mxfp4conv.shuffle.layouts import get_layout
 
 W, S = get_layout("hopper_mma_w"), get_layout("hopper_mma_s")
+W_ROT = get_layout("hopper_mma_w_rot")  # the same words, bits in the rotation order (what convert writes)
 PROPS = settings(max_examples=25, deadline=None)
 E2M1 = torch.tensor([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6], dtype=torch.float64)
 MASK = 0x81C081C0
@@ -28,9 +29,11 @@ def weights(draw):
     return rand_u8(e, 16 * nb, 32 * kb, seed=draw(st.integers(0, 9999))), cuts
 
 
+@pytest.mark.parametrize("lay", [W, W_ROT], ids=["w", "w_rot"])
 @PROPS
 @given(data=weights())
-def test_weight_layout_round_trip_and_streaming(data):
+def test_weight_layout_round_trip_and_streaming(lay, data):
+    W = lay
     x, cuts = data
     y = W.forward(x)
     assert y.shape == x.shape and y.dtype == torch.uint8
@@ -92,22 +95,29 @@ def _rotl(w: torch.Tensor, k: int) -> torch.Tensor:
     return ((w << k) | (w >> (32 - k))) & 0xFFFFFFFF
 
 
+def _rot_registers(z: torch.Tensor) -> list[torch.Tensor]:
+    """The kernels' 9-instruction decode of hopper_mma_w_rot words, written out."""
+    w = z.reshape(-1).view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+    return [w & MASK, _rotl(w, 4) & MASK, _rotl(w, 10) & MASK,
+            (_rotl(w, 6) & 0x00400040) | (_rotl(w, 14) & 0x81808180)]
+
+
 def test_rotation_order_words_give_the_same_registers():
-    """hopper.weight_words_rot re-encodes each stored word so that rotations and masks (the
-    kernels' 9-instruction decode, written out here, not taken from the layout code) give the
-    registers the documented masks give from the stored word, for every code in every position."""
+    """hopper_mma_w_rot words give, by rotations and masks, the registers the documented masks
+    give from the hopper_mma_w word in the same place, for every code in every position; and
+    weight_words_rot turns hopper_mma_w bytes into exactly the hopper_mma_w_rot bytes."""
     from mxfp4conv.shuffle import hopper
 
     x = rand_u8(2, 32, 96, seed=11)
     x[0, 0, :16] = torch.arange(0, 256, 16, dtype=torch.uint8) + torch.arange(16, dtype=torch.uint8)
     y = W.forward(x)
     want = _registers(y)
-    z = hopper.weight_words_rot(y)
+    z = W_ROT.forward(x)
     assert z.shape == y.shape and z.dtype == torch.uint8 and not torch.equal(z, y)
-    w = z.reshape(-1).view(torch.int32).to(torch.int64) & 0xFFFFFFFF
-    got = [w & MASK, _rotl(w, 4) & MASK, _rotl(w, 10) & MASK, (_rotl(w, 6) & 0x00400040) | (_rotl(w, 14) & 0x81808180)]
+    got = _rot_registers(z)
     for r in range(4):  # the four registers hold all 32 bits between them: the re-encoding loses none
         assert torch.equal(got[r], want[r]), r
+    assert torch.equal(hopper.weight_words_rot(y), z)
 
 
 def test_scale_words_hold_rows_g_and_g_plus_8():
@@ -119,27 +129,31 @@ def test_scale_words_hold_rows_g_and_g_plus_8():
             assert torch.equal(y[..., h, j], ref)
 
 
-@pytest.mark.parametrize("layout,shape", [(W, (1, 24, 32)), (W, (1, 16, 48)), (S, (1, 8, 2)), (S, (2, 16, 3))])
+@pytest.mark.parametrize("layout,shape", [(W, (1, 24, 32)), (W, (1, 16, 48)), (W_ROT, (1, 24, 32)),
+                                          (W_ROT, (1, 16, 48)), (S, (1, 8, 2)), (S, (2, 16, 3))])
 def test_shapes_off_the_blocks_are_refused(layout, shape):
     with pytest.raises(LayoutError, match="multiple of"):
         layout.forward(torch.zeros(shape, dtype=torch.uint8))
 
 
+@pytest.mark.parametrize("rot", [False, True], ids=["w", "w_rot"])
 @PROPS
 @given(data=weights())
-def test_cpu_tables_and_device_path_agree(data):
+def test_cpu_tables_and_device_path_agree(rot, data):
     # the numpy path (CPU) and the torch-only path (used on GPU tensors) write the same bytes
     from mxfp4conv.shuffle import hopper
 
     x, _ = data
-    y = hopper._forward_cpu(x)
-    assert torch.equal(hopper._forward_torch(x), y)
-    assert torch.equal(hopper._inverse_torch(y, x.shape), x)
+    y = hopper._forward_cpu(x, rot)
+    assert torch.equal(hopper._forward_torch(x, rot), y)
+    assert torch.equal(hopper._inverse_torch(y, x.shape, rot), x)
+    assert torch.equal(hopper._inverse_cpu(y, x.shape, rot), x)
 
 
+@pytest.mark.parametrize("rot", [False, True], ids=["w", "w_rot"])
 @PROPS
 @given(data=weights(), step=st.sampled_from([1, 512, 1 << 20]))
-def test_cpu_weight_path_in_steps_agrees_with_device_path(data, step):
+def test_cpu_weight_path_in_steps_agrees_with_device_path(rot, data, step):
     # the numpy path gathers a few slabs at a time; any step size writes the same bytes
     from mxfp4conv.shuffle import hopper, hopper_np
 
@@ -147,7 +161,7 @@ def test_cpu_weight_path_in_steps_agrees_with_device_path(data, step):
     saved = hopper_np.STEP_BYTES
     hopper_np.STEP_BYTES = step
     try:
-        assert torch.equal(torch.from_numpy(hopper_np.weight_forward(x.numpy())), hopper._forward_torch(x))
+        assert torch.equal(torch.from_numpy(hopper_np.weight_forward(x.numpy(), rot)), hopper._forward_torch(x, rot))
     finally:
         hopper_np.STEP_BYTES = saved
 
@@ -161,13 +175,18 @@ def test_cpu_scale_path_agrees_with_device_path(e, nb, kb, seed):
     assert torch.equal(S.forward(s), hopper._scale_forward_torch(s))
 
 
-# sha256 (first 32 hex digits) of the stored bytes, fixed when the layout was first written: any
-# rewrite of the transforms must keep them
+# sha256 (first 32 hex digits) of the stored bytes, fixed when each layout was first written (the
+# W_ROT ones from the torch path, whose registers test_rotation_order_words_give_the_same_registers
+# checks): any rewrite of the transforms must keep them
 GOLDEN = [
     (W, (1, 16, 32), "267d874fddcea10ea1fd2e8acbd045fa"),
     (W, (3, 48, 96), "96aebe850774a89c6061090b978bf24d"),
     (W, (2, 64, 1024), "09f6a9252e4e5ccbfb039d639a0a5e3e"),
     (W, (1, 1120, 1024), "a5746774834cd3a310b9eb9582d09731"),  # more than one CPU step
+    (W_ROT, (1, 16, 32), "feeb8d9d04f72875daa47861623d22f4"),
+    (W_ROT, (3, 48, 96), "6cc06ada62552ba7f9163c5ea4ef09b0"),
+    (W_ROT, (2, 64, 1024), "8cd5f8555ed94751af38a0f20f393224"),
+    (W_ROT, (1, 1120, 1024), "efca4215309db5c4825cad125c9acb77"),
     (S, (1, 16, 2), "4db17b63e555aba5c2059fafa7a06c0d"),
     (S, (3, 48, 6), "b76eb769ffac8ddd313deada166120f9"),
     (S, (2, 64, 64), "755bf36f174b1f7a9e8e097026c07bc1"),

@@ -221,13 +221,13 @@ def test_gfx1250_layouts_differ_from_the_gfx950_ones():
     assert torch.equal(gl.forward(s)[0, 0, :8], torch.cat([s[0, 0, :4], s[0, 32, :4]]))
 
 
-NUMPY_GRID = {**GRID, "hopper_mma_w": (16, 32), "hopper_mma_s": (16, 2)}
+NUMPY_GRID = {**GRID, "hopper_mma_w": (16, 32), "hopper_mma_w_rot": (16, 32), "hopper_mma_s": (16, 2)}
 
 
 def test_numpy_paths_exist_where_convert_needs_them():
     have = {name for name, lay in LAYOUTS.items() if lay.forward_np is not None}
     assert {"identity", "aiter_p16", "aiter_p16_gu16", "aiter_e8m0_shuffle", "aiter_scale_a16w4",
-            "aiter_scale_a16w4_gu16", "hopper_mma_w", "hopper_mma_s"} <= have
+            "aiter_scale_a16w4_gu16", "hopper_mma_w", "hopper_mma_w_rot", "hopper_mma_s"} <= have
 
 
 @pytest.mark.parametrize("name", [n for n, lay in LAYOUTS.items() if lay.forward_np is not None])

@@ -249,20 +249,22 @@ def test_aiter_checkpoint_kept_for_aiter(tmp_path, layout, monkeypatch):
 
 # ---- the Hopper layouts ----------------------------------------------------------------------
 HOPPER = {"w13": "hopper_mma_w", "w13_scale": "hopper_mma_s", "w2": "hopper_mma_w", "w2_scale": "hopper_mma_s"}
+HOPPER_ROT = {**HOPPER, "w13": "hopper_mma_w_rot", "w2": "hopper_mma_w_rot"}  # what convert writes
 
 
-def test_hopper_layout_is_inverted_for_torch_and_shape_checked(tmp_path):
+@pytest.mark.parametrize("stored", [HOPPER_ROT, HOPPER], ids=["w_rot", "w"])
+def test_hopper_layout_is_inverted_for_torch_and_shape_checked(tmp_path, stored):
     from mxfp4conv.shuffle.layouts import get_layout
 
     names = {"w13_weight": "w13", "w13_weight_scale": "w13_scale", "w2_weight": "w2", "w2_weight_scale": "w2_scale"}
 
     def transform(kind, v):
-        return get_layout(HOPPER[names[kind]]).forward(v) if kind in names else v
+        return get_layout(stored[names[kind]]).forward(v) if kind in names else v
 
-    ds, canon = _write(tmp_path, tp=2, arch="sm90", layout=HOPPER, transform=transform)
-    with pytest.warns(LayoutConversionWarning, match="hopper_mma_w"):
+    ds, canon = _write(tmp_path, tp=2, arch="sm90", layout=stored, transform=transform)
+    with pytest.warns(LayoutConversionWarning, match=stored["w13"]):
         ex = load_moe_layers(tmp_path, rank=1, backend="torch")[LAYERS[0]]
-    assert ex.is_canonical and ex.stored_layout["w13"] == "hopper_mma_w" and not ex.is_shuffled
+    assert ex.is_canonical and ex.stored_layout["w13"] == stored["w13"] and not ex.is_shuffled
     for kind, name in names.items():
         assert torch.equal(ex.tensor(name).view(torch.uint8), canon[(LAYERS[0], 1)][kind].view(torch.uint8))
     _edit_manifest(tmp_path, lambda m: m["moe"].update(hidden_padded=512))

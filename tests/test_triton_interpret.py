@@ -389,7 +389,11 @@ def test_hopper_layout_bad_inputs():
                                     layout="aiter_p16")
     assert triton_moe.layout_of({"w13": "hopper_mma_w", "w13_scale": "hopper_mma_s", "w2": "hopper_mma_w",
                                  "w2_scale": "hopper_mma_s"}) == "hopper_mma"
+    assert triton_moe.layout_of({"w13": "hopper_mma_w_rot", "w13_scale": "hopper_mma_s", "w2": "hopper_mma_w_rot",
+                                 "w2_scale": "hopper_mma_s"}) == "hopper_mma_rot"
     assert triton_moe.layout_of({"w13": "hopper_mma_w", "w13_scale": "identity", "w2": "hopper_mma_w",
+                                 "w2_scale": "hopper_mma_s"}) is None
+    assert triton_moe.layout_of({"w13": "hopper_mma_w_rot", "w13_scale": "hopper_mma_s", "w2": "hopper_mma_w",
                                  "w2_scale": "hopper_mma_s"}) is None
 
 
@@ -423,16 +427,17 @@ def test_hopper_one_block_per_pair_and_fused_reductions(T, direct, fused, split,
                                          (12, {"block_t": 64, "tail_t": 32, "dual": 1})],
                          ids=["T1-direct-fused", "rows3", "small-tiles", "two-tiles"])
 def test_hopper_rotation_word_order_decodes_to_the_same_result(T, overrides):
-    # layout "hopper_mma_rot": the same weights with each word's bits in BITS_ROT order (the
-    # 9-instruction decode) must give exactly the hopper_mma result, on every kernel path
-    from mxfp4conv.shuffle import hopper
+    # layout "hopper_mma_rot" (weights in hopper_mma_w_rot, what convert writes: the 9-instruction
+    # decode) must give exactly the hopper_mma result, on every kernel path
+    from mxfp4conv.shuffle.layouts import get_layout
 
     k, E, H, I = 3, 5, 320, 128
     x, w13, s13, w2, s2, tw, ids, b13, b2 = make_problem(12, T, H, I, E, k, bias=True)
     cfg = dataclasses.replace(triton_moe.MoEConfig(block_t=16, block_n1=64, block_n2=64, block_k=64, split_k1=2,
                                                    split_k2=1), **overrides)
     stored = _hopper(w13, s13, w2, s2)
-    rot = (hopper.weight_words_rot(stored[0]), stored[1], hopper.weight_words_rot(stored[2]), stored[3])
+    wr = get_layout("hopper_mma_w_rot")
+    rot = (wr.forward(w13), stored[1], wr.forward(w2), stored[3])
     outs = [triton_moe.fused_moe_triton(x, *w, tw, ids, activation="silu", activation_params={}, w13_bias=b13,
                                         w2_bias=b2, config=cfg, layout=layout)
             for w, layout in ((stored, "hopper_mma"), (rot, "hopper_mma_rot"))]

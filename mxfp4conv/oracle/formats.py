@@ -22,14 +22,16 @@ GATE_UP = "[gate; up]"
 LITERAL_G_ROWS = "[gate; up] read as interleaved: rows 0::2 then 1::2 (vLLM converter G, literal)"
 
 IDENTITY = LayoutRecipe(w13="identity", w13_scale="identity", w2="identity", w2_scale="identity")
-# mxfp4conv's Triton kernel on Hopper: weights and scales in the wgmma register-operand order
-HOPPER_MMA = LayoutRecipe(w13="hopper_mma_w", w13_scale="hopper_mma_s", w2="hopper_mma_w", w2_scale="hopper_mma_s")
+# mxfp4conv's Triton kernel on Hopper: weights and scales in the wgmma register-operand order (the
+# weights' bits in the rotation order; the kernel also reads hopper_mma_w, which earlier releases wrote)
+HOPPER_MMA = LayoutRecipe(w13="hopper_mma_w_rot", w13_scale="hopper_mma_s", w2="hopper_mma_w_rot",
+                          w2_scale="hopper_mma_s")
 KERNEL_LAYOUTS = {"identity": IDENTITY, "hopper_mma": HOPPER_MMA}
 HOPPER_MMA_ALIGN = 64  # rows in 16-row slabs, K in 64-code blocks
 # Layout names mxfp4conv.shuffle.layouts provides (the manifest vocabulary).
 PRODUCIBLE_LAYOUTS = frozenset({
     "identity", "aiter_p16", "aiter_p16_gu16", "aiter_e8m0_shuffle", "aiter_scale_a16w4",
-    "aiter_scale_a16w4_gu16", "hopper_mma_w", "hopper_mma_s", "triton_gu1", "triton_cdna4_scale",
+    "aiter_scale_a16w4_gu16", "hopper_mma_w", "hopper_mma_w_rot", "hopper_mma_s", "triton_gu1", "triton_cdna4_scale",
     "triton_cdna4_scale_gu1", "triton_gfx1250_scale", "triton_gfx1250_scale_gu1",
 })
 

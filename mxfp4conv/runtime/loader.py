@@ -372,7 +372,7 @@ def load_moe_layers(
         if convert:
             ex = to_canonical(ex)
         ex = _to_device(ex, dev)
-        if triton_layout(ex.layout) == "hopper_mma" and _triton_moe() is not None:
+        if triton_layout(ex.layout) in ("hopper_mma", "hopper_mma_rot") and _triton_moe() is not None:
             # the Hopper kernels' large-scale flag: one reduction now rather than at the first forward
             # (which may be inside a CUDA graph capture)
             _triton_moe()._big_scales(ex.w13_weight_scale, ex.w2_weight_scale)
@@ -380,7 +380,7 @@ def load_moe_layers(
     return result
 
 
-SHAPE_KEEPING = ("identity", "triton_gu1", "hopper_mma_w", "hopper_mma_s")  # stored with the canonical 3-D shape
+SHAPE_KEEPING = ("identity", "triton_gu1", "hopper_mma_w", "hopper_mma_w_rot", "hopper_mma_s")  # stored with the canonical 3-D shape
 
 
 def _check_shapes(ex: MoEExperts, base: str) -> None:

@@ -30,11 +30,10 @@ from mxfp4conv.runtime import triton_hopper_kernels as HK
 from mxfp4conv.runtime import triton_moe_kernels as K
 from mxfp4conv.runtime.activations import activation_params
 
-LAYOUTS = ("identity", "hopper_mma_w", "hopper_mma_s")  # per tensor; see layout_of for the combinations
-# layout argument of fused_moe_triton -> (weights, scales) layouts it means
+LAYOUTS = ("identity", "hopper_mma_w", "hopper_mma_w_rot", "hopper_mma_s")  # per tensor; see layout_of
+# layout argument of fused_moe_triton -> (weights, scales) layouts it means; hopper_mma_rot (what convert
+# writes) differs from hopper_mma only in the bit order within the weight words (shuffle.hopper)
 LAYOUT_SETS = {"identity": ("identity", "identity"), "hopper_mma": ("hopper_mma_w", "hopper_mma_s"),
-               # hopper_mma with the weight words' bits in hopper_np.BITS_ROT order (a benchmark input made by
-               # shuffle.hopper.weight_words_rot; no stored layout has it)
                "hopper_mma_rot": ("hopper_mma_w_rot", "hopper_mma_s")}
 HOPPER_SETS = ("hopper_mma", "hopper_mma_rot")
 _ACT_IDS = {"silu": K.ACT_SILU, "situ": K.ACT_SITU, "swigluoai": K.ACT_SWIGLUOAI}
@@ -335,8 +334,9 @@ def fused_moe_triton(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, *,
     x [T, H_pad] bf16/fp16/fp32 (zero-padded); w13 uint8 [E, 2*I_pad, H_pad/2] rows
     [gate | up]; w13_scale [E, 2*I_pad, H_pad/32]; w2 [E, H_pad, I_pad/2]; w2_scale
     [E, H_pad, I_pad/32]; topk_ids [T, k] local expert ids, -1 = not on this rank.
-    ``layout``: "identity" (those canonical bytes) or "hopper_mma" (weights in hopper_mma_w and
-    scales in hopper_mma_s, same shapes; H_pad and I_pad multiples of 64).
+    ``layout``: "identity" (those canonical bytes), "hopper_mma_rot" (weights in hopper_mma_w_rot,
+    scales in hopper_mma_s, same shapes; H_pad and I_pad multiples of 64: what convert writes) or
+    "hopper_mma" (weights in hopper_mma_w, the bit order earlier releases wrote).
     Returns [T, H_pad] in x's dtype.
     """
     T, H, E, i_pad = _check_inputs(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids,

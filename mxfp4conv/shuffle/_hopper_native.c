@@ -1,4 +1,4 @@
-/* The hopper_mma weight transform (hopper_np.weight_forward's bytes), compiled.
+/* The hopper_mma weight transforms (hopper_np.weight_forward's bytes, both bit orders), compiled.
 
    Optional: mxfp4conv.shuffle.hopper_native uses it when it is built and falls back to numpy
    otherwise. One call transforms whole 16-row slabs with the GIL released, so convert's worker
@@ -49,11 +49,26 @@ static inline uint64_t encode(uint64_t u) {
          | ((u & EACH16(0x0080)) << 5) | ((u & EACH16(0x0700)) >> 8) | ((u & EACH16(0x3800)) >> 2);
 }
 
+/* rotl32(w, k) of both 32-bit words of u, keeping the bits that land in m (a 32-bit mask): bits at
+   k and above come from the left shift, the wrapped ones below k from the right shift. */
+#define ROTL_MASKED(u, k, m) \
+    ((((u) << (k)) & ((uint64_t)((m) & ~((1u << (k)) - 1)) * 0x100000001ull)) \
+     | (((u) >> (32 - (k))) & ((uint64_t)((m) & ((1u << (k)) - 1)) * 0x100000001ull)))
+
+/* Both words of u from the BITS order to the BITS_ROT order (hopper_mma_w -> hopper_mma_w_rot):
+   each bit moves left by one of seven rotations (the identity for R0's bits). */
+static inline uint64_t to_rot(uint64_t u) {
+    return (u & 0x81C081C081C081C0ull) | ROTL_MASKED(u, 13, 0x04000400u) | ROTL_MASKED(u, 14, 0x02000200u)
+         | ROTL_MASKED(u, 19, 0x00020002u) | ROTL_MASKED(u, 22, 0x00010001u) | ROTL_MASKED(u, 28, 0x70207020u)
+         | ROTL_MASKED(u, 31, 0x081C081Cu);
+}
+
 /* lanes: the slab's uint64 lanes of rows 0..7 (h = 0); the same lane of rows 8..15 follows 8 kb
-   bytes later. even[i], odd[i]: the words (t = 0, 2) and (t = 1, 3) of lane i. */
+   bytes later. even[i], odd[i]: the words (t = 0, 2) and (t = 1, 3) of lane i; rot: in the
+   BITS_ROT order. */
 CLONES
 static void encode_lanes(const uint8_t *restrict lanes, Py_ssize_t kb, uint64_t *restrict even,
-                         uint64_t *restrict odd) {
+                         uint64_t *restrict odd, int rot) {
     for (Py_ssize_t i = 0; i < kb; i++) {
         /* bytes t of the low half: low nibbles (c = 0, then c = 1); of the high half: high nibbles */
         uint64_t a = delta_swap(load64(lanes + 8 * i), 28, 0x00000000F0F0F0F0ull);
@@ -62,8 +77,10 @@ static void encode_lanes(const uint8_t *restrict lanes, Py_ssize_t kb, uint64_t 
         uint64_t p = (a & EACH16(0x00FF)) | ((c & EACH16(0x00FF)) << 8);
         uint64_t q = ((a >> 8) & EACH16(0x00FF)) | (c & EACH16(0xFF00));
         /* swap the middle quarters: whole words (t = 0 | t = 2), (t = 1 | t = 3) */
-        even[i] = encode(delta_swap(p, 16, 0x00000000FFFF0000ull));
-        odd[i] = encode(delta_swap(q, 16, 0x00000000FFFF0000ull));
+        uint64_t ev = encode(delta_swap(p, 16, 0x00000000FFFF0000ull));
+        uint64_t od = encode(delta_swap(q, 16, 0x00000000FFFF0000ull));
+        even[i] = rot ? to_rot(ev) : ev; /* loop-invariant: the compiler splits the loop */
+        odd[i] = rot ? to_rot(od) : od;
     }
 }
 
@@ -85,14 +102,16 @@ static void place_words(const uint64_t *restrict even, const uint64_t *restrict 
 }
 
 PyDoc_STRVAR(weight_forward_doc,
-"weight_forward(x, out, kb)\n\n"
-"Write the hopper_mma bytes of x (C-contiguous bytes: 16-row slabs of kb bytes a row, kb a\n"
-"multiple of 32) into out (writable, C-contiguous, the same size, not overlapping x).");
+"weight_forward(x, out, kb, rot=0)\n\n"
+"Write the hopper_mma_w (rot: hopper_mma_w_rot) bytes of x (C-contiguous bytes: 16-row slabs of\n"
+"kb bytes a row, kb a multiple of 32) into out (writable, C-contiguous, the same size, not\n"
+"overlapping x).");
 
 static PyObject *weight_forward(PyObject *self, PyObject *args) {
     Py_buffer x, y;
     Py_ssize_t kb;
-    if (!PyArg_ParseTuple(args, "y*w*n", &x, &y, &kb))
+    int rot = 0;
+    if (!PyArg_ParseTuple(args, "y*w*n|p", &x, &y, &kb, &rot))
         return NULL;
     const uint8_t *in = x.buf;
     uint8_t *out = y.buf;
@@ -109,7 +128,7 @@ static PyObject *weight_forward(PyObject *self, PyObject *args) {
         Py_ssize_t slab = 16 * kb, slabs = x.len / slab;
         Py_BEGIN_ALLOW_THREADS
         for (Py_ssize_t s = 0; s < slabs; s++) {
-            encode_lanes(in + s * slab, kb, lanes, lanes + kb);
+            encode_lanes(in + s * slab, kb, lanes, lanes + kb, rot);
             place_words(lanes, lanes + kb, kb, out + s * slab);
         }
         Py_END_ALLOW_THREADS

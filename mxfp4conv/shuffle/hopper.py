@@ -23,8 +23,14 @@ re-encoded so that four masks/shifts give four bf16 pairs, each ``e2m1 * 2**-126
     R3 = (w >> 4) & 0x00C000C0 | (w >> 5) & 0x01000100 | (w << 1) & 0x80008000   (h=1, c=1)
 
 i.e. the code of register r, half q puts its magnitude bits (m, e0, e1) and sign at
-``_BITS[r] + 16q``. Multiplying by ``2**(s - 1)`` (bf16 bits ``(s + 126) << 7``) then gives
-the dequantised weight.
+``hopper_np.BITS[r] + 16q``. Multiplying by ``2**(s - 1)`` (bf16 bits ``(s + 126) << 7``) then
+gives the dequantised weight.
+
+``hopper_mma_w_rot`` holds the same words with the bits at ``hopper_np.BITS_ROT[r] + 16q``
+(modulo 32), which the kernels decode in 9 integer instructions a word instead of 11:
+
+    R0 = w & M,  R1 = rotl(w, 4) & M,  R2 = rotl(w, 10) & M,       M = 0x81C081C0
+    R3 = ((rotl(w, 6) & 0x00400040) | (rotl(w, 14) & 0x81808180)) & M
 
 Scales (``hopper_mma_s``), per expert, canonical ``[N, K/32]``: the same 16-row slabs and
 64-code blocks, 32 bytes per block stored in K order; byte ``4g + 2h + j`` is the scale of row
@@ -55,22 +61,23 @@ def _check(name: str, what: str, s, k_codes: int) -> None:
             f"N a multiple of {ROWS} and K a multiple of {CODES}; pad the layer to those sizes.")
 
 
-def check_weight(s) -> None:
-    _check("hopper_mma_w", "fp4 weights", s, 2 * s[2])
+def check_weight(s, name: str = "hopper_mma_w") -> None:
+    _check(name, "fp4 weights", s, 2 * s[2])
 
 
 def check_scale(s) -> None:
     _check("hopper_mma_s", "e8m0 scales", s, 32 * s[2])
 
 
-def _forward_cpu(x: torch.Tensor) -> torch.Tensor:
-    return torch.from_numpy(HX.weight_forward(x.contiguous().numpy()))
+def _forward_cpu(x: torch.Tensor, rot: bool = False) -> torch.Tensor:
+    return torch.from_numpy(HX.weight_forward(x.contiguous().numpy(), rot))
 
 
-def _inverse_cpu(y: torch.Tensor, shape) -> torch.Tensor:
+def _inverse_cpu(y: torch.Tensor, shape, rot: bool = False) -> torch.Tensor:
     e, n, kb = shape
+    inv16 = HN.INV16_ROT if rot else HN.INV16
     halves = y.contiguous().numpy().view(np.uint16).reshape(-1, 128, 2).transpose(2, 0, 1).copy()
-    plain = HN.INV16[0][halves[0]] | HN.INV16[1][halves[1]]  # bytes (h0 c0, h0 c1, h1 c0, h1 c1) of each word
+    plain = inv16[0][halves[0]] | inv16[1][halves[1]]  # bytes (h0 c0, h0 c1, h1 c0, h1 c1) of each word
     parts = plain.view(np.uint16).reshape(-1, 128, 2).transpose(0, 2, 1).reshape(-1, 512 // 2)  # h0 pairs, h1 pairs
     blocks = torch.from_numpy(np.take(parts.view(np.uint8), HN.DST, axis=1))
     return blocks.reshape(e, n // 16, kb // 32, 16, 32).transpose(2, 3).reshape(shape)
@@ -84,42 +91,45 @@ def _permute_bits_torch(words: torch.Tensor, lut: np.ndarray) -> torch.Tensor:
     return torch.stack([(out >> (8 * i)) & 0xFF for i in range(4)], dim=-1).to(torch.uint8)
 
 
-def _forward_torch(x: torch.Tensor) -> torch.Tensor:
+def _forward_torch(x: torch.Tensor, rot: bool = False) -> torch.Tensor:
     """``weight_forward`` with torch operations only, on any device (one expert at a time)."""
     e, n, kb = x.shape
+    fwd8 = HN.FWD8_ROT if rot else HN.FWD8
     out = torch.empty_like(x)
     for i in range(e):
         # row = 16 nb + 8 h + g ; byte = 32 b + 8 kt + 4 c + t
         plain = x[i].reshape(n // 16, 2, 8, kb // 32, 4, 2, 4).permute(0, 3, 2, 6, 4, 1, 5)  # nb b g t kt h c
-        out[i] = _permute_bits_torch(plain.reshape(-1, 4), HN.FWD8).reshape(n, kb)
+        out[i] = _permute_bits_torch(plain.reshape(-1, 4), fwd8).reshape(n, kb)
     return out
 
 
-def _inverse_torch(y: torch.Tensor, shape) -> torch.Tensor:
+def _inverse_torch(y: torch.Tensor, shape, rot: bool = False) -> torch.Tensor:
     e, n, kb = shape
+    inv8 = HN.INV8_ROT if rot else HN.INV8
     y = y.reshape(e, n * kb // 4, 4)
     out = torch.empty(shape, dtype=torch.uint8, device=y.device)
     for i in range(e):
-        plain = _permute_bits_torch(y[i], HN.INV8).reshape(n // 16, kb // 32, 8, 4, 4, 2, 2)  # nb b g t kt h c
+        plain = _permute_bits_torch(y[i], inv8).reshape(n // 16, kb // 32, 8, 4, 4, 2, 2)  # nb b g t kt h c
         out[i] = plain.permute(0, 5, 2, 1, 4, 6, 3).reshape(n, kb)
     return out
 
 
-def weight_forward(x: torch.Tensor) -> torch.Tensor:
-    return _forward_cpu(x) if x.device.type == "cpu" else _forward_torch(x)
+def weight_forward(x: torch.Tensor, rot: bool = False) -> torch.Tensor:
+    """Canonical ``[E, N, K/2]`` bytes -> hopper_mma_w (with ``rot``: hopper_mma_w_rot) bytes."""
+    return _forward_cpu(x, rot) if x.device.type == "cpu" else _forward_torch(x, rot)
 
 
 def weight_words_rot(y: torch.Tensor) -> torch.Tensor:
-    """hopper_mma_w bytes -> the same words with their bits in ``hopper_np.BITS_ROT`` order, which
-    ``fused_moe_triton(layout="hopper_mma_rot")`` reads (any device; a benchmark input, not a layout)."""
+    """hopper_mma_w bytes -> the hopper_mma_w_rot bytes of the same weights (any device): each
+    word's bits moved, the words where they were."""
     out = torch.empty_like(y)
     for i in range(y.shape[0]):  # one expert at a time: the lookups hold 8 bytes a byte
         out[i] = _permute_bits_torch(y[i].reshape(-1, 4), HN.ROT8).reshape(y.shape[1:])
     return out
 
 
-def weight_inverse(y: torch.Tensor, shape) -> torch.Tensor:
-    return _inverse_cpu(y, shape) if y.device.type == "cpu" else _inverse_torch(y, shape)
+def weight_inverse(y: torch.Tensor, shape, rot: bool = False) -> torch.Tensor:
+    return _inverse_cpu(y, shape, rot) if y.device.type == "cpu" else _inverse_torch(y, shape, rot)
 
 
 def scale_forward(x: torch.Tensor) -> torch.Tensor:

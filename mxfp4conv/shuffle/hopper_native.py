@@ -1,6 +1,6 @@
-"""The hopper_mma weight transform, compiled when the optional extension is built.
+"""The hopper_mma weight transforms, compiled when the optional extension is built.
 
-``weight_forward`` returns the bytes of ``hopper_np.weight_forward`` for any input. The numpy
+``weight_forward`` returns the bytes of ``hopper_np.weight_forward`` (either bit order) for any input. The numpy
 path costs about 1.2 GB/s a core; the extension (``_hopper_native.c``, built by ``setup.py``
 when a C compiler and Python's headers are there) runs several times faster and releases the
 GIL, so convert's workers transform in parallel. Input it is not written for (not uint8, not
@@ -35,12 +35,12 @@ def enabled() -> bool:
     return _native is not None and sys.byteorder == "little" and os.environ.get(ENV_OFF, "") in ("", "0")
 
 
-def weight_forward(x: np.ndarray) -> np.ndarray:
+def weight_forward(x: np.ndarray, rot: bool = False) -> np.ndarray:
     """``[E, N, K/2]`` uint8 -> the stored bytes, same shape (``hopper_np.weight_forward``)."""
     if (enabled() and isinstance(x, np.ndarray) and x.dtype == np.uint8 and x.ndim == 3 and x.size
             and x.shape[1] % 16 == 0 and x.shape[2] % 32 == 0):
         x = np.ascontiguousarray(x)
         out = np.empty(x.shape, dtype=np.uint8)
-        _native.weight_forward(x, out, x.shape[2])
+        _native.weight_forward(x, out, x.shape[2], rot)
         return out
-    return HN.weight_forward(x)
+    return HN.weight_forward(x, rot)

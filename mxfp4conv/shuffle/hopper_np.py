@@ -13,9 +13,9 @@ import numpy as np
 # magnitude bit 0 (m), 1, 2 (e) and sign position of the low-half code of each register (the
 # high-half code's are 16 higher, modulo 32)
 BITS = ((6, 7, 8, 15), (3, 4, 5, 12), (0, 1, 2, 9), (10, 11, 13, 14))
-# An order the kernels decode in 9 integer instructions a word instead of 11 (R1, R2: rotate left
-# by 4, 10, then the R0 mask; R3: rotate by 6 for the m bits, by 14 for the others). Not a stored
-# layout: the benchmark re-encodes hopper_mma_w words into it (hopper.weight_words_rot).
+# hopper_mma_w_rot: an order the kernels decode in 9 integer instructions a word instead of 11
+# (R1, R2: rotate left by 4, 10, then the R0 mask; R3: rotate by 6 for the m bits, by 14 for the
+# others)
 BITS_ROT = ((6, 7, 8, 15), (2, 3, 4, 11), (28, 29, 30, 5), (0, 25, 26, 1))
 
 
@@ -42,11 +42,12 @@ def _luts(bits=BITS) -> tuple[np.ndarray, np.ndarray]:
 
 
 FWD8, INV8 = _luts()
+FWD8_ROT, INV8_ROT = _luts(BITS_ROT)
 
 
 def _rot_lut() -> np.ndarray:
-    """``[4, 256]``: the bits of stored (``BITS``) byte ``p`` = v in the ``BITS_ROT`` order."""
-    fwd_rot, _ = _luts(BITS_ROT)
+    """``[4, 256]``: the bits of hopper_mma_w (``BITS``) byte ``p`` = v in the ``BITS_ROT`` order."""
+    fwd_rot = FWD8_ROT
     v = np.arange(256, dtype=np.int64)
     out = np.zeros((4, 256), dtype=np.int64)
     for byte in range(4):
@@ -69,6 +70,8 @@ def _lut16(t8: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 FWD16 = _lut16(FWD8)
 INV16 = _lut16(INV8)
+FWD16_ROT = _lut16(FWD8_ROT)
+INV16_ROT = _lut16(INV8_ROT)
 
 
 def _block_order() -> tuple[np.ndarray, np.ndarray]:
@@ -104,13 +107,15 @@ def _word_order(kb: int) -> np.ndarray:
 STEP_BYTES = 1 << 18  # slab bytes transformed at a time: the step's buffers stay in cache
 
 
-def weight_forward(x: np.ndarray) -> np.ndarray:
-    """``[E, N, K/2]`` uint8 (contiguous) -> the stored bytes, same shape.
+def weight_forward(x: np.ndarray, rot: bool = False) -> np.ndarray:
+    """``[E, N, K/2]`` uint8 (contiguous) -> the stored bytes, same shape (hopper_mma_w, or with
+    ``rot`` hopper_mma_w_rot).
 
     A cache-sized group of slabs at a time: one delta swap on uint64 lanes makes the (c = 0,
     c = 1) byte pairs adjacent, the two 16-bit table lookups (rows g, h = 0 and h = 1) give the
     words, and one 4-byte gather puts the words in the stored order."""
     e, n, kb = x.shape
+    fwd16 = FWD16_ROT if rot else FWD16
     slabs = np.ascontiguousarray(x).reshape(-1, 16 * kb)
     lanes = slabs.view(np.uint64)  # [slab, h, g, block, kt]
     order = _word_order(kb)
@@ -132,8 +137,8 @@ def weight_forward(x: np.ndarray) -> np.ndarray:
         tt <<= SWAP_SHIFT
         uu ^= tt
         pairs = uu.view(np.uint16)  # [slab, h, g, block, kt, pair]
-        np.take(FWD16[0], pairs[:, :half], out=w, mode="wrap")  # 65536 entries: wrap never wraps
-        np.take(FWD16[1], pairs[:, half:], out=w1, mode="wrap")
+        np.take(fwd16[0], pairs[:, :half], out=w, mode="wrap")  # 65536 entries: wrap never wraps
+        np.take(fwd16[1], pairs[:, half:], out=w1, mode="wrap")
         w |= w1
         np.take(w, order, axis=1, out=out[a:a + m], mode="wrap")  # indices < half: never wraps
     return out.view(np.uint8).reshape(x.shape)
