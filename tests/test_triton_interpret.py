@@ -206,6 +206,19 @@ def test_one_token_gemm1_splits_keep_six_k_steps(H, I, E, k):
     assert 1 <= splits <= auto and splits * per >= H > (splits - 1) * per
 
 
+@pytest.mark.parametrize("T", [2, 4, 8, 16, 32, 64])
+@pytest.mark.parametrize("H,I,E,k", [(3584, 384, 896, 16), (7168, 2048, 256, 8)], ids=["k3", "dsv3"])
+def test_short_gemm2_rows_take_several_row_tiles_once_there_are_programs_enough(T, H, I, E, k):
+    # hopper_mma_rot, decode tiles: GEMM2 rows of at most 512 codes go several 128-row tiles a
+    # program when one tile a program would give >= 3 * _TARGET_PROGRAMS programs (or past one
+    # pair per expert); long rows (DSV3-like) keep one tile a program
+    cfg = triton_moe.select_config(T * k, E, H, I, "hopper_mma_rot")
+    one_tile_programs = T * k * -(-H // cfg.block_n2)  # <= one pair a block at these T
+    many = I <= 512 and (T * k > E or one_tile_programs >= 3 * triton_moe._TARGET_PROGRAMS)
+    assert (cfg.rows2 > 1) == many
+    assert cfg.maxnreg2 == (0 if cfg.rows2 > 1 else -1)
+
+
 @pytest.mark.parametrize("requested,programs,k", [(0, 96, 3584), (0, 448, 384), (0, 5000, 7168), (3, 10, 96), (1, 1, 4096)])
 def test_split_k_ranges_cover_k_without_empty_splits(requested, programs, k):
     splits, per = triton_moe._splits(requested, programs, k, 128)

@@ -144,13 +144,17 @@ def select_config(num_pairs: int, num_experts: int, hidden: int, inter: int, lay
                              split_k1=max(1, min(auto1, hidden // 128 // 6)), split_k2=split2)
         # short GEMM2 rows: GEMM1 capped at 128 registers (a fourth program per SM) while experts see
         # few pairs, past one pair per expert four GEMM2 row tiles per program in one flat loop
-        # (uncapped), and with 64-pair blocks row tiles first in both grids
+        # (uncapped), at most one pair per expert three once one-tile programs would number three
+        # times _TARGET_PROGRAMS (K3-like T = 8-32: 0.951-0.985 of one tile a program; T = 2 and 4,
+        # fewer programs, 1.003-1.073), and with 64-pair blocks row tiles first in both grids
         maxnreg = 128 if short and per_expert <= 12 else 0
         # blocks of 32 / 64 pairs: those holding at most half that in half-width tiles, 64-pair ones up
         # to 48 in 32 + 16 (GEMM2's too where it runs one row tile a program: the multi-tile loop has
         # no small tiles)
         tail = bt // 2 if bt >= 32 else 0
-        rows2 = 4 if short and per_expert > 1.05 and bt < 64 else 1
+        rows2 = 1
+        if short and bt < 64:
+            rows2 = 4 if per_expert > 1.05 else 3 if num_pairs * triton.cdiv(hidden, 128) >= 3 * _TARGET_PROGRAMS else 1
         first = int(short and bt == 64)
         return MoEConfig(block_t=bt, block_n1=64, block_n2=128, block_k=128, num_warps=4, num_stages=3, maxnreg=maxnreg,
                          rows2=rows2, maxnreg2=0 if rows2 > 1 else -1, rows_first1=first, rows_first2=first,
