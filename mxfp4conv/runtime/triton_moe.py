@@ -146,7 +146,8 @@ def select_config(num_pairs: int, num_experts: int, hidden: int, inter: int, lay
         # few pairs, past one pair per expert four GEMM2 row tiles per program in one flat loop
         # (uncapped), at most one pair per expert three once one-tile programs would number three
         # times _TARGET_PROGRAMS (K3-like T = 8-32: 0.951-0.985 of one tile a program; T = 2 and 4,
-        # fewer programs, 1.003-1.073), and with 64-pair blocks row tiles first in both grids
+        # fewer programs, 1.003-1.073); with 64-pair blocks row tiles first in both grids (long rows
+        # too: DSV3-like T = 1024 0.934 of pair blocks first)
         maxnreg = 128 if short and per_expert <= 12 else 0
         # blocks of 32 / 64 pairs: those holding at most half that in half-width tiles, 64-pair ones up
         # to 48 in 32 + 16 (GEMM2's too where it runs one row tile a program: the multi-tile loop has
@@ -155,7 +156,7 @@ def select_config(num_pairs: int, num_experts: int, hidden: int, inter: int, lay
         rows2 = 1
         if short and bt < 64:
             rows2 = 4 if per_expert > 1.05 else 3 if num_pairs * triton.cdiv(hidden, 128) >= 3 * _TARGET_PROGRAMS else 1
-        first = int(short and bt == 64)
+        first = int(bt == 64)
         return MoEConfig(block_t=bt, block_n1=64, block_n2=128, block_k=128, num_warps=4, num_stages=3, maxnreg=maxnreg,
                          rows2=rows2, maxnreg2=0 if rows2 > 1 else -1, rows_first1=first, rows_first2=first,
                          tail_t=tail, dual=int(tail >= 32))
