@@ -198,7 +198,7 @@ def test_bad_inputs_raise_clear_errors():
 def test_one_token_gemm1_splits_keep_six_k_steps(H, I, E, k):
     # hopper_mma, one token: GEMM1's K splits are at least six block_k steps long (or there is one),
     # never more than the automatic count, and they cover K
-    cfg = triton_moe.select_config(k, E, H, I, "hopper_mma")
+    cfg = triton_moe.select_config(k, E, H, I, "hopper_mma_rot")
     programs = k * -(-I // cfg.block_n1)
     splits, per = triton_moe._splits(cfg.split_k1, programs, H, cfg.block_k)
     auto, _ = triton_moe._splits(0, programs, H, cfg.block_k)
@@ -329,10 +329,13 @@ def test_dispatcher_picks_gemv_for_few_pairs_per_expert(monkeypatch):
 # ---- the hopper_mma layouts (weights in the wgmma operand order, mxfp4conv.shuffle.hopper) ----
 
 
-def _hopper(w13, s13, w2, s2):
+HOP = "hopper_mma_rot"  # what convert writes for sm90; the earlier order is checked against it below
+
+
+def _hopper(w13, s13, w2, s2, layout=HOP):
     from mxfp4conv.shuffle.layouts import get_layout
 
-    W, S = get_layout("hopper_mma_w"), get_layout("hopper_mma_s")
+    W, S = (get_layout(n) for n in triton_moe.LAYOUT_SETS[layout])
     return W.forward(w13), S.forward(s13), W.forward(w2), S.forward(s2)
 
 
@@ -348,12 +351,12 @@ def test_hopper_layout_kernels_fp32_ragged(act, params, bias, split):
     ids[5] = torch.tensor([-1, -1])
     x, w13, s13, w2, s2, tw, ids, b13, b2 = make_problem(5, T, H, I, E, k, bias=bias, ids=ids)
     ref = reference(x, w13, s13, w2, s2, tw, ids, act, params, b13, b2)
-    cfg = triton_moe.select_config(T * k, E, H, I, "hopper_mma")
+    cfg = triton_moe.select_config(T * k, E, H, I, HOP)
     if split:
         cfg = triton_moe.MoEConfig(**{**cfg.__dict__, "split_k1": 2, "split_k2": 2})
     out = triton_moe.fused_moe_triton(x, *_hopper(w13, s13, w2, s2), tw, ids, activation=act,
                                       activation_params=params, w13_bias=b13, w2_bias=b2, config=cfg,
-                                      layout="hopper_mma")
+                                      layout=HOP)
     assert out.dtype == torch.float32 and out.shape == x.shape
     assert torch.all(out[5] == 0)
     assert rel_err(out, ref) < 1e-5
@@ -367,7 +370,7 @@ def test_hopper_layout_fp16_and_larger_blocks(block_t):
     ref = reference(x.half().float(), w13, s13, w2, s2, tw, ids, "situ", params)
     cfg = triton_moe.MoEConfig(block_t=block_t, block_n1=64, block_n2=128, block_k=64)
     out = triton_moe.fused_moe_triton(x.half(), *_hopper(w13, s13, w2, s2), tw, ids, activation="situ",
-                                      activation_params=params, config=cfg, layout="hopper_mma")
+                                      activation_params=params, config=cfg, layout=HOP)
     assert out.dtype == torch.float16 and rel_err(out, ref) < 1e-2
 
 
@@ -380,7 +383,7 @@ def test_hopper_layout_every_code_special_scales_and_big_scale_flag():
     ref = reference(x, w13, s13, w2, s2, tw, ids, "silu", {})
     stored = _hopper(w13, s13, w2, s2)
     out = triton_moe.fused_moe_triton(x, *stored, tw, ids, activation="silu", activation_params={},
-                                      layout="hopper_mma")
+                                      layout=HOP)
     assert rel_err(out, ref) < 1e-5
     assert triton_moe._big_scales(stored[1], stored[3]) and not triton_moe._big_scales(stored[1])
     stored[3][stored[3] == 140] = 120  # in place: the remembered flag follows the tensor's version
@@ -388,7 +391,7 @@ def test_hopper_layout_every_code_special_scales_and_big_scale_flag():
     s13[0, 2, 3] = 0xFF  # NaN scale: NaN must reach the output
     stored = _hopper(w13, s13, w2, s2)
     out = triton_moe.fused_moe_triton(x, *stored, tw, ids, activation="silu", activation_params={},
-                                      layout="hopper_mma")
+                                      layout=HOP)
     assert torch.isnan(out).any()
 
 
@@ -396,7 +399,7 @@ def test_hopper_layout_bad_inputs():
     x, w13, s13, w2, s2, tw, ids, _, _ = make_problem(8, 2, 96, 64, 2, 1)
     with pytest.raises(RuntimeInputError, match="multiples of 64"):
         triton_moe.fused_moe_triton(x, w13, s13, w2, s2, tw, ids, activation="silu", activation_params={},
-                                    layout="hopper_mma")
+                                    layout=HOP)
     with pytest.raises(RuntimeInputError, match="readable"):
         triton_moe.fused_moe_triton(x, w13, s13, w2, s2, tw, ids, activation="silu", activation_params={},
                                     layout="aiter_p16")
@@ -429,7 +432,7 @@ def test_hopper_one_block_per_pair_and_fused_reductions(T, direct, fused, split,
                                                                  fused == 1 or (fused < 0 and T == 1))
     out = triton_moe.fused_moe_triton(x, *_hopper(w13, s13, w2, s2), tw, ids, activation="silu",
                                       activation_params={"swiglu_limit": 1.5}, w13_bias=b13, w2_bias=b2,
-                                      config=cfg, layout="hopper_mma")
+                                      config=cfg, layout=HOP)
     assert out.shape == x.shape and out.dtype == x.dtype
     if T > 2:
         assert torch.all(out[2] == 0)
@@ -440,20 +443,16 @@ def test_hopper_one_block_per_pair_and_fused_reductions(T, direct, fused, split,
                                          (12, {"block_t": 64, "tail_t": 32, "dual": 1})],
                          ids=["T1-direct-fused", "rows3", "small-tiles", "two-tiles"])
 def test_hopper_rotation_word_order_decodes_to_the_same_result(T, overrides):
-    # layout "hopper_mma_rot" (weights in hopper_mma_w_rot, what convert writes: the 9-instruction
-    # decode) must give exactly the hopper_mma result, on every kernel path
-    from mxfp4conv.shuffle.layouts import get_layout
+    # layout "hopper_mma" (weights in hopper_mma_w, the order earlier releases wrote: the 11-instruction
+    # decode) must give exactly the hopper_mma_rot result, on every kernel path
 
     k, E, H, I = 3, 5, 320, 128
     x, w13, s13, w2, s2, tw, ids, b13, b2 = make_problem(12, T, H, I, E, k, bias=True)
     cfg = dataclasses.replace(triton_moe.MoEConfig(block_t=16, block_n1=64, block_n2=64, block_k=64, split_k1=2,
                                                    split_k2=1), **overrides)
-    stored = _hopper(w13, s13, w2, s2)
-    wr = get_layout("hopper_mma_w_rot")
-    rot = (wr.forward(w13), stored[1], wr.forward(w2), stored[3])
-    outs = [triton_moe.fused_moe_triton(x, *w, tw, ids, activation="silu", activation_params={}, w13_bias=b13,
-                                        w2_bias=b2, config=cfg, layout=layout)
-            for w, layout in ((stored, "hopper_mma"), (rot, "hopper_mma_rot"))]
+    outs = [triton_moe.fused_moe_triton(x, *_hopper(w13, s13, w2, s2, layout), tw, ids, activation="silu",
+                                        activation_params={}, w13_bias=b13, w2_bias=b2, config=cfg, layout=layout)
+            for layout in ("hopper_mma", "hopper_mma_rot")]
     assert torch.equal(outs[0], outs[1])
     assert rel_err(outs[1], reference(x, w13, s13, w2, s2, tw, ids, "silu", {}, b13, b2)) < 1e-5
 
@@ -470,7 +469,7 @@ def test_hopper_rows_first_program_order(rows2, stages2):
                                rows2=rows2, rows_first1=1, rows_first2=1, num_stages2=stages2)
     out = triton_moe.fused_moe_triton(x, *_hopper(w13, s13, w2, s2), tw, ids, activation="silu",
                                       activation_params={}, w13_bias=b13, w2_bias=b2, config=cfg,
-                                      layout="hopper_mma")
+                                      layout=HOP)
     assert torch.all(out[2] == 0)
     assert rel_err(out, ref) < 1e-5
 
@@ -491,13 +490,13 @@ def test_hopper_small_tiles_for_partly_filled_blocks(split, tail2):
                                tail_t=16, tail_t2=tail2, rows_first1=1, rows_first2=1)
     out = triton_moe.fused_moe_triton(x, *_hopper(w13, s13, w2, s2), tw, ids, activation="silu",
                                       activation_params={}, w13_bias=b13, w2_bias=b2, config=cfg,
-                                      layout="hopper_mma")
+                                      layout=HOP)
     assert rel_err(out, ref) < 1e-5
     for bad in (8, 24, 32):
         with pytest.raises(RuntimeInputError, match="tail_t"):
             triton_moe.fused_moe_triton(x, *_hopper(w13, s13, w2, s2), tw, ids, activation="silu",
                                         activation_params={}, config=dataclasses.replace(cfg, tail_t=bad),
-                                        layout="hopper_mma")
+                                        layout=HOP)
 
 
 def test_hopper_two_tiles_for_blocks_up_to_one_and_a_half_tails():
@@ -517,9 +516,9 @@ def test_hopper_two_tiles_for_blocks_up_to_one_and_a_half_tails():
                                tail_t=32, dual=1)
     out = triton_moe.fused_moe_triton(x, *_hopper(w13, s13, w2, s2), tw, ids, activation="silu",
                                       activation_params={}, w13_bias=b13, w2_bias=b2, config=cfg,
-                                      layout="hopper_mma")
+                                      layout=HOP)
     assert rel_err(out, ref) < 1e-5
     with pytest.raises(RuntimeInputError, match="dual needs tail_t "):
         triton_moe.fused_moe_triton(x, *_hopper(w13, s13, w2, s2), tw, ids, activation="silu",
                                     activation_params={}, config=dataclasses.replace(cfg, block_t=32, tail_t=16),
-                                    layout="hopper_mma")
+                                    layout=HOP)

@@ -372,10 +372,11 @@ def load_moe_layers(
         if convert:
             ex = to_canonical(ex)
         ex = _to_device(ex, dev)
-        if triton_layout(ex.layout) in ("hopper_mma", "hopper_mma_rot") and _triton_moe() is not None:
+        tm = _triton_moe()
+        if tm is not None and triton_layout(ex.layout) in tm.HOPPER_SETS:
             # the Hopper kernels' large-scale flag: one reduction now rather than at the first forward
             # (which may be inside a CUDA graph capture)
-            _triton_moe()._big_scales(ex.w13_weight_scale, ex.w2_weight_scale)
+            tm._big_scales(ex.w13_weight_scale, ex.w2_weight_scale)
         result[prefix] = ex
     return result
 
