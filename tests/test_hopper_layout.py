@@ -104,10 +104,7 @@ def _rot_registers(z: torch.Tensor) -> list[torch.Tensor]:
 
 def test_rotation_order_words_give_the_same_registers():
     """hopper_mma_w_rot words give, by rotations and masks, the registers the documented masks
-    give from the hopper_mma_w word in the same place, for every code in every position; and
-    weight_words_rot turns hopper_mma_w bytes into exactly the hopper_mma_w_rot bytes."""
-    from mxfp4conv.shuffle import hopper
-
+    give from the hopper_mma_w word in the same place, for every code in every position."""
     x = rand_u8(2, 32, 96, seed=11)
     x[0, 0, :16] = torch.arange(0, 256, 16, dtype=torch.uint8) + torch.arange(16, dtype=torch.uint8)
     y = W.forward(x)
@@ -117,7 +114,6 @@ def test_rotation_order_words_give_the_same_registers():
     got = _rot_registers(z)
     for r in range(4):  # the four registers hold all 32 bits between them: the re-encoding loses none
         assert torch.equal(got[r], want[r]), r
-    assert torch.equal(hopper.weight_words_rot(y), z)
 
 
 def test_scale_words_hold_rows_g_and_g_plus_8():

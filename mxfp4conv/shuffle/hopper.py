@@ -119,15 +119,6 @@ def weight_forward(x: torch.Tensor, rot: bool = False) -> torch.Tensor:
     return _forward_cpu(x, rot) if x.device.type == "cpu" else _forward_torch(x, rot)
 
 
-def weight_words_rot(y: torch.Tensor) -> torch.Tensor:
-    """hopper_mma_w bytes -> the hopper_mma_w_rot bytes of the same weights (any device): each
-    word's bits moved, the words where they were."""
-    out = torch.empty_like(y)
-    for i in range(y.shape[0]):  # one expert at a time: the lookups hold 8 bytes a byte
-        out[i] = _permute_bits_torch(y[i].reshape(-1, 4), HN.ROT8).reshape(y.shape[1:])
-    return out
-
-
 def weight_inverse(y: torch.Tensor, shape, rot: bool = False) -> torch.Tensor:
     return _inverse_cpu(y, shape, rot) if y.device.type == "cpu" else _inverse_torch(y, shape, rot)
 

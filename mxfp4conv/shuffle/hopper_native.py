@@ -1,9 +1,9 @@
 """The hopper_mma weight transforms, compiled when the optional extension is built.
 
-``weight_forward`` returns the bytes of ``hopper_np.weight_forward`` (either bit order) for any input. The numpy
-path costs about 1.2 GB/s a core; the extension (``_hopper_native.c``, built by ``setup.py``
-when a C compiler and Python's headers are there) runs several times faster and releases the
-GIL, so convert's workers transform in parallel. Input it is not written for (not uint8, not
+``weight_forward`` returns the bytes of ``hopper_np.weight_forward`` (either bit order) for any
+input. The numpy path costs about 1.2 GB/s a core; the extension (``_hopper_native.c``, built by
+``setup.py`` when a C compiler and Python's headers are there) runs several times faster and
+releases the GIL, so convert's workers transform in parallel. Input it is not written for (not uint8, not
 3-D, N not a multiple of 16, K/2 not a multiple of 32, no experts) goes to the numpy path,
 which accepts or refuses it as before. ``MXFP4CONV_NO_NATIVE=1`` switches the extension off
 (read at every call). The scale transform stays numpy: it moves 1/16 of the bytes, at 3.4 GB/s.

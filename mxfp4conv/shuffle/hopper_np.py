@@ -45,22 +45,6 @@ FWD8, INV8 = _luts()
 FWD8_ROT, INV8_ROT = _luts(BITS_ROT)
 
 
-def _rot_lut() -> np.ndarray:
-    """``[4, 256]``: the bits of hopper_mma_w (``BITS``) byte ``p`` = v in the ``BITS_ROT`` order."""
-    fwd_rot = FWD8_ROT
-    v = np.arange(256, dtype=np.int64)
-    out = np.zeros((4, 256), dtype=np.int64)
-    for byte in range(4):
-        for bit in range(8):
-            plain = INV8[byte][1 << bit]  # the plain bit this stored bit holds
-            pb = int(plain).bit_length() - 1
-            out[byte] |= ((v >> bit) & 1) * fwd_rot[pb // 8][1 << (pb % 8)]
-    return out
-
-
-ROT8 = _rot_lut()
-
-
 def _lut16(t8: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The byte tables merged per 16-bit half-word (bytes 0-1 and 2-3): two gathers a word."""
     v = np.arange(1 << 16)
