@@ -219,7 +219,8 @@ def main() -> int:
                     Wl, Sl = (get_layout(n) for n in LAYOUT_SETS[lay])
                     return Wl.forward(w13), Sl.forward(s13), Wl.forward(w2), Sl.forward(s2)
 
-                runs += [(layout, v, c, stored(layout)) for v, c in hopper_variants(T, H, I, k, E)]
+                mine = stored(layout)
+                runs += [(layout, v, c, mine) for v, c in hopper_variants(T, H, I, k, E)]
                 # the same weights in the other bit order of the weight words
                 other = next(h for h in HOPPER_SETS if h != layout)
                 runs.append((other, other, select_config(T * k, E, H, I, other), stored(other)))
