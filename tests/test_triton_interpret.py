@@ -474,6 +474,25 @@ def test_hopper_rows_first_program_order(rows2, stages2):
     assert rel_err(out, ref) < 1e-5
 
 
+@pytest.mark.parametrize("layout", ["identity", HOP])
+@pytest.mark.parametrize("bk,bk2", [(128, 64), (64, 128)])
+def test_each_gemm_takes_its_own_k_step(layout, bk, bk2):
+    # block_k2: GEMM2's K step apart from GEMM1's; H = 320 and I = 192 end on half steps of either
+    T, k, E, H, I = 7, 2, 4, 320, 192
+    x, w13, s13, w2, s2, tw, ids, b13, b2 = make_problem(12, T, H, I, E, k, bias=True)
+    ref = reference(x, w13, s13, w2, s2, tw, ids, "silu", {}, b13, b2)
+    cfg = triton_moe.MoEConfig(block_t=16, block_n1=64, block_n2=64, block_k=bk, block_k2=bk2, split_k1=2,
+                               split_k2=3)
+    (_, ks1), (_, ks2) = triton_moe.gemm_splits(cfg, T * k, E, H, I, direct=False)
+    assert ks1 % bk == 0 and ks2 == bk2  # three GEMM2 splits of 192 codes: one step each
+    c1, c2, _ = triton_moe.hopper_constants(cfg, T, k, H, I, triton_moe.triton.language.float32, False, 1, {}, True, True)
+    assert (c1["BLOCK_K"], c2["BLOCK_K"]) == (bk, bk2)
+    weights = _hopper(w13, s13, w2, s2) if layout == HOP else (w13, s13, w2, s2)
+    out = triton_moe.fused_moe_triton(x, *weights, tw, ids, activation="silu", activation_params={},
+                                      w13_bias=b13, w2_bias=b2, config=cfg, layout=layout)
+    assert rel_err(out, ref) < 1e-5
+
+
 @pytest.mark.parametrize("split,tail2", [(1, -1), (2, -1), (2, 0)], ids=["one-split", "split-k", "gemm1-only"])
 def test_hopper_small_tiles_for_partly_filled_blocks(split, tail2):
     # tail_t: a block of at most tail_t pairs runs both GEMMs on [rows, tail_t] tiles. Expert 0 has
