@@ -150,8 +150,9 @@ def hopper_variants(T, H, I, k, E):
     kernels), one block per pair with more than one token, the fused reductions forced on where
     the default leaves them off, GEMM2 row tiles in one flat loop where it does not use them, row
     tiles first in both grids (where not fused), the small and the two-tile paths of partly filled
-    blocks switched the other way, the decode's e8m0 factors computed the other way, and the align
-    the default does not take."""
+    blocks switched the other way, the decode's e8m0 factors computed the other way, the weights
+    and scales read as int32 words (with either factor computation), 256-code GEMM1 steps, and the
+    align the default does not take."""
     default = select_config(T * k, E, H, I, "hopper_mma_rot")
     out = [("default", default), ("split", dataclasses.replace(default, split_k1=3, split_k2=2)),
            ("v9", dataclasses.replace(default, fused=0, direct=0, pdl=0))]
@@ -176,6 +177,8 @@ def hopper_variants(T, H, I, k, E):
                                                 dual=int(on), rows2=1) if on else dataclasses.replace(default, dual=0)))
     # the e8m0 factors of the decode computed the other way (two to a word or one at a time)
     out.append(("factors", dataclasses.replace(default, factor_pairs=1 - default.factor_pairs)))
+    out += [("words", dataclasses.replace(default, words=1, factor_pairs=f)) for f in (1, 0)]
+    out.append(("bk256", dataclasses.replace(default, block_k=256, block_k2=default.block_k)))
     if T > 1:  # the other align (many programs below ALIGN_GRID_PAIRS, one program from it)
         out.append(("align", dataclasses.replace(default, align=int(T * k < ALIGN_GRID_PAIRS))))
     return out

@@ -11,7 +11,7 @@ any GPU time is spent (docs/performance.md).
         [--layout hopper_mma_rot|hopper_mma] [--keep DIR]
 
 --override '{"factor_pairs": 0}' applies config overrides to every point; --layout hopper_mma
-compiles the decode of the earlier bit order (hopper_mma_w); --keep writes the PTX and SASS there.
+compiles the decode of the earlier bit order (hopper_mma_w); --keep writes the TTGIR, PTX and SASS there.
 """
 
 from __future__ import annotations
@@ -54,7 +54,9 @@ def compile_sass(fn, consts: dict, num_warps: int, num_stages: int, keep: str | 
         if name in consts:
             sig[name] = "constexpr"
             continue
-        sig[name] = PTR_TYPES.get(name, "*u8") if name.endswith("_ptr") else "fp32" if name in ("p0", "p1") else "i32"
+        words = consts.get("WORDS") and name in ("w_ptr", "s_ptr")  # int32 views of the weights and scales
+        sig[name] = ("*i32" if words else PTR_TYPES.get(name, "*u8")) if name.endswith("_ptr") else \
+            "fp32" if name in ("p0", "p1") else "i32"
         if name.endswith("_ptr") or name in DIVISIBLE or name.startswith("stride_"):
             attrs[(i,)] = [["tt.divisibility", 16]]
     src = ASTSource(fn, sig, constexprs=dict(consts), attrs=attrs)
@@ -68,8 +70,9 @@ def compile_sass(fn, consts: dict, num_warps: int, num_stages: int, keep: str | 
         res = subprocess.run([_tool("cuobjdump"), "-res-usage", cubin], check=True, capture_output=True, text=True).stdout
     if keep:
         os.makedirs(keep, exist_ok=True)
-        with open(os.path.join(keep, f"{tag}.ptx"), "w") as f:
-            f.write(kernel.asm["ptx"])
+        for ext in ("ttgir", "ptx"):
+            with open(os.path.join(keep, f"{tag}.{ext}"), "w") as f:
+                f.write(kernel.asm[ext])
         with open(os.path.join(keep, f"{tag}.sass"), "w") as f:
             f.write(sass)
     usage = re.search(r"REG:\d+ STACK:\d+", res)
@@ -110,7 +113,7 @@ def main() -> int:
     ap.add_argument("--tokens", default="1,8,64,4096")
     ap.add_argument("--override", default="{}", help="JSON config overrides applied at every point")
     ap.add_argument("--layout", default="hopper_mma_rot", choices=M.HOPPER_SETS)
-    ap.add_argument("--keep", default=None, help="directory for the PTX and SASS")
+    ap.add_argument("--keep", default=None, help="directory for the TTGIR, PTX and SASS")
     args = ap.parse_args()
     override = json.loads(args.override)
     print(f"triton {triton.__version__}, sm_90a, {args.layout}; loops of 100+ instructions (the K loop: one block_k step)")

@@ -457,6 +457,25 @@ def test_hopper_rotation_word_order_decodes_to_the_same_result(T, overrides):
     assert rel_err(outs[1], reference(x, w13, s13, w2, s2, tw, ids, "silu", {}, b13, b2)) < 1e-5
 
 
+@pytest.mark.parametrize("layout", ["hopper_mma", HOP])
+@pytest.mark.parametrize("T,overrides", [(1, {}), (6, {"rows2": 3}), (12, {"block_t": 64, "tail_t": 32, "dual": 1})],
+                         ids=["T1-direct-fused", "rows3", "two-tiles"])
+def test_hopper_words_read_the_same_bytes(layout, T, overrides):
+    # words = 1: the weight and scale tiles loaded as int32 words (pointers and steps in words, H = 320
+    # ends on a half step) must give exactly the byte loads' result, on every kernel path
+    k, E, H, I = 3, 5, 320, 128
+    x, w13, s13, w2, s2, tw, ids, b13, b2 = make_problem(13, T, H, I, E, k, bias=True)
+    base = dataclasses.replace(triton_moe.MoEConfig(block_t=16, block_n1=64, block_n2=64, block_k=64, split_k1=2,
+                                                    split_k2=1), **overrides)
+    weights = _hopper(w13, s13, w2, s2, layout)
+    outs = [triton_moe.fused_moe_triton(x, *weights, tw, ids, activation="silu", activation_params={},
+                                        w13_bias=b13, w2_bias=b2, config=dataclasses.replace(base, words=words),
+                                        layout=layout)
+            for words in (0, 1)]
+    assert torch.equal(outs[0], outs[1])
+    assert rel_err(outs[1], reference(x, w13, s13, w2, s2, tw, ids, "silu", {}, b13, b2)) < 1e-5
+
+
 @pytest.mark.parametrize("rows2,stages2", [(1, 0), (3, 2)], ids=["rows1", "rows3-stages2"])
 def test_hopper_rows_first_program_order(rows2, stages2):
     # row tiles on grid axis 0 in both GEMMs (and GEMM2's own pipeline depth): same result as the

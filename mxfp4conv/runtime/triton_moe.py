@@ -95,6 +95,9 @@ class MoEConfig:
     # hopper_mma decode: the e8m0 factors of scales <= 2 two to a word (1: a byte permute and a
     # multiply-add per two) or one at a time (0: the v13 instructions)
     factor_pairs: int = 1
+    # hopper_mma: weights and scales loaded as int32 words (1) or bytes (0). Words keep the MMA v2
+    # lowering (num_warps 2) on the hardware's operand order; MMA v3 reads either the same way
+    words: int = 0
 
 
 def layout_of(layout: Mapping[str, str]) -> str | None:
@@ -591,7 +594,7 @@ def hopper_constants(cfg: MoEConfig, T: int, top_k: int, H: int, i_pad: int, dty
     tail = 0 if direct or fused else cfg.tail_t
     tail2 = 0 if direct or fused or rows2 > 1 else cfg.tail_t if cfg.tail_t2 < 0 else cfg.tail_t2
     common = dict(BLOCK_T=cfg.block_t, BLOCK_K=cfg.block_k, DTYPE=dtype, ASM=asm, FACT=fact, DIRECT=direct,
-                  FUSED=fused, PDL=pdl, ROT=rot)
+                  FUSED=fused, PDL=pdl, ROT=rot, WORDS=bool(cfg.words))
     c1 = dict(common, **acts, HAS_BIAS=bias13, BLOCK_N=cfg.block_n1, TAIL_T=tail, DUAL=bool(tail and cfg.dual),
               EVEN=H % cfg.block_k == 0 and i_pad % cfg.block_n1 == 0)
     bk2 = block_k2(cfg)
@@ -626,6 +629,10 @@ def _hopper_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13
             raise RuntimeInputError(f"fused_moe_triton: dual needs {name} of 32 or more, got {t}.")
     x = x.contiguous()
     w13, w13_scale, w2, w2_scale = (t.contiguous() for t in (w13, w13_scale, w2, w2_scale))
+    # what the kernels read: the tensors, or with words their int32 views (each expert's bytes are a
+    # multiple of 4: rows pad to 16, K to 64)
+    k13, k13s, k2, k2s = ((t.view(t.shape[0], -1).view(torch.int32) for t in (w13, w13_scale, w2, w2_scale))
+                          if cfg.words else (w13, w13_scale, w2, w2_scale))
     acts = dict(ACT=act["ACT"], HAS_LIMIT=act["HAS_LIMIT"], HAS_LINEAR=act["HAS_LINEAR"])
     launch, launch2 = _launch_options(cfg), _launch_options(cfg, second=True)
     c1, c2, (direct, fused, rows2) = hopper_constants(cfg, T, top_k, H, i_pad, dtype, asm, fact, acts,
@@ -639,18 +646,18 @@ def _hopper_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13
     def gemm1(grid, r):
         grid, rf = order(grid, cfg.rows_first1)
         HK.moe_hgemm1_kernel[grid](
-            x, w13, w13_scale, r.b13, r.inter, r.part, r.sorted_ids, r.block_expert, r.num_post_pad,
+            x, k13, k13s, r.b13, r.inter, r.part, r.sorted_ids, r.block_expert, r.num_post_pad,
             r.cnt1, num_pairs, E, top_k, H, i_pad, r.ks1,
-            x.stride(0), w13.stride(0), w13_scale.stride(0), r.b13.stride(0), r.inter.stride(0),
+            x.stride(0), k13.stride(0), k13s.stride(0), r.b13.stride(0), r.inter.stride(0),
             act["p0"], act["p1"], **c1, SPLIT=r.s1 > 1, ROWS_FIRST=rf, **launch,
         )
 
     def gemm2(grid, r):
         grid, rf = order(grid, cfg.rows_first2)
         HK.moe_hgemm2_kernel[grid](
-            r.inter, w2, w2_scale, r.b2, r.tw, r.pair_out, r.sorted_ids, r.block_expert, r.num_post_pad,
+            r.inter, k2, k2s, r.b2, r.tw, r.pair_out, r.sorted_ids, r.block_expert, r.num_post_pad,
             r.ids, r.out, r.cnt2, num_pairs, E, top_k, i_pad, H, r.ks2,
-            r.inter.stride(0), w2.stride(0), w2_scale.stride(0), r.b2.stride(0), r.pair_out.stride(1),
+            r.inter.stride(0), k2.stride(0), k2s.stride(0), r.b2.stride(0), r.pair_out.stride(1),
             r.pair_out.stride(0), r.out.stride(0),
             **c2, ROWS_FIRST=rf, **launch2,
             **({"launch_pdl": True} if c2["PDL"] else {}),
