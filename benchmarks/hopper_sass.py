@@ -47,8 +47,9 @@ def _tool(name: str) -> str:
     return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", name)
 
 
-def compile_sass(fn, consts: dict, num_warps: int, num_stages: int, keep: str | None, tag: str) -> tuple[str, str]:
-    """(SASS text, resource usage line) of ``fn`` for sm_90a with these compile-time arguments."""
+def compile_sass(fn, consts: dict, num_warps: int, num_stages: int, keep: str | None, tag: str,
+                 maxnreg: int | None = None) -> tuple[str, str]:
+    """(SASS text, registers / stack / shared memory) of ``fn`` for sm_90a with these compile-time arguments."""
     sig, attrs = {}, {}
     for i, name in enumerate(fn.arg_names):
         if name in consts:
@@ -60,8 +61,8 @@ def compile_sass(fn, consts: dict, num_warps: int, num_stages: int, keep: str | 
         if name.endswith("_ptr") or name in DIVISIBLE or name.startswith("stride_"):
             attrs[(i,)] = [["tt.divisibility", 16]]
     src = ASTSource(fn, sig, constexprs=dict(consts), attrs=attrs)
-    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=num_warps,
-                                                                                num_stages=num_stages))
+    options = dict(num_warps=num_warps, num_stages=num_stages, **({"maxnreg": maxnreg} if maxnreg else {}))
+    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
     with tempfile.TemporaryDirectory() as tmp:
         cubin = os.path.join(tmp, "k.cubin")
         with open(cubin, "wb") as f:
@@ -76,7 +77,7 @@ def compile_sass(fn, consts: dict, num_warps: int, num_stages: int, keep: str | 
         with open(os.path.join(keep, f"{tag}.sass"), "w") as f:
             f.write(sass)
     usage = re.search(r"REG:\d+ STACK:\d+", res)
-    return sass, usage.group(0) if usage else "?"
+    return sass, f"{usage.group(0) if usage else '?'} SMEM:{kernel.metadata.shared // 1024}K"
 
 
 def loops(sass: str, least: int = 100) -> list[tuple[int, collections.Counter]]:
@@ -117,7 +118,7 @@ def main() -> int:
     args = ap.parse_args()
     override = json.loads(args.override)
     print(f"triton {triton.__version__}, sm_90a, {args.layout}; loops of 100+ instructions (the K loop: one block_k step)")
-    print(f"{'shape':6} {'T':>5} {'kernel':6} {'warps':>5} {'REG/STACK':>16}  loops: instructions (top opcodes)")
+    print(f"{'shape':6} {'T':>5} {'kernel':6} {'warps':>5} {'REG/STACK/SMEM':>26}  loops: instructions (top opcodes)")
     for shape in args.shapes.split(","):
         for T in (int(t) for t in args.tokens.split(",")):
             cfg, c1, c2 = point_constants(shape, T, override, args.layout)
@@ -125,10 +126,10 @@ def main() -> int:
                                              ("gemm2", HK.moe_hgemm2_kernel, c2, True)):
                 launch = M._launch_options(cfg, second=second)
                 sass, usage = compile_sass(fn, consts, launch["num_warps"], launch["num_stages"], args.keep,
-                                           f"{shape}_T{T}_{name}")
+                                           f"{shape}_T{T}_{name}", launch.get("maxnreg"))
                 body = "; ".join(f"{n} ({', '.join(f'{op} {c}' for op, c in ops.most_common(4))})"
                                  for n, ops in loops(sass))
-                print(f"{shape:6} {T:>5} {name:6} {launch['num_warps']:>5} {usage:>16}  {body}", flush=True)
+                print(f"{shape:6} {T:>5} {name:6} {launch['num_warps']:>5} {usage:>26}  {body}", flush=True)
     return 0
 
 

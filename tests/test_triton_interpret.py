@@ -476,6 +476,24 @@ def test_hopper_words_read_the_same_bytes(layout, T, overrides):
     assert rel_err(outs[1], reference(x, w13, s13, w2, s2, tw, ids, "silu", {}, b13, b2)) < 1e-5
 
 
+@pytest.mark.parametrize("rows2", [2, 3, 4])
+def test_hopper_k_outer_row_tiles_match_the_flat_loop(rows2):
+    # k_outer: GEMM2's K steps outside, one accumulator a row tile, the same sums in the same order as
+    # the flat loop; H = 320 in 64-row tiles: 5 tiles, so the last program has tiles past N (and H
+    # ends on a half step for GEMM1); ragged ids and a K split
+    T, k, E, H, I = 6, 3, 5, 320, 192
+    ids = torch.tensor([[0, -1, 3], [4, 0, 2], [-1, -1, -1], [1, 3, 0], [2, 4, -1], [0, 1, 2]])
+    x, w13, s13, w2, s2, tw, ids, b13, b2 = make_problem(14, T, H, I, E, k, bias=True, ids=ids)
+    base = triton_moe.MoEConfig(block_t=16, block_n1=64, block_n2=64, block_k=64, split_k1=2, split_k2=2, rows2=rows2)
+    weights = _hopper(w13, s13, w2, s2)
+    outs = [triton_moe.fused_moe_triton(x, *weights, tw, ids, activation="silu", activation_params={},
+                                        w13_bias=b13, w2_bias=b2, config=dataclasses.replace(base, k_outer=ko),
+                                        layout=HOP)
+            for ko in (0, 1)]
+    assert torch.equal(outs[0], outs[1]) and torch.all(outs[1][2] == 0)
+    assert rel_err(outs[1], reference(x, w13, s13, w2, s2, tw, ids, "silu", {}, b13, b2)) < 1e-5
+
+
 @pytest.mark.parametrize("rows2,stages2", [(1, 0), (3, 2)], ids=["rows1", "rows3-stages2"])
 def test_hopper_rows_first_program_order(rows2, stages2):
     # row tiles on grid axis 0 in both GEMMs (and GEMM2's own pipeline depth): same result as the

@@ -497,6 +497,56 @@ def _hgemm2_tile(at, at2, wp, sp, o_nb, o_b, pair, tmask, pair2, tmask2, e, offs
 
 
 @triton.jit
+def _hgemm2_k_outer(at, wp, sp, o_nb, o_b, pair, tmask, e, offs_n, nmask, b_ptr, tw_ptr, out_ptr, K, N, K_SPLIT, k_lo,
+                    stride_be, stride_ot, stride_os, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr,
+                    BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, DTYPE: tl.constexpr, ASM: tl.constexpr,
+                    FACT: tl.constexpr, ROW_TILES: tl.constexpr, EVEN: tl.constexpr, ROT: tl.constexpr,
+                    WORDS: tl.constexpr):
+    """GEMM2 over ROW_TILES (2-4) consecutive row tiles with the K steps outside: each step loads x
+    once and runs every tile's MMA on its own accumulator, which only the epilogues after the loop
+    read (so the MMAs stay asynchronous). Tiles past N load nothing (masked) and store nothing."""
+    WB: tl.constexpr = 4 if WORDS else 1
+    NB: tl.constexpr = BLOCK_N // 16
+    KB: tl.constexpr = BLOCK_K // 64
+    SLAB_W = NB * (8 * K // WB)  # one row tile further
+    SLAB_S = NB * (K // 2 // WB)
+    offs_k = tl.arange(0, BLOCK_K)
+    acc0 = tl.zeros([BLOCK_N, BLOCK_T], tl.float32)
+    acc1 = acc0
+    acc2 = acc0
+    acc3 = acc0
+    m0 = (o_nb < N // 16)[:, None, None]
+    m1 = ((o_nb + NB) < N // 16)[:, None, None]
+    m2 = ((o_nb + 2 * NB) < N // 16)[:, None, None]
+    m3 = ((o_nb + 3 * NB) < N // 16)[:, None, None]
+    for k0 in range(k_lo, tl.minimum(K, k_lo + K_SPLIT), BLOCK_K):
+        x = _load_x(at, tmask, offs_k, K, k0, EVEN)
+        acc0, _ = _decode_mma(wp, sp, m0, o_b, K, k0, x, x, acc0, acc0, NB, KB, FACT, ASM, DTYPE, ROT, EVEN, 0, WORDS)
+        acc1, _ = _decode_mma(wp + SLAB_W, sp + SLAB_S, m1, o_b, K, k0, x, x, acc1, acc1, NB, KB, FACT, ASM, DTYPE,
+                              ROT, False, 0, WORDS)
+        if ROW_TILES > 2:
+            acc2, _ = _decode_mma(wp + 2 * SLAB_W, sp + 2 * SLAB_S, m2, o_b, K, k0, x, x, acc2, acc2, NB, KB, FACT,
+                                  ASM, DTYPE, ROT, False, 0, WORDS)
+        if ROW_TILES > 3:
+            acc3, _ = _decode_mma(wp + 3 * SLAB_W, sp + 3 * SLAB_S, m3, o_b, K, k0, x, x, acc3, acc3, NB, KB, FACT,
+                                  ASM, DTYPE, ROT, False, 0, WORDS)
+        wp += BLOCK_K * 8 // WB
+        sp += BLOCK_K // 2 // WB
+        at += BLOCK_K
+    gemm2_finish(acc0, pair, tmask, e, offs_n, nmask, b_ptr, tw_ptr, out_ptr, stride_be, stride_ot, stride_os, HAS_BIAS)
+    o1 = offs_n + BLOCK_N
+    gemm2_finish(acc1, pair, tmask, e, o1, o1 < N, b_ptr, tw_ptr, out_ptr, stride_be, stride_ot, stride_os, HAS_BIAS)
+    if ROW_TILES > 2:
+        o2 = offs_n + 2 * BLOCK_N
+        gemm2_finish(acc2, pair, tmask, e, o2, o2 < N, b_ptr, tw_ptr, out_ptr, stride_be, stride_ot, stride_os,
+                     HAS_BIAS)
+    if ROW_TILES > 3:
+        o3 = offs_n + 3 * BLOCK_N
+        gemm2_finish(acc3, pair, tmask, e, o3, o3 < N, b_ptr, tw_ptr, out_ptr, stride_be, stride_ot, stride_os,
+                     HAS_BIAS)
+
+
+@triton.jit
 def _slot_pairs(sorted_ids_ptr, rows_ptr, slot0, num_pairs, per_row, stride_row, offs_k, k_lo, BT: tl.constexpr):
     """The pairs in BT block slots from slot0, their mask and their operand pointers at code k_lo
     (row pair // per_row of rows_ptr: x for GEMM1, the intermediate for GEMM2)."""
@@ -604,7 +654,7 @@ def moe_hgemm2_kernel(
     DIRECT: tl.constexpr = False, FUSED: tl.constexpr = False, PDL: tl.constexpr = False,
     K_POW2: tl.constexpr = 1, ROW_TILES: tl.constexpr = 1, ROWS_FIRST: tl.constexpr = False,
     TAIL_T: tl.constexpr = 0, DUAL: tl.constexpr = False, EVEN: tl.constexpr = False, ROT: tl.constexpr = False,
-    WORDS: tl.constexpr = False,
+    WORDS: tl.constexpr = False, K_OUTER: tl.constexpr = False,
 ):
     """``moe_gemm2_kernel`` over the Hopper layouts:
     pair_out[split, pair, n] = w_pair * (w2[e, n, split's K range] . inter[pair] (+ b2[e, n] in split 0)).
@@ -669,6 +719,10 @@ def moe_hgemm2_kernel(
             _hgemm2_tile(at, at, wp, sp, o_nb, o_b, pair, tmask, pair, tmask, e, offs_n, nmask, b_ptr, tw_ptr, out_ptr,
                          K, N, K_SPLIT, k_lo, stride_be, stride_ot, stride_os, HAS_BIAS, BLOCK_N, BLOCK_T, BLOCK_K,
                          DTYPE, ASM, FACT, EVEN=EVEN, ROT=ROT, WORDS=WORDS)
+    elif K_OUTER:
+        _hgemm2_k_outer(at, wp, sp, o_nb, o_b, pair, tmask, e, offs_n, nmask, b_ptr, tw_ptr, out_ptr, K, N, K_SPLIT,
+                        k_lo, stride_be, stride_ot, stride_os, HAS_BIAS, BLOCK_N, BLOCK_T, BLOCK_K, DTYPE, ASM, FACT,
+                        ROW_TILES, EVEN, ROT, WORDS)
     else:
         # row tiles tile0, tile0 + 1, ...; _hopper_ptrs above placed wp / sp at the first
         steps = tl.cdiv(tl.minimum(K, k_lo + K_SPLIT) - k_lo, BLOCK_K)

@@ -98,6 +98,9 @@ class MoEConfig:
     # hopper_mma: weights and scales loaded as int32 words (1) or bytes (0). Words keep the MMA v2
     # lowering (num_warps 2) on the hardware's operand order; MMA v3 reads either the same way
     words: int = 0
+    # hopper_mma GEMM2 with rows2 > 1 (2-4): K steps outside, one accumulator a row tile (1), or one
+    # flat loop over (tile, step) (0)
+    k_outer: int = 0
 
 
 def layout_of(layout: Mapping[str, str]) -> str | None:
@@ -599,7 +602,7 @@ def hopper_constants(cfg: MoEConfig, T: int, top_k: int, H: int, i_pad: int, dty
               EVEN=H % cfg.block_k == 0 and i_pad % cfg.block_n1 == 0)
     bk2 = block_k2(cfg)
     c2 = dict(common, HAS_BIAS=bias2, BLOCK_N=cfg.block_n2, BLOCK_K=bk2, K_POW2=triton.next_power_of_2(top_k),
-              ROW_TILES=rows2, TAIL_T=tail2, DUAL=bool(tail2 and cfg.dual), EVEN=i_pad % bk2 == 0 and H % cfg.block_n2 == 0)
+              ROW_TILES=rows2, K_OUTER=bool(cfg.k_outer and 1 < rows2 <= 4), TAIL_T=tail2, DUAL=bool(tail2 and cfg.dual), EVEN=i_pad % bk2 == 0 and H % cfg.block_n2 == 0)
     return c1, c2, (direct, fused, rows2)
 
 
