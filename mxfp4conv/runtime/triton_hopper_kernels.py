@@ -90,10 +90,8 @@ def _words_rot_asm(w):
 
 @triton.jit
 def _words32_asm(w, ROT: tl.constexpr):
-    """``_words_asm`` / ``_words_rot_asm`` (ROT) for int32 words: one word in, its 8 codes out as 8 bf16
-    tensors (R0 low, R0 high, R1 low, ... R3 high). Loading whole words keeps every load in the
-    operand's chain 32 bits wide, so Triton's MMA v2 lowering gives the weights the hardware's
-    fragment order (kWidth 2) instead of re-assembling each word from its bytes."""
+    """``_words_asm`` / ``_words_rot_asm`` (ROT) for int32 words (the ``words`` option): one word in,
+    its 8 codes out as 8 bf16 tensors (R0 low, R0 high, R1 low, ... R3 high)."""
     if ROT:
         return tl.inline_asm_elementwise(
             asm="""{
@@ -228,62 +226,45 @@ def _hopper_tile(w, s, NB: tl.constexpr, KB: tl.constexpr, FACT: tl.constexpr, A
     word (1), both for scales <= 2; 2: some scale is larger (two multiplies). ROT: the words' bits
     are in the ``hopper_np.BITS_ROT`` order. WORDS: the same tiles as int32 words, w [NB, KB, 128]
     and s [NB, KB, 32] (each lane's scale word, repeated likewise)."""
-    if WORDS and ASM and FACT == 1:
-        o = _words32_asm(w.reshape(NB, KB, 8, 4, 4), ROT)  # nb b g t kt
-        a = tl.join(tl.join(o[0], o[2]), tl.join(o[1], o[3])).reshape(NB, KB, 8, 4, 4, 4)  # (reg, half)
-        b = tl.join(tl.join(o[4], o[6]), tl.join(o[5], o[7])).reshape(NB, KB, 8, 4, 4, 4)
-        f4 = _factors32_asm(s.reshape(NB, KB, 8, 4))  # nb b g t
-        f = tl.join(tl.join(f4[0], f4[1]), tl.join(f4[2], f4[3]))  # nb b g t j h (byte = 2 h + j)
-        v = tl.join(a, b)
-        f = f.reshape(NB, KB, 8, 4, 2, 2)
-    else:
+    word = w.reshape(NB, KB, 8, 4, 4) if WORDS else _bytes_to_words(w.reshape(NB, KB, 8, 4, 4, 4))  # nb b g t kt
+    if ASM:
         if WORDS:
-            word = w.reshape(NB, KB, 8, 4, 4)
-            s = _word_bytes(s.reshape(NB, KB, 8, 4))
+            o = _words32_asm(word, ROT)  # R0 low, R0 high, ... R3 high
+            a = tl.join(tl.join(o[0], o[2]), tl.join(o[1], o[3])).reshape(NB, KB, 8, 4, 4, 4)  # element 2 reg + half
+            b = tl.join(tl.join(o[4], o[6]), tl.join(o[5], o[7])).reshape(NB, KB, 8, 4, 4, 4)
+        elif ROT:
+            a, b = _words_rot_asm(w.reshape(NB, KB, 8, 4, 4, 4))  # nb b g t kt byte
         else:
-            word = _bytes_to_words(w.reshape(NB, KB, 8, 4, 4, 4))
-        v, f = _decode_bytes(w, word, s, NB, KB, FACT, ASM, ROT, WORDS)
+            a, b = _words_asm(w.reshape(NB, KB, 8, 4, 4, 4))
+    else:
+        a, b = _words_generic(word, ROT)
+    if WORDS and not (ASM and FACT == 1):
+        s = _word_bytes(s.reshape(NB, KB, 8, 4))
+    if not ASM:
+        s32 = s.to(tl.int32)
+        f = tl.where(s32 == 255, float("nan"), tl.where(s32 == 0, 5.877471754111438e-39, (s32 << 23).to(tl.float32, bitcast=True)))
+    elif FACT == 2:  # some scale > 2 (2**(s-1) would overflow bf16): restore 2**126 first, then 2**(s-127)
+        s16 = s.to(tl.int16)
+        bits = tl.where(s16 == 255, 0x7FC0, tl.where(s16 == 0, 0x0040, s16 << 7))
+        f = bits.to(tl.int16).to(tl.bfloat16, bitcast=True)
+    elif FACT == 1:
+        if WORDS:
+            f4 = _factors32_asm(s.reshape(NB, KB, 8, 4))  # the factors of bytes 0..3
+            f = tl.join(tl.join(f4[0], f4[2]), tl.join(f4[1], f4[3])).reshape(NB, KB, 8, 4, 4)  # (byte // 2, byte % 2)
+        else:
+            f = _factors_asm(s)
+    else:
+        f = ((s.to(tl.int16) + 126) << 7).to(tl.int16).to(tl.bfloat16, bitcast=True)
+    v = tl.join(a, b)  # nb b g t kt (c kk) h
+    if FACT == 2 or not ASM:
+        v = v * 8.507059e37  # 2**126
+    f = f.reshape(NB, KB, 8, 4, 2, 2).permute(0, 1, 2, 3, 5, 4)  # nb b g t j h
     v = v.reshape(NB, KB, 8, 4, 2, 2, 2, 2, 2) * f.reshape(NB, KB, 8, 4, 2, 1, 1, 1, 2)  # j: the 32-group
     v = v.reshape(NB, KB, 8, 4, 4, 2, 2, 2).permute(0, 7, 2, 1, 4, 5, 3, 6)  # nb h g b kt c t kk
     v = v.reshape(NB * 16, KB * 64)
     if not ASM and v.dtype != DTYPE:
         v = v.to(DTYPE)
     return v
-
-
-@triton.jit
-def _decode_bytes(w, word, s, NB: tl.constexpr, KB: tl.constexpr, FACT: tl.constexpr, ASM: tl.constexpr,
-                  ROT: tl.constexpr, WORDS: tl.constexpr):
-    """_hopper_tile's values [nb b g t kt (c kk) h] and factors [nb b g t j h] from the scale bytes
-    s [NB, KB, 128] (and the weight bytes w, or without ASM their words)."""
-    if ASM:
-        if WORDS:
-            o = _words32_asm(word, ROT)
-            a = tl.join(tl.join(o[0], o[2]), tl.join(o[1], o[3])).reshape(NB, KB, 8, 4, 4, 4)
-            b = tl.join(tl.join(o[4], o[6]), tl.join(o[5], o[7])).reshape(NB, KB, 8, 4, 4, 4)
-        else:
-            w = w.reshape(NB, KB, 8, 4, 4, 4)  # nb b g t kt byte
-            if ROT:
-                a, b = _words_rot_asm(w)
-            else:
-                a, b = _words_asm(w)
-        if FACT == 2:  # some scale > 2 (2**(s-1) would overflow bf16): restore 2**126 first, then 2**(s-127)
-            s16 = s.to(tl.int16)
-            bits = tl.where(s16 == 255, 0x7FC0, tl.where(s16 == 0, 0x0040, s16 << 7))
-            f = bits.to(tl.int16).to(tl.bfloat16, bitcast=True)
-        elif FACT == 1:
-            f = _factors_asm(s)
-        else:
-            f = ((s.to(tl.int16) + 126) << 7).to(tl.int16).to(tl.bfloat16, bitcast=True)
-    else:
-        a, b = _words_generic(word, ROT)
-        s32 = s.to(tl.int32)
-        f = tl.where(s32 == 255, float("nan"), tl.where(s32 == 0, 5.877471754111438e-39, (s32 << 23).to(tl.float32, bitcast=True)))
-    v = tl.join(a, b)  # nb b g t kt (c kk) h
-    if FACT == 2 or not ASM:
-        v = v * 8.507059e37  # 2**126
-    f = f.reshape(NB, KB, 8, 4, 2, 2).permute(0, 1, 2, 3, 5, 4)  # nb b g t j h
-    return v, f
 
 
 @triton.jit
