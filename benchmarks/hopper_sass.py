@@ -2,8 +2,9 @@
 
 Compiles moe_hgemm1_kernel / moe_hgemm2_kernel for sm_90a with the installed Triton (its bundled
 ptxas and cuobjdump), with the compile-time arguments fused_moe_triton would pass for each layer
-and token count (select_config, hopper_constants), and prints, per kernel: registers, stack
-frame, and each loop of 100+ instructions with its instruction count and commonest opcodes. The
+and token count (select_config, hopper_constants, the register cap), and prints, per kernel:
+registers, stack frame, shared memory, and each loop of 100+ instructions with its instruction
+count and commonest opcodes. The
 K loop's count is the issue cost of one block_k step; a decode change can be judged here before
 any GPU time is spent (docs/performance.md).
 
@@ -11,7 +12,8 @@ any GPU time is spent (docs/performance.md).
         [--layout hopper_mma_rot|hopper_mma] [--keep DIR]
 
 --override '{"factor_pairs": 0}' applies config overrides to every point; --layout hopper_mma
-compiles the decode of the earlier bit order (hopper_mma_w); --keep writes the TTGIR, PTX and SASS there.
+compiles the decode of the earlier bit order (hopper_mma_w); --keep writes the TTGIR, PTX and
+SASS there.
 """
 
 from __future__ import annotations
