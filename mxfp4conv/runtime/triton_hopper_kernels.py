@@ -43,49 +43,47 @@ except ImportError:  # pragma: no cover - depends on the Triton build
         pass
 
 
+def _decode_ptx(rot: bool, out: tuple[str, str, str, str], w: str) -> str:
+    """PTX of the integer decode of the word in register w into the bf16 pairs R0..R3 (registers
+    out; scratch a, b, c): the ``hopper_np.BITS`` order in 11 instructions, ``BITS_ROT`` in 9."""
+    r0, r1, r2, r3 = out
+    if rot:  # R1 / R2 by one rotation and the R0 mask, R3 from two rotations
+        lines = [f"and.b32 {r0}, {w}, 0x81C081C0", f"shf.l.wrap.b32 a, {w}, {w}, 4", f"and.b32 {r1}, a, 0x81C081C0",
+                 f"shf.l.wrap.b32 a, {w}, {w}, 10", f"and.b32 {r2}, a, 0x81C081C0", f"shf.l.wrap.b32 a, {w}, {w}, 6",
+                 f"shf.l.wrap.b32 b, {w}, {w}, 14", "and.b32 a, a, 0x00400040", "and.b32 b, b, 0x81808180",
+                 f"or.b32 {r3}, a, b"]
+    else:
+        lines = [f"and.b32 {r0}, {w}, 0x81C081C0", f"shl.b32 a, {w}, 3", f"and.b32 {r1}, a, 0x81C081C0",
+                 f"shl.b32 a, {w}, 6", f"and.b32 {r2}, a, 0x81C081C0", f"shr.b32 a, {w}, 4", "and.b32 a, a, 0x00C000C0",
+                 f"shr.b32 b, {w}, 5", "and.b32 b, b, 0x01000100", f"shl.b32 c, {w}, 1", "and.b32 c, c, 0x80008000",
+                 "or.b32 a, a, b", f"or.b32 {r3}, a, c"]
+    return "".join(f"{line};\n" for line in lines)
+
+
+_WORDS_PTX = tl.constexpr("{\n.reg .b32 a, b, c;\n" + _decode_ptx(False, ("$0", "$1", "$2", "$3"), "$4") + "}")
+_WORDS_ROT_PTX = tl.constexpr("{\n.reg .b32 a, b, c;\n" + _decode_ptx(True, ("$0", "$1", "$2", "$3"), "$4") + "}")
+# one word in, its 8 codes out as 16-bit halves (R0 low, R0 high, ... R3 high)
+_HALVES = "mov.b32 {$0, $1}, r0;\nmov.b32 {$2, $3}, r1;\nmov.b32 {$4, $5}, r2;\nmov.b32 {$6, $7}, r3;\n}"
+_WORDS32_PTX = tl.constexpr("{\n.reg .b32 a, b, c, r0, r1, r2, r3;\n"
+                            + _decode_ptx(False, ("r0", "r1", "r2", "r3"), "$8") + _HALVES)
+_WORDS32_ROT_PTX = tl.constexpr("{\n.reg .b32 a, b, c, r0, r1, r2, r3;\n"
+                                + _decode_ptx(True, ("r0", "r1", "r2", "r3"), "$8") + _HALVES)
+
+
 @triton.jit
 def _words_asm(w):
     """[..., 4] bytes (one encoded word) -> the 8 codes as two bf16 [..., 4] (``e2m1 * 2**-126``):
     output A holds registers R0, R1, output B holds R2, R3 (see ``mxfp4conv.shuffle.hopper``)."""
-    return tl.inline_asm_elementwise(
-        asm="""{
-        .reg .b32 a, b, c;
-        and.b32 $0, $4, 0x81C081C0;
-        shl.b32 a, $4, 3;
-        and.b32 $1, a, 0x81C081C0;
-        shl.b32 a, $4, 6;
-        and.b32 $2, a, 0x81C081C0;
-        shr.b32 a, $4, 4;
-        and.b32 a, a, 0x00C000C0;
-        shr.b32 b, $4, 5;
-        and.b32 b, b, 0x01000100;
-        shl.b32 c, $4, 1;
-        and.b32 c, c, 0x80008000;
-        or.b32 a, a, b;
-        or.b32 $3, a, c;
-        }""",
-        constraints="=r,=r,=r,=r,r", args=[w], dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
+    return tl.inline_asm_elementwise(asm=_WORDS_PTX, constraints="=r,=r,=r,=r,r", args=[w],
+                                     dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
 
 
 @triton.jit
 def _words_rot_asm(w):
-    """``_words_asm`` for words in the ``hopper_np.BITS_ROT`` bit order: R1 / R2 by one rotation and
-    the R0 mask, R3 from two rotations (9 integer instructions a word instead of 11)."""
-    return tl.inline_asm_elementwise(
-        asm="""{
-        .reg .b32 a, b;
-        and.b32 $0, $4, 0x81C081C0;
-        shf.l.wrap.b32 a, $4, $4, 4;
-        and.b32 $1, a, 0x81C081C0;
-        shf.l.wrap.b32 a, $4, $4, 10;
-        and.b32 $2, a, 0x81C081C0;
-        shf.l.wrap.b32 a, $4, $4, 6;
-        shf.l.wrap.b32 b, $4, $4, 14;
-        and.b32 a, a, 0x00400040;
-        and.b32 b, b, 0x81808180;
-        or.b32 $3, a, b;
-        }""",
-        constraints="=r,=r,=r,=r,r", args=[w], dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
+    """``_words_asm`` for words in the ``hopper_np.BITS_ROT`` bit order (9 integer instructions a
+    word instead of 11)."""
+    return tl.inline_asm_elementwise(asm=_WORDS_ROT_PTX, constraints="=r,=r,=r,=r,r", args=[w],
+                                     dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
 
 
 @triton.jit
@@ -93,47 +91,10 @@ def _words32_asm(w, ROT: tl.constexpr):
     """``_words_asm`` / ``_words_rot_asm`` (ROT) for int32 words (the ``words`` option): one word in,
     its 8 codes out as 8 bf16 tensors (R0 low, R0 high, R1 low, ... R3 high)."""
     if ROT:
-        return tl.inline_asm_elementwise(
-            asm="""{
-            .reg .b32 a, b, r0, r1, r2, r3;
-            and.b32 r0, $8, 0x81C081C0;
-            shf.l.wrap.b32 a, $8, $8, 4;
-            and.b32 r1, a, 0x81C081C0;
-            shf.l.wrap.b32 a, $8, $8, 10;
-            and.b32 r2, a, 0x81C081C0;
-            shf.l.wrap.b32 a, $8, $8, 6;
-            shf.l.wrap.b32 b, $8, $8, 14;
-            and.b32 a, a, 0x00400040;
-            and.b32 b, b, 0x81808180;
-            or.b32 r3, a, b;
-            mov.b32 {$0, $1}, r0;
-            mov.b32 {$2, $3}, r1;
-            mov.b32 {$4, $5}, r2;
-            mov.b32 {$6, $7}, r3;
-            }""",
-            constraints="=h,=h,=h,=h,=h,=h,=h,=h,r", args=[w], dtype=(tl.bfloat16,) * 8, is_pure=True, pack=1)
-    return tl.inline_asm_elementwise(
-        asm="""{
-        .reg .b32 a, b, c, r0, r1, r2, r3;
-        and.b32 r0, $8, 0x81C081C0;
-        shl.b32 a, $8, 3;
-        and.b32 r1, a, 0x81C081C0;
-        shl.b32 a, $8, 6;
-        and.b32 r2, a, 0x81C081C0;
-        shr.b32 a, $8, 4;
-        and.b32 a, a, 0x00C000C0;
-        shr.b32 b, $8, 5;
-        and.b32 b, b, 0x01000100;
-        shl.b32 c, $8, 1;
-        and.b32 c, c, 0x80008000;
-        or.b32 a, a, b;
-        or.b32 r3, a, c;
-        mov.b32 {$0, $1}, r0;
-        mov.b32 {$2, $3}, r1;
-        mov.b32 {$4, $5}, r2;
-        mov.b32 {$6, $7}, r3;
-        }""",
-        constraints="=h,=h,=h,=h,=h,=h,=h,=h,r", args=[w], dtype=(tl.bfloat16,) * 8, is_pure=True, pack=1)
+        return tl.inline_asm_elementwise(asm=_WORDS32_ROT_PTX, constraints="=h,=h,=h,=h,=h,=h,=h,=h,r", args=[w],
+                                         dtype=(tl.bfloat16,) * 8, is_pure=True, pack=1)
+    return tl.inline_asm_elementwise(asm=_WORDS32_PTX, constraints="=h,=h,=h,=h,=h,=h,=h,=h,r", args=[w],
+                                     dtype=(tl.bfloat16,) * 8, is_pure=True, pack=1)
 
 
 @triton.jit
