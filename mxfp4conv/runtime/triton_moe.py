@@ -95,8 +95,8 @@ class MoEConfig:
     # hopper_mma decode: the e8m0 factors of scales <= 2 two to a word (1: a byte permute and a
     # multiply-add per two) or one at a time (0: the v13 instructions)
     factor_pairs: int = 1
-    # hopper_mma: weights and scales loaded as int32 words (1) or bytes (0). Words keep the MMA v2
-    # lowering (num_warps 2) on the hardware's operand order; MMA v3 reads either the same way
+    # hopper_mma: the weight and scale tiles loaded as int32 words (1) or as bytes (0), the same
+    # bytes either way; with words the decode takes one int32 in (fewer registers in MMA v3's K loops)
     words: int = 0
     # hopper_mma GEMM2 with rows2 > 1 (2-4): K steps outside, one accumulator a row tile (1), or one
     # flat loop over (tile, step) (0)
@@ -602,7 +602,8 @@ def hopper_constants(cfg: MoEConfig, T: int, top_k: int, H: int, i_pad: int, dty
               EVEN=H % cfg.block_k == 0 and i_pad % cfg.block_n1 == 0)
     bk2 = block_k2(cfg)
     c2 = dict(common, HAS_BIAS=bias2, BLOCK_N=cfg.block_n2, BLOCK_K=bk2, K_POW2=triton.next_power_of_2(top_k),
-              ROW_TILES=rows2, K_OUTER=bool(cfg.k_outer and 1 < rows2 <= 4), TAIL_T=tail2, DUAL=bool(tail2 and cfg.dual), EVEN=i_pad % bk2 == 0 and H % cfg.block_n2 == 0)
+              ROW_TILES=rows2, K_OUTER=bool(cfg.k_outer and 1 < rows2 <= 4), TAIL_T=tail2,
+              DUAL=bool(tail2 and cfg.dual), EVEN=i_pad % bk2 == 0 and H % cfg.block_n2 == 0)
     return c1, c2, (direct, fused, rows2)
 
 
@@ -633,7 +634,7 @@ def _hopper_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13
     x = x.contiguous()
     w13, w13_scale, w2, w2_scale = (t.contiguous() for t in (w13, w13_scale, w2, w2_scale))
     # what the kernels read: the tensors, or with words their int32 views (each expert's bytes are a
-    # multiple of 4: rows pad to 16, K to 64)
+    # multiple of 4: H_pad and I_pad are multiples of 64, checked above)
     k13, k13s, k2, k2s = ((t.view(t.shape[0], -1).view(torch.int32) for t in (w13, w13_scale, w2, w2_scale))
                           if cfg.words else (w13, w13_scale, w2, w2_scale))
     acts = dict(ACT=act["ACT"], HAS_LIMIT=act["HAS_LIMIT"], HAS_LINEAR=act["HAS_LINEAR"])
