@@ -69,6 +69,11 @@ _WORDS32_PTX = tl.constexpr("{\n.reg .b32 a, b, c, r0, r1, r2, r3;\n"
 _WORDS32_ROT_PTX = tl.constexpr("{\n.reg .b32 a, b, c, r0, r1, r2, r3;\n"
                                 + _decode_ptx(True, ("r0", "r1", "r2", "r3"), "$8") + _HALVES)
 
+# a scale word's 4 e8m0 bytes -> their factors 2**(s - 1) as 16-bit halves (see _factors_asm)
+_FACTORS32_PTX = tl.constexpr("{\n.reg .b32 a, b;\nprmt.b32 a, $4, 0, 0x4140;\nprmt.b32 b, $4, 0, 0x4342;\n"
+                              "mad.lo.u32 a, a, 128, 0x3F003F00;\nmad.lo.u32 b, b, 128, 0x3F003F00;\n"
+                              "mov.b32 {$0, $1}, a;\nmov.b32 {$2, $3}, b;\n}")
+
 
 @triton.jit
 def _words_asm(w):
@@ -100,17 +105,8 @@ def _words32_asm(w, ROT: tl.constexpr):
 @triton.jit
 def _factors32_asm(s):
     """``_factors_asm`` for a word of 4 e8m0 bytes: their 4 factors as 4 bf16 tensors."""
-    return tl.inline_asm_elementwise(
-        asm="""{
-        .reg .b32 a, b;
-        prmt.b32 a, $4, 0, 0x4140;
-        prmt.b32 b, $4, 0, 0x4342;
-        mad.lo.u32 a, a, 128, 0x3F003F00;
-        mad.lo.u32 b, b, 128, 0x3F003F00;
-        mov.b32 {$0, $1}, a;
-        mov.b32 {$2, $3}, b;
-        }""",
-        constraints="=h,=h,=h,=h,r", args=[s], dtype=(tl.bfloat16,) * 4, is_pure=True, pack=1)
+    return tl.inline_asm_elementwise(asm=_FACTORS32_PTX, constraints="=h,=h,=h,=h,r", args=[s],
+                                     dtype=(tl.bfloat16,) * 4, is_pure=True, pack=1)
 
 
 @triton.jit
