@@ -4,11 +4,12 @@ SASS without a GPU: what Triton's own MMA v2 lowering cannot reach (docs/perform
 Gluon (triton.experimental.gluon, triton 3.6) states every layout, so the decoded tile can be
 given the hardware's operand order (DotOperandLayout k_width 2) directly: each lane's int32 words
 of a hopper_mma_w_rot 16 x 64 block decode, with the production PTX (triton_hopper_kernels), into
-exactly its m16n8k16 A fragment, and the conversion to the operand layout is free. The probe is one
-weight matrix of 64 rows (4 warps, a 16-row slab each), one K step of 64 * KB codes a loop iteration,
-e8m0 factors two to a word, x [K, 16] held in registers (it is not re-loaded each step, and
-nothing is pipelined): it counts the decode, the scale multiply and the MMAs, the part a kernel
-built this way would add to its loads.
+exactly its m16n8k16 A fragment, and the conversion to the operand layout is free. Two kernels,
+64 rows (4 warps, a 16-row slab each), one K step of 64 * KB codes a loop iteration, e8m0 factors
+two to a word: ``probe``, one weight matrix with x [K, 16] held in registers and nothing pipelined
+(the decode, the scale multiply and the MMAs alone), and ``probe_gemm1``, one token's GEMM1 step as
+a kernel would run it (gate and up, x's slice loaded each step, the next step's words prefetched
+into registers).
 
     python benchmarks/gluon_v2_probe.py [--kb 2] [--keep DIR]
 """
@@ -88,34 +89,97 @@ def probe(w_ptr, s_ptr, x_ptr, out_ptr, K, NB: gl.constexpr, KB: gl.constexpr, W
     gl.store(out_ptr + om[:, None] * 16 + on[None, :], acc)
 
 
+@gluon.jit
+def _decode(w, s, NB: gl.constexpr, KB: gl.constexpr, WPTX: gl.constexpr, FPTX: gl.constexpr):
+    """A lane's words w and scale words s of a [16 NB, 64 KB] tile -> the dequantised tile (bf16)."""
+    o = gl.inline_asm_elementwise(asm=WPTX, constraints="=h,=h,=h,=h,=h,=h,=h,=h,r", args=[w],
+                                  dtype=(gl.bfloat16,) * 8, is_pure=True, pack=1)
+    a = gl.join(gl.join(o[0], o[2]), gl.join(o[1], o[3])).reshape(NB, KB, 8, 4, 4, 4)
+    b = gl.join(gl.join(o[4], o[6]), gl.join(o[5], o[7])).reshape(NB, KB, 8, 4, 4, 4)
+    v = gl.join(a, b).reshape(NB, KB, 8, 4, 2, 2, 2, 2, 2)  # nb b g t (j kt) (c kk) h
+    f4 = gl.inline_asm_elementwise(asm=FPTX, constraints="=h,=h,=h,=h,r", args=[s], dtype=(gl.bfloat16,) * 4,
+                                   is_pure=True, pack=1)
+    f = gl.join(gl.join(f4[0], f4[2]), gl.join(f4[1], f4[3])).permute(0, 1, 2, 3, 5, 4)  # nb b g t j h
+    v = v * gl.convert_layout(f.reshape(NB, KB, 8, 4, 2, 1, 1, 1, 2), v.type.layout)
+    return v.reshape(NB, KB, 8, 4, 4, 2, 2, 2).permute(0, 7, 2, 1, 4, 5, 3, 6).reshape(NB * 16, KB * 64)
+
+
+@gluon.jit
+def probe_gemm1(w_ptr, s_ptr, x_ptr, out_ptr, K, I_pad, NB: gl.constexpr, KB: gl.constexpr, WPTX: gl.constexpr,
+                FPTX: gl.constexpr):
+    """One token's GEMM1 step as a kernel would run it: gate and up tiles, x's slice loaded each step
+    as the B fragments of an n8 MMA (x broadcast over the 8 columns: the token's one row), and the
+    next step's weight and scale words loaded into registers before this step's decode."""
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[4, 1], instr_shape=[16, 8])
+    a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
+    b_op: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=2)
+    w_off = (gl.arange(0, NB, layout=W0)[:, None, None, None, None] * (2 * K)
+             + gl.arange(0, KB, layout=W1)[None, :, None, None, None] * 128
+             + gl.arange(0, 8, layout=W2)[None, None, :, None, None] * 16
+             + gl.arange(0, 4, layout=W3)[None, None, None, :, None] * 4
+             + gl.arange(0, 4, layout=W4)[None, None, None, None, :])
+    s_off = (gl.arange(0, NB, layout=S0)[:, None, None, None] * (K // 8)
+             + gl.arange(0, KB, layout=S1)[None, :, None, None] * 8
+             + gl.arange(0, 8, layout=S2)[None, None, :, None]
+             + gl.arange(0, 4, layout=S3)[None, None, None, :] * 0)
+    up_w = (I_pad // 16) * (2 * K)  # the up rows' slabs follow the gate rows'
+    up_s = (I_pad // 16) * (K // 8)
+    xk = gl.arange(0, 64 * KB, layout=gl.SliceLayout(1, b_op))
+    xn = gl.arange(0, 8, layout=gl.SliceLayout(0, b_op))
+    acc_g = gl.zeros([16 * NB, 8], gl.float32, layout=mma)
+    acc_u = gl.zeros([16 * NB, 8], gl.float32, layout=mma)
+    wg = gl.load(w_ptr + w_off)
+    wu = gl.load(w_ptr + up_w + w_off)
+    sg = gl.load(s_ptr + s_off)
+    su = gl.load(s_ptr + up_s + s_off)
+    for k0 in range(0, K, 64 * KB):
+        k1 = k0 + 64 * KB  # (the last step's prefetch reads one step past K: a probe, not a kernel)
+        wg_n = gl.load(w_ptr + w_off + k1 * 2)
+        wu_n = gl.load(w_ptr + up_w + w_off + k1 * 2)
+        sg_n = gl.load(s_ptr + s_off + k1 // 8)
+        su_n = gl.load(s_ptr + up_s + s_off + k1 // 8)
+        x = gl.load(x_ptr + k0 + xk[:, None] + xn[None, :] * 0)
+        acc_g = mma_v2(gl.convert_layout(_decode(wg, sg, NB, KB, WPTX, FPTX), a_op), x, acc_g)
+        acc_u = mma_v2(gl.convert_layout(_decode(wu, su, NB, KB, WPTX, FPTX), a_op), x, acc_u)
+        wg, wu, sg, su = wg_n, wu_n, sg_n, su_n
+    om = gl.arange(0, 16 * NB, layout=gl.SliceLayout(1, mma))
+    on = gl.arange(0, 8, layout=gl.SliceLayout(0, mma))
+    gl.store(out_ptr + om[:, None] * 8 + on[None, :], acc_g + acc_u)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--kb", type=int, default=2, help="64-code blocks a K step (2: 128 codes)")
     ap.add_argument("--keep", default=None, help="directory for the TTGIR and SASS")
     args = ap.parse_args()
-    sig = {"w_ptr": "*i32", "s_ptr": "*i32", "x_ptr": "*bf16", "out_ptr": "*fp32", "K": "i32", "NB": "constexpr",
-           "KB": "constexpr", "WPTX": "constexpr", "FPTX": "constexpr"}
     consts = {"NB": 4, "KB": args.kb, "WPTX": HK._WORDS32_ROT_PTX.value, "FPTX": HK._FACTORS32_PTX.value}
-    attrs = {(i,): [["tt.divisibility", 16]] for i in (0, 1, 4)}
-    kernel = triton.compile(GluonASTSource(probe, sig, constexprs=consts, attrs=attrs),
-                            target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4))
-    with tempfile.TemporaryDirectory() as tmp:
-        cubin = os.path.join(tmp, "k.cubin")
-        with open(cubin, "wb") as f:
-            f.write(kernel.asm["cubin"])
-        sass = subprocess.run([_tool("cuobjdump"), "-sass", cubin], check=True, capture_output=True, text=True).stdout
-        res = subprocess.run([_tool("cuobjdump"), "-res-usage", cubin], check=True, capture_output=True, text=True).stdout
-    if args.keep:
-        os.makedirs(args.keep, exist_ok=True)
-        for ext, text in (("ttgir", kernel.asm["ttgir"]), ("sass", sass)):
-            with open(os.path.join(args.keep, f"gluon_v2_probe.{ext}"), "w") as f:
-                f.write(text)
-    words = 16 * 4 * 64 * args.kb // 8 // 128  # int32 words a thread a step
-    usage = re.search(r"REG:\d+ STACK:\d+", res)
-    print(f"triton {triton.__version__}, sm_90a, Gluon MMA v2, 64 rows x {64 * args.kb} codes a step, "
-          f"{words} words a thread; {usage.group(0) if usage else '?'}")
-    for n, ops in loops(sass, least=50):
-        print(f"K loop: {n} instructions ({n / words:.1f} a word): {', '.join(f'{op} {c}' for op, c in ops.most_common(8))}")
+    words = 16 * 4 * 64 * args.kb // 8 // 128  # int32 words a thread a step, a matrix
+    print(f"triton {triton.__version__}, sm_90a, Gluon MMA v2, 4 warps, 64 rows x {64 * args.kb} codes a step "
+          f"({words} words a thread a matrix)")
+    for name, fn, extra, matrices in (("decode + MMA, one matrix", probe, {}, 1),
+                                      ("one-token GEMM1 step (gate + up, x, prefetch)", probe_gemm1, {"I_pad": "i32"}, 2)):
+        sig = {"w_ptr": "*i32", "s_ptr": "*i32", "x_ptr": "*bf16", "out_ptr": "*fp32", "K": "i32", **extra,
+               **{c: "constexpr" for c in consts}}
+        attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(sig) if a.endswith("_ptr") or a in ("K", "I_pad")}
+        kernel = triton.compile(GluonASTSource(fn, sig, constexprs=consts, attrs=attrs),
+                                target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4))
+        with tempfile.TemporaryDirectory() as tmp:
+            cubin = os.path.join(tmp, "k.cubin")
+            with open(cubin, "wb") as f:
+                f.write(kernel.asm["cubin"])
+            sass = subprocess.run([_tool("cuobjdump"), "-sass", cubin], check=True, capture_output=True,
+                                  text=True).stdout
+            res = subprocess.run([_tool("cuobjdump"), "-res-usage", cubin], check=True, capture_output=True,
+                                 text=True).stdout
+        if args.keep:
+            os.makedirs(args.keep, exist_ok=True)
+            for ext, text in (("ttgir", kernel.asm["ttgir"]), ("sass", sass)):
+                with open(os.path.join(args.keep, f"{fn.__name__}.{ext}"), "w") as f:
+                    f.write(text)
+        usage = re.search(r"REG:\d+ STACK:\d+", res)
+        for n, ops in loops(sass, least=50):
+            print(f"{name}: {usage.group(0) if usage else '?'}, K loop {n} instructions "
+                  f"({n / (words * matrices):.1f} a word): {', '.join(f'{op} {c}' for op, c in ops.most_common(8))}")
     return 0
 
 
