@@ -156,11 +156,13 @@ def main() -> int:
     words = 16 * 4 * 64 * args.kb // 8 // 128  # int32 words a thread a step, a matrix
     print(f"triton {triton.__version__}, sm_90a, Gluon MMA v2, 4 warps, 64 rows x {64 * args.kb} codes a step "
           f"({words} words a thread a matrix)")
-    for name, fn, extra, matrices in (("decode + MMA, one matrix", probe, {}, 1),
-                                      ("one-token GEMM1 step (gate + up, x, prefetch)", probe_gemm1, {"I_pad": "i32"}, 2)):
+    kernels = (("decode + MMA, one matrix", probe, {}, 1),
+               ("one-token GEMM1 step (gate + up, x, prefetch)", probe_gemm1, {"I_pad": "i32"}, 2))
+    for name, fn, extra, matrices in kernels:
         sig = {"w_ptr": "*i32", "s_ptr": "*i32", "x_ptr": "*bf16", "out_ptr": "*fp32", "K": "i32", **extra,
                **{c: "constexpr" for c in consts}}
-        attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(sig) if a.endswith("_ptr") or a in ("K", "I_pad")}
+        attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(sig)
+                 if a.endswith("_ptr") or a in ("K", "I_pad")}
         kernel = triton.compile(GluonASTSource(fn, sig, constexprs=consts, attrs=attrs),
                                 target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4))
         with tempfile.TemporaryDirectory() as tmp:

@@ -522,7 +522,8 @@ def test_each_gemm_takes_its_own_k_step(layout, bk, bk2):
                                split_k2=3)
     (_, ks1), (_, ks2) = triton_moe.gemm_splits(cfg, T * k, E, H, I, direct=False)
     assert ks1 % bk == 0 and ks2 == bk2  # three GEMM2 splits of 192 codes: one step each
-    c1, c2, _ = triton_moe.hopper_constants(cfg, T, k, H, I, triton_moe.triton.language.float32, False, 1, {}, True, True)
+    c1, c2, _ = triton_moe.hopper_constants(cfg, T, k, H, I, triton_moe.triton.language.float32, False, 1, {}, True,
+                                            True)
     assert (c1["BLOCK_K"], c2["BLOCK_K"]) == (bk, bk2)
     weights = _hopper(w13, s13, w2, s2) if layout == HOP else (w13, s13, w2, s2)
     out = triton_moe.fused_moe_triton(x, *weights, tw, ids, activation="silu", activation_params={},

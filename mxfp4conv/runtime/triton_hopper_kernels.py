@@ -153,8 +153,10 @@ def _words_generic(word, ROT: tl.constexpr):
     r1l, r1h = _halves_f32(r1)
     r2l, r2h = _halves_f32(r2)
     r3l, r3h = _halves_f32(r3)
-    a = tl.join(tl.join(r0l, r1l), tl.join(r0h, r1h)).reshape(word.shape[0], word.shape[1], 8, 4, 4, 4)  # 2 reg + half
-    b = tl.join(tl.join(r2l, r3l), tl.join(r2h, r3h)).reshape(word.shape[0], word.shape[1], 8, 4, 4, 4)
+    nb: tl.constexpr = word.shape[0]
+    kb: tl.constexpr = word.shape[1]
+    a = tl.join(tl.join(r0l, r1l), tl.join(r0h, r1h)).reshape(nb, kb, 8, 4, 4, 4)  # element 2 * reg + half
+    b = tl.join(tl.join(r2l, r3l), tl.join(r2h, r3h)).reshape(nb, kb, 8, 4, 4, 4)
     return a, b
 
 
@@ -421,7 +423,8 @@ def _hgemm2_tile(at, at2, wp, sp, o_nb, o_b, pair, tmask, pair2, tmask2, e, offs
     for k0 in range(k_lo, tl.minimum(K, k_lo + K_SPLIT), BLOCK_K):
         x = _load_x(at, tmask, offs_k, K, k0, EVEN)
         x2 = _load_x(at2, tmask2, offs_k, K, k0, EVEN) if BT2 > 0 else x
-        acc, acc2 = _decode_mma(wp, sp, nbm, o_b, K, k0, x, x2, acc, acc2, NB, KB, FACT, ASM, DTYPE, ROT, EVEN, BT2, WORDS)
+        acc, acc2 = _decode_mma(wp, sp, nbm, o_b, K, k0, x, x2, acc, acc2, NB, KB, FACT, ASM, DTYPE, ROT, EVEN, BT2,
+                                WORDS)
         if BT2 > 0:
             at2 += BLOCK_K
         wp += BLOCK_K * 8 // WB
@@ -569,7 +572,8 @@ def moe_hgemm1_kernel(
     else:
         _hgemm1_tile(xt, xt, wg, sg, wu, su, o_nb, o_b, pair, tmask, pair, tmask, e, offs_n, nmask, b_ptr, out_ptr,
                      part_ptr, num_pairs, K, I_pad, K_SPLIT, k_lo, stride_be, stride_ot, p0, p1, ACT, HAS_LIMIT,
-                     HAS_LINEAR, HAS_BIAS, BLOCK_N, BLOCK_T, BLOCK_K, DTYPE, SPLIT, ASM, FACT, EVEN=EVEN, ROT=ROT, WORDS=WORDS)
+                     HAS_LINEAR, HAS_BIAS, BLOCK_N, BLOCK_T, BLOCK_K, DTYPE, SPLIT, ASM, FACT, EVEN=EVEN, ROT=ROT,
+                     WORDS=WORDS)
     if SPLIT and FUSED:
         tl.debug_barrier()
         splits = tl.num_programs(2)
