@@ -53,11 +53,9 @@ S0, S1, S2, S3 = (_along(SL, d, 4) for d in range(4))
 
 
 @gluon.jit
-def probe(w_ptr, s_ptr, x_ptr, out_ptr, K, NB: gl.constexpr, KB: gl.constexpr, WPTX: gl.constexpr,
-          FPTX: gl.constexpr):
-    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[4, 1], instr_shape=[16, 8])
-    a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
-    b_op: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=2)
+def _offsets(K, NB: gl.constexpr, KB: gl.constexpr):
+    """Word offsets of a lane's weight words [NB, KB, 8, 4, 4] and scale words [NB, KB, 8, 4] in a
+    [16 NB, K] slab group (hopper_mma_w_rot / hopper_mma_s read as int32)."""
     w_off = (gl.arange(0, NB, layout=W0)[:, None, None, None, None] * (2 * K)
              + gl.arange(0, KB, layout=W1)[None, :, None, None, None] * 128
              + gl.arange(0, 8, layout=W2)[None, None, :, None, None] * 16
@@ -67,26 +65,7 @@ def probe(w_ptr, s_ptr, x_ptr, out_ptr, K, NB: gl.constexpr, KB: gl.constexpr, W
              + gl.arange(0, KB, layout=S1)[None, :, None, None] * 8
              + gl.arange(0, 8, layout=S2)[None, None, :, None]
              + gl.arange(0, 4, layout=S3)[None, None, None, :] * 0)
-    xk = gl.arange(0, 64 * KB, layout=gl.SliceLayout(1, b_op))
-    xn = gl.arange(0, 16, layout=gl.SliceLayout(0, b_op))
-    x = gl.load(x_ptr + xk[:, None] * 16 + xn[None, :])
-    acc = gl.zeros([16 * NB, 16], gl.float32, layout=mma)
-    for k0 in range(0, K, 64 * KB):
-        o = gl.inline_asm_elementwise(asm=WPTX, constraints="=h,=h,=h,=h,=h,=h,=h,=h,r",
-                                      args=[gl.load(w_ptr + w_off + k0 * 2)], dtype=(gl.bfloat16,) * 8,
-                                      is_pure=True, pack=1)
-        a = gl.join(gl.join(o[0], o[2]), gl.join(o[1], o[3])).reshape(NB, KB, 8, 4, 4, 4)
-        b = gl.join(gl.join(o[4], o[6]), gl.join(o[5], o[7])).reshape(NB, KB, 8, 4, 4, 4)
-        v = gl.join(a, b).reshape(NB, KB, 8, 4, 2, 2, 2, 2, 2)  # nb b g t (j kt) (c kk) h
-        f4 = gl.inline_asm_elementwise(asm=FPTX, constraints="=h,=h,=h,=h,r", args=[gl.load(s_ptr + s_off + k0 // 8)],
-                                       dtype=(gl.bfloat16,) * 4, is_pure=True, pack=1)
-        f = gl.join(gl.join(f4[0], f4[2]), gl.join(f4[1], f4[3])).permute(0, 1, 2, 3, 5, 4)  # nb b g t j h
-        v = v * gl.convert_layout(f.reshape(NB, KB, 8, 4, 2, 1, 1, 1, 2), v.type.layout)
-        v = v.reshape(NB, KB, 8, 4, 4, 2, 2, 2).permute(0, 7, 2, 1, 4, 5, 3, 6).reshape(NB * 16, KB * 64)
-        acc = mma_v2(gl.convert_layout(v, a_op), x, acc)
-    om = gl.arange(0, 16 * NB, layout=gl.SliceLayout(1, mma))
-    on = gl.arange(0, 16, layout=gl.SliceLayout(0, mma))
-    gl.store(out_ptr + om[:, None] * 16 + on[None, :], acc)
+    return w_off, s_off
 
 
 @gluon.jit
@@ -105,6 +84,25 @@ def _decode(w, s, NB: gl.constexpr, KB: gl.constexpr, WPTX: gl.constexpr, FPTX: 
 
 
 @gluon.jit
+def probe(w_ptr, s_ptr, x_ptr, out_ptr, K, NB: gl.constexpr, KB: gl.constexpr, WPTX: gl.constexpr,
+          FPTX: gl.constexpr):
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[4, 1], instr_shape=[16, 8])
+    a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
+    b_op: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=2)
+    w_off, s_off = _offsets(K, NB, KB)
+    xk = gl.arange(0, 64 * KB, layout=gl.SliceLayout(1, b_op))
+    xn = gl.arange(0, 16, layout=gl.SliceLayout(0, b_op))
+    x = gl.load(x_ptr + xk[:, None] * 16 + xn[None, :])
+    acc = gl.zeros([16 * NB, 16], gl.float32, layout=mma)
+    for k0 in range(0, K, 64 * KB):
+        v = _decode(gl.load(w_ptr + w_off + k0 * 2), gl.load(s_ptr + s_off + k0 // 8), NB, KB, WPTX, FPTX)
+        acc = mma_v2(gl.convert_layout(v, a_op), x, acc)
+    om = gl.arange(0, 16 * NB, layout=gl.SliceLayout(1, mma))
+    on = gl.arange(0, 16, layout=gl.SliceLayout(0, mma))
+    gl.store(out_ptr + om[:, None] * 16 + on[None, :], acc)
+
+
+@gluon.jit
 def probe_gemm1(w_ptr, s_ptr, x_ptr, out_ptr, K, I_pad, NB: gl.constexpr, KB: gl.constexpr, WPTX: gl.constexpr,
                 FPTX: gl.constexpr):
     """One token's GEMM1 step as a kernel would run it: gate and up tiles, x's slice loaded each step
@@ -113,15 +111,7 @@ def probe_gemm1(w_ptr, s_ptr, x_ptr, out_ptr, K, I_pad, NB: gl.constexpr, KB: gl
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[4, 1], instr_shape=[16, 8])
     a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
     b_op: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=2)
-    w_off = (gl.arange(0, NB, layout=W0)[:, None, None, None, None] * (2 * K)
-             + gl.arange(0, KB, layout=W1)[None, :, None, None, None] * 128
-             + gl.arange(0, 8, layout=W2)[None, None, :, None, None] * 16
-             + gl.arange(0, 4, layout=W3)[None, None, None, :, None] * 4
-             + gl.arange(0, 4, layout=W4)[None, None, None, None, :])
-    s_off = (gl.arange(0, NB, layout=S0)[:, None, None, None] * (K // 8)
-             + gl.arange(0, KB, layout=S1)[None, :, None, None] * 8
-             + gl.arange(0, 8, layout=S2)[None, None, :, None]
-             + gl.arange(0, 4, layout=S3)[None, None, None, :] * 0)
+    w_off, s_off = _offsets(K, NB, KB)
     up_w = (I_pad // 16) * (2 * K)  # the up rows' slabs follow the gate rows'
     up_s = (I_pad // 16) * (K // 8)
     xk = gl.arange(0, 64 * KB, layout=gl.SliceLayout(1, b_op))
