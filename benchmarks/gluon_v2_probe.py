@@ -7,9 +7,9 @@ of a hopper_mma_w_rot 16 x 64 block decode, with the production PTX (triton_hopp
 exactly its m16n8k16 A fragment, and the conversion to the operand layout is free. Two kernels,
 64 rows (4 warps, a 16-row slab each), one K step of 64 * KB codes a loop iteration, e8m0 factors
 two to a word: ``probe``, one weight matrix with x [K, 16] held in registers and nothing pipelined
-(the decode, the scale multiply and the MMAs alone), and ``probe_gemm1``, one token's GEMM1 step as
-a kernel would run it (gate and up, x's slice loaded each step, the next step's words prefetched
-into registers).
+(the decode, the scale multiply and the MMAs alone), and ``probe_step``, one token's GEMM1 or GEMM2 step
+as a kernel would run it (gate and up, or one matrix; x's slice loaded each step; the next step's
+words prefetched into registers).
 
     python benchmarks/gluon_v2_probe.py [--kb 2] [--keep DIR]
 """
@@ -103,11 +103,12 @@ def probe(w_ptr, s_ptr, x_ptr, out_ptr, K, NB: gl.constexpr, KB: gl.constexpr, W
 
 
 @gluon.jit
-def probe_gemm1(w_ptr, s_ptr, x_ptr, out_ptr, K, I_pad, NB: gl.constexpr, KB: gl.constexpr, WPTX: gl.constexpr,
-                FPTX: gl.constexpr):
-    """One token's GEMM1 step as a kernel would run it: gate and up tiles, x's slice loaded each step
-    as the B fragments of an n8 MMA (x broadcast over the 8 columns: the token's one row), and the
-    next step's weight and scale words loaded into registers before this step's decode."""
+def probe_step(w_ptr, s_ptr, x_ptr, out_ptr, K, I_pad, NB: gl.constexpr, KB: gl.constexpr, WPTX: gl.constexpr,
+               FPTX: gl.constexpr, GATE_UP: gl.constexpr):
+    """One token's GEMM step as a kernel would run it: gate and up tiles (GATE_UP, GEMM1) or one tile
+    (GEMM2), x's slice loaded each step as the B fragments of an n8 MMA (x broadcast over the 8
+    columns: the token's one row), and the next step's weight and scale words loaded into
+    registers before this step's decode."""
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[4, 1], instr_shape=[16, 8])
     a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
     b_op: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=2)
@@ -119,19 +120,26 @@ def probe_gemm1(w_ptr, s_ptr, x_ptr, out_ptr, K, I_pad, NB: gl.constexpr, KB: gl
     acc_g = gl.zeros([16 * NB, 8], gl.float32, layout=mma)
     acc_u = gl.zeros([16 * NB, 8], gl.float32, layout=mma)
     wg = gl.load(w_ptr + w_off)
-    wu = gl.load(w_ptr + up_w + w_off)
     sg = gl.load(s_ptr + s_off)
-    su = gl.load(s_ptr + up_s + s_off)
+    wu = wg
+    su = sg
+    if GATE_UP:
+        wu = gl.load(w_ptr + up_w + w_off)
+        su = gl.load(s_ptr + up_s + s_off)
     for k0 in range(0, K, 64 * KB):
         k1 = k0 + 64 * KB  # (the last step's prefetch reads one step past K: a probe, not a kernel)
         wg_n = gl.load(w_ptr + w_off + k1 * 2)
-        wu_n = gl.load(w_ptr + up_w + w_off + k1 * 2)
         sg_n = gl.load(s_ptr + s_off + k1 // 8)
-        su_n = gl.load(s_ptr + up_s + s_off + k1 // 8)
         x = gl.load(x_ptr + k0 + xk[:, None] + xn[None, :] * 0)
         acc_g = mma_v2(gl.convert_layout(_decode(wg, sg, NB, KB, WPTX, FPTX), a_op), x, acc_g)
-        acc_u = mma_v2(gl.convert_layout(_decode(wu, su, NB, KB, WPTX, FPTX), a_op), x, acc_u)
-        wg, wu, sg, su = wg_n, wu_n, sg_n, su_n
+        if GATE_UP:
+            wu_n = gl.load(w_ptr + up_w + w_off + k1 * 2)
+            su_n = gl.load(s_ptr + up_s + s_off + k1 // 8)
+            acc_u = mma_v2(gl.convert_layout(_decode(wu, su, NB, KB, WPTX, FPTX), a_op), x, acc_u)
+            wu = wu_n
+            su = su_n
+        wg = wg_n
+        sg = sg_n
     om = gl.arange(0, 16 * NB, layout=gl.SliceLayout(1, mma))
     on = gl.arange(0, 8, layout=gl.SliceLayout(0, mma))
     gl.store(out_ptr + om[:, None] * 8 + on[None, :], acc_g + acc_u)
@@ -146,14 +154,15 @@ def main() -> int:
     words = 16 * 4 * 64 * args.kb // 8 // 128  # int32 words a thread a step, a matrix
     print(f"triton {triton.__version__}, sm_90a, Gluon MMA v2, 4 warps, 64 rows x {64 * args.kb} codes a step "
           f"({words} words a thread a matrix)")
-    kernels = (("decode + MMA, one matrix", probe, {}, 1),
-               ("one-token GEMM1 step (gate + up, x, prefetch)", probe_gemm1, {"I_pad": "i32"}, 2))
-    for name, fn, extra, matrices in kernels:
+    kernels = (("decode + MMA, one matrix", probe, {}, {}, 1),
+               ("one-token GEMM1 step (gate + up, x, prefetch)", probe_step, {"I_pad": "i32"}, {"GATE_UP": True}, 2),
+               ("one-token GEMM2 step (x, prefetch)", probe_step, {"I_pad": "i32"}, {"GATE_UP": False}, 1))
+    for name, fn, extra, flags, matrices in kernels:
         sig = {"w_ptr": "*i32", "s_ptr": "*i32", "x_ptr": "*bf16", "out_ptr": "*fp32", "K": "i32", **extra,
-               **{c: "constexpr" for c in consts}}
+               **{c: "constexpr" for c in {**consts, **flags}}}
         attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(sig)
                  if a.endswith("_ptr") or a in ("K", "I_pad")}
-        kernel = triton.compile(GluonASTSource(fn, sig, constexprs=consts, attrs=attrs),
+        kernel = triton.compile(GluonASTSource(fn, sig, constexprs={**consts, **flags}, attrs=attrs),
                                 target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4))
         with tempfile.TemporaryDirectory() as tmp:
             cubin = os.path.join(tmp, "k.cubin")
@@ -166,7 +175,7 @@ def main() -> int:
         if args.keep:
             os.makedirs(args.keep, exist_ok=True)
             for ext, text in (("ttgir", kernel.asm["ttgir"]), ("sass", sass)):
-                with open(os.path.join(args.keep, f"{fn.__name__}.{ext}"), "w") as f:
+                with open(os.path.join(args.keep, f"{fn.__name__}{matrices}.{ext}"), "w") as f:
                     f.write(text)
         usage = re.search(r"REG:\d+ STACK:\d+", res)
         for n, ops in loops(sass, least=50):
