@@ -185,18 +185,19 @@ def _hopper_tile(w, s, NB: tl.constexpr, KB: tl.constexpr, FACT: tl.constexpr, A
     word (1), both for scales <= 2; 2: some scale is larger (two multiplies). ROT: the words' bits
     are in the ``hopper_np.BITS_ROT`` order. WORDS: the same tiles as int32 words, w [NB, KB, 128]
     and s [NB, KB, 32] (each lane's scale word, repeated likewise)."""
-    word = w.reshape(NB, KB, 8, 4, 4) if WORDS else _bytes_to_words(w.reshape(NB, KB, 8, 4, 4, 4))  # nb b g t kt
     if ASM:
         if WORDS:
-            o = _words32_asm(word, ROT)  # R0 low, R0 high, ... R3 high
+            o = _words32_asm(w.reshape(NB, KB, 8, 4, 4), ROT)  # nb b g t kt -> R0 low, R0 high, ... R3 high
             a = tl.join(tl.join(o[0], o[2]), tl.join(o[1], o[3])).reshape(NB, KB, 8, 4, 4, 4)  # element 2 reg + half
             b = tl.join(tl.join(o[4], o[6]), tl.join(o[5], o[7])).reshape(NB, KB, 8, 4, 4, 4)
         elif ROT:
             a, b = _words_rot_asm(w.reshape(NB, KB, 8, 4, 4, 4))  # nb b g t kt byte
         else:
             a, b = _words_asm(w.reshape(NB, KB, 8, 4, 4, 4))
+    elif WORDS:
+        a, b = _words_generic(w.reshape(NB, KB, 8, 4, 4), ROT)
     else:
-        a, b = _words_generic(word, ROT)
+        a, b = _words_generic(_bytes_to_words(w.reshape(NB, KB, 8, 4, 4, 4)), ROT)
     if WORDS and not (ASM and FACT == 1):
         s = _word_bytes(s.reshape(NB, KB, 8, 4))
     if not ASM:
