@@ -44,6 +44,17 @@ def _along(layout, dim: int, rank: int):
     return gl.constexpr(layout)
 
 
+# one int32 word in, its 8 codes out as 16-bit halves (R0 low, R0 high, ... R3 high): the production
+# decode of the BITS_ROT order with its four outputs split
+WORDS32_ROT_PTX = ("{\n.reg .b32 a, b, c, r0, r1, r2, r3;\n" + HK._decode_ptx(True, ("r0", "r1", "r2", "r3"), "$8")
+                   + "mov.b32 {$0, $1}, r0;\nmov.b32 {$2, $3}, r1;\nmov.b32 {$4, $5}, r2;\nmov.b32 {$6, $7}, r3;\n}")
+# a scale word's 4 e8m0 bytes -> their factors 2**(s - 1) as 16-bit halves (the production _factors_asm
+# on a whole word)
+FACTORS32_PTX = ("{\n.reg .b32 a, b;\nprmt.b32 a, $4, 0, 0x4140;\nprmt.b32 b, $4, 0, 0x4342;\n"
+                 "mad.lo.u32 a, a, 128, 0x3F003F00;\nmad.lo.u32 b, b, 128, 0x3F003F00;\n"
+                 "mov.b32 {$0, $1}, a;\nmov.b32 {$2, $3}, b;\n}")
+
+
 # words [nb, b, g, t, kt]: warp = 16-row slab, lane = 4 g + t, a lane's 4 words (kt) in registers;
 # scale words [nb, b, g, t]: the row group's word, the same for its 4 lanes
 WL = gl.BlockedLayout([1, 1, 1, 1, 4], [1, 1, 8, 4, 1], [4, 1, 1, 1, 1], [4, 3, 2, 1, 0])
@@ -150,7 +161,7 @@ def main() -> int:
     ap.add_argument("--kb", type=int, default=2, help="64-code blocks a K step (2: 128 codes)")
     ap.add_argument("--keep", default=None, help="directory for the TTGIR and SASS")
     args = ap.parse_args()
-    consts = {"NB": 4, "KB": args.kb, "WPTX": HK._WORDS32_ROT_PTX.value, "FPTX": HK._FACTORS32_PTX.value}
+    consts = {"NB": 4, "KB": args.kb, "WPTX": WORDS32_ROT_PTX, "FPTX": FACTORS32_PTX}
     words = 16 * 4 * 64 * args.kb // 8 // 128  # int32 words a thread a step, a matrix
     print(f"triton {triton.__version__}, sm_90a, Gluon MMA v2, 4 warps, 64 rows x {64 * args.kb} codes a step "
           f"({words} words a thread a matrix)")

@@ -148,11 +148,10 @@ def variants_for(T, H, I, k, E, dtype, quick):
 def hopper_variants(T, H, I, k, E):
     """The default, a forced K split, the v9 launch sequence (align, separate activation and k-sum
     kernels), one block per pair with more than one token, the fused reductions forced on where
-    the default leaves them off, GEMM2 row tiles in one flat loop where it does not use them,
-    GEMM2's row tiles with the K steps outside, row tiles first in both grids (where not fused),
-    the small and the two-tile paths of partly filled blocks switched the other way, the decode's
-    e8m0 factors computed the other way, the weights and scales read as int32 words (with either
-    factor computation), 256-code GEMM1 steps, and the align the default does not take."""
+    the default leaves them off, GEMM2 row tiles in one flat loop where it does not use them, row
+    tiles first in both grids (where not fused), the small and the two-tile paths of partly filled
+    blocks switched the other way, the decode's e8m0 factors computed the other way, and the align
+    the default does not take."""
     default = select_config(T * k, E, H, I, "hopper_mma_rot")
     out = [("default", default), ("split", dataclasses.replace(default, split_k1=3, split_k2=2)),
            ("v9", dataclasses.replace(default, fused=0, direct=0, pdl=0))]
@@ -160,11 +159,8 @@ def hopper_variants(T, H, I, k, E):
         out.append(("split", dataclasses.replace(default, direct=1, split_k1=3, split_k2=2)))
     if not hopper_options(default, T, T * k, True)[1]:
         out.append(("fused", dataclasses.replace(default, fused=1)))
-    if default.rows2 == 1:  # GEMM2's flat loop over several row tiles, and the same tiles with the K steps outside
+    if default.rows2 == 1:  # GEMM2's flat loop over several row tiles
         out.append(("rows3", dataclasses.replace(default, rows2=3, fused=0)))
-        out.append(("kouter", dataclasses.replace(default, rows2=3, fused=0, k_outer=1)))
-    else:
-        out.append(("kouter", dataclasses.replace(default, k_outer=1)))
     if T * k / min(E, T * k) > 16:
         out.append(("bt16", dataclasses.replace(default, block_t=16, block_n2=128, tail_t=0)))
     if not hopper_options(default, T, T * k, True)[1]:  # row tiles first in both grids, GEMM2 two stages deep
@@ -180,8 +176,6 @@ def hopper_variants(T, H, I, k, E):
                                                 dual=int(on), rows2=1) if on else dataclasses.replace(default, dual=0)))
     # the e8m0 factors of the decode computed the other way (two to a word or one at a time)
     out.append(("factors", dataclasses.replace(default, factor_pairs=1 - default.factor_pairs)))
-    out += [("words", dataclasses.replace(default, words=1, factor_pairs=f)) for f in (1, 0)]
-    out.append(("bk256", dataclasses.replace(default, block_k=256, block_k2=default.block_k)))
     if T > 1:  # the other align (many programs below ALIGN_GRID_PAIRS, one program from it)
         out.append(("align", dataclasses.replace(default, align=int(T * k < ALIGN_GRID_PAIRS))))
     return out

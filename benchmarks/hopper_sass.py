@@ -56,9 +56,7 @@ def compile_sass(fn, consts: dict, num_warps: int, num_stages: int, keep: str | 
         if name in consts:
             sig[name] = "constexpr"
             continue
-        words = consts.get("WORDS") and name in ("w_ptr", "s_ptr")  # int32 views of the weights and scales
-        sig[name] = ("*i32" if words else PTR_TYPES.get(name, "*u8")) if name.endswith("_ptr") else \
-            "fp32" if name in ("p0", "p1") else "i32"
+        sig[name] = PTR_TYPES.get(name, "*u8") if name.endswith("_ptr") else "fp32" if name in ("p0", "p1") else "i32"
         if name.endswith("_ptr") or name in DIVISIBLE or name.startswith("stride_"):
             attrs[(i,)] = [["tt.divisibility", 16]]
     src = ASTSource(fn, sig, constexprs=dict(consts), attrs=attrs)

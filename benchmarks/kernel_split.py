@@ -22,17 +22,21 @@ from mxfp4conv.runtime.triton_moe import fused_moe_triton  # noqa: E402
 from mxfp4conv.shuffle import get_layout  # noqa: E402
 
 
-def split(fn, iters):
+def split(fn, iters, flush=None):
+    """(kernel name, mean device time in us) of fn's kernels, longest first; with flush (a tensor
+    larger than L2) it is rewritten before each call, so that every call reads from DRAM."""
     for _ in range(2):
         fn()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(iters):
+            if flush is not None:
+                flush.bitwise_not_()
             fn()
         torch.cuda.synchronize()
     tot = collections.defaultdict(float)
     for ev in prof.events():
-        if ev.device_type == torch.autograd.DeviceType.CUDA:
+        if ev.device_type == torch.autograd.DeviceType.CUDA and "bitwise_not" not in ev.name:
             tot[ev.name[:110]] += ev.device_time / iters
     return sorted(tot.items(), key=lambda kv: -kv[1])
 

@@ -62,17 +62,6 @@ def _decode_ptx(rot: bool, out: tuple[str, str, str, str], w: str) -> str:
 
 _WORDS_PTX = tl.constexpr("{\n.reg .b32 a, b, c;\n" + _decode_ptx(False, ("$0", "$1", "$2", "$3"), "$4") + "}")
 _WORDS_ROT_PTX = tl.constexpr("{\n.reg .b32 a, b, c;\n" + _decode_ptx(True, ("$0", "$1", "$2", "$3"), "$4") + "}")
-# one word in, its 8 codes out as 16-bit halves (R0 low, R0 high, ... R3 high)
-_HALVES = "mov.b32 {$0, $1}, r0;\nmov.b32 {$2, $3}, r1;\nmov.b32 {$4, $5}, r2;\nmov.b32 {$6, $7}, r3;\n}"
-_WORDS32_PTX = tl.constexpr("{\n.reg .b32 a, b, c, r0, r1, r2, r3;\n"
-                            + _decode_ptx(False, ("r0", "r1", "r2", "r3"), "$8") + _HALVES)
-_WORDS32_ROT_PTX = tl.constexpr("{\n.reg .b32 a, b, c, r0, r1, r2, r3;\n"
-                                + _decode_ptx(True, ("r0", "r1", "r2", "r3"), "$8") + _HALVES)
-
-# a scale word's 4 e8m0 bytes -> their factors 2**(s - 1) as 16-bit halves (see _factors_asm)
-_FACTORS32_PTX = tl.constexpr("{\n.reg .b32 a, b;\nprmt.b32 a, $4, 0, 0x4140;\nprmt.b32 b, $4, 0, 0x4342;\n"
-                              "mad.lo.u32 a, a, 128, 0x3F003F00;\nmad.lo.u32 b, b, 128, 0x3F003F00;\n"
-                              "mov.b32 {$0, $1}, a;\nmov.b32 {$2, $3}, b;\n}")
 
 
 @triton.jit
@@ -89,24 +78,6 @@ def _words_rot_asm(w):
     word instead of 11)."""
     return tl.inline_asm_elementwise(asm=_WORDS_ROT_PTX, constraints="=r,=r,=r,=r,r", args=[w],
                                      dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
-
-
-@triton.jit
-def _words32_asm(w, ROT: tl.constexpr):
-    """``_words_asm`` / ``_words_rot_asm`` (ROT) for int32 words (the ``words`` option): one word in,
-    its 8 codes out as 8 bf16 tensors (R0 low, R0 high, R1 low, ... R3 high)."""
-    if ROT:
-        return tl.inline_asm_elementwise(asm=_WORDS32_ROT_PTX, constraints="=h,=h,=h,=h,=h,=h,=h,=h,r", args=[w],
-                                         dtype=(tl.bfloat16,) * 8, is_pure=True, pack=1)
-    return tl.inline_asm_elementwise(asm=_WORDS32_PTX, constraints="=h,=h,=h,=h,=h,=h,=h,=h,r", args=[w],
-                                     dtype=(tl.bfloat16,) * 8, is_pure=True, pack=1)
-
-
-@triton.jit
-def _factors32_asm(s):
-    """``_factors_asm`` for a word of 4 e8m0 bytes: their 4 factors as 4 bf16 tensors."""
-    return tl.inline_asm_elementwise(asm=_FACTORS32_PTX, constraints="=h,=h,=h,=h,r", args=[s],
-                                     dtype=(tl.bfloat16,) * 4, is_pure=True, pack=1)
 
 
 @triton.jit
@@ -136,10 +107,14 @@ def _rotl(x, k: tl.constexpr):
 
 
 @triton.jit
-def _words_generic(word, ROT: tl.constexpr):
-    """``_words_asm`` (``_words_rot_asm`` with ROT) in plain Triton integer operations on the int32
-    words [NB, KB, 8, 4, 4], as fp32 ``e2m1 * 2**-126`` (the interpreter's bf16 arithmetic and
-    conversions flush those subnormals; fp32 keeps them)."""
+def _words_generic(w, ROT: tl.constexpr):
+    """``_words_asm`` (``_words_rot_asm`` with ROT) in plain Triton integer operations, as fp32
+    ``e2m1 * 2**-126`` (the interpreter's bf16 arithmetic and conversions flush those subnormals;
+    fp32 keeps them)."""
+    b02, b13 = tl.split(w.to(tl.int32).reshape(w.shape[0], w.shape[1], 8, 4, 4, 2, 2))
+    b0, b2 = tl.split(b02)
+    b1, b3 = tl.split(b13)
+    word = b0 | (b1 << 8) | (b2 << 16) | (b3 << 24)
     r0 = word & -0x7E3F7E40  # 0x81C081C0 as int32
     if ROT:
         r1 = _rotl(word, 4) & -0x7E3F7E40
@@ -153,68 +128,37 @@ def _words_generic(word, ROT: tl.constexpr):
     r1l, r1h = _halves_f32(r1)
     r2l, r2h = _halves_f32(r2)
     r3l, r3h = _halves_f32(r3)
-    nb: tl.constexpr = word.shape[0]
-    kb: tl.constexpr = word.shape[1]
-    a = tl.join(tl.join(r0l, r1l), tl.join(r0h, r1h)).reshape(nb, kb, 8, 4, 4, 4)  # element 2 * reg + half
-    b = tl.join(tl.join(r2l, r3l), tl.join(r2h, r3h)).reshape(nb, kb, 8, 4, 4, 4)
+    a = tl.join(tl.join(r0l, r1l), tl.join(r0h, r1h)).reshape(w.shape)  # element 2 * reg + half
+    b = tl.join(tl.join(r2l, r3l), tl.join(r2h, r3h)).reshape(w.shape)
     return a, b
 
 
 @triton.jit
-def _bytes_to_words(w):
-    """[NB, KB, 8, 4, 4, 4] bytes -> the [NB, KB, 8, 4, 4] int32 words they spell (little-endian)."""
-    b02, b13 = tl.split(w.to(tl.int32).reshape(w.shape[0], w.shape[1], 8, 4, 4, 2, 2))
-    b0, b2 = tl.split(b02)
-    b1, b3 = tl.split(b13)
-    return b0 | (b1 << 8) | (b2 << 16) | (b3 << 24)
-
-
-@triton.jit
-def _word_bytes(s):
-    """int32 words [NB, KB, 8, 4] -> their bytes [NB, KB, 128] (word-major, low byte first)."""
-    b = (s[:, :, :, :, None] >> (tl.arange(0, 4) * 8)[None, None, None, None, :]) & 0xFF
-    return b.to(tl.uint8).reshape(s.shape[0], s.shape[1], 128)
-
-
-@triton.jit
 def _hopper_tile(w, s, NB: tl.constexpr, KB: tl.constexpr, FACT: tl.constexpr, ASM: tl.constexpr,
-                 DTYPE: tl.constexpr, ROT: tl.constexpr = False, WORDS: tl.constexpr = False):
+                 DTYPE: tl.constexpr, ROT: tl.constexpr = False):
     """w [NB, KB, 512] and s [NB, KB, 128] (each lane's 4 scale bytes, repeated for the 4 lanes of
     a row group) -> the dequantised [16 NB, 64 KB] operand tile: bf16 with ASM (exact: every MXFP4
     value is a bf16), else DTYPE. FACT (with ASM): the e8m0 factors one at a time (0) or two to a
     word (1), both for scales <= 2; 2: some scale is larger (two multiplies). ROT: the words' bits
-    are in the ``hopper_np.BITS_ROT`` order. WORDS: the same tiles as int32 words, w [NB, KB, 128]
-    and s [NB, KB, 32] (each lane's scale word, repeated likewise)."""
+    are in the ``hopper_np.BITS_ROT`` order."""
+    w = w.reshape(NB, KB, 8, 4, 4, 4)  # nb b g t kt byte
     if ASM:
-        if WORDS:
-            o = _words32_asm(w.reshape(NB, KB, 8, 4, 4), ROT)  # nb b g t kt -> R0 low, R0 high, ... R3 high
-            a = tl.join(tl.join(o[0], o[2]), tl.join(o[1], o[3])).reshape(NB, KB, 8, 4, 4, 4)  # element 2 reg + half
-            b = tl.join(tl.join(o[4], o[6]), tl.join(o[5], o[7])).reshape(NB, KB, 8, 4, 4, 4)
-        elif ROT:
-            a, b = _words_rot_asm(w.reshape(NB, KB, 8, 4, 4, 4))  # nb b g t kt byte
+        if ROT:
+            a, b = _words_rot_asm(w)
         else:
-            a, b = _words_asm(w.reshape(NB, KB, 8, 4, 4, 4))
-    elif WORDS:
-        a, b = _words_generic(w.reshape(NB, KB, 8, 4, 4), ROT)
+            a, b = _words_asm(w)
+        if FACT == 2:  # some scale > 2 (2**(s-1) would overflow bf16): restore 2**126 first, then 2**(s-127)
+            s16 = s.to(tl.int16)
+            bits = tl.where(s16 == 255, 0x7FC0, tl.where(s16 == 0, 0x0040, s16 << 7))
+            f = bits.to(tl.int16).to(tl.bfloat16, bitcast=True)
+        elif FACT == 1:
+            f = _factors_asm(s)
+        else:
+            f = ((s.to(tl.int16) + 126) << 7).to(tl.int16).to(tl.bfloat16, bitcast=True)
     else:
-        a, b = _words_generic(_bytes_to_words(w.reshape(NB, KB, 8, 4, 4, 4)), ROT)
-    if WORDS and not (ASM and FACT == 1):
-        s = _word_bytes(s.reshape(NB, KB, 8, 4))
-    if not ASM:
+        a, b = _words_generic(w, ROT)
         s32 = s.to(tl.int32)
         f = tl.where(s32 == 255, float("nan"), tl.where(s32 == 0, 5.877471754111438e-39, (s32 << 23).to(tl.float32, bitcast=True)))
-    elif FACT == 2:  # some scale > 2 (2**(s-1) would overflow bf16): restore 2**126 first, then 2**(s-127)
-        s16 = s.to(tl.int16)
-        bits = tl.where(s16 == 255, 0x7FC0, tl.where(s16 == 0, 0x0040, s16 << 7))
-        f = bits.to(tl.int16).to(tl.bfloat16, bitcast=True)
-    elif FACT == 1:
-        if WORDS:
-            f4 = _factors32_asm(s.reshape(NB, KB, 8, 4))  # the factors of bytes 0..3
-            f = tl.join(tl.join(f4[0], f4[2]), tl.join(f4[1], f4[3])).reshape(NB, KB, 8, 4, 4)  # (byte // 2, byte % 2)
-        else:
-            f = _factors_asm(s)
-    else:
-        f = ((s.to(tl.int16) + 126) << 7).to(tl.int16).to(tl.bfloat16, bitcast=True)
     v = tl.join(a, b)  # nb b g t kt (c kk) h
     if FACT == 2 or not ASM:
         v = v * 8.507059e37  # 2**126
@@ -241,28 +185,18 @@ def _mma(a, x, acc, ASM: tl.constexpr):
 
 
 @triton.jit
-def _hopper_ptrs(w_ptr, s_ptr, e, stride_we, stride_se, nb0, K, k0, NB: tl.constexpr, KB: tl.constexpr,
-                 WORDS: tl.constexpr = False):
+def _hopper_ptrs(w_ptr, s_ptr, e, stride_we, stride_se, nb0, K, k0, NB: tl.constexpr, KB: tl.constexpr):
     """Pointers of the [NB, KB, 512] weight and [NB, KB, 128] scale tiles of row slabs nb0.. at
-    code k0 (a multiple of 64: a slab stores K in 64-code blocks of 512 weight and 32 scale bytes).
-    WORDS: int32 pointers (w_ptr / s_ptr and the strides in words) of [NB, KB, 128] / [NB, KB, 32]."""
+    code k0 (a multiple of 64: a slab stores K in 64-code blocks of 512 weight and 32 scale bytes)."""
     o_nb = nb0 + tl.arange(0, NB)
     o_b = tl.arange(0, KB)
-    if WORDS:
-        o_l = tl.arange(0, 128)
-        o_s = tl.arange(0, 32) // 4  # lane 4g + t -> word g
-        wp = (w_ptr + e * stride_we + o_nb[:, None, None].to(tl.int64) * (2 * K) + k0 * 2 + o_b[None, :, None] * 128
-              + o_l[None, None, :])
-        sp = (s_ptr + e * stride_se + o_nb[:, None, None].to(tl.int64) * (K // 8) + k0 // 8 + o_b[None, :, None] * 8
-              + o_s[None, None, :])
-    else:
-        o_l = tl.arange(0, 512)
-        o_s = tl.arange(0, 128)
-        o_s = tl.max_contiguous(tl.multiple_of((o_s // 16) * 4 + o_s % 4, 4), 4)  # lane 4g + t -> bytes 4g..
-        wp = (w_ptr + e * stride_we + o_nb[:, None, None].to(tl.int64) * (8 * K) + k0 * 8 + o_b[None, :, None] * 512
-              + o_l[None, None, :])
-        sp = (s_ptr + e * stride_se + o_nb[:, None, None].to(tl.int64) * (K // 2) + k0 // 2 + o_b[None, :, None] * 32
-              + o_s[None, None, :])
+    o_l = tl.arange(0, 512)
+    o_s = tl.arange(0, 128)
+    o_s = tl.max_contiguous(tl.multiple_of((o_s // 16) * 4 + o_s % 4, 4), 4)  # lane 4g + t -> bytes 4g..
+    wp = (w_ptr + e * stride_we + o_nb[:, None, None].to(tl.int64) * (8 * K) + k0 * 8 + o_b[None, :, None] * 512
+          + o_l[None, None, :])
+    sp = (s_ptr + e * stride_se + o_nb[:, None, None].to(tl.int64) * (K // 2) + k0 // 2 + o_b[None, :, None] * 32
+          + o_s[None, None, :])
     return wp, sp, o_nb, o_b
 
 
@@ -354,12 +288,11 @@ def _load_x(p, tmask, offs_k, K, k0, EVEN: tl.constexpr):
 
 @triton.jit
 def _decode_mma(w, s, nbm, o_b, K, k0, x, x2, acc, acc2, NB: tl.constexpr, KB: tl.constexpr, FACT: tl.constexpr,
-                ASM: tl.constexpr, DTYPE: tl.constexpr, ROT: tl.constexpr, EVEN: tl.constexpr, BT2: tl.constexpr,
-                WORDS: tl.constexpr = False):
+                ASM: tl.constexpr, DTYPE: tl.constexpr, ROT: tl.constexpr, EVEN: tl.constexpr, BT2: tl.constexpr):
     """One K step of one weight matrix: its tile at code k0 decoded once, then acc + tile @ x and,
     with BT2 > 0, acc2 + tile @ x2 (acc2 passes through otherwise)."""
     a = _hopper_tile(_load_step(w, nbm, o_b, K, k0, EVEN), _load_step(s, nbm, o_b, K, k0, EVEN), NB, KB, FACT, ASM,
-                     DTYPE, ROT, WORDS)
+                     DTYPE, ROT)
     acc = _mma(a, x, acc, ASM)
     if BT2 > 0:
         acc2 = _mma(a, x2, acc2, ASM)
@@ -372,11 +305,10 @@ def _hgemm1_tile(xt, xt2, wg, sg, wu, su, o_nb, o_b, pair, tmask, pair2, tmask2,
                  ACT: tl.constexpr, HAS_LIMIT: tl.constexpr, HAS_LINEAR: tl.constexpr, HAS_BIAS: tl.constexpr,
                  BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, DTYPE: tl.constexpr,
                  SPLIT: tl.constexpr, ASM: tl.constexpr, FACT: tl.constexpr, BT2: tl.constexpr = 0,
-                 EVEN: tl.constexpr = False, ROT: tl.constexpr = False, WORDS: tl.constexpr = False):
+                 EVEN: tl.constexpr = False, ROT: tl.constexpr = False):
     """GEMM1's K loop and epilogue for one [BLOCK_N, BLOCK_T] tile of gate and up rows (xt: the
     pairs' x pointers at code k_lo); BT2 > 0: also a [BLOCK_N, BT2] tile of the pairs pair2 (x
     pointers xt2), on the same decoded weights."""
-    WB: tl.constexpr = 4 if WORDS else 1
     NB: tl.constexpr = BLOCK_N // 16
     KB: tl.constexpr = BLOCK_K // 64
     offs_k = tl.arange(0, BLOCK_K)
@@ -389,15 +321,15 @@ def _hgemm1_tile(xt, xt2, wg, sg, wu, su, o_nb, o_b, pair, tmask, pair2, tmask2,
         x = _load_x(xt, tmask, offs_k, K, k0, EVEN)
         x2 = _load_x(xt2, tmask2, offs_k, K, k0, EVEN) if BT2 > 0 else x
         acc_g, acc_g2 = _decode_mma(wg, sg, nbm, o_b, K, k0, x, x2, acc_g, acc_g2, NB, KB, FACT, ASM, DTYPE, ROT, EVEN,
-                                    BT2, WORDS)
+                                    BT2)
         acc_u, acc_u2 = _decode_mma(wu, su, nbm, o_b, K, k0, x, x2, acc_u, acc_u2, NB, KB, FACT, ASM, DTYPE, ROT, EVEN,
-                                    BT2, WORDS)
+                                    BT2)
         if BT2 > 0:
             xt2 += BLOCK_K
-        wg += BLOCK_K * 8 // WB
-        wu += BLOCK_K * 8 // WB
-        sg += BLOCK_K // 2 // WB
-        su += BLOCK_K // 2 // WB
+        wg += BLOCK_K * 8
+        wu += BLOCK_K * 8
+        sg += BLOCK_K // 2
+        su += BLOCK_K // 2
         xt += BLOCK_K
     gemm1_finish(acc_g, acc_u, pair, tmask, e, offs_n, nmask, b_ptr, out_ptr, part_ptr, num_pairs, I_pad,
                  stride_be, stride_ot, p0, p1, ACT, HAS_LIMIT, HAS_LINEAR, HAS_BIAS, SPLIT)
@@ -411,10 +343,9 @@ def _hgemm2_tile(at, at2, wp, sp, o_nb, o_b, pair, tmask, pair2, tmask2, e, offs
                  K, N, K_SPLIT, k_lo, stride_be, stride_ot, stride_os, HAS_BIAS: tl.constexpr,
                  BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, DTYPE: tl.constexpr,
                  ASM: tl.constexpr, FACT: tl.constexpr, BT2: tl.constexpr = 0, EVEN: tl.constexpr = False,
-                 ROT: tl.constexpr = False, WORDS: tl.constexpr = False):
+                 ROT: tl.constexpr = False):
     """GEMM2's K loop and epilogue for one [BLOCK_N, BLOCK_T] tile, one row tile a program (at: the
     pairs' intermediate pointers at code k_lo); BT2 > 0: also a [BLOCK_N, BT2] tile of pair2."""
-    WB: tl.constexpr = 4 if WORDS else 1
     NB: tl.constexpr = BLOCK_N // 16
     KB: tl.constexpr = BLOCK_K // 64
     offs_k = tl.arange(0, BLOCK_K)
@@ -424,67 +355,16 @@ def _hgemm2_tile(at, at2, wp, sp, o_nb, o_b, pair, tmask, pair2, tmask2, e, offs
     for k0 in range(k_lo, tl.minimum(K, k_lo + K_SPLIT), BLOCK_K):
         x = _load_x(at, tmask, offs_k, K, k0, EVEN)
         x2 = _load_x(at2, tmask2, offs_k, K, k0, EVEN) if BT2 > 0 else x
-        acc, acc2 = _decode_mma(wp, sp, nbm, o_b, K, k0, x, x2, acc, acc2, NB, KB, FACT, ASM, DTYPE, ROT, EVEN, BT2,
-                                WORDS)
+        acc, acc2 = _decode_mma(wp, sp, nbm, o_b, K, k0, x, x2, acc, acc2, NB, KB, FACT, ASM, DTYPE, ROT, EVEN, BT2)
         if BT2 > 0:
             at2 += BLOCK_K
-        wp += BLOCK_K * 8 // WB
-        sp += BLOCK_K // 2 // WB
+        wp += BLOCK_K * 8
+        sp += BLOCK_K // 2
         at += BLOCK_K
     gemm2_finish(acc, pair, tmask, e, offs_n, nmask, b_ptr, tw_ptr, out_ptr, stride_be, stride_ot, stride_os,
                  HAS_BIAS)
     if BT2 > 0:
         gemm2_finish(acc2, pair2, tmask2, e, offs_n, nmask, b_ptr, tw_ptr, out_ptr, stride_be, stride_ot, stride_os,
-                     HAS_BIAS)
-
-
-@triton.jit
-def _hgemm2_k_outer(at, wp, sp, o_nb, o_b, pair, tmask, e, offs_n, nmask, b_ptr, tw_ptr, out_ptr, K, N, K_SPLIT, k_lo,
-                    stride_be, stride_ot, stride_os, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr,
-                    BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, DTYPE: tl.constexpr, ASM: tl.constexpr,
-                    FACT: tl.constexpr, ROW_TILES: tl.constexpr, EVEN: tl.constexpr, ROT: tl.constexpr,
-                    WORDS: tl.constexpr):
-    """GEMM2 over ROW_TILES (2-4) consecutive row tiles with the K steps outside: each step loads x
-    once and runs every tile's MMA on its own accumulator, which only the epilogues after the loop
-    read (so the MMAs stay asynchronous). Tiles past N load nothing (masked) and store nothing."""
-    WB: tl.constexpr = 4 if WORDS else 1
-    NB: tl.constexpr = BLOCK_N // 16
-    KB: tl.constexpr = BLOCK_K // 64
-    SLAB_W = NB * (8 * K // WB)  # one row tile further
-    SLAB_S = NB * (K // 2 // WB)
-    offs_k = tl.arange(0, BLOCK_K)
-    acc0 = tl.zeros([BLOCK_N, BLOCK_T], tl.float32)
-    acc1 = acc0
-    acc2 = acc0
-    acc3 = acc0
-    m0 = (o_nb < N // 16)[:, None, None]
-    m1 = ((o_nb + NB) < N // 16)[:, None, None]
-    m2 = ((o_nb + 2 * NB) < N // 16)[:, None, None]
-    m3 = ((o_nb + 3 * NB) < N // 16)[:, None, None]
-    for k0 in range(k_lo, tl.minimum(K, k_lo + K_SPLIT), BLOCK_K):
-        x = _load_x(at, tmask, offs_k, K, k0, EVEN)
-        acc0, _ = _decode_mma(wp, sp, m0, o_b, K, k0, x, x, acc0, acc0, NB, KB, FACT, ASM, DTYPE, ROT, EVEN, 0, WORDS)
-        acc1, _ = _decode_mma(wp + SLAB_W, sp + SLAB_S, m1, o_b, K, k0, x, x, acc1, acc1, NB, KB, FACT, ASM, DTYPE,
-                              ROT, False, 0, WORDS)
-        if ROW_TILES > 2:
-            acc2, _ = _decode_mma(wp + 2 * SLAB_W, sp + 2 * SLAB_S, m2, o_b, K, k0, x, x, acc2, acc2, NB, KB, FACT,
-                                  ASM, DTYPE, ROT, False, 0, WORDS)
-        if ROW_TILES > 3:
-            acc3, _ = _decode_mma(wp + 3 * SLAB_W, sp + 3 * SLAB_S, m3, o_b, K, k0, x, x, acc3, acc3, NB, KB, FACT,
-                                  ASM, DTYPE, ROT, False, 0, WORDS)
-        wp += BLOCK_K * 8 // WB
-        sp += BLOCK_K // 2 // WB
-        at += BLOCK_K
-    gemm2_finish(acc0, pair, tmask, e, offs_n, nmask, b_ptr, tw_ptr, out_ptr, stride_be, stride_ot, stride_os, HAS_BIAS)
-    o1 = offs_n + BLOCK_N
-    gemm2_finish(acc1, pair, tmask, e, o1, o1 < N, b_ptr, tw_ptr, out_ptr, stride_be, stride_ot, stride_os, HAS_BIAS)
-    if ROW_TILES > 2:
-        o2 = offs_n + 2 * BLOCK_N
-        gemm2_finish(acc2, pair, tmask, e, o2, o2 < N, b_ptr, tw_ptr, out_ptr, stride_be, stride_ot, stride_os,
-                     HAS_BIAS)
-    if ROW_TILES > 3:
-        o3 = offs_n + 3 * BLOCK_N
-        gemm2_finish(acc3, pair, tmask, e, o3, o3 < N, b_ptr, tw_ptr, out_ptr, stride_be, stride_ot, stride_os,
                      HAS_BIAS)
 
 
@@ -509,7 +389,7 @@ def moe_hgemm1_kernel(
     SPLIT: tl.constexpr, ASM: tl.constexpr, FACT: tl.constexpr,
     DIRECT: tl.constexpr = False, FUSED: tl.constexpr = False, PDL: tl.constexpr = False,
     ROWS_FIRST: tl.constexpr = False, TAIL_T: tl.constexpr = 0, DUAL: tl.constexpr = False,
-    EVEN: tl.constexpr = False, ROT: tl.constexpr = False, WORDS: tl.constexpr = False,
+    EVEN: tl.constexpr = False, ROT: tl.constexpr = False,
 ):
     """``moe_gemm1_kernel`` over the Hopper layouts: inter[pair, j] = act(gate_j . x, up_j . x).
     With SPLIT and FUSED, the last K split of each tile finishes it (module docstring).
@@ -534,10 +414,9 @@ def moe_hgemm1_kernel(
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = offs_n < I_pad
     k_lo = tl.program_id(2) * (K_SPLIT // BLOCK_K) * BLOCK_K  # keeps k_lo's known divisibility: 16-byte loads
-    WB: tl.constexpr = 4 if WORDS else 1  # bytes a pointer step
-    wg, sg, o_nb, o_b = _hopper_ptrs(w_ptr, s_ptr, e, stride_we, stride_se, pid_n * NB, K, k_lo, NB, KB, WORDS)
-    wu = wg + (I_pad // 16) * (8 * K // WB)
-    su = sg + (I_pad // 16) * (K // 2 // WB)
+    wg, sg, o_nb, o_b = _hopper_ptrs(w_ptr, s_ptr, e, stride_we, stride_se, pid_n * NB, K, k_lo, NB, KB)
+    wu = wg + (I_pad // 16) * (8 * K)
+    su = sg + (I_pad // 16) * (K // 2)
     offs_k = tl.arange(0, BLOCK_K)
     xt = x_ptr + tok[None, :] * stride_xt + offs_k[:, None] + k_lo
     if TAIL_T > 0 and not DIRECT:
@@ -548,7 +427,7 @@ def moe_hgemm1_kernel(
                                      TAIL_T)
             _hgemm1_tile(ra, ra, wg, sg, wu, su, o_nb, o_b, pa, ma, pa, ma, e, offs_n, nmask, b_ptr, out_ptr, part_ptr,
                          num_pairs, K, I_pad, K_SPLIT, k_lo, stride_be, stride_ot, p0, p1, ACT, HAS_LIMIT, HAS_LINEAR,
-                         HAS_BIAS, BLOCK_N, TAIL_T, BLOCK_K, DTYPE, SPLIT, ASM, FACT, EVEN=EVEN, ROT=ROT, WORDS=WORDS)
+                         HAS_BIAS, BLOCK_N, TAIL_T, BLOCK_K, DTYPE, SPLIT, ASM, FACT, EVEN=EVEN, ROT=ROT)
         else:
             if DUAL:  # up to 1.5 TAIL_T pairs: [rows, TAIL_T] and [rows, TAIL_T / 2] tiles
                 if n <= TAIL_T + TAIL_T // 2:
@@ -559,22 +438,21 @@ def moe_hgemm1_kernel(
                     _hgemm1_tile(ra, rb, wg, sg, wu, su, o_nb, o_b, pa, ma, pb, mb, e, offs_n, nmask, b_ptr, out_ptr,
                                  part_ptr, num_pairs, K, I_pad, K_SPLIT, k_lo, stride_be, stride_ot, p0, p1, ACT,
                                  HAS_LIMIT, HAS_LINEAR, HAS_BIAS, BLOCK_N, TAIL_T, BLOCK_K, DTYPE, SPLIT, ASM, FACT,
-                                 TAIL_T // 2, EVEN=EVEN, ROT=ROT, WORDS=WORDS)
+                                 TAIL_T // 2, EVEN=EVEN, ROT=ROT)
                 else:
                     _hgemm1_tile(xt, xt, wg, sg, wu, su, o_nb, o_b, pair, tmask, pair, tmask, e, offs_n, nmask, b_ptr,
                                  out_ptr, part_ptr, num_pairs, K, I_pad, K_SPLIT, k_lo, stride_be, stride_ot, p0, p1,
                                  ACT, HAS_LIMIT, HAS_LINEAR, HAS_BIAS, BLOCK_N, BLOCK_T, BLOCK_K, DTYPE, SPLIT, ASM,
-                                 FACT, EVEN=EVEN, ROT=ROT, WORDS=WORDS)
+                                 FACT, EVEN=EVEN, ROT=ROT)
             else:
                 _hgemm1_tile(xt, xt, wg, sg, wu, su, o_nb, o_b, pair, tmask, pair, tmask, e, offs_n, nmask, b_ptr,
                              out_ptr, part_ptr, num_pairs, K, I_pad, K_SPLIT, k_lo, stride_be, stride_ot, p0, p1, ACT,
                              HAS_LIMIT, HAS_LINEAR, HAS_BIAS, BLOCK_N, BLOCK_T, BLOCK_K, DTYPE, SPLIT, ASM, FACT,
-                             EVEN=EVEN, ROT=ROT, WORDS=WORDS)
+                             EVEN=EVEN, ROT=ROT)
     else:
         _hgemm1_tile(xt, xt, wg, sg, wu, su, o_nb, o_b, pair, tmask, pair, tmask, e, offs_n, nmask, b_ptr, out_ptr,
                      part_ptr, num_pairs, K, I_pad, K_SPLIT, k_lo, stride_be, stride_ot, p0, p1, ACT, HAS_LIMIT,
-                     HAS_LINEAR, HAS_BIAS, BLOCK_N, BLOCK_T, BLOCK_K, DTYPE, SPLIT, ASM, FACT, EVEN=EVEN, ROT=ROT,
-                     WORDS=WORDS)
+                     HAS_LINEAR, HAS_BIAS, BLOCK_N, BLOCK_T, BLOCK_K, DTYPE, SPLIT, ASM, FACT, EVEN=EVEN, ROT=ROT)
     if SPLIT and FUSED:
         tl.debug_barrier()
         splits = tl.num_programs(2)
@@ -597,7 +475,6 @@ def moe_hgemm2_kernel(
     DIRECT: tl.constexpr = False, FUSED: tl.constexpr = False, PDL: tl.constexpr = False,
     K_POW2: tl.constexpr = 1, ROW_TILES: tl.constexpr = 1, ROWS_FIRST: tl.constexpr = False,
     TAIL_T: tl.constexpr = 0, DUAL: tl.constexpr = False, EVEN: tl.constexpr = False, ROT: tl.constexpr = False,
-    WORDS: tl.constexpr = False, K_OUTER: tl.constexpr = False,
 ):
     """``moe_gemm2_kernel`` over the Hopper layouts:
     pair_out[split, pair, n] = w_pair * (w2[e, n, split's K range] . inter[pair] (+ b2[e, n] in split 0)).
@@ -623,8 +500,7 @@ def moe_hgemm2_kernel(
     offs_n = tile0 * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = offs_n < N
     k_lo = tl.program_id(2) * (K_SPLIT // BLOCK_K) * BLOCK_K  # keeps k_lo's known divisibility: 16-byte loads
-    WB: tl.constexpr = 4 if WORDS else 1  # bytes a pointer step
-    wp, sp, o_nb, o_b = _hopper_ptrs(w_ptr, s_ptr, e, stride_we, stride_se, tile0 * NB, K, k_lo, NB, KB, WORDS)
+    wp, sp, o_nb, o_b = _hopper_ptrs(w_ptr, s_ptr, e, stride_we, stride_se, tile0 * NB, K, k_lo, NB, KB)
     offs_k = tl.arange(0, BLOCK_K)
     at = a_ptr + pair64[None, :] * stride_at + offs_k[:, None] + k_lo
     acc = tl.zeros([BLOCK_N, BLOCK_T], tl.float32)
@@ -639,7 +515,7 @@ def moe_hgemm2_kernel(
                                          TAIL_T)
                 _hgemm2_tile(ra, ra, wp, sp, o_nb, o_b, pa, ma, pa, ma, e, offs_n, nmask, b_ptr, tw_ptr, out_ptr, K, N,
                              K_SPLIT, k_lo, stride_be, stride_ot, stride_os, HAS_BIAS, BLOCK_N, TAIL_T, BLOCK_K, DTYPE,
-                             ASM, FACT, EVEN=EVEN, ROT=ROT, WORDS=WORDS)
+                             ASM, FACT, EVEN=EVEN, ROT=ROT)
             else:
                 if DUAL:  # up to 1.5 TAIL_T pairs: [rows, TAIL_T] and [rows, TAIL_T / 2] tiles
                     if n <= TAIL_T + TAIL_T // 2:
@@ -649,23 +525,19 @@ def moe_hgemm2_kernel(
                                                  stride_at, offs_k, k_lo, TAIL_T // 2)
                         _hgemm2_tile(ra, rb, wp, sp, o_nb, o_b, pa, ma, pb, mb, e, offs_n, nmask, b_ptr, tw_ptr,
                                      out_ptr, K, N, K_SPLIT, k_lo, stride_be, stride_ot, stride_os, HAS_BIAS, BLOCK_N,
-                                     TAIL_T, BLOCK_K, DTYPE, ASM, FACT, TAIL_T // 2, EVEN=EVEN, ROT=ROT, WORDS=WORDS)
+                                     TAIL_T, BLOCK_K, DTYPE, ASM, FACT, TAIL_T // 2, EVEN=EVEN, ROT=ROT)
                     else:
                         _hgemm2_tile(at, at, wp, sp, o_nb, o_b, pair, tmask, pair, tmask, e, offs_n, nmask, b_ptr,
                                      tw_ptr, out_ptr, K, N, K_SPLIT, k_lo, stride_be, stride_ot, stride_os, HAS_BIAS,
-                                     BLOCK_N, BLOCK_T, BLOCK_K, DTYPE, ASM, FACT, EVEN=EVEN, ROT=ROT, WORDS=WORDS)
+                                     BLOCK_N, BLOCK_T, BLOCK_K, DTYPE, ASM, FACT, EVEN=EVEN, ROT=ROT)
                 else:
                     _hgemm2_tile(at, at, wp, sp, o_nb, o_b, pair, tmask, pair, tmask, e, offs_n, nmask, b_ptr, tw_ptr,
                                  out_ptr, K, N, K_SPLIT, k_lo, stride_be, stride_ot, stride_os, HAS_BIAS, BLOCK_N,
-                                 BLOCK_T, BLOCK_K, DTYPE, ASM, FACT, EVEN=EVEN, ROT=ROT, WORDS=WORDS)
+                                 BLOCK_T, BLOCK_K, DTYPE, ASM, FACT, EVEN=EVEN, ROT=ROT)
         else:
             _hgemm2_tile(at, at, wp, sp, o_nb, o_b, pair, tmask, pair, tmask, e, offs_n, nmask, b_ptr, tw_ptr, out_ptr,
                          K, N, K_SPLIT, k_lo, stride_be, stride_ot, stride_os, HAS_BIAS, BLOCK_N, BLOCK_T, BLOCK_K,
-                         DTYPE, ASM, FACT, EVEN=EVEN, ROT=ROT, WORDS=WORDS)
-    elif K_OUTER:
-        _hgemm2_k_outer(at, wp, sp, o_nb, o_b, pair, tmask, e, offs_n, nmask, b_ptr, tw_ptr, out_ptr, K, N, K_SPLIT,
-                        k_lo, stride_be, stride_ot, stride_os, HAS_BIAS, BLOCK_N, BLOCK_T, BLOCK_K, DTYPE, ASM, FACT,
-                        ROW_TILES, EVEN, ROT, WORDS)
+                         DTYPE, ASM, FACT, EVEN=EVEN, ROT=ROT)
     else:
         # row tiles tile0, tile0 + 1, ...; _hopper_ptrs above placed wp / sp at the first
         steps = tl.cdiv(tl.minimum(K, k_lo + K_SPLIT) - k_lo, BLOCK_K)
@@ -677,9 +549,9 @@ def moe_hgemm2_kernel(
             slab = nt * NB  # 16-row slabs past the first tile's
             nbm = ((o_nb + slab) < N // 16)[:, None, None]
             x = _load_x(at + ks * BLOCK_K, tmask, offs_k, K, k0, EVEN)
-            w = _load_step(wp + slab.to(tl.int64) * (8 * K // WB) + ks * (BLOCK_K * 8 // WB), nbm, o_b, K, k0, EVEN)
-            sc = _load_step(sp + slab.to(tl.int64) * (K // 2 // WB) + ks * (BLOCK_K // 2 // WB), nbm, o_b, K, k0, EVEN)
-            acc = _mma(_hopper_tile(w, sc, NB, KB, FACT, ASM, DTYPE, ROT, WORDS), x, acc, ASM)
+            w = _load_step(wp + slab.to(tl.int64) * (8 * K) + ks * (BLOCK_K * 8), nbm, o_b, K, k0, EVEN)
+            sc = _load_step(sp + slab.to(tl.int64) * (K // 2) + ks * (BLOCK_K // 2), nbm, o_b, K, k0, EVEN)
+            acc = _mma(_hopper_tile(w, sc, NB, KB, FACT, ASM, DTYPE, ROT), x, acc, ASM)
             if ks == steps - 1:
                 offs_t = offs_n + nt * BLOCK_N
                 gemm2_finish(acc, pair, tmask, e, offs_t, offs_t < N, b_ptr, tw_ptr, out_ptr, stride_be, stride_ot,

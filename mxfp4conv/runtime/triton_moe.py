@@ -78,7 +78,6 @@ class MoEConfig:
     maxnreg2: int = -1  # register cap of GEMM2 (-1 = maxnreg)
     align: int = -1  # align over many programs (1), one program (0), or by the pair count (-1; see moe_align)
     num_stages2: int = 0  # pipeline depth of GEMM2 (0 = num_stages; hopper_mma)
-    block_k2: int = 0  # K codes per step of GEMM2 (0 = block_k)
     # program order of GEMM1 / GEMM2 (hopper_mma, not with fused): 0 = pair blocks vary fastest
     # (a wave spans many experts at one row tile), 1 = row tiles vary fastest (a block's row tiles
     # run side by side, so its activation rows are read from DRAM about once)
@@ -95,12 +94,6 @@ class MoEConfig:
     # hopper_mma decode: the e8m0 factors of scales <= 2 two to a word (1: a byte permute and a
     # multiply-add per two) or one at a time (0: the v13 instructions)
     factor_pairs: int = 1
-    # hopper_mma: the weight and scale tiles loaded as int32 words (1) or as bytes (0), the same
-    # bytes either way; with words the decode takes one int32 in (fewer registers in MMA v3's K loops)
-    words: int = 0
-    # hopper_mma GEMM2 with rows2 > 1 (2-4): K steps outside, one accumulator a row tile (1), or one
-    # flat loop over (tile, step) (0)
-    k_outer: int = 0
 
 
 def layout_of(layout: Mapping[str, str]) -> str | None:
@@ -376,7 +369,7 @@ def fused_moe_triton(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, *,
     if mode == 1 and x.dtype != torch.bfloat16:
         mode = 0  # the word decode builds bf16 bits; fp16 x takes the byte decode
     mma = dict(MODE=mode, X_FORMAT={torch.bfloat16: "bf16", torch.float16: "fp16"}.get(x.dtype, "bf16"))
-    if mode == 3 and min(cfg.block_k, block_k2(cfg)) < 128:
+    if mode == 3 and cfg.block_k < 128:
         mma["MODE"] = 1  # the split dots need K/8 >= 16
     if mma["MODE"] in (1, 3):  # the kernels read the packed codes as int32 words (8 codes each)
         try:
@@ -406,7 +399,7 @@ def fused_moe_triton(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, *,
             r.inter.stride(0), w2.stride(0), w2.stride(1), w2_scale.stride(0), w2_scale.stride(1),
             r.b2.stride(0), r.pair_out.stride(1), r.pair_out.stride(0),
             HAS_BIAS=w2_bias is not None,
-            BLOCK_N=cfg.block_n2, BLOCK_T=cfg.block_t, BLOCK_K=block_k2(cfg), DTYPE=dtype, **mma,
+            BLOCK_N=cfg.block_n2, BLOCK_T=cfg.block_t, BLOCK_K=cfg.block_k, DTYPE=dtype, **mma,
             **launch,
         )
 
@@ -453,12 +446,7 @@ def gemm_splits(cfg: MoEConfig, num_pairs: int, E: int, H: int, i_pad: int, dire
     blocks = num_pairs if direct else num_pairs // cfg.block_t + min(E, num_pairs)
     programs2 = blocks * triton.cdiv(triton.cdiv(H, cfg.block_n2), rows2)
     return (_splits(cfg.split_k1, blocks * triton.cdiv(i_pad, cfg.block_n1), H, cfg.block_k),
-            _splits(cfg.split_k2, programs2, i_pad, block_k2(cfg)))
-
-
-def block_k2(cfg: MoEConfig) -> int:
-    """GEMM2's K step (codes)."""
-    return cfg.block_k2 or cfg.block_k
+            _splits(cfg.split_k2, programs2, i_pad, cfg.block_k))
 
 
 def _two_gemms(x, topk_weights, topk_ids, w13_scale, w2_scale, w13_bias, w2_bias, act, cfg, out, gemm1, gemm2,
@@ -597,13 +585,11 @@ def hopper_constants(cfg: MoEConfig, T: int, top_k: int, H: int, i_pad: int, dty
     tail = 0 if direct or fused else cfg.tail_t
     tail2 = 0 if direct or fused or rows2 > 1 else cfg.tail_t if cfg.tail_t2 < 0 else cfg.tail_t2
     common = dict(BLOCK_T=cfg.block_t, BLOCK_K=cfg.block_k, DTYPE=dtype, ASM=asm, FACT=fact, DIRECT=direct,
-                  FUSED=fused, PDL=pdl, ROT=rot, WORDS=bool(cfg.words))
+                  FUSED=fused, PDL=pdl, ROT=rot)
     c1 = dict(common, **acts, HAS_BIAS=bias13, BLOCK_N=cfg.block_n1, TAIL_T=tail, DUAL=bool(tail and cfg.dual),
               EVEN=H % cfg.block_k == 0 and i_pad % cfg.block_n1 == 0)
-    bk2 = block_k2(cfg)
-    c2 = dict(common, HAS_BIAS=bias2, BLOCK_N=cfg.block_n2, BLOCK_K=bk2, K_POW2=triton.next_power_of_2(top_k),
-              ROW_TILES=rows2, K_OUTER=bool(cfg.k_outer and 1 < rows2 <= 4), TAIL_T=tail2,
-              DUAL=bool(tail2 and cfg.dual), EVEN=i_pad % bk2 == 0 and H % cfg.block_n2 == 0)
+    c2 = dict(common, HAS_BIAS=bias2, BLOCK_N=cfg.block_n2, K_POW2=triton.next_power_of_2(top_k), ROW_TILES=rows2,
+              TAIL_T=tail2, DUAL=bool(tail2 and cfg.dual), EVEN=i_pad % cfg.block_k == 0 and H % cfg.block_n2 == 0)
     return c1, c2, (direct, fused, rows2)
 
 
@@ -619,10 +605,10 @@ def _hopper_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13
     interp = os.environ.get("TRITON_INTERPRET") == "1"
     asm = x.is_cuda and torch.version.cuda is not None and not interp
     fact = 2 if _big_scales(w13_scale, w2_scale) else cfg.factor_pairs
-    if cfg.block_k % 64 or block_k2(cfg) % 64 or cfg.block_n1 % 16 or cfg.block_n2 % 16:
+    if cfg.block_k % 64 or cfg.block_n1 % 16 or cfg.block_n2 % 16:
         raise RuntimeInputError(
-            f"fused_moe_triton: the hopper_mma kernels need block_k / block_k2 multiples of 64 and block_n1 / "
-            f"block_n2 multiples of 16, got {cfg.block_k} / {block_k2(cfg)}, {cfg.block_n1}, {cfg.block_n2}.")
+            f"fused_moe_triton: the hopper_mma kernels need block_k a multiple of 64 and block_n1/block_n2 "
+            f"multiples of 16, got {cfg.block_k}, {cfg.block_n1}, {cfg.block_n2}.")
     tails = (("tail_t", cfg.tail_t), ("tail_t2", cfg.tail_t if cfg.tail_t2 < 0 else cfg.tail_t2))
     for name, t in tails:
         if t and (t < 16 or t & (t - 1) or t >= cfg.block_t):
@@ -633,10 +619,6 @@ def _hopper_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13
             raise RuntimeInputError(f"fused_moe_triton: dual needs {name} of 32 or more, got {t}.")
     x = x.contiguous()
     w13, w13_scale, w2, w2_scale = (t.contiguous() for t in (w13, w13_scale, w2, w2_scale))
-    # what the kernels read: the tensors, or with words their int32 views (each expert's bytes are a
-    # multiple of 4: H_pad and I_pad are multiples of 64, checked above)
-    k13, k13s, k2, k2s = ((t.view(t.shape[0], -1).view(torch.int32) for t in (w13, w13_scale, w2, w2_scale))
-                          if cfg.words else (w13, w13_scale, w2, w2_scale))
     acts = dict(ACT=act["ACT"], HAS_LIMIT=act["HAS_LIMIT"], HAS_LINEAR=act["HAS_LINEAR"])
     launch, launch2 = _launch_options(cfg), _launch_options(cfg, second=True)
     c1, c2, (direct, fused, rows2) = hopper_constants(cfg, T, top_k, H, i_pad, dtype, asm, fact, acts,
@@ -650,18 +632,18 @@ def _hopper_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13
     def gemm1(grid, r):
         grid, rf = order(grid, cfg.rows_first1)
         HK.moe_hgemm1_kernel[grid](
-            x, k13, k13s, r.b13, r.inter, r.part, r.sorted_ids, r.block_expert, r.num_post_pad,
+            x, w13, w13_scale, r.b13, r.inter, r.part, r.sorted_ids, r.block_expert, r.num_post_pad,
             r.cnt1, num_pairs, E, top_k, H, i_pad, r.ks1,
-            x.stride(0), k13.stride(0), k13s.stride(0), r.b13.stride(0), r.inter.stride(0),
+            x.stride(0), w13.stride(0), w13_scale.stride(0), r.b13.stride(0), r.inter.stride(0),
             act["p0"], act["p1"], **c1, SPLIT=r.s1 > 1, ROWS_FIRST=rf, **launch,
         )
 
     def gemm2(grid, r):
         grid, rf = order(grid, cfg.rows_first2)
         HK.moe_hgemm2_kernel[grid](
-            r.inter, k2, k2s, r.b2, r.tw, r.pair_out, r.sorted_ids, r.block_expert, r.num_post_pad,
+            r.inter, w2, w2_scale, r.b2, r.tw, r.pair_out, r.sorted_ids, r.block_expert, r.num_post_pad,
             r.ids, r.out, r.cnt2, num_pairs, E, top_k, i_pad, H, r.ks2,
-            r.inter.stride(0), k2.stride(0), k2s.stride(0), r.b2.stride(0), r.pair_out.stride(1),
+            r.inter.stride(0), w2.stride(0), w2_scale.stride(0), r.b2.stride(0), r.pair_out.stride(1),
             r.pair_out.stride(0), r.out.stride(0),
             **c2, ROWS_FIRST=rf, **launch2,
             **({"launch_pdl": True} if c2["PDL"] else {}),

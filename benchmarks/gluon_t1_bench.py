@@ -1,0 +1,248 @@
+"""One token's two weight streams as Gluon MMA v2 (mma.sync) kernels, timed on the GPU beside the
+production kernels of the same layer: does the instruction cut of gluon_v2_probe.py (a quarter of
+GEMM1's K step, a third of GEMM2's) turn into time at T = 1, where both GEMMs are issue-bound?
+
+Each stream kernel is a program per (64-row block, pair, K split), reading hopper_mma_w_rot /
+hopper_mma_s as int32 words and writing fp32 partial sums; GEMM1 runs gate and up together. No
+activation, no routing and no sums over splits or pairs: what is timed is the weight stream with
+its decode and MMAs, which is where the production kernels spend their time. Checked against a
+float64 product of the dequantised weights first. Production kernels are timed per kernel from a
+profile of the whole MoE on the same bytes, L2 flushed before each call; the streams by CUDA-graph
+replay over enough copies of the weights to defeat L2.
+
+    python benchmarks/gluon_t1_bench.py [--points dsv3:1,k3:1,k3:8] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+from triton.experimental import gluon  # noqa: E402
+from triton.experimental.gluon import language as gl  # noqa: E402
+from triton.experimental.gluon.language.nvidia.ampere import mma_v2  # noqa: E402
+
+from benchmarks.gluon_v2_probe import FACTORS32_PTX, WORDS32_ROT_PTX, _decode, _offsets  # noqa: E402
+from benchmarks.kernel_split import split  # noqa: E402
+from benchmarks.moe_bench import SHAPES, copy_bandwidth, graph_time_us, make_weights, routing  # noqa: E402
+from mxfp4conv.codec import dequantize_mxfp4  # noqa: E402
+from mxfp4conv.runtime.triton_moe import LAYOUT_SETS, fused_moe_triton, select_config  # noqa: E402
+from mxfp4conv.shuffle import get_layout  # noqa: E402
+
+
+
+@gluon.jit
+def stream(w_ptr, s_ptr, x_ptr, out_ptr, K, ROWS, K_SPLIT, X_STRIDE, NB: gl.constexpr, KB: gl.constexpr,
+           WPTX: gl.constexpr, FPTX: gl.constexpr, GATE_UP: gl.constexpr, DEPTH: gl.constexpr,
+           READ_ONLY: gl.constexpr):
+    """Program (row block, pair, split): rows [64 rb, 64 rb + 64) of pair e's matrix (ROWS rows; with
+    GATE_UP the same rows of its up half too) over codes [K_SPLIT sp, K_SPLIT (sp + 1)).
+    out [splits, pairs, ROWS] fp32. READ_ONLY: the same loads, folded by xor and stored to out as
+    words (no decode, no MMA): what this access pattern reads at."""
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[4, 1], instr_shape=[16, 8])
+    a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
+    b_op: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=2)
+    rb = gl.program_id(0)
+    e = gl.program_id(1)
+    sp = gl.program_id(2)
+    w_off, s_off = _offsets(K, NB, KB)
+    half = ROWS // 2 if GATE_UP else ROWS
+    w_ptr += e * (ROWS * (K // 8)) + rb * NB * (2 * K)
+    s_ptr += e * (ROWS * (K // 128)) + rb * NB * (K // 8)
+    up_w = (half // 16) * (2 * K)
+    up_s = (half // 16) * (K // 8)
+    xk = gl.arange(0, 64 * KB, layout=gl.SliceLayout(1, b_op))
+    xn = gl.arange(0, 8, layout=gl.SliceLayout(0, b_op))
+    x_ptr += e * X_STRIDE + xk[:, None] + xn[None, :] * 0
+    acc_g = gl.zeros([16 * NB, 8], gl.float32, layout=mma)
+    acc_u = gl.zeros([16 * NB, 8], gl.float32, layout=mma)
+    k_lo = sp * K_SPLIT
+    step: gl.constexpr = 64 * KB
+    # the words of the next DEPTH steps are in flight while a step decodes (DEPTH 1 or 2); the last
+    # steps' prefetches read up to DEPTH steps on: the weights carry that much padding
+    wg = gl.load(w_ptr + w_off + k_lo * 2)
+    sg = gl.load(s_ptr + s_off + k_lo // 8)
+    wu = wg
+    su = sg
+    if GATE_UP:
+        wu = gl.load(w_ptr + up_w + w_off + k_lo * 2)
+        su = gl.load(s_ptr + up_s + s_off + k_lo // 8)
+    wg1 = wg
+    sg1 = sg
+    wu1 = wu
+    su1 = su
+    if DEPTH == 2:
+        wg1 = gl.load(w_ptr + w_off + (k_lo + step) * 2)
+        sg1 = gl.load(s_ptr + s_off + (k_lo + step) // 8)
+        if GATE_UP:
+            wu1 = gl.load(w_ptr + up_w + w_off + (k_lo + step) * 2)
+            su1 = gl.load(s_ptr + up_s + s_off + (k_lo + step) // 8)
+    fold_w = wg ^ wg
+    fold_s = sg ^ sg
+    for k0 in range(k_lo, k_lo + K_SPLIT, step):
+        k1 = k0 + DEPTH * step
+        wg_n = gl.load(w_ptr + w_off + k1 * 2)
+        sg_n = gl.load(s_ptr + s_off + k1 // 8)
+        if READ_ONLY:
+            fold_w = fold_w ^ wg
+            fold_s = fold_s ^ sg
+        else:
+            x = gl.load(x_ptr + k0)
+            acc_g = mma_v2(gl.convert_layout(_decode(wg, sg, NB, KB, WPTX, FPTX), a_op), x, acc_g)
+        if GATE_UP:
+            wu_n = gl.load(w_ptr + up_w + w_off + k1 * 2)
+            su_n = gl.load(s_ptr + up_s + s_off + k1 // 8)
+            if READ_ONLY:
+                fold_w = fold_w ^ wu
+                fold_s = fold_s ^ su
+            else:
+                acc_u = mma_v2(gl.convert_layout(_decode(wu, su, NB, KB, WPTX, FPTX), a_op), x, acc_u)
+            if DEPTH == 2:
+                wu = wu1
+                su = su1
+                wu1 = wu_n
+                su1 = su_n
+            else:
+                wu = wu_n
+                su = su_n
+        if DEPTH == 2:
+            wg = wg1
+            sg = sg1
+            wg1 = wg_n
+            sg1 = sg_n
+        else:
+            wg = wg_n
+            sg = sg_n
+    if READ_ONLY:  # one step's words and scale words a program, packed
+        pid = (sp * gl.num_programs(1) + e) * gl.num_programs(0) + rb
+        c_w, c_s = _offsets(64 * KB, NB, KB)
+        gl.store(out_ptr.to(gl.pointer_type(gl.int32)) + pid * (160 * NB * KB) + c_w, fold_w)
+        gl.store(out_ptr.to(gl.pointer_type(gl.int32)) + pid * (160 * NB * KB) + 128 * NB * KB + c_s, fold_s)
+        return
+    om = gl.arange(0, 16 * NB, layout=gl.SliceLayout(1, mma))
+    on = gl.arange(0, 8, layout=gl.SliceLayout(0, mma))
+    o = out_ptr + (sp * gl.num_programs(1) + e) * ROWS + rb * 16 * NB + om[:, None] + on[None, :] * 0
+    gl.store(o, acc_g, mask=on[None, :] == 0)
+    if GATE_UP:
+        gl.store(o + half, acc_u, mask=on[None, :] == 0)
+
+
+def run_stream(w, s, x, out, K, rows, split, gate_up, kb, depth, read_only, pairs):
+    """w, s: int32 words of pairs matrices (plus padding); x [K] or [pairs, K] bf16; out [split,
+    pairs, rows] fp32 (read_only: 160 * 4 * kb int32 words a program)."""
+    grid = ((rows // 2 if gate_up else rows) // 64, pairs, split)
+    stream[grid](w, s, x, out, K, rows, K // split, K if x.dim() == 2 else 0, NB=4, KB=kb,
+                 WPTX=WORDS32_ROT_PTX, FPTX=FACTORS32_PTX, GATE_UP=gate_up, DEPTH=depth, READ_ONLY=read_only,
+                 num_warps=4)
+
+
+def stored(w, s, pad_words):
+    """Canonical bytes -> hopper_mma_rot int32 words, with a step of padding after the last expert."""
+    Wl, Sl = (get_layout(n) for n in LAYOUT_SETS["hopper_mma_rot"])
+    ws = Wl.forward(w).contiguous().view(torch.int32).reshape(-1)
+    ss = Sl.forward(s).contiguous().view(torch.int32).reshape(-1)
+    pad = torch.zeros(pad_words, dtype=torch.int32, device=w.device)
+    return torch.cat([ws, pad]), torch.cat([ss, pad])
+
+
+def bench(name, T, copy_bw, log):
+    """Production per kernel at T tokens (real routing over all experts), then the streams over the
+    touched experts' matrices, one token each (at T = 1 exactly the production work; past it the
+    same bytes, with the few experts that get two pairs counted once)."""
+    H, I, E, k = SHAPES[name]
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    w13, s13, w2, s2 = make_weights(H, I, E, gen)
+    ids, tw = routing(T, E, k, gen)
+    x = torch.randn(T, H, device="cuda", generator=gen).bfloat16()
+    touched = torch.unique(ids)
+    pairs = int(touched.numel())
+    Wl, Sl = (get_layout(n) for n in LAYOUT_SETS["hopper_mma_rot"])
+    bytes1 = pairs * (2 * I) * (H // 2 + H // 32)
+    bytes2 = pairs * H * (I // 2 + I // 32)
+    ncopy = max(1, -(-200_000_000 // (bytes1 + bytes2)))
+    prods = [(Wl.forward(w13), Sl.forward(s13), Wl.forward(w2), Sl.forward(s2))]
+    prods += [tuple(t.clone() for t in prods[0]) for _ in range(ncopy - 1)]
+    cfg = select_config(T * k, E, H, I, "hopper_mma_rot")
+    moes = [lambda p=p: fused_moe_triton(x, *p, tw, ids, activation="silu", activation_params={},
+                                         layout="hopper_mma_rot") for p in prods]
+    ktimes = split(moes[0], 20, flush=torch.empty(256 << 20, dtype=torch.uint8, device="cuda"))
+    t_moe = graph_time_us(moes)
+    log(f"{name} T={T} production (hopper_mma_rot, {pairs} experts touched, block_t {cfg.block_t}, split_k1 "
+        f"{cfg.split_k1}, split_k2 {cfg.split_k2}): {t_moe:.1f} us graph-replayed over {len(moes)} copies; "
+        "kernels (us, L2 flushed, mean of 20): " + ", ".join(f"{n[:40]} {t:.1f}" for n, t in ktimes))
+    del prods, moes
+
+    k = pairs  # the streams: one matrix pair a touched expert, one token each
+    w13, s13, w2, s2 = (t[touched] for t in (w13, s13, w2, s2))
+    x = x[0]
+    x2 = torch.randn(k, I, device="cuda", generator=gen).bfloat16()
+    ref1 = torch.einsum("erk,k->er", dequantize_mxfp4(w13, s13).double(), x.double())
+    ref2 = torch.einsum("erk,ek->er", dequantize_mxfp4(w2, s2).double(), x2.double())
+    copies1 = max(2, -(-400_000_000 // bytes1))
+    copies2 = max(2, -(-400_000_000 // bytes2))
+    st1 = [stored(w13, s13, 8192) for _ in range(copies1)]
+    st2 = [stored(w2, s2, 8192) for _ in range(copies2)]
+
+    rows = []
+    for gemm, (st, K, nrows, gate_up, xin, ref, nbytes) in (
+            ("gemm1", (st1, H, 2 * I, True, x, ref1, bytes1)),
+            ("gemm2", (st2, I, H, False, x2, ref2, bytes2))):
+        for ro, kb, depth, split in ((ro, kb, d, sp) for ro in (False, True) for kb in (1, 2, 4) for d in (1, 2)
+                                     for sp in (1, 2, 4, 8)):
+            if K % (split * 64 * kb) or (K // split) // (64 * kb) < 2:
+                continue
+            programs = (nrows // 2 if gate_up else nrows) // 64 * k * split
+            label = f"{name} {gemm}{' read-only' if ro else ''} KB={kb} depth={depth} split={split}"
+            shape = (programs * 160 * 4 * kb,) if ro else (split, k, nrows)
+            outs = [torch.empty(shape, device="cuda", dtype=torch.int32 if ro else torch.float32) for _ in st]
+            try:
+                run_stream(*st[0], xin, outs[0], K, nrows, split, gate_up, kb, depth, ro, k)
+                torch.cuda.synchronize()
+            except Exception as exc:  # a configuration that does not compile is a row, not a crash
+                log(f"  {label}: {type(exc).__name__}: {str(exc)[:200]}")
+                continue
+            err = float("nan") if ro else float((outs[0].double().sum(0) - ref).norm() / ref.norm())
+            t = graph_time_us([lambda c=c: run_stream(*st[c], xin, outs[c], K, nrows, split, gate_up, kb, depth, ro, k)
+                               for c in range(len(st))])
+            rows.append((name, gemm + ("/ro" if ro else ""), kb, depth, split, programs, t,
+                         nbytes / (t * 1e-6) / copy_bw, err, T))
+            log(f"  {label}: {programs} programs, {t:.1f} us, {100 * rows[-1][7]:.1f}% copy, rel err {err:.1e}")
+    return rows, ktimes, t_moe
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--points", default="dsv3:1,k3:1", help="shape:T, comma-separated")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    lines = []
+
+    def log(msg):
+        print(msg, flush=True)
+        lines.append(msg)
+
+    copy_bw = copy_bandwidth()
+    log(f"{torch.cuda.get_device_name()} copy bandwidth {copy_bw / 1e12:.2f} TB/s; torch {torch.__version__}, "
+        f"triton {triton.__version__}")
+    table = []
+    for point in args.points.split(","):
+        name, T = point.split(":")
+        rows, _, _ = bench(name, int(T), copy_bw, log)
+        table += rows
+    hdr = f"{'shape':6s} {'T':>4s} {'gemm':9s} {'KB':>3s} {'depth':>5s} {'split':>5s} {'progs':>6s} {'us':>8s} {'%copy':>6s} {'relerr':>8s}"
+    log(hdr)
+    for r in table:
+        log(f"{r[0]:6s} {r[9]:4d} {r[1]:9s} {r[2]:3d} {r[3]:5d} {r[4]:5d} {r[5]:6d} {r[6]:8.1f} {100 * r[7]:5.1f}% {r[8]:8.1e}")
+    if args.out:
+        with open(os.path.join(args.out, "gluon_t1_bench.txt"), "w") as f:
+            f.write("\n".join(lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
