@@ -28,7 +28,7 @@ from triton.experimental.gluon import language as gl  # noqa: E402
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2  # noqa: E402
 
 from benchmarks.gluon_v2_probe import FACTORS32_PTX, WORDS32_ROT_PTX, _decode, _offsets  # noqa: E402
-from benchmarks.kernel_split import split  # noqa: E402
+from benchmarks.kernel_split import split as kernel_times  # noqa: E402
 from benchmarks.moe_bench import SHAPES, copy_bandwidth, graph_time_us, make_weights, routing  # noqa: E402
 from mxfp4conv.codec import dequantize_mxfp4  # noqa: E402
 from mxfp4conv.runtime.triton_moe import LAYOUT_SETS, fused_moe_triton, select_config  # noqa: E402
@@ -39,18 +39,22 @@ from mxfp4conv.shuffle import get_layout  # noqa: E402
 @gluon.jit
 def stream(w_ptr, s_ptr, x_ptr, out_ptr, K, ROWS, K_SPLIT, X_STRIDE, NB: gl.constexpr, KB: gl.constexpr,
            WPTX: gl.constexpr, FPTX: gl.constexpr, GATE_UP: gl.constexpr, DEPTH: gl.constexpr,
-           READ_ONLY: gl.constexpr):
+           READ_ONLY: gl.constexpr, CONTIG: gl.constexpr):
     """Program (row block, pair, split): rows [64 rb, 64 rb + 64) of pair e's matrix (ROWS rows; with
     GATE_UP the same rows of its up half too) over codes [K_SPLIT sp, K_SPLIT (sp + 1)).
     out [splits, pairs, ROWS] fp32. READ_ONLY: the same loads, folded by xor and stored to out as
-    words (no decode, no MMA): what this access pattern reads at."""
+    words (no decode, no MMA): what this access pattern reads at. CONTIG: each step's tile read as one
+    contiguous run (a row block's words stored step-major, not slab-major: a layout that does not
+    exist, timed for its read rate; the values are then wrong)."""
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[4, 1], instr_shape=[16, 8])
     a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
     b_op: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=2)
     rb = gl.program_id(0)
     e = gl.program_id(1)
     sp = gl.program_id(2)
-    w_off, s_off = _offsets(K, NB, KB)
+    w_off, s_off = _offsets(64 * KB if CONTIG else K, NB, KB)
+    WK: gl.constexpr = 2 * NB if CONTIG else 2  # words a code further along K
+    SK: gl.constexpr = NB if CONTIG else 1  # scale words per 8 codes
     half = ROWS // 2 if GATE_UP else ROWS
     w_ptr += e * (ROWS * (K // 8)) + rb * NB * (2 * K)
     s_ptr += e * (ROWS * (K // 128)) + rb * NB * (K // 8)
@@ -65,29 +69,29 @@ def stream(w_ptr, s_ptr, x_ptr, out_ptr, K, ROWS, K_SPLIT, X_STRIDE, NB: gl.cons
     step: gl.constexpr = 64 * KB
     # the words of the next DEPTH steps are in flight while a step decodes (DEPTH 1 or 2); the last
     # steps' prefetches read up to DEPTH steps on: the weights carry that much padding
-    wg = gl.load(w_ptr + w_off + k_lo * 2)
-    sg = gl.load(s_ptr + s_off + k_lo // 8)
+    wg = gl.load(w_ptr + w_off + k_lo * WK)
+    sg = gl.load(s_ptr + s_off + (k_lo // 8) * SK)
     wu = wg
     su = sg
     if GATE_UP:
-        wu = gl.load(w_ptr + up_w + w_off + k_lo * 2)
-        su = gl.load(s_ptr + up_s + s_off + k_lo // 8)
+        wu = gl.load(w_ptr + up_w + w_off + k_lo * WK)
+        su = gl.load(s_ptr + up_s + s_off + (k_lo // 8) * SK)
     wg1 = wg
     sg1 = sg
     wu1 = wu
     su1 = su
     if DEPTH == 2:
-        wg1 = gl.load(w_ptr + w_off + (k_lo + step) * 2)
-        sg1 = gl.load(s_ptr + s_off + (k_lo + step) // 8)
+        wg1 = gl.load(w_ptr + w_off + (k_lo + step) * WK)
+        sg1 = gl.load(s_ptr + s_off + ((k_lo + step) // 8) * SK)
         if GATE_UP:
-            wu1 = gl.load(w_ptr + up_w + w_off + (k_lo + step) * 2)
-            su1 = gl.load(s_ptr + up_s + s_off + (k_lo + step) // 8)
+            wu1 = gl.load(w_ptr + up_w + w_off + (k_lo + step) * WK)
+            su1 = gl.load(s_ptr + up_s + s_off + ((k_lo + step) // 8) * SK)
     fold_w = wg ^ wg
     fold_s = sg ^ sg
     for k0 in range(k_lo, k_lo + K_SPLIT, step):
         k1 = k0 + DEPTH * step
-        wg_n = gl.load(w_ptr + w_off + k1 * 2)
-        sg_n = gl.load(s_ptr + s_off + k1 // 8)
+        wg_n = gl.load(w_ptr + w_off + k1 * WK)
+        sg_n = gl.load(s_ptr + s_off + (k1 // 8) * SK)
         if READ_ONLY:
             fold_w = fold_w ^ wg
             fold_s = fold_s ^ sg
@@ -95,8 +99,8 @@ def stream(w_ptr, s_ptr, x_ptr, out_ptr, K, ROWS, K_SPLIT, X_STRIDE, NB: gl.cons
             x = gl.load(x_ptr + k0)
             acc_g = mma_v2(gl.convert_layout(_decode(wg, sg, NB, KB, WPTX, FPTX), a_op), x, acc_g)
         if GATE_UP:
-            wu_n = gl.load(w_ptr + up_w + w_off + k1 * 2)
-            su_n = gl.load(s_ptr + up_s + s_off + k1 // 8)
+            wu_n = gl.load(w_ptr + up_w + w_off + k1 * WK)
+            su_n = gl.load(s_ptr + up_s + s_off + (k1 // 8) * SK)
             if READ_ONLY:
                 fold_w = fold_w ^ wu
                 fold_s = fold_s ^ su
@@ -132,13 +136,13 @@ def stream(w_ptr, s_ptr, x_ptr, out_ptr, K, ROWS, K_SPLIT, X_STRIDE, NB: gl.cons
         gl.store(o + half, acc_u, mask=on[None, :] == 0)
 
 
-def run_stream(w, s, x, out, K, rows, split, gate_up, kb, depth, read_only, pairs):
+def run_stream(w, s, x, out, K, rows, split, gate_up, kb, depth, read_only, pairs, contig=False):
     """w, s: int32 words of pairs matrices (plus padding); x [K] or [pairs, K] bf16; out [split,
     pairs, rows] fp32 (read_only: 160 * 4 * kb int32 words a program)."""
     grid = ((rows // 2 if gate_up else rows) // 64, pairs, split)
     stream[grid](w, s, x, out, K, rows, K // split, K if x.dim() == 2 else 0, NB=4, KB=kb,
                  WPTX=WORDS32_ROT_PTX, FPTX=FACTORS32_PTX, GATE_UP=gate_up, DEPTH=depth, READ_ONLY=read_only,
-                 num_warps=4)
+                 CONTIG=contig, num_warps=4)
 
 
 def stored(w, s, pad_words):
@@ -170,7 +174,7 @@ def bench(name, T, copy_bw, log):
     cfg = select_config(T * k, E, H, I, "hopper_mma_rot")
     moes = [lambda p=p: fused_moe_triton(x, *p, tw, ids, activation="silu", activation_params={},
                                          layout="hopper_mma_rot") for p in prods]
-    ktimes = split(moes[0], 20, flush=torch.empty(256 << 20, dtype=torch.uint8, device="cuda"))
+    ktimes = kernel_times(moes[0], 20, flush=torch.empty(256 << 20, dtype=torch.uint8, device="cuda"))
     t_moe = graph_time_us(moes)
     log(f"{name} T={T} production (hopper_mma_rot, {pairs} experts touched, block_t {cfg.block_t}, split_k1 "
         f"{cfg.split_k1}, split_k2 {cfg.split_k2}): {t_moe:.1f} us graph-replayed over {len(moes)} copies; "
@@ -192,24 +196,28 @@ def bench(name, T, copy_bw, log):
     for gemm, (st, K, nrows, gate_up, xin, ref, nbytes) in (
             ("gemm1", (st1, H, 2 * I, True, x, ref1, bytes1)),
             ("gemm2", (st2, I, H, False, x2, ref2, bytes2))):
-        for ro, kb, depth, split in ((ro, kb, d, sp) for ro in (False, True) for kb in (1, 2, 4) for d in (1, 2)
-                                     for sp in (1, 2, 4, 8)):
+        splits = (1, 2, 4, 8)
+        grid = [(ro, False, kb, d, sp) for ro in (False, True) for kb in (1, 2, 4) for d in (1, 2) for sp in splits]
+        grid += [(ro, True, kb, 1, sp) for ro in (False, True) for kb in (1, 2, 4) for sp in splits]
+        for ro, contig, kb, depth, split in grid:
             if K % (split * 64 * kb) or (K // split) // (64 * kb) < 2:
                 continue
             programs = (nrows // 2 if gate_up else nrows) // 64 * k * split
-            label = f"{name} {gemm}{' read-only' if ro else ''} KB={kb} depth={depth} split={split}"
+            label = (f"{name} {gemm}{' read-only' if ro else ''}{' contiguous' if contig else ''} KB={kb} "
+                     f"depth={depth} split={split}")
             shape = (programs * 160 * 4 * kb,) if ro else (split, k, nrows)
             outs = [torch.empty(shape, device="cuda", dtype=torch.int32 if ro else torch.float32) for _ in st]
             try:
-                run_stream(*st[0], xin, outs[0], K, nrows, split, gate_up, kb, depth, ro, k)
+                run_stream(*st[0], xin, outs[0], K, nrows, split, gate_up, kb, depth, ro, k, contig)
                 torch.cuda.synchronize()
             except Exception as exc:  # a configuration that does not compile is a row, not a crash
                 log(f"  {label}: {type(exc).__name__}: {str(exc)[:200]}")
                 continue
-            err = float("nan") if ro else float((outs[0].double().sum(0) - ref).norm() / ref.norm())
-            t = graph_time_us([lambda c=c: run_stream(*st[c], xin, outs[c], K, nrows, split, gate_up, kb, depth, ro, k)
+            err = float("nan") if ro or contig else float((outs[0].double().sum(0) - ref).norm() / ref.norm())
+            t = graph_time_us([lambda c=c: run_stream(*st[c], xin, outs[c], K, nrows, split, gate_up, kb, depth, ro, k,
+                                                          contig)
                                for c in range(len(st))])
-            rows.append((name, gemm + ("/ro" if ro else ""), kb, depth, split, programs, t,
+            rows.append((name, gemm + ("/ro" if ro else "") + ("/c" if contig else ""), kb, depth, split, programs, t,
                          nbytes / (t * 1e-6) / copy_bw, err, T))
             log(f"  {label}: {programs} programs, {t:.1f} us, {100 * rows[-1][7]:.1f}% copy, rel err {err:.1e}")
     return rows, ktimes, t_moe
@@ -234,10 +242,12 @@ def main() -> int:
         name, T = point.split(":")
         rows, _, _ = bench(name, int(T), copy_bw, log)
         table += rows
-    hdr = f"{'shape':6s} {'T':>4s} {'gemm':9s} {'KB':>3s} {'depth':>5s} {'split':>5s} {'progs':>6s} {'us':>8s} {'%copy':>6s} {'relerr':>8s}"
+    hdr = (f"{'shape':6s} {'T':>4s} {'gemm':11s} {'KB':>3s} {'depth':>5s} {'split':>5s} {'progs':>6s} {'us':>8s} "
+           f"{'%copy':>6s} {'relerr':>8s}")
     log(hdr)
     for r in table:
-        log(f"{r[0]:6s} {r[9]:4d} {r[1]:9s} {r[2]:3d} {r[3]:5d} {r[4]:5d} {r[5]:6d} {r[6]:8.1f} {100 * r[7]:5.1f}% {r[8]:8.1e}")
+        log(f"{r[0]:6s} {r[9]:4d} {r[1]:11s} {r[2]:3d} {r[3]:5d} {r[4]:5d} {r[5]:6d} {r[6]:8.1f} {100 * r[7]:5.1f}% "
+            f"{r[8]:8.1e}")
     if args.out:
         with open(os.path.join(args.out, "gluon_t1_bench.txt"), "w") as f:
             f.write("\n".join(lines) + "\n")
