@@ -26,6 +26,8 @@ import triton  # noqa: E402
 from triton.experimental import gluon  # noqa: E402
 from triton.experimental.gluon import language as gl  # noqa: E402
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2  # noqa: E402
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma  # noqa: E402
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: E402
 
 from benchmarks.gluon_v2_probe import FACTORS32_PTX, WORDS32_ROT_PTX, _decode, _offsets  # noqa: E402
 from benchmarks.kernel_split import split as kernel_times  # noqa: E402
@@ -136,6 +138,54 @@ def stream(w_ptr, s_ptr, x_ptr, out_ptr, K, ROWS, K_SPLIT, X_STRIDE, NB: gl.cons
         gl.store(o + half, acc_u, mask=on[None, :] == 0)
 
 
+@gluon.jit
+def tma_read(desc, out_ptr, SLABS, STEPS, HALF_SLABS, STAGES: gl.constexpr, GATE_UP: gl.constexpr):
+    """The stream's loads as TMA bulk copies, STAGES deep, folded by xor: program (row block, pair,
+    split) reads STEPS boxes of [4 slabs, one step's words] (with GATE_UP the up rows' too), the
+    words [slabs, 2 K] of each expert one after the other."""
+    BL: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [4, 1], [1, 0])
+    box: gl.constexpr = desc.block_type.shape[1]
+    row = gl.program_id(1) * SLABS + gl.program_id(0) * 4
+    col0 = gl.program_id(2) * STEPS * box
+    bufs = gl.allocate_shared_memory(gl.int32, [STAGES * (2 if GATE_UP else 1), 4, box], desc.layout)
+    bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    nbytes: gl.constexpr = 4 * box * 4 * (2 if GATE_UP else 1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(bars.index(i), count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.expect(bars.index(i), nbytes)
+        tma.async_copy_global_to_shared(desc, [row, col0 + i * box], bars.index(i), bufs.index(i))
+        if GATE_UP:
+            tma.async_copy_global_to_shared(desc, [row + HALF_SLABS, col0 + i * box], bars.index(i),
+                                            bufs.index(STAGES + i))
+    fold = gl.zeros([4, box], gl.int32, layout=BL)
+    for it in range(STEPS):
+        st = it % STAGES
+        mbarrier.wait(bars.index(st), (it // STAGES) & 1)
+        fold = fold ^ bufs.index(st).load(BL)
+        if GATE_UP:
+            fold = fold ^ bufs.index(STAGES + st).load(BL)
+        gl.thread_barrier()  # every warp has read the stage before it is refilled
+        nxt = it + STAGES
+        if nxt < STEPS:
+            mbarrier.expect(bars.index(st), nbytes)
+            tma.async_copy_global_to_shared(desc, [row, col0 + nxt * box], bars.index(st), bufs.index(st))
+            if GATE_UP:
+                tma.async_copy_global_to_shared(desc, [row + HALF_SLABS, col0 + nxt * box], bars.index(st),
+                                                bufs.index(STAGES + st))
+    pid = (gl.program_id(2) * gl.num_programs(1) + gl.program_id(1)) * gl.num_programs(0) + gl.program_id(0)
+    r = gl.arange(0, 4, layout=gl.SliceLayout(1, BL))
+    c = gl.arange(0, box, layout=gl.SliceLayout(0, BL))
+    gl.store(out_ptr + pid * (4 * box) + r[:, None] * box + c[None, :], fold)
+
+
+def run_tma(desc, out, rows, split, gate_up, kb, stages, pairs, K):
+    """tma_read over pairs matrices of rows rows and K codes (desc: their words as [slabs, 2 K])."""
+    grid = ((rows // 2 if gate_up else rows) // 64, pairs, split)
+    tma_read[grid](desc, out, rows // 16, K // (64 * kb) // split, rows // 32, STAGES=stages, GATE_UP=gate_up,
+                   num_warps=4)
+
+
 def run_stream(w, s, x, out, K, rows, split, gate_up, kb, depth, read_only, pairs, contig=False):
     """w, s: int32 words of pairs matrices (plus padding); x [K] or [pairs, K] bf16; out [split,
     pairs, rows] fp32 (read_only: 160 * 4 * kb int32 words a program)."""
@@ -220,6 +270,29 @@ def bench(name, T, copy_bw, log):
             rows.append((name, gemm + ("/ro" if ro else "") + ("/c" if contig else ""), kb, depth, split, programs, t,
                          nbytes / (t * 1e-6) / copy_bw, err, T))
             log(f"  {label}: {programs} programs, {t:.1f} us, {100 * rows[-1][7]:.1f}% copy, rel err {err:.1e}")
+        for kb, stages, split in ((kb, st, sp) for kb in (1, 2) for st in (2, 4, 8) for sp in (1, 2, 4, 8)):
+            steps = K // (64 * kb) // split
+            if K % (split * 64 * kb) or steps < stages:
+                continue
+            box = 128 * kb
+            layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
+            descs = [TensorDescriptor(w, [w.numel() // (2 * K), 2 * K], [2 * K, 1], [4, box], layout)
+                     for w, _ in st]
+            programs = (nrows // 2 if gate_up else nrows) // 64 * k * split
+            outs = [torch.empty(programs * 4 * box, device="cuda", dtype=torch.int32) for _ in st]
+            label = f"{name} {gemm} TMA read-only KB={kb} stages={stages} split={split}"
+            try:
+                run_tma(descs[0], outs[0], nrows, split, gate_up, kb, stages, k, K)
+                torch.cuda.synchronize()
+            except Exception as exc:  # a configuration that does not compile is a row, not a crash
+                log(f"  {label}: {type(exc).__name__}: {str(exc)[:300]}")
+                continue
+            t = graph_time_us([lambda c=c: run_tma(descs[c], outs[c], nrows, split, gate_up, kb, stages, k, K)
+                               for c in range(len(st))])
+            wbytes = k * nrows * K // 2  # the words only: the scales are not read here
+            rows.append((name, gemm + "/tma", kb, stages, split, programs, t, wbytes / (t * 1e-6) / copy_bw,
+                         float("nan"), T))
+            log(f"  {label}: {programs} programs, {t:.1f} us, {100 * rows[-1][7]:.1f}% copy (weights only)")
     return rows, ktimes, t_moe
 
 
