@@ -6,9 +6,13 @@ Each stream kernel is a program per (64-row block, pair, K split), reading hoppe
 hopper_mma_s as int32 words and writing fp32 partial sums; GEMM1 runs gate and up together. No
 activation, no routing and no sums over splits or pairs: what is timed is the weight stream with
 its decode and MMAs, which is where the production kernels spend their time. Checked against a
-float64 product of the dequantised weights first. Production kernels are timed per kernel from a
-profile of the whole MoE on the same bytes, L2 flushed before each call; the streams by CUDA-graph
-replay over enough copies of the weights to defeat L2.
+float64 product of the dequantised weights first. Beside them, three floors of the same reads:
+the stream's loads alone (folded by xor, no decode, no MMA: rows gemmN/ro), the same with each
+step's tile one contiguous run (/c, a step-major order no layout has, timed for its read rate),
+and the words as TMA bulk copies into shared memory, 2-8 stages deep (/tma; there the "depth"
+column is the stage count). Production kernels are timed per kernel from a profile of the whole
+MoE on the same bytes, L2 flushed before each call; the streams by CUDA-graph replay over enough
+copies of the weights to defeat L2.
 
     python benchmarks/gluon_t1_bench.py [--points dsv3:1,k3:1,k3:8] [--out DIR]
 """
@@ -35,7 +39,6 @@ from benchmarks.moe_bench import SHAPES, copy_bandwidth, graph_time_us, make_wei
 from mxfp4conv.codec import dequantize_mxfp4  # noqa: E402
 from mxfp4conv.runtime.triton_moe import LAYOUT_SETS, fused_moe_triton, select_config  # noqa: E402
 from mxfp4conv.shuffle import get_layout  # noqa: E402
-
 
 
 @gluon.jit
@@ -270,7 +273,7 @@ def bench(name, T, copy_bw, log):
             rows.append((name, gemm + ("/ro" if ro else "") + ("/c" if contig else ""), kb, depth, split, programs, t,
                          nbytes / (t * 1e-6) / copy_bw, err, T))
             log(f"  {label}: {programs} programs, {t:.1f} us, {100 * rows[-1][7]:.1f}% copy, rel err {err:.1e}")
-        for kb, stages, split in ((kb, st, sp) for kb in (1, 2) for st in (2, 4, 8) for sp in (1, 2, 4, 8)):
+        for kb, stages, split in ((kb, n, sp) for kb in (1, 2) for n in (2, 4, 8) for sp in splits):
             steps = K // (64 * kb) // split
             if K % (split * 64 * kb) or steps < stages:
                 continue
@@ -293,7 +296,7 @@ def bench(name, T, copy_bw, log):
             rows.append((name, gemm + "/tma", kb, stages, split, programs, t, wbytes / (t * 1e-6) / copy_bw,
                          float("nan"), T))
             log(f"  {label}: {programs} programs, {t:.1f} us, {100 * rows[-1][7]:.1f}% copy (weights only)")
-    return rows, ktimes, t_moe
+    return rows
 
 
 def main() -> int:
@@ -313,8 +316,7 @@ def main() -> int:
     table = []
     for point in args.points.split(","):
         name, T = point.split(":")
-        rows, _, _ = bench(name, int(T), copy_bw, log)
-        table += rows
+        table += bench(name, int(T), copy_bw, log)
     hdr = (f"{'shape':6s} {'T':>4s} {'gemm':11s} {'KB':>3s} {'depth':>5s} {'split':>5s} {'progs':>6s} {'us':>8s} "
            f"{'%copy':>6s} {'relerr':>8s}")
     log(hdr)
