@@ -299,11 +299,9 @@ def bench(name, T, copy_bw, log):
     return rows
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--points", default="dsv3:1,k3:1", help="shape:T, comma-separated")
-    ap.add_argument("--out", default=None)
-    args = ap.parse_args()
+def start_log():
+    """(log, its lines, the copy bandwidth in B/s): log prints a line and keeps it; the first names
+    the GPU, the copy bandwidth measured now and the torch and triton versions."""
     lines = []
 
     def log(msg):
@@ -313,6 +311,22 @@ def main() -> int:
     copy_bw = copy_bandwidth()
     log(f"{torch.cuda.get_device_name()} copy bandwidth {copy_bw / 1e12:.2f} TB/s; torch {torch.__version__}, "
         f"triton {triton.__version__}")
+    return log, lines, copy_bw
+
+
+def write_log(lines, out_dir, name):
+    """The logged lines to out_dir/name (nothing without out_dir)."""
+    if out_dir:
+        with open(os.path.join(out_dir, name), "w") as f:
+            f.write("\n".join(lines) + "\n")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--points", default="dsv3:1,k3:1", help="shape:T, comma-separated")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    log, lines, copy_bw = start_log()
     table = []
     for point in args.points.split(","):
         name, T = point.split(":")
@@ -323,9 +337,7 @@ def main() -> int:
     for r in table:
         log(f"{r[0]:6s} {r[9]:4d} {r[1]:11s} {r[2]:3d} {r[3]:5d} {r[4]:5d} {r[5]:6d} {r[6]:8.1f} {100 * r[7]:5.1f}% "
             f"{r[8]:8.1e}")
-    if args.out:
-        with open(os.path.join(args.out, "gluon_t1_bench.txt"), "w") as f:
-            f.write("\n".join(lines) + "\n")
+    write_log(lines, args.out, "gluon_t1_bench.txt")
     return 0
 
 

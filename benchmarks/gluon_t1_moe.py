@@ -28,15 +28,14 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import torch  # noqa: E402
-import triton  # noqa: E402
 from triton.experimental import gluon  # noqa: E402
 from triton.experimental.gluon import language as gl  # noqa: E402
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2  # noqa: E402
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait  # noqa: E402
 
-from benchmarks.gluon_t1_bench import stored  # noqa: E402
+from benchmarks.gluon_t1_bench import start_log, stored, write_log  # noqa: E402
 from benchmarks.gluon_v2_probe import FACTORS32_PTX, WORDS32_ROT_PTX, _decode, _offsets  # noqa: E402
-from benchmarks.moe_bench import SHAPES, copy_bandwidth, graph_time_us, make_weights  # noqa: E402
+from benchmarks.moe_bench import SHAPES, graph_time_us, make_weights  # noqa: E402
 from mxfp4conv.codec import dequantize_mxfp4  # noqa: E402
 from mxfp4conv.runtime.triton_hopper_kernels import _arrive  # noqa: E402
 from mxfp4conv.runtime.triton_moe import LAYOUT_SETS, fused_moe_triton  # noqa: E402
@@ -87,6 +86,18 @@ def _k_loop(w_ptr, s_ptr, x_ptr, K, k_lo, K_SPLIT, up_w, up_s, KB: gl.constexpr,
 
 
 @gluon.jit
+def _program(w_ptr, s_ptr, ids_ptr, ROWS, K):
+    """(row block, pair, split) of this program and the word / scale-word pointers of its 4 slabs
+    in pair j's expert (ROWS rows a matrix of K codes)."""
+    rb = gl.program_id(0)
+    j = gl.program_id(1)
+    e = gl.load(ids_ptr + j).to(gl.int64)
+    w_ptr += e * (ROWS * (K // 8)) + rb * 4 * (2 * K)
+    s_ptr += e * (ROWS * (K // 128)) + rb * 4 * (K // 8)
+    return rb, j, gl.program_id(2), w_ptr, s_ptr
+
+
+@gluon.jit
 def _column0(acc):
     """Column 0 of a [64, 8] MMA accumulator (every column holds the same token's sums)."""
     on = gl.arange(0, 8, layout=gl.SliceLayout(0, MMA))
@@ -98,13 +109,8 @@ def t1_gemm1(w_ptr, s_ptr, x_ptr, ids_ptr, inter_ptr, part_ptr, cnt_ptr, K, I, K
              KB: gl.constexpr, WPTX: gl.constexpr, FPTX: gl.constexpr, ACT: gl.constexpr,
              HAS_LIMIT: gl.constexpr, HAS_LINEAR: gl.constexpr, SPLITS: gl.constexpr):
     """inter[j, rows] = act(gate . x, up . x) for pair j's expert, rows [64 rb, 64 rb + 64)."""
-    gdc_launch_dependents()  # GEMM2's programs may launch (and load their first weights) now
-    rb = gl.program_id(0)
-    j = gl.program_id(1)
-    sp = gl.program_id(2)
-    e = gl.load(ids_ptr + j).to(gl.int64)
-    w_ptr += e * (I * (K // 4)) + rb * 4 * (2 * K)
-    s_ptr += e * (I * (K // 64)) + rb * 4 * (K // 8)
+    gdc_launch_dependents()  # GEMM2's programs may launch now
+    rb, j, sp, w_ptr, s_ptr = _program(w_ptr, s_ptr, ids_ptr, 2 * I, K)
     acc_g, acc_u = _k_loop(w_ptr, s_ptr, x_ptr, K, sp * K_SPLIT, K_SPLIT, (I // 16) * (2 * K), (I // 16) * (K // 8),
                            KB, WPTX, FPTX, True)
     g = _column0(acc_g)
@@ -133,13 +139,8 @@ def t1_gemm2(w_ptr, s_ptr, inter_ptr, ids_ptr, tw_ptr, part_ptr, cnt_ptr, out_pt
     """out[rows] = sum over pairs j of tw[j] * (w2[e_j] rows . inter[j]), rows [64 rb, 64 rb + 64):
     the last of the top_k x SPLITS programs of a row block sums their partials, pairs then splits
     in index order."""
-    rb = gl.program_id(0)
-    j = gl.program_id(1)
-    sp = gl.program_id(2)
+    rb, j, sp, w_ptr, s_ptr = _program(w_ptr, s_ptr, ids_ptr, N, K)
     npair = gl.num_programs(1)
-    e = gl.load(ids_ptr + j).to(gl.int64)
-    w_ptr += e * (N * (K // 8)) + rb * 4 * (2 * K)
-    s_ptr += e * (N * (K // 128)) + rb * 4 * (K // 8)
     gdc_wait()  # GEMM1's intermediate rows are complete from here on
     acc, _ = _k_loop(w_ptr, s_ptr, inter_ptr + j * K, K, sp * K_SPLIT, K_SPLIT, 0, 0, KB, WPTX, FPTX, False)
     v = _column0(acc) * gl.load(tw_ptr + j)
@@ -250,15 +251,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
-    lines = []
-
-    def log(msg):
-        print(msg, flush=True)
-        lines.append(msg)
-
-    copy_bw = copy_bandwidth()
-    log(f"{torch.cuda.get_device_name()} copy bandwidth {copy_bw / 1e12:.2f} TB/s; torch {torch.__version__}, "
-        f"triton {triton.__version__}")
+    log, lines, _ = start_log()
     table = []
     for name in args.shapes.split(","):
         table += bench(name, args.rounds, log)
@@ -267,9 +260,7 @@ def main() -> int:
     for r in table:
         log(f"{r[0]:6s} {r[1]:3d} {r[2]:3d} {r[3]:3d} {r[4]:9.1f} {r[5]:8.1f} {r[6]:6.3f} {r[7]:8.1e} {r[8]:8.1e} "
             f"{str(r[9]):>6s}")
-    if args.out:
-        with open(os.path.join(args.out, "gluon_t1_moe.txt"), "w") as f:
-            f.write("\n".join(lines) + "\n")
+    write_log(lines, args.out, "gluon_t1_moe.txt")
     return 0
 
 
