@@ -9,9 +9,11 @@ applies the production activation and writes the pair's intermediate row) and GE
 sums their weighted partials in a fixed order and writes the output row), GEMM2 launched
 programmatically dependent on GEMM1 (its programs start while GEMM1's last run). Weights are
 hopper_mma_w_rot / hopper_mma_s read as int32 words (with a step of padding after the last
-expert, which the prefetch of the last step reads); bf16 activations, no biases.
+expert, which the prefetch of the last step reads); x in bf16; the production activations and
+optional biases.
 
-Checked first: both outputs against a float64 computation from the bytes, and against each other.
+Checked first: both outputs against a float64 computation from the bytes, and against each other
+(silu, and for each configuration also situ and swigluoai with biases); silu is timed.
 Then timed by CUDA-graph replay, each call routing the token to other experts (so L2 holds no
 weights), interleaved round by round with production; ratio = median gluon / production.
 
@@ -38,7 +40,8 @@ from benchmarks.gluon_v2_probe import FACTORS32_PTX, WORDS32_ROT_PTX, _decode, _
 from benchmarks.moe_bench import SHAPES, graph_time_us, make_weights  # noqa: E402
 from mxfp4conv.codec import dequantize_mxfp4  # noqa: E402
 from mxfp4conv.runtime.triton_hopper_kernels import _arrive  # noqa: E402
-from mxfp4conv.runtime.triton_moe import LAYOUT_SETS, fused_moe_triton  # noqa: E402
+from mxfp4conv.runtime.activations import resolve_activation  # noqa: E402
+from mxfp4conv.runtime.triton_moe import LAYOUT_SETS, _activation_args, fused_moe_triton  # noqa: E402
 from mxfp4conv.runtime.triton_moe_kernels import _activate  # noqa: E402
 from mxfp4conv.shuffle import get_layout  # noqa: E402
 
@@ -87,14 +90,14 @@ def _k_loop(w_ptr, s_ptr, x_ptr, K, k_lo, K_SPLIT, up_w, up_s, KB: gl.constexpr,
 
 @gluon.jit
 def _program(w_ptr, s_ptr, ids_ptr, ROWS, K):
-    """(row block, pair, split) of this program and the word / scale-word pointers of its 4 slabs
-    in pair j's expert (ROWS rows a matrix of K codes)."""
+    """(row block, pair, split) of this program, pair j's expert and the word / scale-word pointers
+    of the program's 4 slabs in it (ROWS rows a matrix of K codes)."""
     rb = gl.program_id(0)
     j = gl.program_id(1)
     e = gl.load(ids_ptr + j).to(gl.int64)
     w_ptr += e * (ROWS * (K // 8)) + rb * 4 * (2 * K)
     s_ptr += e * (ROWS * (K // 128)) + rb * 4 * (K // 8)
-    return rb, j, gl.program_id(2), w_ptr, s_ptr
+    return rb, j, gl.program_id(2), e, w_ptr, s_ptr
 
 
 @gluon.jit
@@ -105,12 +108,13 @@ def _column0(acc):
 
 
 @gluon.jit
-def t1_gemm1(w_ptr, s_ptr, x_ptr, ids_ptr, inter_ptr, part_ptr, cnt_ptr, K, I, K_SPLIT, p0, p1,
+def t1_gemm1(w_ptr, s_ptr, x_ptr, ids_ptr, b_ptr, inter_ptr, part_ptr, cnt_ptr, K, I, K_SPLIT, p0, p1,
              KB: gl.constexpr, WPTX: gl.constexpr, FPTX: gl.constexpr, ACT: gl.constexpr,
-             HAS_LIMIT: gl.constexpr, HAS_LINEAR: gl.constexpr, SPLITS: gl.constexpr):
-    """inter[j, rows] = act(gate . x, up . x) for pair j's expert, rows [64 rb, 64 rb + 64)."""
+             HAS_LIMIT: gl.constexpr, HAS_LINEAR: gl.constexpr, HAS_BIAS: gl.constexpr, SPLITS: gl.constexpr):
+    """inter[j, rows] = act(gate . x + b, up . x + b) for pair j's expert, rows [64 rb, 64 rb + 64)
+    (the production activations, b13 [E, 2 I] with HAS_BIAS)."""
     gdc_launch_dependents()  # GEMM2's programs may launch now
-    rb, j, sp, w_ptr, s_ptr = _program(w_ptr, s_ptr, ids_ptr, 2 * I, K)
+    rb, j, sp, e, w_ptr, s_ptr = _program(w_ptr, s_ptr, ids_ptr, 2 * I, K)
     acc_g, acc_u = _k_loop(w_ptr, s_ptr, x_ptr, K, sp * K_SPLIT, K_SPLIT, (I // 16) * (2 * K), (I // 16) * (K // 8),
                            KB, WPTX, FPTX, True)
     g = _column0(acc_g)
@@ -128,23 +132,38 @@ def t1_gemm1(w_ptr, s_ptr, x_ptr, ids_ptr, inter_ptr, part_ptr, cnt_ptr, K, I, K
             for s in range(SPLITS):
                 g += gl.load(part_ptr + ((s * npair + j) * 2) * I + rows)
                 u += gl.load(part_ptr + ((s * npair + j) * 2 + 1) * I + rows)
-            gl.store(inter_ptr + j * I + rows, _activate(g, u, p0, p1, ACT, HAS_LIMIT, HAS_LINEAR).to(gl.bfloat16))
+            _gemm1_tail(g, u, e, j, rows, b_ptr, inter_ptr, I, p0, p1, ACT, HAS_LIMIT, HAS_LINEAR, HAS_BIAS)
     else:
-        gl.store(inter_ptr + j * I + rows, _activate(g, u, p0, p1, ACT, HAS_LIMIT, HAS_LINEAR).to(gl.bfloat16))
+        _gemm1_tail(g, u, e, j, rows, b_ptr, inter_ptr, I, p0, p1, ACT, HAS_LIMIT, HAS_LINEAR, HAS_BIAS)
 
 
 @gluon.jit
-def t1_gemm2(w_ptr, s_ptr, inter_ptr, ids_ptr, tw_ptr, part_ptr, cnt_ptr, out_ptr, K, N, K_SPLIT,
-             KB: gl.constexpr, WPTX: gl.constexpr, FPTX: gl.constexpr, SPLITS: gl.constexpr):
-    """out[rows] = sum over pairs j of tw[j] * (w2[e_j] rows . inter[j]), rows [64 rb, 64 rb + 64):
-    the last of the top_k x SPLITS programs of a row block sums their partials, pairs then splits
-    in index order."""
-    rb, j, sp, w_ptr, s_ptr = _program(w_ptr, s_ptr, ids_ptr, N, K)
+def _gemm1_tail(g, u, e, j, rows, b_ptr, inter_ptr, I, p0, p1, ACT: gl.constexpr, HAS_LIMIT: gl.constexpr,
+                HAS_LINEAR: gl.constexpr, HAS_BIAS: gl.constexpr):
+    """Bias, activation and the bf16 intermediate row of a tile's complete gate / up sums."""
+    if HAS_BIAS:
+        g += gl.load(b_ptr + e * (2 * I) + rows)
+        u += gl.load(b_ptr + e * (2 * I) + I + rows)
+    gl.store(inter_ptr + j * I + rows, _activate(g, u, p0, p1, ACT, HAS_LIMIT, HAS_LINEAR).to(gl.bfloat16))
+
+
+@gluon.jit
+def t1_gemm2(w_ptr, s_ptr, inter_ptr, ids_ptr, b_ptr, tw_ptr, part_ptr, cnt_ptr, out_ptr, K, N, K_SPLIT,
+             KB: gl.constexpr, WPTX: gl.constexpr, FPTX: gl.constexpr, HAS_BIAS: gl.constexpr,
+             SPLITS: gl.constexpr):
+    """out[rows] = sum over pairs j of tw[j] * (w2[e_j] rows . inter[j] + b2[e_j] rows), rows
+    [64 rb, 64 rb + 64): the last of the top_k x SPLITS programs of a row block sums their partials,
+    pairs then splits in index order (the bias in split 0's)."""
+    rb, j, sp, e, w_ptr, s_ptr = _program(w_ptr, s_ptr, ids_ptr, N, K)
     npair = gl.num_programs(1)
     gdc_wait()  # GEMM1's intermediate rows are complete from here on
     acc, _ = _k_loop(w_ptr, s_ptr, inter_ptr + j * K, K, sp * K_SPLIT, K_SPLIT, 0, 0, KB, WPTX, FPTX, False)
-    v = _column0(acc) * gl.load(tw_ptr + j)
+    v = _column0(acc)
     rows = rb * 64 + gl.arange(0, 64, layout=ROWS)
+    if HAS_BIAS:
+        if sp == 0:
+            v += gl.load(b_ptr + e * N + rows)
+    v = v * gl.load(tw_ptr + j)
     gl.store(part_ptr + (sp * npair + j) * N + rows, v)
     gl.thread_barrier()
     if _arrive(cnt_ptr + rb, npair * SPLITS):
@@ -159,7 +178,7 @@ def t1_gemm2(w_ptr, s_ptr, inter_ptr, ids_ptr, tw_ptr, part_ptr, cnt_ptr, out_pt
 class GluonT1:
     """The two launches over words = (w13, s13, w2, s2) as padded int32 words (all experts, from
     gluon_t1_bench.stored), with the buffers of one call; __call__(x [1, H] bf16, ids [1, k] int32,
-    tw [1, k] fp32) -> out [1, H] bf16."""
+    tw [1, k] fp32, activation, its params, b13 [E, 2 I] / b2 [E, H] fp32 or None) -> out [1, H] bf16."""
 
     def __init__(self, words, H, I, k, splits1, splits2, kb1=2, kb2=1):
         self.w13, self.s13, self.w2, self.s2 = words
@@ -170,30 +189,40 @@ class GluonT1:
         self.part2 = torch.empty(splits2, k, H, dtype=torch.float32, device=dev)
         self.cnt = torch.zeros(k * (I // 64) + H // 64, dtype=torch.int32, device=dev)
 
-    def __call__(self, x, ids, tw):
+    def __call__(self, x, ids, tw, activation="silu", params=None, b13=None, b2=None):
         H, I, k = self.H, self.I, self.k
+        act = _activation_args(activation, params)
         out = torch.empty(1, H, dtype=torch.bfloat16, device=x.device)
         self.cnt.zero_()
         ptx = dict(WPTX=WORDS32_ROT_PTX, FPTX=FACTORS32_PTX)
-        t1_gemm1[(I // 64, k, self.splits1)](self.w13, self.s13, x, ids, self.inter, self.part1, self.cnt, H, I,
-                                             H // self.splits1, 0.0, 0.0, KB=self.kb1, ACT=0, HAS_LIMIT=False,
-                                             HAS_LINEAR=False, SPLITS=self.splits1, num_warps=4, **ptx)
-        t1_gemm2[(H // 64, k, self.splits2)](self.w2, self.s2, self.inter, ids, tw, self.part2,
-                                             self.cnt[k * (I // 64):], out, I, H, I // self.splits2, KB=self.kb2,
-                                             SPLITS=self.splits2, num_warps=4, launch_pdl=True, **ptx)
+        t1_gemm1[(I // 64, k, self.splits1)](
+            self.w13, self.s13, x, ids, b13 if b13 is not None else self.part1, self.inter, self.part1, self.cnt,
+            H, I, H // self.splits1, act["p0"], act["p1"], KB=self.kb1, ACT=act["ACT"], HAS_LIMIT=act["HAS_LIMIT"],
+            HAS_LINEAR=act["HAS_LINEAR"], HAS_BIAS=b13 is not None, SPLITS=self.splits1, num_warps=4, **ptx)
+        t1_gemm2[(H // 64, k, self.splits2)](
+            self.w2, self.s2, self.inter, ids, b2 if b2 is not None else self.part2, tw, self.part2,
+            self.cnt[k * (I // 64):], out, I, H, I // self.splits2, KB=self.kb2, HAS_BIAS=b2 is not None,
+            SPLITS=self.splits2, num_warps=4, launch_pdl=True, **ptx)
         return out
 
 
-def reference(x, w13, s13, w2, s2, ids, tw):
-    """float64 silu MoE of one token from the bytes (touched experts only)."""
+def reference(x, w13, s13, w2, s2, ids, tw, activation="silu", params=None, b13=None, b2=None):
+    """float64 MoE of one token from the bytes (touched experts only), the intermediate rounded to
+    bf16 as the kernels store it."""
+    act = resolve_activation(activation, params)
     out = torch.zeros(x.shape[1], dtype=torch.float64, device=x.device)
     xd = x[0].double()
     for j, e in enumerate(ids[0].tolist()):
-        gu = dequantize_mxfp4(w13[e], s13[e]).double() @ xd
+        gu = dequantize_mxfp4(w13[e], s13[e]).double() @ xd + (b13[e].double() if b13 is not None else 0)
         g, u = gu.chunk(2)
-        h = (g * torch.sigmoid(g) * u).bfloat16().double()  # the intermediate is stored in bf16
-        out += tw[0, j].double() * (dequantize_mxfp4(w2[e], s2[e]).double() @ h)
+        y = dequantize_mxfp4(w2[e], s2[e]).double() @ act(g, u).bfloat16().double()
+        out += tw[0, j].double() * (y + (b2[e].double() if b2 is not None else 0))
     return out
+
+
+# activations checked besides silu (each with biases once): K3's situ, gpt-oss's swigluoai
+CHECKS = (("silu", {}, False), ("situ", {"beta": 4.0, "linear_beta": 25.0}, False),
+          ("swigluoai", {"alpha": 1.702, "limit": 7.0}, True))
 
 
 def bench(name, rounds, log):
@@ -216,7 +245,8 @@ def bench(name, rounds, log):
     out_p = prod[0]()
     log(f"{name} T=1: production rel err {rel(out_p, ref):.2e}")
     words = stored(w13, s13, 8192) + stored(w2, s2, 8192)
-    del w13, s13, w2, s2
+    canon = (w13, s13, w2, s2)  # for the references of the other activations
+    biases = (torch.randn(E, 2 * I, device="cuda", generator=gen), torch.randn(E, H, device="cuda", generator=gen))
     rows = []
     for splits1, splits2, kb2 in ((4, 1, 1), (2, 1, 1), (8, 1, 1), (4, 2, 1), (4, 1, 2)):
         if H % (splits1 * 128) or I % (splits2 * 64 * kb2):
@@ -230,6 +260,14 @@ def bench(name, rounds, log):
             continue
         again = g(xs[0], *routes[0])
         err, between, det = rel(out_g, ref), rel(out_g, out_p.double()), bool(torch.equal(out_g, again))
+        for act, params, bias in CHECKS[1:]:
+            b13, b2 = biases if bias else (None, None)
+            r = reference(xs[0], *canon, *routes[0], act, params, b13, b2)
+            po = fused_moe_triton(xs[0], *prod_w, routes[0][1], routes[0][0], activation=act, activation_params=params,
+                                  w13_bias=b13, w2_bias=b2, layout="hopper_mma_rot")
+            go = g(xs[0], *routes[0], act, params, b13, b2)
+            log(f"    {act}{' with biases' if bias else ''}: rel err gluon {rel(go, r):.2e}, production "
+                f"{rel(po, r):.2e}, between them {rel(go, po.double()):.2e}")
         glu = [lambda c=c: g(xs[c], *routes[c]) for c in range(calls)]
         tg, tp = [], []
         for _ in range(rounds):
