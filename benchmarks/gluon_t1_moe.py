@@ -180,8 +180,9 @@ class GluonT1:
     gluon_t1_bench.stored), with the buffers of one call; __call__(x [1, H] bf16, ids [1, k] int32,
     tw [1, k] fp32, activation, its params, b13 [E, 2 I] / b2 [E, H] fp32 or None) -> out [1, H] bf16."""
 
-    def __init__(self, words, H, I, k, splits1, splits2, kb1=2, kb2=1):
+    def __init__(self, words, H, I, k, splits1, splits2, kb1=2, kb2=1, pdl=True):
         self.w13, self.s13, self.w2, self.s2 = words
+        self.pdl = pdl
         dev = self.w13.device
         self.H, self.I, self.k, self.splits1, self.splits2, self.kb1, self.kb2 = H, I, k, splits1, splits2, kb1, kb2
         self.inter = torch.empty(k, I, dtype=torch.bfloat16, device=dev)
@@ -202,7 +203,7 @@ class GluonT1:
         t1_gemm2[(H // 64, k, self.splits2)](
             self.w2, self.s2, self.inter, ids, b2 if b2 is not None else self.part2, tw, self.part2,
             self.cnt[k * (I // 64):], out, I, H, I // self.splits2, KB=self.kb2, HAS_BIAS=b2 is not None,
-            SPLITS=self.splits2, num_warps=4, launch_pdl=True, **ptx)
+            SPLITS=self.splits2, num_warps=4, launch_pdl=self.pdl, **ptx)
         return out
 
 
@@ -248,15 +249,17 @@ def bench(name, rounds, log):
     canon = (w13, s13, w2, s2)  # for the references of the other activations
     biases = (torch.randn(E, 2 * I, device="cuda", generator=gen), torch.randn(E, H, device="cuda", generator=gen))
     rows = []
-    for splits1, splits2, kb2 in ((4, 1, 1), (2, 1, 1), (8, 1, 1), (4, 2, 1), (4, 1, 2)):
+    for splits1, splits2, kb2, pdl in ((4, 1, 1, True), (4, 1, 1, False), (2, 1, 1, True), (8, 1, 1, True),
+                                       (4, 2, 1, True), (4, 1, 2, True)):
         if H % (splits1 * 128) or I % (splits2 * 64 * kb2):
             continue
-        g = GluonT1(words, H, I, k, splits1, splits2, kb2=kb2)
+        g = GluonT1(words, H, I, k, splits1, splits2, kb2=kb2, pdl=pdl)
+        label = f"{name} gluon splits {splits1}/{splits2} KB2 {kb2}{'' if pdl else ' no PDL'}"
         try:
             out_g = g(xs[0], *routes[0])
             torch.cuda.synchronize()
         except Exception as exc:  # a configuration that does not compile or launch is a row, not a crash
-            log(f"  {name} gluon splits {splits1}/{splits2} KB2 {kb2}: {type(exc).__name__}: {str(exc)[:300]}")
+            log(f"  {label}: {type(exc).__name__}: {str(exc)[:300]}")
             continue
         again = g(xs[0], *routes[0])
         err, between, det = rel(out_g, ref), rel(out_g, out_p.double()), bool(torch.equal(out_g, again))
@@ -274,9 +277,9 @@ def bench(name, rounds, log):
             tg.append(graph_time_us(glu))
             tp.append(graph_time_us(prod))
         ratio = statistics.median(a / b for a, b in zip(tg, tp))
-        rows.append((name, splits1, splits2, kb2, statistics.median(tg), statistics.median(tp), ratio, err, between,
-                     det))
-        log(f"  {name} gluon splits {splits1}/{splits2} KB2 {kb2}: {statistics.median(tg):.1f} us, production "
+        rows.append((name, splits1, splits2, kb2, pdl, statistics.median(tg), statistics.median(tp), ratio, err,
+                     between, det))
+        log(f"  {label}: {statistics.median(tg):.1f} us, production "
             f"{statistics.median(tp):.1f} us, gluon / production {ratio:.3f} (rounds {' '.join(f'{t:.1f}' for t in tg)}"
             f"; {' '.join(f'{t:.1f}' for t in tp)}); rel err {err:.2e}, against production {between:.2e}, "
             f"deterministic {det}")
@@ -293,11 +296,11 @@ def main() -> int:
     table = []
     for name in args.shapes.split(","):
         table += bench(name, args.rounds, log)
-    log(f"{'shape':6s} {'S1':>3s} {'S2':>3s} {'KB2':>3s} {'gluon us':>9s} {'prod us':>8s} {'ratio':>6s} "
+    log(f"{'shape':6s} {'S1':>3s} {'S2':>3s} {'KB2':>3s} {'PDL':>5s} {'gluon us':>9s} {'prod us':>8s} {'ratio':>6s} "
         f"{'rel err':>8s} {'vs prod':>8s} {'determ':>6s}")
     for r in table:
-        log(f"{r[0]:6s} {r[1]:3d} {r[2]:3d} {r[3]:3d} {r[4]:9.1f} {r[5]:8.1f} {r[6]:6.3f} {r[7]:8.1e} {r[8]:8.1e} "
-            f"{str(r[9]):>6s}")
+        log(f"{r[0]:6s} {r[1]:3d} {r[2]:3d} {r[3]:3d} {str(r[4]):>5s} {r[5]:9.1f} {r[6]:8.1f} {r[7]:6.3f} {r[8]:8.1e} "
+            f"{r[9]:8.1e} {str(r[10]):>6s}")
     write_log(lines, args.out, "gluon_t1_moe.txt")
     return 0
 
