@@ -252,7 +252,8 @@ def bench(name, rounds, log):
         b13, b2 = biases if bias else (None, None)
         po = fused_moe_triton(xs[0], *prod_w, routes[0][1], routes[0][0], activation=act, activation_params=params,
                               w13_bias=b13, w2_bias=b2, layout="hopper_mma_rot")
-        others.append((act, params, bias, b13, b2, reference(xs[0], w13, s13, w2, s2, *routes[0], act, params, b13, b2), po))
+        r = reference(xs[0], w13, s13, w2, s2, *routes[0], act, params, b13, b2)
+        others.append((act, params, bias, b13, b2, r, po))
     rows = []
     for splits1, splits2, kb2, pdl in ((4, 1, 1, True), (4, 1, 1, False), (2, 1, 1, True), (8, 1, 1, True),
                                        (4, 2, 1, True), (4, 1, 2, True)):
