@@ -33,65 +33,7 @@ from triton.experimental.gluon._runtime import GluonASTSource  # noqa: E402
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2  # noqa: E402
 
 from benchmarks.hopper_sass import _tool, loops  # noqa: E402
-from mxfp4conv.runtime import triton_hopper_kernels as HK  # noqa: E402
-
-
-def _along(layout, dim: int, rank: int):
-    """The 1-D layout of dimension dim of a rank-dimensional layout (for its arange)."""
-    for d in reversed(range(rank)):
-        if d != dim:
-            layout = gl.SliceLayout(d, layout)
-    return gl.constexpr(layout)
-
-
-# one int32 word in, its 8 codes out as 16-bit halves (R0 low, R0 high, ... R3 high): the production
-# decode of the BITS_ROT order with its four outputs split
-WORDS32_ROT_PTX = ("{\n.reg .b32 a, b, c, r0, r1, r2, r3;\n" + HK._decode_ptx(True, ("r0", "r1", "r2", "r3"), "$8")
-                   + "mov.b32 {$0, $1}, r0;\nmov.b32 {$2, $3}, r1;\nmov.b32 {$4, $5}, r2;\nmov.b32 {$6, $7}, r3;\n}")
-# a scale word's 4 e8m0 bytes -> their factors 2**(s - 1) as 16-bit halves (the production _factors_asm
-# on a whole word)
-FACTORS32_PTX = ("{\n.reg .b32 a, b;\nprmt.b32 a, $4, 0, 0x4140;\nprmt.b32 b, $4, 0, 0x4342;\n"
-                 "mad.lo.u32 a, a, 128, 0x3F003F00;\nmad.lo.u32 b, b, 128, 0x3F003F00;\n"
-                 "mov.b32 {$0, $1}, a;\nmov.b32 {$2, $3}, b;\n}")
-
-
-# words [nb, b, g, t, kt]: warp = 16-row slab, lane = 4 g + t, a lane's 4 words (kt) in registers;
-# scale words [nb, b, g, t]: the row group's word, the same for its 4 lanes
-WL = gl.BlockedLayout([1, 1, 1, 1, 4], [1, 1, 8, 4, 1], [4, 1, 1, 1, 1], [4, 3, 2, 1, 0])
-SL = gl.BlockedLayout([1, 1, 1, 1], [1, 1, 8, 4], [4, 1, 1, 1], [3, 2, 1, 0])
-W0, W1, W2, W3, W4 = (_along(WL, d, 5) for d in range(5))
-S0, S1, S2, S3 = (_along(SL, d, 4) for d in range(4))
-
-
-@gluon.jit
-def _offsets(K, NB: gl.constexpr, KB: gl.constexpr):
-    """Word offsets of a lane's weight words [NB, KB, 8, 4, 4] and scale words [NB, KB, 8, 4] in a
-    [16 NB, K] slab group (hopper_mma_w_rot / hopper_mma_s read as int32)."""
-    w_off = (gl.arange(0, NB, layout=W0)[:, None, None, None, None] * (2 * K)
-             + gl.arange(0, KB, layout=W1)[None, :, None, None, None] * 128
-             + gl.arange(0, 8, layout=W2)[None, None, :, None, None] * 16
-             + gl.arange(0, 4, layout=W3)[None, None, None, :, None] * 4
-             + gl.arange(0, 4, layout=W4)[None, None, None, None, :])
-    s_off = (gl.arange(0, NB, layout=S0)[:, None, None, None] * (K // 8)
-             + gl.arange(0, KB, layout=S1)[None, :, None, None] * 8
-             + gl.arange(0, 8, layout=S2)[None, None, :, None]
-             + gl.arange(0, 4, layout=S3)[None, None, None, :] * 0)
-    return w_off, s_off
-
-
-@gluon.jit
-def _decode(w, s, NB: gl.constexpr, KB: gl.constexpr, WPTX: gl.constexpr, FPTX: gl.constexpr):
-    """A lane's words w and scale words s of a [16 NB, 64 KB] tile -> the dequantised tile (bf16)."""
-    o = gl.inline_asm_elementwise(asm=WPTX, constraints="=h,=h,=h,=h,=h,=h,=h,=h,r", args=[w],
-                                  dtype=(gl.bfloat16,) * 8, is_pure=True, pack=1)
-    a = gl.join(gl.join(o[0], o[2]), gl.join(o[1], o[3])).reshape(NB, KB, 8, 4, 4, 4)
-    b = gl.join(gl.join(o[4], o[6]), gl.join(o[5], o[7])).reshape(NB, KB, 8, 4, 4, 4)
-    v = gl.join(a, b).reshape(NB, KB, 8, 4, 2, 2, 2, 2, 2)  # nb b g t (j kt) (c kk) h
-    f4 = gl.inline_asm_elementwise(asm=FPTX, constraints="=h,=h,=h,=h,r", args=[s], dtype=(gl.bfloat16,) * 4,
-                                   is_pure=True, pack=1)
-    f = gl.join(gl.join(f4[0], f4[2]), gl.join(f4[1], f4[3])).permute(0, 1, 2, 3, 5, 4)  # nb b g t j h
-    v = v * gl.convert_layout(f.reshape(NB, KB, 8, 4, 2, 1, 1, 1, 2), v.type.layout)
-    return v.reshape(NB, KB, 8, 4, 4, 2, 2, 2).permute(0, 7, 2, 1, 4, 5, 3, 6).reshape(NB * 16, KB * 64)
+from mxfp4conv.runtime.gluon_t1 import FACTORS32_PTX, WORDS32_ROT_PTX, _decode, _offsets  # noqa: E402
 
 
 @gluon.jit

@@ -28,8 +28,8 @@ import torch
 
 from mxfp4conv.codec import dequantize_mxfp4
 
-from mxfp4conv.runtime.triton_moe import (ALIGN_GRID_PAIRS, HOPPER_SETS, LAYOUT_SETS, hopper_options,
-                                          fused_moe_triton, select_config, uses_gemv)
+from mxfp4conv.runtime.triton_moe import (ALIGN_GRID_PAIRS, HOPPER_SETS, LAYOUT_SETS, fused_moe_triton,
+                                          gluon_t1_plan, hopper_options, select_config, uses_gemv)
 from mxfp4conv.shuffle import get_layout
 
 
@@ -94,6 +94,10 @@ def make_case(T, H, I, E, k, *, bias, routing, seed, dev):
             ids[1:, 1] = torch.where(ids[1:, 1] == 1, 2, ids[1:, 1])
             ids[T // 2:, -1] = -1
         ids[-1] = -1  # a token routed to no local expert
+    elif routing == "edge":  # the last expert (the end of every weight tensor) and a slot on no local expert
+        ids = torch.where(ids == E - 1, ids[:, :1], ids)  # E - 1 swapped into slot 0: the ids stay distinct
+        ids[:, 0] = E - 1
+        ids[:, -1] = -1
     tw = torch.rand(T, k, generator=g, device=dev)
     b13 = torch.randn(E, 2 * I, generator=g, device=dev) if bias else None
     b2 = torch.randn(E, H, generator=g, device=dev) * 0.1 if bias else None
@@ -115,6 +119,11 @@ CASES = [
     ("odd tiles silu fp32", 9, 1056, 160, 8, 2, "silu", {}, False, torch.float32, "ragged"),
     ("64-tiles situ ragged", 29, 1088, 192, 8, 3, "situ", {"beta": 4.0, "linear_beta": 25.0}, False, torch.bfloat16, "ragged"),
     ("64-tiles silu fp32", 9, 1088, 192, 8, 2, "silu", {}, False, torch.float32, "ragged"),
+    # one token at the tensors' end and with a slot on no local expert (the one-token Gluon kernels'
+    # edges), every activation, biases; 1088 = 17 x 64 and 192 = 3 x 64: no K split, 64-code steps
+    ("dsv3 T1 swigluoai bias edge", 1, 7168, 2048, 256, 8, "swigluoai", {"alpha": 1.702, "limit": 7.0}, True, torch.bfloat16, "edge"),
+    ("k3 T1 situ edge", 1, 3584, 384, 896, 16, "situ", {"beta": 4.0, "linear_beta": 25.0}, False, torch.bfloat16, "edge"),
+    ("64-tiles T1 silu+limit bias edge", 1, 1088, 192, 8, 3, "silu", {"swiglu_limit": 10.0}, True, torch.bfloat16, "edge"),
 ]
 
 
@@ -178,6 +187,12 @@ def hopper_variants(T, H, I, k, E):
     out.append(("factors", dataclasses.replace(default, factor_pairs=1 - default.factor_pairs)))
     if T > 1:  # the other align (many programs below ALIGN_GRID_PAIRS, one program from it)
         out.append(("align", dataclasses.replace(default, align=int(T * k < ALIGN_GRID_PAIRS))))
+    if T == 1:  # the variants on the hopper_mma kernels (the Gluon ones take one token where they can), and
+        # the Gluon ones' other K steps and splits
+        out = out[:1] + [(n, dataclasses.replace(c, gluon=0)) for n, c in out[1:]]
+        out.append(("gluonk", dataclasses.replace(default, gluon=1, gluon_k1=128, gluon_k2=64, gluon_split1=2,
+                                                gluon_split2=2)))
+        out.append(("split", dataclasses.replace(default, gluon=1, gluon_split1=16, gluon_split2=4)))
     return out
 
 
@@ -226,7 +241,9 @@ def main() -> int:
                 runs.append((other, other, select_config(T * k, E, H, I, other), stored(other)))
         for layout, vname, cfg, weights in runs:
             t0 = time.time()
-            label = f"{name} [{path_name(cfg, T, k, E, dtype, layout)}{' splitK' if vname == 'split' else ''}]"
+            plan = gluon_t1_plan(cfg, xin, weights, k, layout) if layout in HOPPER_SETS else None
+            path = f"gluon k{plan[0]}/{plan[1]} s{plan[2]}/{plan[3]}" if plan else path_name(cfg, T, k, E, dtype, layout)
+            label = f"{name} [{path}{' splitK' if vname == 'split' else ''}]"
             outs = []
             try:
                 for _ in range(2):

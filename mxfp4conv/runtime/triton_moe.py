@@ -18,12 +18,15 @@ threshold. See ``triton_moe_kernels`` for the kernels themselves.
 
 from __future__ import annotations
 
+import functools
 import os
+import warnings
 from dataclasses import dataclass
 from typing import Mapping
 
 import torch
 import triton
+import triton.compiler.errors
 
 from mxfp4conv.errors import RuntimeInputError
 from mxfp4conv.runtime import triton_hopper_kernels as HK
@@ -94,6 +97,15 @@ class MoEConfig:
     # hopper_mma decode: the e8m0 factors of scales <= 2 two to a word (1: a byte permute and a
     # multiply-add per two) or one at a time (0: the v13 instructions)
     factor_pairs: int = 1
+    # one token over hopper_mma_rot with bf16 x: the Gluon MMA v2 kernels of gluon_t1 (1 on where they
+    # can run, 0 off, -1 automatic: on GPUs of compute capability 9.x, where they were measured), codes
+    # a K step of their GEMM1 / GEMM2 (64 or 128; 64 where K is no multiple) and K splits (0: automatic,
+    # see gluon_t1_plan; each lowered to a divisor of the K steps)
+    gluon: int = -1
+    gluon_k1: int = 64
+    gluon_k2: int = 128
+    gluon_split1: int = 0
+    gluon_split2: int = 0
 
 
 def layout_of(layout: Mapping[str, str]) -> str | None:
@@ -354,6 +366,12 @@ def fused_moe_triton(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, *,
         return out.zero_()
     cfg = config or select_config(num_pairs, E, H, i_pad, layout)
     if layout in HOPPER_SETS:
+        plan = gluon_t1_plan(cfg, x, (w13, w13_scale, w2, w2_scale), top_k, layout)
+        if plan is not None:
+            done = _gluon_t1_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias,
+                                     act, out, plan, cfg.gluon == 1)
+            if done is not None:
+                return done
         return _hopper_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias,
                                act, cfg, out, rot=layout == "hopper_mma_rot")
     if uses_gemv(cfg, num_pairs, E):
@@ -562,6 +580,82 @@ def _big_scales(*scales: torch.Tensor) -> bool:
             t._mxfp4conv_big_scale = memo
         big = big or memo[1]
     return big
+
+
+@functools.lru_cache(maxsize=None)
+def _gluon_module():
+    """mxfp4conv.runtime.gluon_t1, or None where this Triton has no Gluon (or not the parts it uses)."""
+    try:
+        from mxfp4conv.runtime import gluon_t1
+    except (ImportError, AttributeError, TypeError):
+        return None
+    return gluon_t1
+
+
+_GLUON_BROKEN: list[str] = []  # why the Gluon kernels failed to compile here, once they have
+
+
+def _divisor_splits(requested: int, steps: int) -> int:
+    """The largest number of splits <= requested that divides steps."""
+    s = max(1, min(requested, steps))
+    while steps % s:
+        s -= 1
+    return s
+
+
+# programs the one-token Gluon kernels' automatic K splits aim for, measured on an H200
+# (benchmarks/gluon_t1_moe.py): GEMM1 (gate and up, 64-code steps) DSV3-like 4 splits (1024 programs)
+# 43.6 us against 53.7 for 2 and 48.8 for 8, K3-like 8 splits (768) 13.2 us against 16.2 for 4;
+# GEMM2 (128-code steps) is fastest unsplit on both (896 programs)
+_GLUON_PROGRAMS1 = 1024
+_GLUON_PROGRAMS2 = 512
+
+
+def gluon_t1_plan(cfg: MoEConfig, x: torch.Tensor, weights, top_k: int,
+                  layout: str) -> tuple[int, int, int, int] | None:
+    """(k1, k2, splits1, splits2) of the one-token Gluon kernels (gluon_t1) for this call, or None
+    where the hopper_mma kernels run it: another layout, T > 1, x not bf16, no CUDA GPU of compute
+    capability 8.0 or more (9.x when automatic), an e8m0 byte above 128 (the one-multiply factor
+    decode), storage not 4-byte aligned, no Gluon in this Triton, or cfg.gluon = 0. Automatic splits:
+    the fewest that give each GEMM its target of programs, lowered to a divisor of its K steps."""
+    if cfg.gluon == 0 or layout != "hopper_mma_rot" or x.shape[0] != 1 or x.dtype != torch.bfloat16:
+        return None
+    if not x.is_cuda or torch.version.cuda is None or os.environ.get("TRITON_INTERPRET") == "1" or _GLUON_BROKEN:
+        return None
+    for name, k in (("gluon_k1", cfg.gluon_k1), ("gluon_k2", cfg.gluon_k2)):
+        if k not in (64, 128):
+            raise RuntimeInputError(f"fused_moe_triton: {name} must be 64 or 128, got {k}.")
+    major = torch.cuda.get_device_capability(x.device)[0]
+    if major < 8 or (cfg.gluon < 0 and major != 9):
+        return None
+    w13, w13_scale, w2, w2_scale = weights
+    if any(t.data_ptr() % 4 for t in weights) or _big_scales(w13_scale, w2_scale) or _gluon_module() is None:
+        return None
+    H, i_pad = x.shape[1], w13.shape[1] // 2
+    k1 = cfg.gluon_k1 if H % cfg.gluon_k1 == 0 else 64
+    k2 = cfg.gluon_k2 if i_pad % cfg.gluon_k2 == 0 else 64
+    s1 = cfg.gluon_split1 or triton.cdiv(_GLUON_PROGRAMS1, i_pad // 64 * top_k)
+    s2 = cfg.gluon_split2 or triton.cdiv(_GLUON_PROGRAMS2, H // 64 * top_k)
+    return k1, k2, _divisor_splits(s1, H // k1), _divisor_splits(s2, i_pad // k2)
+
+
+def _gluon_t1_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias, act, out, plan,
+                      required):
+    """The one-token layer in the Gluon kernels; None (the caller runs the hopper_mma kernels) where
+    they fail to compile and were not required: a Triton whose Gluon differs from the one they were
+    written for. The failure is warned about once."""
+    k1, k2, s1, s2 = plan
+    tensors = [t.contiguous() if t is not None else None
+               for t in (x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias)]
+    try:
+        return _gluon_module().forward(*tensors, act, out, k1=k1, k2=k2, splits1=s1, splits2=s2)
+    except triton.compiler.errors.CompilationError as exc:
+        if required:
+            raise
+        _GLUON_BROKEN.append(str(exc).splitlines()[-1] if str(exc) else type(exc).__name__)
+        warnings.warn(f"mxfp4conv: the one-token Gluon MoE kernels do not compile with triton {triton.__version__} "
+                      f"({_GLUON_BROKEN[0]}); the hopper_mma kernels run instead.", RuntimeWarning, stacklevel=3)
+        return None
 
 
 def hopper_options(cfg: MoEConfig, T: int, num_pairs: int, cuda: bool) -> tuple[bool, bool, bool]:

@@ -1,0 +1,252 @@
+"""One token's MoE layer over hopper_mma_rot weights in two Gluon kernels with MMA v2 (mma.sync):
+the T = 1, bf16 path of fused_moe_triton on NVIDIA GPUs (measured on an H200 against the
+hopper_mma kernels on the same bytes: benchmarks/gluon_t1_moe.py, docs/performance.md).
+
+Why Gluon: it states every layout, so each lane's int32 words of a 16 x 64 hopper_mma_w_rot block
+decode (with the hopper kernels' PTX) straight into its m16n8k16 A fragment, and one token takes an
+n8 MMA instead of an n16 one. Per 128-code step that is about 300 instructions at 72 registers
+against the hopper kernel's 395 at 117.
+
+GEMM1: a program per (64-row block of gate and of up, pair, K split); the last split of a tile to
+arrive sums the fp32 partials in split order and applies the bias and the activation. GEMM2: a
+program per (64-row block, pair, K split); the last of a row block's top_k x splits programs sums
+their weighted partials, pairs then splits in index order, and writes the output row. Every sum is
+taken in a fixed order, so results are deterministic. A pair whose expert id is negative (not on
+this rank) contributes nothing.
+
+This module imports triton.experimental.gluon; fused_moe_triton imports it only when it takes this
+path. Gluon kernels do not run in Triton's CPU interpreter: the CPU tests compile them for sm_90a,
+benchmarks/gpu_check.py checks their results on the GPU.
+"""
+
+from __future__ import annotations
+
+import torch
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import mma_v2
+
+from mxfp4conv.runtime import triton_hopper_kernels as HK
+from mxfp4conv.runtime.triton_hopper_kernels import _arrive
+from mxfp4conv.runtime.triton_moe_kernels import _activate
+
+# one int32 word in, its 8 codes out as 16-bit halves (R0 low, R0 high, ... R3 high): the hopper
+# kernels' decode of the BITS_ROT order with its four outputs split
+WORDS32_ROT_PTX = ("{\n.reg .b32 a, b, c, r0, r1, r2, r3;\n" + HK._decode_ptx(True, ("r0", "r1", "r2", "r3"), "$8")
+                   + "mov.b32 {$0, $1}, r0;\nmov.b32 {$2, $3}, r1;\nmov.b32 {$4, $5}, r2;\nmov.b32 {$6, $7}, r3;\n}")
+# a scale word's 4 e8m0 bytes -> their factors 2**(s - 1) as 16-bit halves (exact for bytes <= 128,
+# which fused_moe_triton checks before it takes this path)
+FACTORS32_PTX = ("{\n.reg .b32 a, b;\nprmt.b32 a, $4, 0, 0x4140;\nprmt.b32 b, $4, 0, 0x4342;\n"
+                 "mad.lo.u32 a, a, 128, 0x3F003F00;\nmad.lo.u32 b, b, 128, 0x3F003F00;\n"
+                 "mov.b32 {$0, $1}, a;\nmov.b32 {$2, $3}, b;\n}")
+_WPTX = gl.constexpr(WORDS32_ROT_PTX)
+_FPTX = gl.constexpr(FACTORS32_PTX)
+
+
+def _along(layout, dim: int, rank: int):
+    """The 1-D layout of dimension dim of a rank-dimensional layout (for its arange)."""
+    for d in reversed(range(rank)):
+        if d != dim:
+            layout = gl.SliceLayout(d, layout)
+    return gl.constexpr(layout)
+
+
+# words [nb, b, g, t, kt]: warp = 16-row slab, lane = 4 g + t, a lane's 4 words (kt) in registers;
+# scale words [nb, b, g, t]: the row group's word, the same for its 4 lanes
+WL = gl.BlockedLayout([1, 1, 1, 1, 4], [1, 1, 8, 4, 1], [4, 1, 1, 1, 1], [4, 3, 2, 1, 0])
+SL = gl.BlockedLayout([1, 1, 1, 1], [1, 1, 8, 4], [4, 1, 1, 1], [3, 2, 1, 0])
+W0, W1, W2, W3, W4 = (_along(WL, d, 5) for d in range(5))
+S0, S1, S2, S3 = (_along(SL, d, 4) for d in range(4))
+_MMA = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[4, 1], instr_shape=[16, 8])
+MMA = gl.constexpr(_MMA)
+A_OP = gl.constexpr(gl.DotOperandLayout(operand_index=0, parent=_MMA, k_width=2))
+B_OP = gl.constexpr(gl.DotOperandLayout(operand_index=1, parent=_MMA, k_width=2))
+ROWS = gl.constexpr(gl.SliceLayout(1, _MMA))  # a tile's 64 rows, column 0 of the MMA layout
+_barrier = getattr(gl, "barrier", None) or gl.thread_barrier  # the CTA barrier's name from triton 3.7 on / before
+
+
+@gluon.jit
+def _offsets(K, NB: gl.constexpr, KB: gl.constexpr):
+    """Word offsets of a lane's weight words [NB, KB, 8, 4, 4] and scale words [NB, KB, 8, 4] in a
+    [16 NB, K] slab group (hopper_mma_w_rot / hopper_mma_s read as int32)."""
+    w_off = (gl.arange(0, NB, layout=W0)[:, None, None, None, None] * (2 * K)
+             + gl.arange(0, KB, layout=W1)[None, :, None, None, None] * 128
+             + gl.arange(0, 8, layout=W2)[None, None, :, None, None] * 16
+             + gl.arange(0, 4, layout=W3)[None, None, None, :, None] * 4
+             + gl.arange(0, 4, layout=W4)[None, None, None, None, :])
+    s_off = (gl.arange(0, NB, layout=S0)[:, None, None, None] * (K // 8)
+             + gl.arange(0, KB, layout=S1)[None, :, None, None] * 8
+             + gl.arange(0, 8, layout=S2)[None, None, :, None]
+             + gl.arange(0, 4, layout=S3)[None, None, None, :] * 0)
+    return w_off, s_off
+
+
+@gluon.jit
+def _decode(w, s, NB: gl.constexpr, KB: gl.constexpr, WPTX: gl.constexpr, FPTX: gl.constexpr):
+    """A lane's words w and scale words s of a [16 NB, 64 KB] tile -> the dequantised tile (bf16)."""
+    o = gl.inline_asm_elementwise(asm=WPTX, constraints="=h,=h,=h,=h,=h,=h,=h,=h,r", args=[w],
+                                  dtype=(gl.bfloat16,) * 8, is_pure=True, pack=1)
+    a = gl.join(gl.join(o[0], o[2]), gl.join(o[1], o[3])).reshape(NB, KB, 8, 4, 4, 4)
+    b = gl.join(gl.join(o[4], o[6]), gl.join(o[5], o[7])).reshape(NB, KB, 8, 4, 4, 4)
+    v = gl.join(a, b).reshape(NB, KB, 8, 4, 2, 2, 2, 2, 2)  # nb b g t (j kt) (c kk) h
+    f4 = gl.inline_asm_elementwise(asm=FPTX, constraints="=h,=h,=h,=h,r", args=[s], dtype=(gl.bfloat16,) * 4,
+                                   is_pure=True, pack=1)
+    f = gl.join(gl.join(f4[0], f4[2]), gl.join(f4[1], f4[3])).permute(0, 1, 2, 3, 5, 4)  # nb b g t j h
+    v = v * gl.convert_layout(f.reshape(NB, KB, 8, 4, 2, 1, 1, 1, 2), v.type.layout)
+    return v.reshape(NB, KB, 8, 4, 4, 2, 2, 2).permute(0, 7, 2, 1, 4, 5, 3, 6).reshape(NB * 16, KB * 64)
+
+
+@gluon.jit
+def _k_loop(w_ptr, s_ptr, x_ptr, K, k_lo, K_SPLIT, up_w, up_s, KB: gl.constexpr, GATE_UP: gl.constexpr):
+    """acc (and with GATE_UP the up rows' acc) [64, 8] of 64 rows (4 slabs from w_ptr / s_ptr) times
+    x over codes [k_lo, k_lo + K_SPLIT): x's slice broadcast over the 8 columns, the next step's
+    words loaded before this step's decode (the last step loads its own again: nothing past the
+    split is read)."""
+    w_off, s_off = _offsets(K, 4, KB)
+    xk = gl.arange(0, 64 * KB, layout=gl.SliceLayout(1, B_OP))
+    xn = gl.arange(0, 8, layout=gl.SliceLayout(0, B_OP))
+    x_ptr += xk[:, None] + xn[None, :] * 0
+    acc_g = gl.zeros([64, 8], gl.float32, layout=MMA)
+    acc_u = gl.zeros([64, 8], gl.float32, layout=MMA)
+    wg = gl.load(w_ptr + w_off + k_lo * 2)
+    sg = gl.load(s_ptr + s_off + k_lo // 8)
+    wu = wg
+    su = sg
+    if GATE_UP:
+        wu = gl.load(w_ptr + up_w + w_off + k_lo * 2)
+        su = gl.load(s_ptr + up_s + s_off + k_lo // 8)
+    last = k_lo + K_SPLIT - 64 * KB
+    for k0 in range(k_lo, k_lo + K_SPLIT, 64 * KB):
+        k1 = gl.minimum(k0 + 64 * KB, last)
+        wg_n = gl.load(w_ptr + w_off + k1 * 2)
+        sg_n = gl.load(s_ptr + s_off + k1 // 8)
+        x = gl.load(x_ptr + k0)
+        acc_g = mma_v2(gl.convert_layout(_decode(wg, sg, 4, KB, _WPTX, _FPTX), A_OP), x, acc_g)
+        if GATE_UP:
+            wu_n = gl.load(w_ptr + up_w + w_off + k1 * 2)
+            su_n = gl.load(s_ptr + up_s + s_off + k1 // 8)
+            acc_u = mma_v2(gl.convert_layout(_decode(wu, su, 4, KB, _WPTX, _FPTX), A_OP), x,
+                           acc_u)
+            wu = wu_n
+            su = su_n
+        wg = wg_n
+        sg = sg_n
+    return acc_g, acc_u
+
+
+@gluon.jit
+def _program(w_ptr, s_ptr, ids_ptr, NROWS, K):
+    """(row block, pair, split) of this program, pair j's expert and the word / scale-word pointers
+    of the program's 4 slabs in it (NROWS rows a matrix of K codes)."""
+    rb = gl.program_id(0)
+    j = gl.program_id(1)
+    e = gl.load(ids_ptr + j).to(gl.int64)
+    w_ptr += e * (NROWS * (K // 8)) + rb * 4 * (2 * K)
+    s_ptr += e * (NROWS * K // 128) + rb * 4 * (K // 8)  # (NROWS K / 32 bytes: K need not divide by 128)
+    return rb, j, gl.program_id(2), e, w_ptr, s_ptr
+
+
+@gluon.jit
+def _column0(acc):
+    """Column 0 of a [64, 8] MMA accumulator (every column holds the same token's sums)."""
+    on = gl.arange(0, 8, layout=gl.SliceLayout(0, MMA))
+    return gl.sum(gl.where(on[None, :] == 0, acc, 0.0), axis=1)
+
+
+@gluon.jit
+def _gemm1_tail(g, u, e, j, rows, b_ptr, inter_ptr, I, p0, p1, ACT: gl.constexpr, HAS_LIMIT: gl.constexpr,
+                HAS_LINEAR: gl.constexpr, HAS_BIAS: gl.constexpr):
+    """Bias, activation and the bf16 intermediate row of a tile's complete gate / up sums."""
+    if HAS_BIAS:
+        g += gl.load(b_ptr + e * (2 * I) + rows).to(gl.float32)
+        u += gl.load(b_ptr + e * (2 * I) + I + rows).to(gl.float32)
+    gl.store(inter_ptr + j * I + rows, _activate(g, u, p0, p1, ACT, HAS_LIMIT, HAS_LINEAR).to(gl.bfloat16))
+
+
+@gluon.jit
+def t1_gemm1(w_ptr, s_ptr, x_ptr, ids_ptr, b_ptr, inter_ptr, part_ptr, cnt_ptr, K, I, K_SPLIT, p0, p1,
+             KB: gl.constexpr, ACT: gl.constexpr, HAS_LIMIT: gl.constexpr, HAS_LINEAR: gl.constexpr,
+             HAS_BIAS: gl.constexpr, SPLITS: gl.constexpr):
+    """inter[j, rows] = act(gate . x + b, up . x + b) for pair j's expert, rows [64 rb, 64 rb + 64)
+    (b13 [E, 2 I] with HAS_BIAS)."""
+    rb, j, sp, e, w_ptr, s_ptr = _program(w_ptr, s_ptr, ids_ptr, 2 * I, K)
+    if e >= 0:
+        acc_g, acc_u = _k_loop(w_ptr, s_ptr, x_ptr, K, sp * K_SPLIT, K_SPLIT, (I // 16) * (2 * K),
+                               (I // 16) * (K // 8), KB, True)
+        g = _column0(acc_g)
+        u = _column0(acc_u)
+        rows = rb * 64 + gl.arange(0, 64, layout=ROWS)
+        if SPLITS > 1:
+            npair = gl.num_programs(1)
+            gl.store(part_ptr + ((sp * npair + j) * 2) * I + rows, g)
+            gl.store(part_ptr + ((sp * npair + j) * 2 + 1) * I + rows, u)
+            _barrier()
+            if _arrive(cnt_ptr + j * gl.num_programs(0) + rb, SPLITS):
+                _barrier()
+                g = gl.zeros([64], gl.float32, layout=ROWS)
+                u = gl.zeros([64], gl.float32, layout=ROWS)
+                for s in range(SPLITS):
+                    g += gl.load(part_ptr + ((s * npair + j) * 2) * I + rows)
+                    u += gl.load(part_ptr + ((s * npair + j) * 2 + 1) * I + rows)
+                _gemm1_tail(g, u, e, j, rows, b_ptr, inter_ptr, I, p0, p1, ACT, HAS_LIMIT, HAS_LINEAR, HAS_BIAS)
+        else:
+            _gemm1_tail(g, u, e, j, rows, b_ptr, inter_ptr, I, p0, p1, ACT, HAS_LIMIT, HAS_LINEAR, HAS_BIAS)
+
+
+@gluon.jit
+def t1_gemm2(w_ptr, s_ptr, inter_ptr, ids_ptr, b_ptr, tw_ptr, part_ptr, cnt_ptr, out_ptr, K, N, K_SPLIT,
+             KB: gl.constexpr, HAS_BIAS: gl.constexpr, SPLITS: gl.constexpr):
+    """out[rows] = sum over pairs j of tw[j] * (w2[e_j] rows . inter[j] + b2[e_j] rows), rows
+    [64 rb, 64 rb + 64): the last of the top_k x SPLITS programs of a row block sums their partials,
+    pairs then splits in index order (the bias in split 0's)."""
+    rb, j, sp, e, w_ptr, s_ptr = _program(w_ptr, s_ptr, ids_ptr, N, K)
+    npair = gl.num_programs(1)
+    rows = rb * 64 + gl.arange(0, 64, layout=ROWS)
+    v = gl.zeros([64], gl.float32, layout=ROWS)
+    if e >= 0:
+        acc, _ = _k_loop(w_ptr, s_ptr, inter_ptr + j * K, K, sp * K_SPLIT, K_SPLIT, 0, 0, KB, False)
+        v = _column0(acc)
+        if HAS_BIAS:
+            if sp == 0:
+                v += gl.load(b_ptr + e * N + rows).to(gl.float32)
+        v = v * gl.load(tw_ptr + j).to(gl.float32)
+    gl.store(part_ptr + (sp * npair + j) * N + rows, v)
+    _barrier()
+    if _arrive(cnt_ptr + rb, npair * SPLITS):
+        _barrier()
+        total = gl.zeros([64], gl.float32, layout=ROWS)
+        for p in range(npair):
+            for s in range(SPLITS):
+                total += gl.load(part_ptr + (s * npair + p) * N + rows)
+        gl.store(out_ptr + rows, total.to(gl.bfloat16))
+
+
+def _words(t: torch.Tensor) -> torch.Tensor:
+    """A contiguous uint8 tensor as flat int32 words (RuntimeError where its storage is not 4-byte aligned)."""
+    return t.reshape(-1).view(torch.int32)
+
+
+def forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias, act, out, *,
+            k1: int, k2: int, splits1: int, splits2: int) -> torch.Tensor:
+    """out [1, H] bf16 = the layer for one token x [1, H] bf16 (contiguous hopper_mma_rot tensors,
+    scales <= 2; k1 / k2 codes a K step of GEMM1 / GEMM2, 64 or 128, splits dividing H / I into
+    whole steps; the caller checks these)."""
+    E, two_i, _ = w13.shape
+    H, I = x.shape[1], two_i // 2
+    k = topk_ids.shape[1]
+    dev = x.device
+    inter = torch.empty(k, I, dtype=torch.bfloat16, device=dev)
+    part1 = torch.empty(splits1, k, 2, I, dtype=torch.float32, device=dev)
+    part2 = torch.empty(splits2, k, H, dtype=torch.float32, device=dev)
+    cnt = torch.zeros(k * (I // 64) + H // 64, dtype=torch.int32, device=dev)
+    ids = topk_ids.reshape(-1)
+    tw = topk_weights.reshape(-1)
+    t1_gemm1[(I // 64, k, splits1)](
+        _words(w13), _words(w13_scale), x, ids, w13_bias if w13_bias is not None else part1, inter, part1, cnt,
+        H, I, H // splits1, act["p0"], act["p1"], KB=k1 // 64, ACT=act["ACT"], HAS_LIMIT=act["HAS_LIMIT"],
+        HAS_LINEAR=act["HAS_LINEAR"], HAS_BIAS=w13_bias is not None, SPLITS=splits1, num_warps=4)
+    t1_gemm2[(H // 64, k, splits2)](
+        _words(w2), _words(w2_scale), inter, ids, w2_bias if w2_bias is not None else part2, tw, part2,
+        cnt[k * (I // 64):], out, I, H, I // splits2, KB=k2 // 64, HAS_BIAS=w2_bias is not None, SPLITS=splits2,
+        num_warps=4)
+    return out
