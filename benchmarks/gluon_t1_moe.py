@@ -4,8 +4,9 @@ hopper_mma kernels (config gluon=0) on the same bytes and routing.
 
 Checked first: both outputs against a float64 computation from the bytes (silu, situ, and
 swigluoai with biases), and that each is deterministic. Then per kernel (torch profiler, L2
-flushed before each call) over K steps and splits of each GEMM, the other GEMM held at the
-default; then the default of each and the fastest of the sweep timed by CUDA-graph replay, each
+flushed before each call, no PDL) over K steps and splits of each GEMM, the other GEMM held at
+the default; then the default, the fastest of the sweep, and that with GEMM2 launched as a
+programmatic dependent of GEMM1 two ways, each timed by CUDA-graph replay, each
 call routing the token to other experts (so L2 holds no weights), interleaved round by round with
 the hopper_mma kernels; ratio = median gluon / hopper_mma.
 
@@ -92,7 +93,7 @@ def bench(name, rounds, log):
                                                  ("t1_gemm2", "gluon_k2", "gluon_split2", (64, 128), (1, 2, 4))):
         for kk in steps:
             for sp in splits:
-                cfg = dataclasses.replace(default, gluon=1, **{knob_k: kk, knob_s: sp})
+                cfg = dataclasses.replace(default, gluon=1, gluon_pdl=0, **{knob_k: kk, knob_s: sp})
                 plan = gluon_t1_plan(cfg, xs[0], w, k, "hopper_mma_rot")
                 if plan[0 if gemm == "t1_gemm1" else 1] != kk or plan[2 if gemm == "t1_gemm1" else 3] != sp:
                     continue  # lowered to another configuration
@@ -100,11 +101,15 @@ def bench(name, rounds, log):
                 sweep.append((gemm, kk, sp, t.get(gemm, float("nan")), cfg))
                 log(f"  {gemm} {kk} codes a step, {sp} splits: {t.get(gemm, float('nan')):.1f} us")
     best = {g: min((r for r in sweep if r[0] == g), key=lambda r: r[3]) for g in ("t1_gemm1", "t1_gemm2")}
-    fastest = dataclasses.replace(default, gluon=1, gluon_k1=best["t1_gemm1"][1], gluon_split1=best["t1_gemm1"][2],
+    fastest = dataclasses.replace(default, gluon=1, gluon_pdl=0, gluon_k1=best["t1_gemm1"][1], gluon_split1=best["t1_gemm1"][2],
                                   gluon_k2=best["t1_gemm2"][1], gluon_split2=best["t1_gemm2"][2])
     rows = []
-    for label, cfg in (("default", dataclasses.replace(default, gluon=1)), ("fastest of sweep", fastest)):
+    for label, cfg in (("default", dataclasses.replace(default, gluon=1)), ("fastest of sweep, no PDL", fastest),
+                       ("its GEMM2 PDL from GEMM1's start", dataclasses.replace(fastest, gluon_pdl=1)),
+                       ("its GEMM2 PDL after GEMM1's loop", dataclasses.replace(fastest, gluon_pdl=2))):
         plan = gluon_t1_plan(cfg, xs[0], w, k, "hopper_mma_rot")
+        if cfg.gluon_pdl:  # the same sums in the same order: bit-equal outputs
+            label += f" (bit-equal without: {bool(torch.equal(moe(cfg), moe(fastest)))})"
         tg, th = [], []
         for _ in range(rounds):
             tg.append(graph_time_us([lambda c=c: moe(cfg, c) for c in range(calls)]))
@@ -127,9 +132,9 @@ def main() -> int:
     table = []
     for name in args.shapes.split(","):
         table += bench(name, args.rounds, log)
-    log(f"{'shape':6s} {'configuration':18s} {'k1, k2, s1, s2':16s} {'gluon us':>9s} {'hopper us':>10s} {'ratio':>6s}")
+    log(f"{'shape':6s} {'configuration':44s} {'k1, k2, s1, s2':16s} {'gluon us':>9s} {'hopper us':>10s} {'ratio':>6s}")
     for r in table:
-        log(f"{r[0]:6s} {r[1]:18s} {str(r[2]):16s} {r[3]:9.1f} {r[4]:10.1f} {r[5]:6.3f}")
+        log(f"{r[0]:6s} {r[1]:44s} {str(r[2]):16s} {r[3]:9.1f} {r[4]:10.1f} {r[5]:6.3f}")
     write_log(lines, args.out, "gluon_t1_moe.txt")
     return 0
 

@@ -193,6 +193,7 @@ def hopper_variants(T, H, I, k, E):
         out.append(("gluonk", dataclasses.replace(default, gluon=1, gluon_k1=128, gluon_k2=64, gluon_split1=2,
                                                 gluon_split2=2)))
         out.append(("split", dataclasses.replace(default, gluon=1, gluon_split1=16, gluon_split2=4)))
+        out.append(("pdl", dataclasses.replace(default, gluon=1, gluon_pdl=2)))
     return out
 
 
@@ -242,7 +243,8 @@ def main() -> int:
         for layout, vname, cfg, weights in runs:
             t0 = time.time()
             plan = gluon_t1_plan(cfg, xin, weights, k, layout) if layout in HOPPER_SETS else None
-            path = f"gluon k{plan[0]}/{plan[1]} s{plan[2]}/{plan[3]}" if plan else path_name(cfg, T, k, E, dtype, layout)
+            path = (f"gluon k{plan[0]}/{plan[1]} s{plan[2]}/{plan[3]}{f' pdl{cfg.gluon_pdl}' if cfg.gluon_pdl else ''}"
+                    if plan else path_name(cfg, T, k, E, dtype, layout))
             label = f"{name} [{path}{' splitK' if vname == 'split' else ''}]"
             outs = []
             try:

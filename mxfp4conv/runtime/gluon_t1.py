@@ -27,7 +27,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
 from mxfp4conv.runtime import triton_hopper_kernels as HK
-from mxfp4conv.runtime.triton_hopper_kernels import _arrive
+from mxfp4conv.runtime.triton_hopper_kernels import _arrive, _gdc_launch, _gdc_wait
 from mxfp4conv.runtime.triton_moe_kernels import _activate
 
 # one int32 word in, its 8 codes out as 16-bit halves (R0 low, R0 high, ... R3 high): the hopper
@@ -97,11 +97,13 @@ def _decode(w, s, NB: gl.constexpr, KB: gl.constexpr, WPTX: gl.constexpr, FPTX: 
 
 
 @gluon.jit
-def _k_loop(w_ptr, s_ptr, x_ptr, K, k_lo, K_SPLIT, up_w, up_s, KB: gl.constexpr, GATE_UP: gl.constexpr):
+def _k_loop(w_ptr, s_ptr, x_ptr, K, k_lo, K_SPLIT, up_w, up_s, KB: gl.constexpr, GATE_UP: gl.constexpr,
+            WAIT: gl.constexpr):
     """acc (and with GATE_UP the up rows' acc) [64, 8] of 64 rows (4 slabs from w_ptr / s_ptr) times
     x over codes [k_lo, k_lo + K_SPLIT): x's slice broadcast over the 8 columns, the next step's
     words loaded before this step's decode (the last step loads its own again: nothing past the
-    split is read)."""
+    split is read). WAIT: x is the output of the kernel this one depends on programmatically; it is
+    waited for after the first step's weight loads are issued."""
     w_off, s_off = _offsets(K, 4, KB)
     xk = gl.arange(0, 64 * KB, layout=gl.SliceLayout(1, B_OP))
     xn = gl.arange(0, 8, layout=gl.SliceLayout(0, B_OP))
@@ -115,6 +117,8 @@ def _k_loop(w_ptr, s_ptr, x_ptr, K, k_lo, K_SPLIT, up_w, up_s, KB: gl.constexpr,
     if GATE_UP:
         wu = gl.load(w_ptr + up_w + w_off + k_lo * 2)
         su = gl.load(s_ptr + up_s + s_off + k_lo // 8)
+    if WAIT:
+        _gdc_wait()
     last = k_lo + K_SPLIT - 64 * KB
     for k0 in range(k_lo, k_lo + K_SPLIT, 64 * KB):
         k1 = gl.minimum(k0 + 64 * KB, last)
@@ -166,13 +170,18 @@ def _gemm1_tail(g, u, e, j, rows, b_ptr, inter_ptr, I, p0, p1, ACT: gl.constexpr
 @gluon.jit
 def t1_gemm1(w_ptr, s_ptr, x_ptr, ids_ptr, b_ptr, inter_ptr, part_ptr, cnt_ptr, K, I, K_SPLIT, p0, p1,
              KB: gl.constexpr, ACT: gl.constexpr, HAS_LIMIT: gl.constexpr, HAS_LINEAR: gl.constexpr,
-             HAS_BIAS: gl.constexpr, SPLITS: gl.constexpr):
+             HAS_BIAS: gl.constexpr, SPLITS: gl.constexpr, PDL: gl.constexpr):
     """inter[j, rows] = act(gate . x + b, up . x + b) for pair j's expert, rows [64 rb, 64 rb + 64)
-    (b13 [E, 2 I] with HAS_BIAS)."""
+    (b13 [E, 2 I] with HAS_BIAS). PDL 1 / 2: GEMM2's programs may launch from this program's start /
+    once its K loop is done."""
+    if PDL == 1:
+        _gdc_launch()
     rb, j, sp, e, w_ptr, s_ptr = _program(w_ptr, s_ptr, ids_ptr, 2 * I, K)
     if e >= 0:
         acc_g, acc_u = _k_loop(w_ptr, s_ptr, x_ptr, K, sp * K_SPLIT, K_SPLIT, (I // 16) * (2 * K),
-                               (I // 16) * (K // 8), KB, True)
+                               (I // 16) * (K // 8), KB, True, False)
+        if PDL == 2:
+            _gdc_launch()
         g = _column0(acc_g)
         u = _column0(acc_u)
         rows = rb * 64 + gl.arange(0, 64, layout=ROWS)
@@ -195,16 +204,17 @@ def t1_gemm1(w_ptr, s_ptr, x_ptr, ids_ptr, b_ptr, inter_ptr, part_ptr, cnt_ptr, 
 
 @gluon.jit
 def t1_gemm2(w_ptr, s_ptr, inter_ptr, ids_ptr, b_ptr, tw_ptr, part_ptr, cnt_ptr, out_ptr, K, N, K_SPLIT,
-             KB: gl.constexpr, HAS_BIAS: gl.constexpr, SPLITS: gl.constexpr):
+             KB: gl.constexpr, HAS_BIAS: gl.constexpr, SPLITS: gl.constexpr, PDL: gl.constexpr):
     """out[rows] = sum over pairs j of tw[j] * (w2[e_j] rows . inter[j] + b2[e_j] rows), rows
     [64 rb, 64 rb + 64): the last of the top_k x SPLITS programs of a row block sums their partials,
-    pairs then splits in index order (the bias in split 0's)."""
+    pairs then splits in index order (the bias in split 0's). PDL: launched as a programmatic dependent
+    of GEMM1, whose output is waited for after the first weight loads."""
     rb, j, sp, e, w_ptr, s_ptr = _program(w_ptr, s_ptr, ids_ptr, N, K)
     npair = gl.num_programs(1)
     rows = rb * 64 + gl.arange(0, 64, layout=ROWS)
     v = gl.zeros([64], gl.float32, layout=ROWS)
     if e >= 0:
-        acc, _ = _k_loop(w_ptr, s_ptr, inter_ptr + j * K, K, sp * K_SPLIT, K_SPLIT, 0, 0, KB, False)
+        acc, _ = _k_loop(w_ptr, s_ptr, inter_ptr + j * K, K, sp * K_SPLIT, K_SPLIT, 0, 0, KB, False, PDL)
         v = _column0(acc)
         if HAS_BIAS:
             if sp == 0:
@@ -227,10 +237,11 @@ def _words(t: torch.Tensor) -> torch.Tensor:
 
 
 def forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias, act, out, *,
-            k1: int, k2: int, splits1: int, splits2: int) -> torch.Tensor:
+            k1: int, k2: int, splits1: int, splits2: int, pdl: int = 0) -> torch.Tensor:
     """out [1, H] bf16 = the layer for one token x [1, H] bf16 (contiguous hopper_mma_rot tensors,
     scales <= 2; k1 / k2 codes a K step of GEMM1 / GEMM2, 64 or 128, splits dividing H / I into
-    whole steps; the caller checks these)."""
+    whole steps; the caller checks these; pdl: 0, or GEMM2 launched as a programmatic dependent of
+    GEMM1 from the start (1) or the end of GEMM1's K loops (2), where Triton has it)."""
     E, two_i, _ = w13.shape
     H, I = x.shape[1], two_i // 2
     k = topk_ids.shape[1]
@@ -244,9 +255,9 @@ def forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w
     t1_gemm1[(I // 64, k, splits1)](
         _words(w13), _words(w13_scale), x, ids, w13_bias if w13_bias is not None else part1, inter, part1, cnt,
         H, I, H // splits1, act["p0"], act["p1"], KB=k1 // 64, ACT=act["ACT"], HAS_LIMIT=act["HAS_LIMIT"],
-        HAS_LINEAR=act["HAS_LINEAR"], HAS_BIAS=w13_bias is not None, SPLITS=splits1, num_warps=4)
+        HAS_LINEAR=act["HAS_LINEAR"], HAS_BIAS=w13_bias is not None, SPLITS=splits1, PDL=pdl, num_warps=4)
     t1_gemm2[(H // 64, k, splits2)](
         _words(w2), _words(w2_scale), inter, ids, w2_bias if w2_bias is not None else part2, tw, part2,
         cnt[k * (I // 64):], out, I, H, I // splits2, KB=k2 // 64, HAS_BIAS=w2_bias is not None, SPLITS=splits2,
-        num_warps=4)
+        PDL=bool(pdl), num_warps=4, **({"launch_pdl": True} if pdl else {}))
     return out

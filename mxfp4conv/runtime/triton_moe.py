@@ -106,6 +106,9 @@ class MoEConfig:
     gluon_k2: int = 128
     gluon_split1: int = 0
     gluon_split2: int = 0
+    # and their GEMM2 a programmatic dependent of GEMM1 where Triton has it, released after GEMM1's K loops
+    # (2: 0.985 / 0.951 of the time without, DSV3- / K3-like), from its start (1: 1.034 / 0.992), or not (0)
+    gluon_pdl: int = 2
 
 
 def layout_of(layout: Mapping[str, str]) -> str | None:
@@ -369,7 +372,7 @@ def fused_moe_triton(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, *,
         plan = gluon_t1_plan(cfg, x, (w13, w13_scale, w2, w2_scale), top_k, layout)
         if plan is not None:
             done = _gluon_t1_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias,
-                                     act, out, plan, cfg.gluon == 1)
+                                     act, out, plan, cfg.gluon == 1, cfg.gluon_pdl)
             if done is not None:
                 return done
         return _hopper_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias,
@@ -611,27 +614,13 @@ _GLUON_PROGRAMS1 = 1024
 _GLUON_PROGRAMS2 = 512
 
 
-def gluon_t1_plan(cfg: MoEConfig, x: torch.Tensor, weights, top_k: int,
-                  layout: str) -> tuple[int, int, int, int] | None:
-    """(k1, k2, splits1, splits2) of the one-token Gluon kernels (gluon_t1) for this call, or None
-    where the hopper_mma kernels run it: another layout, T > 1, x not bf16, no CUDA GPU of compute
-    capability 8.0 or more (9.x when automatic), an e8m0 byte above 128 (the one-multiply factor
-    decode), storage not 4-byte aligned, no Gluon in this Triton, or cfg.gluon = 0. Automatic splits:
-    the fewest that give each GEMM its target of programs, lowered to a divisor of its K steps."""
-    if cfg.gluon == 0 or layout != "hopper_mma_rot" or x.shape[0] != 1 or x.dtype != torch.bfloat16:
-        return None
-    if not x.is_cuda or torch.version.cuda is None or os.environ.get("TRITON_INTERPRET") == "1" or _GLUON_BROKEN:
-        return None
+def gluon_t1_tiles(cfg: MoEConfig, H: int, i_pad: int, top_k: int) -> tuple[int, int, int, int]:
+    """(k1, k2, splits1, splits2) of the one-token Gluon kernels for this layer: codes a K step of
+    GEMM1 / GEMM2 (cfg's, or 64 where K is no multiple of it) and their K splits (cfg's, or the fewest
+    that give each GEMM its target of programs), each lowered to a divisor of its K steps."""
     for name, k in (("gluon_k1", cfg.gluon_k1), ("gluon_k2", cfg.gluon_k2)):
         if k not in (64, 128):
             raise RuntimeInputError(f"fused_moe_triton: {name} must be 64 or 128, got {k}.")
-    major = torch.cuda.get_device_capability(x.device)[0]
-    if major < 8 or (cfg.gluon < 0 and major != 9):
-        return None
-    w13, w13_scale, w2, w2_scale = weights
-    if any(t.data_ptr() % 4 for t in weights) or _big_scales(w13_scale, w2_scale) or _gluon_module() is None:
-        return None
-    H, i_pad = x.shape[1], w13.shape[1] // 2
     k1 = cfg.gluon_k1 if H % cfg.gluon_k1 == 0 else 64
     k2 = cfg.gluon_k2 if i_pad % cfg.gluon_k2 == 0 else 64
     s1 = cfg.gluon_split1 or triton.cdiv(_GLUON_PROGRAMS1, i_pad // 64 * top_k)
@@ -639,8 +628,28 @@ def gluon_t1_plan(cfg: MoEConfig, x: torch.Tensor, weights, top_k: int,
     return k1, k2, _divisor_splits(s1, H // k1), _divisor_splits(s2, i_pad // k2)
 
 
+def gluon_t1_plan(cfg: MoEConfig, x: torch.Tensor, weights, top_k: int,
+                  layout: str) -> tuple[int, int, int, int] | None:
+    """gluon_t1_tiles for this call, or None where the hopper_mma kernels run it: another layout,
+    T > 1, x not bf16, no CUDA GPU of compute capability 8.0 or more (9.x when automatic), an e8m0
+    byte above 128 (the one-multiply factor decode), storage not 4-byte aligned, no Gluon in this
+    Triton, or cfg.gluon = 0."""
+    w13, w13_scale, w2, w2_scale = weights
+    tiles = gluon_t1_tiles(cfg, x.shape[1], w13.shape[1] // 2, top_k)  # (a bad knob raises on every device)
+    if cfg.gluon == 0 or layout != "hopper_mma_rot" or x.shape[0] != 1 or x.dtype != torch.bfloat16:
+        return None
+    if not x.is_cuda or torch.version.cuda is None or os.environ.get("TRITON_INTERPRET") == "1" or _GLUON_BROKEN:
+        return None
+    major = torch.cuda.get_device_capability(x.device)[0]
+    if major < 8 or (cfg.gluon < 0 and major != 9):
+        return None
+    if any(t.data_ptr() % 4 for t in weights) or _big_scales(w13_scale, w2_scale) or _gluon_module() is None:
+        return None
+    return tiles
+
+
 def _gluon_t1_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias, act, out, plan,
-                      required):
+                      required, pdl=0):
     """The one-token layer in the Gluon kernels; None (the caller runs the hopper_mma kernels) where
     they fail to compile and were not required: a Triton whose Gluon differs from the one they were
     written for. The failure is warned about once."""
@@ -648,7 +657,8 @@ def _gluon_t1_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w
     tensors = [t.contiguous() if t is not None else None
                for t in (x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias)]
     try:
-        return _gluon_module().forward(*tensors, act, out, k1=k1, k2=k2, splits1=s1, splits2=s2)
+        return _gluon_module().forward(*tensors, act, out, k1=k1, k2=k2, splits1=s1, splits2=s2,
+                                       pdl=pdl if HK.HAS_GDC else 0)
     except triton.compiler.errors.CompilationError as exc:
         if required:
             raise

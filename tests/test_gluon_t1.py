@@ -1,0 +1,167 @@
+"""The one-token Gluon MoE kernels (mxfp4conv/runtime/gluon_t1.py) without a GPU: their tiles and
+K splits, the gates that keep every other call on the hopper_mma kernels, and their compilation
+for sm_90a with this Triton (Gluon kernels do not run in the interpreter; benchmarks/gpu_check.py
+checks their results on a GPU)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+from hypothesis import given, strategies as st
+
+from mxfp4conv.errors import RuntimeInputError
+from mxfp4conv.runtime import triton_moe
+from mxfp4conv.runtime.triton_moe import MoEConfig, fused_moe_triton, gluon_t1_plan, gluon_t1_tiles, select_config
+
+
+def test_tiles_of_the_measured_layers():
+    # the configurations measured fastest on an H200 (docs/gluon_t1_moe_h200.txt)
+    assert gluon_t1_tiles(select_config(8, 256, 7168, 2048, "hopper_mma_rot"), 7168, 2048, 8) == (64, 128, 4, 1)
+    assert gluon_t1_tiles(select_config(16, 896, 3584, 384, "hopper_mma_rot"), 3584, 384, 16) == (64, 128, 8, 1)
+    # 1088 = 17 x 64, 192 = 3 x 64: 64-code steps in both, splits lowered to divisors of 17 and 3
+    assert gluon_t1_tiles(MoEConfig(), 1088, 192, 3) == (64, 64, 17, 3)
+
+
+@given(h=st.integers(1, 160), i=st.integers(1, 64), top_k=st.integers(1, 16), k1=st.sampled_from([64, 128]),
+       k2=st.sampled_from([64, 128]), s1=st.integers(0, 40), s2=st.integers(0, 40))
+def test_tiles_always_cover_k_in_whole_steps(h, i, top_k, k1, k2, s1, s2):
+    H, I = 64 * h, 64 * i
+    cfg = MoEConfig(gluon_k1=k1, gluon_k2=k2, gluon_split1=s1, gluon_split2=s2)
+    t1, t2, n1, n2 = gluon_t1_tiles(cfg, H, I, top_k)
+    for K, step, asked, splits, wanted in ((H, t1, k1, n1, s1), (I, t2, k2, n2, s2)):
+        assert step == (asked if K % asked == 0 else 64)
+        assert splits >= 1 and (K // step) % splits == 0
+        if wanted:
+            assert splits <= wanted
+            # the largest such divisor
+            assert all((K // step) % s for s in range(splits + 1, min(wanted, K // step) + 1))
+
+
+@pytest.mark.parametrize("knob", ["gluon_k1", "gluon_k2"])
+def test_bad_step_is_a_clear_error(knob):
+    with pytest.raises(RuntimeInputError, match=f"{knob} must be 64 or 128"):
+        gluon_t1_tiles(MoEConfig(**{knob: 96}), 7168, 2048, 8)
+
+
+def _hopper_rot_case(T=1, dtype=torch.bfloat16, H=128, I=128, E=4, k=2):
+    from mxfp4conv.shuffle import get_layout
+
+    g = torch.Generator().manual_seed(3)
+    Wl, Sl = get_layout("hopper_mma_w_rot"), get_layout("hopper_mma_s")
+    w13 = Wl.forward(torch.randint(0, 256, (E, 2 * I, H // 2), generator=g, dtype=torch.uint8))
+    s13 = Sl.forward(torch.randint(120, 128, (E, 2 * I, H // 32), generator=g, dtype=torch.uint8))
+    w2 = Wl.forward(torch.randint(0, 256, (E, H, I // 2), generator=g, dtype=torch.uint8))
+    s2 = Sl.forward(torch.randint(120, 128, (E, H, I // 32), generator=g, dtype=torch.uint8))
+    x = torch.randn(T, H, generator=g).to(dtype)
+    ids = torch.stack([torch.randperm(E, generator=g)[:k] for _ in range(T)]).to(torch.int32)
+    return x, (w13, s13, w2, s2), torch.rand(T, k, generator=g), ids
+
+
+def test_plan_leaves_every_other_call_to_the_hopper_kernels():
+    x, w, tw, ids = _hopper_rot_case()
+    cfg = MoEConfig()
+    assert gluon_t1_plan(cfg, x, w, 2, "hopper_mma_rot") is None  # no CUDA tensor here
+    assert gluon_t1_plan(dataclasses.replace(cfg, gluon=1), x, w, 2, "hopper_mma_rot") is None
+    assert gluon_t1_plan(cfg, x, w, 2, "hopper_mma") is None
+
+
+def test_one_token_off_gpu_runs_the_hopper_kernels(monkeypatch):
+    """fused_moe_triton at T = 1 over hopper_mma_rot without a GPU: the plan declines, the hopper_mma
+    kernels (interpreted) run, and the Gluon module is never imported."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("a CUDA GPU is present: gpu_check covers this call there")
+    called = []
+    monkeypatch.setattr(triton_moe, "_gluon_t1_forward", lambda *a, **k: called.append(1))
+    x, w, tw, ids = _hopper_rot_case()
+    out = fused_moe_triton(x, *w, tw, ids, activation="silu", activation_params={}, layout="hopper_mma_rot")
+    ref = fused_moe_triton(x, *w, tw, ids, activation="silu", activation_params={}, layout="hopper_mma_rot",
+                           config=dataclasses.replace(select_config(2, 4, 128, 128, "hopper_mma_rot"), gluon=0))
+    assert not called
+    assert torch.equal(out, ref) and bool(torch.isfinite(out).all())
+
+
+# Compiled in a child process: this session runs Triton in its interpreter, which cannot compile.
+_COMPILE = r"""
+import json, os, subprocess, sys, tempfile
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.experimental.gluon._runtime import GluonASTSource
+from mxfp4conv.runtime import gluon_t1
+
+TYPES = {"x_ptr": "*bf16", "ids_ptr": "*i32", "b_ptr": "*fp32", "inter_ptr": "*bf16", "part_ptr": "*fp32",
+         "tw_ptr": "*fp32", "out_ptr": "*bf16", "p0": "fp32", "p1": "fp32"}
+TOOL = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+out = []
+for name, consts in json.loads(sys.argv[1]):
+    fn = getattr(gluon_t1, name)
+    sig = {n: "constexpr" if n in consts else TYPES.get(n, "*i32" if n.endswith("_ptr") else "i32")
+           for n in fn.arg_names}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(sig) if n.endswith("_ptr")}
+    kernel = triton.compile(GluonASTSource(fn, sig, constexprs=consts, attrs=attrs),
+                            target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4))
+    with tempfile.TemporaryDirectory() as tmp:
+        cubin = os.path.join(tmp, "k.cubin")
+        with open(cubin, "wb") as f:
+            f.write(kernel.asm["cubin"])
+        sass = subprocess.run([TOOL, "-sass", cubin], check=True, capture_output=True, text=True).stdout
+        res = subprocess.run([TOOL, "-res-usage", cubin], check=True, capture_output=True, text=True).stdout
+    out.append((sass, res))
+print("RESULT" + json.dumps(out))
+"""
+
+
+def _tools_available() -> bool:
+    try:
+        import triton
+        from triton.experimental import gluon  # noqa: F401
+    except ImportError:
+        return False
+    return os.path.exists(os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump"))
+
+
+ACTS = {"silu+limit": (triton_moe._ACT_IDS["silu"], True, False), "situ": (triton_moe._ACT_IDS["situ"], False, True),
+        "swigluoai": (triton_moe._ACT_IDS["swigluoai"], False, False)}
+VARIANTS = [("silu+limit", 1, 4, False, 0), ("situ", 2, 1, False, 1), ("swigluoai", 1, 8, True, 2)]  # act, KB, splits, bias, PDL
+KB_STEPS = {1: 4, 2: 8}  # m16n8k16 MMAs a warp's 16-row slab takes for a 64 KB-code K step
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    """{(variant, kernel): (SASS, resource usage)} of both kernels in every VARIANTS configuration."""
+    jobs, keys = [], []
+    for variant in VARIANTS:
+        act, kb, splits, bias, pdl = variant
+        a, limit, linear = ACTS[act]
+        jobs.append(("t1_gemm1", dict(KB=kb, ACT=a, HAS_LIMIT=limit, HAS_LINEAR=linear, HAS_BIAS=bias, SPLITS=splits,
+                                      PDL=pdl)))
+        jobs.append(("t1_gemm2", dict(KB=kb, HAS_BIAS=bias, SPLITS=splits, PDL=bool(pdl))))
+        keys += [(variant, "t1_gemm1"), (variant, "t1_gemm2")]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                         env.get("PYTHONPATH", "")])
+    run = subprocess.run([sys.executable, "-c", _COMPILE, json.dumps(jobs)], capture_output=True, text=True, env=env,
+                         timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    line = next(x for x in run.stdout.splitlines() if x.startswith("RESULT"))
+    return dict(zip(keys, json.loads(line[len("RESULT"):])))
+
+
+@pytest.mark.skipif(not _tools_available(), reason="this Triton has no Gluon or ships no NVIDIA tools")
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_kernels_compile_for_sm90_without_spills(compiled, variant):
+    kb = variant[1]
+    for kernel, mmas in (("t1_gemm1", 2 * KB_STEPS[kb]), ("t1_gemm2", KB_STEPS[kb])):  # gate and up; one matrix
+        sass, res = compiled[(variant, kernel)]
+        assert re.search(r"STACK:0\b", res), f"{kernel}: {res}"  # nothing spilled to local memory
+        assert len(re.findall(r"HMMA\.16816\.F32\.BF16", sass)) >= mmas, kernel
+        assert "LDL" not in sass and "STL" not in sass, kernel
+    # programmatic dependent launch: GEMM1 releases GEMM2 (PDL 1 or 2), GEMM2 waits for GEMM1's output
+    pdl = variant[4]
+    assert ("ACQBULK" in compiled[(variant, "t1_gemm2")][0]) == bool(pdl)
