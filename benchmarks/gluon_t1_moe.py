@@ -1,5 +1,5 @@
 """The one-token MoE layer of fused_moe_triton over hopper_mma_rot: the Gluon MMA v2 kernels
-(mxfp4conv/runtime/gluon_t1.py, taken automatically at T = 1 with bf16 x on Hopper) against the
+(mxfp4conv/runtime/gluon_few_tokens.py, taken automatically at T = 1 with bf16 x on Hopper) against the
 hopper_mma kernels (config gluon=0) on the same bytes and routing.
 
 Checked first: both outputs against a float64 computation from the bytes (silu, situ, and
@@ -30,7 +30,7 @@ from benchmarks.kernel_split import split as kernel_times  # noqa: E402
 from benchmarks.moe_bench import SHAPES, graph_time_us, make_weights  # noqa: E402
 from mxfp4conv.codec import dequantize_mxfp4  # noqa: E402
 from mxfp4conv.runtime.activations import resolve_activation  # noqa: E402
-from mxfp4conv.runtime.triton_moe import LAYOUT_SETS, fused_moe_triton, gluon_t1_plan, select_config  # noqa: E402
+from mxfp4conv.runtime.triton_moe import LAYOUT_SETS, fused_moe_triton, gluon_plan, select_config  # noqa: E402
 from mxfp4conv.shuffle import get_layout  # noqa: E402
 
 
@@ -73,7 +73,7 @@ def bench(name, rounds, log):
         w2_bias=b2, layout="hopper_mma_rot", config=cfg)
     rel = lambda a, b: float((a.double().reshape(-1) - b.reshape(-1)).norm() / b.norm())  # noqa: E731
     biases = (torch.randn(E, 2 * I, device="cuda", generator=gen), torch.randn(E, H, device="cuda", generator=gen))
-    log(f"{name} T=1, default plan (k1, k2, splits1, splits2) {gluon_t1_plan(default, xs[0], w, k, 'hopper_mma_rot')}")
+    log(f"{name} T=1, default plan (k1, k2, splits1, splits2) {gluon_plan(default, xs[0], w, k, 'hopper_mma_rot')}")
     for act, params, bias in CHECKS:
         b13, b2 = biases if bias else (None, None)
         ref = reference(xs[0], w13, s13, w2, s2, *routes[0], act, params, b13, b2)
@@ -89,25 +89,25 @@ def bench(name, rounds, log):
     log("  hopper_mma kernels (us, L2 flushed, mean of 20): "
         + ", ".join(f"{n[:24]} {t:.1f}" for n, t in per_kernel(hopper).items()))
     sweep = []
-    for gemm, knob_k, knob_s, steps, splits in (("t1_gemm1", "gluon_k1", "gluon_split1", (64, 128), (1, 2, 4, 8, 16)),
-                                                 ("t1_gemm2", "gluon_k2", "gluon_split2", (64, 128), (1, 2, 4))):
+    for gemm, knob_k, knob_s, steps, splits in (("few_gemm1", "gluon_k1", "gluon_split1", (64, 128), (1, 2, 4, 8, 16)),
+                                                 ("few_gemm2", "gluon_k2", "gluon_split2", (64, 128), (1, 2, 4))):
         for kk in steps:
             for sp in splits:
                 cfg = dataclasses.replace(default, gluon=1, gluon_pdl=0, **{knob_k: kk, knob_s: sp})
-                plan = gluon_t1_plan(cfg, xs[0], w, k, "hopper_mma_rot")
-                if plan[0 if gemm == "t1_gemm1" else 1] != kk or plan[2 if gemm == "t1_gemm1" else 3] != sp:
+                plan = gluon_plan(cfg, xs[0], w, k, "hopper_mma_rot")
+                if plan[0 if gemm == "few_gemm1" else 1] != kk or plan[2 if gemm == "few_gemm1" else 3] != sp:
                     continue  # lowered to another configuration
                 t = per_kernel(cfg)
                 sweep.append((gemm, kk, sp, t.get(gemm, float("nan")), cfg))
                 log(f"  {gemm} {kk} codes a step, {sp} splits: {t.get(gemm, float('nan')):.1f} us")
-    best = {g: min((r for r in sweep if r[0] == g), key=lambda r: r[3]) for g in ("t1_gemm1", "t1_gemm2")}
-    fastest = dataclasses.replace(default, gluon=1, gluon_pdl=0, gluon_k1=best["t1_gemm1"][1], gluon_split1=best["t1_gemm1"][2],
-                                  gluon_k2=best["t1_gemm2"][1], gluon_split2=best["t1_gemm2"][2])
+    best = {g: min((r for r in sweep if r[0] == g), key=lambda r: r[3]) for g in ("few_gemm1", "few_gemm2")}
+    fastest = dataclasses.replace(default, gluon=1, gluon_pdl=0, gluon_k1=best["few_gemm1"][1], gluon_split1=best["few_gemm1"][2],
+                                  gluon_k2=best["few_gemm2"][1], gluon_split2=best["few_gemm2"][2])
     rows = []
     for label, cfg in (("default", dataclasses.replace(default, gluon=1)), ("fastest of sweep, no PDL", fastest),
                        ("its GEMM2 PDL from GEMM1's start", dataclasses.replace(fastest, gluon_pdl=1)),
                        ("its GEMM2 PDL after GEMM1's loop", dataclasses.replace(fastest, gluon_pdl=2))):
-        plan = gluon_t1_plan(cfg, xs[0], w, k, "hopper_mma_rot")
+        plan = gluon_plan(cfg, xs[0], w, k, "hopper_mma_rot")
         if cfg.gluon_pdl:  # the same sums in the same order: bit-equal outputs
             label += f" (bit-equal without: {bool(torch.equal(moe(cfg), moe(fastest)))})"
         tg, th = [], []

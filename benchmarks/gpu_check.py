@@ -29,7 +29,7 @@ import torch
 from mxfp4conv.codec import dequantize_mxfp4
 
 from mxfp4conv.runtime.triton_moe import (ALIGN_GRID_PAIRS, HOPPER_SETS, LAYOUT_SETS, fused_moe_triton,
-                                          gluon_t1_plan, hopper_options, select_config, uses_gemv)
+                                          gluon_plan, hopper_options, select_config, uses_gemv)
 from mxfp4conv.shuffle import get_layout
 
 
@@ -124,6 +124,7 @@ CASES = [
     ("dsv3 T1 swigluoai bias edge", 1, 7168, 2048, 256, 8, "swigluoai", {"alpha": 1.702, "limit": 7.0}, True, torch.bfloat16, "edge"),
     ("k3 T1 situ edge", 1, 3584, 384, 896, 16, "situ", {"beta": 4.0, "linear_beta": 25.0}, False, torch.bfloat16, "edge"),
     ("64-tiles T1 silu+limit bias edge", 1, 1088, 192, 8, 3, "silu", {"swiglu_limit": 10.0}, True, torch.bfloat16, "edge"),
+    ("dsv3 T4 swigluoai bias edge", 4, 7168, 2048, 256, 8, "swigluoai", {"alpha": 1.702, "limit": 7.0}, True, torch.bfloat16, "edge"),
 ]
 
 
@@ -187,13 +188,15 @@ def hopper_variants(T, H, I, k, E):
     out.append(("factors", dataclasses.replace(default, factor_pairs=1 - default.factor_pairs)))
     if T > 1:  # the other align (many programs below ALIGN_GRID_PAIRS, one program from it)
         out.append(("align", dataclasses.replace(default, align=int(T * k < ALIGN_GRID_PAIRS))))
-    if T == 1:  # the variants on the hopper_mma kernels (the Gluon ones take one token where they can), and
-        # the Gluon ones' other K steps and splits
+    if T <= default.gluon_max_tokens:  # the Gluon kernels take these tokens where they can: the variants above on
+        # the hopper_mma kernels, and the Gluon ones' other K steps and splits, and without PDL
         out = out[:1] + [(n, dataclasses.replace(c, gluon=0)) for n, c in out[1:]]
         out.append(("gluonk", dataclasses.replace(default, gluon=1, gluon_k1=128, gluon_k2=64, gluon_split1=2,
                                                 gluon_split2=2)))
         out.append(("split", dataclasses.replace(default, gluon=1, gluon_split1=16, gluon_split2=4)))
-        out.append(("pdl", dataclasses.replace(default, gluon=1, gluon_pdl=2)))
+        out.append(("nopdl", dataclasses.replace(default, gluon=1, gluon_pdl=0)))
+    elif T <= 16:  # and on more tokens than they take by default
+        out.append(("gluon", dataclasses.replace(default, gluon=1, gluon_max_tokens=16)))
     return out
 
 
@@ -242,7 +245,7 @@ def main() -> int:
                 runs.append((other, other, select_config(T * k, E, H, I, other), stored(other)))
         for layout, vname, cfg, weights in runs:
             t0 = time.time()
-            plan = gluon_t1_plan(cfg, xin, weights, k, layout) if layout in HOPPER_SETS else None
+            plan = gluon_plan(cfg, xin, weights, k, layout) if layout in HOPPER_SETS else None
             path = (f"gluon k{plan[0]}/{plan[1]} s{plan[2]}/{plan[3]}{f' pdl{cfg.gluon_pdl}' if cfg.gluon_pdl else ''}"
                     if plan else path_name(cfg, T, k, E, dtype, layout))
             label = f"{name} [{path}{' splitK' if vname == 'split' else ''}]"

@@ -97,18 +97,23 @@ class MoEConfig:
     # hopper_mma decode: the e8m0 factors of scales <= 2 two to a word (1: a byte permute and a
     # multiply-add per two) or one at a time (0: the v13 instructions)
     factor_pairs: int = 1
-    # one token over hopper_mma_rot with bf16 x: the Gluon MMA v2 kernels of gluon_t1 (1 on where they
-    # can run, 0 off, -1 automatic: on GPUs of compute capability 9.x, where they were measured), codes
-    # a K step of their GEMM1 / GEMM2 (64 or 128; 64 where K is no multiple) and K splits (0: automatic,
-    # see gluon_t1_plan; each lowered to a divisor of the K steps)
+    # up to gluon_max_tokens tokens over hopper_mma_rot with bf16 x: the Gluon MMA v2 kernels of
+    # gluon_few_tokens, a program per (token, expert) pair (1 on where they can run, 0 off, -1 automatic: on
+    # GPUs of compute capability 9.x, where they were measured), codes a K step of their GEMM1 / GEMM2
+    # (64 or 128; 64 where K is no multiple) and K splits (0: automatic, see gluon_tiles; each lowered to
+    # a divisor of the K steps)
     gluon: int = -1
     gluon_k1: int = 64
     gluon_k2: int = 128
     gluon_split1: int = 0
     gluon_split2: int = 0
     # and their GEMM2 a programmatic dependent of GEMM1 where Triton has it, released after GEMM1's K loops
-    # (2: 0.985 / 0.951 of the time without, DSV3- / K3-like), from its start (1: 1.034 / 0.992), or not (0)
+    # (2: 0.970-0.985 / 0.951-0.962 of the time without, DSV3- / K3-like, T = 1), from its start
+    # (1: 1.027-1.034 / 0.987-0.992), or not (0)
     gluon_pdl: int = 2
+    # they read an expert's weights once a pair: against the hopper_mma kernels at T = 1 / 2 / 4 / 8 / 16,
+    # DSV3-like 0.92 / 0.896 / 0.953 / 0.957 / 1.106, K3-like 0.92 / 0.786 / 0.838 / 0.956 / 1.069
+    gluon_max_tokens: int = 8
 
 
 def layout_of(layout: Mapping[str, str]) -> str | None:
@@ -369,9 +374,9 @@ def fused_moe_triton(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, *,
         return out.zero_()
     cfg = config or select_config(num_pairs, E, H, i_pad, layout)
     if layout in HOPPER_SETS:
-        plan = gluon_t1_plan(cfg, x, (w13, w13_scale, w2, w2_scale), top_k, layout)
+        plan = gluon_plan(cfg, x, (w13, w13_scale, w2, w2_scale), top_k, layout)
         if plan is not None:
-            done = _gluon_t1_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias,
+            done = _gluon_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias,
                                      act, out, plan, cfg.gluon == 1, cfg.gluon_pdl)
             if done is not None:
                 return done
@@ -587,12 +592,12 @@ def _big_scales(*scales: torch.Tensor) -> bool:
 
 @functools.lru_cache(maxsize=None)
 def _gluon_module():
-    """mxfp4conv.runtime.gluon_t1, or None where this Triton has no Gluon (or not the parts it uses)."""
+    """mxfp4conv.runtime.gluon_few_tokens, or None where this Triton has no Gluon (or not the parts it uses)."""
     try:
-        from mxfp4conv.runtime import gluon_t1
+        from mxfp4conv.runtime import gluon_few_tokens
     except (ImportError, AttributeError, TypeError):
         return None
-    return gluon_t1
+    return gluon_few_tokens
 
 
 _GLUON_BROKEN: list[str] = []  # why the Gluon kernels failed to compile here, once they have
@@ -608,13 +613,13 @@ def _divisor_splits(requested: int, steps: int) -> int:
 
 # programs the one-token Gluon kernels' automatic K splits aim for, measured on an H200
 # (benchmarks/gluon_t1_moe.py): GEMM1 (gate and up, 64-code steps) DSV3-like 4 splits (1024 programs)
-# 43.6 us against 53.7 for 2 and 48.8 for 8, K3-like 8 splits (768) 13.2 us against 16.2 for 4;
+# 44.0 us against 54.5 for 2 and 49.0 for 8, K3-like 8 splits (768) 13.5 us against 16.6 for 4;
 # GEMM2 (128-code steps) is fastest unsplit on both (896 programs)
 _GLUON_PROGRAMS1 = 1024
 _GLUON_PROGRAMS2 = 512
 
 
-def gluon_t1_tiles(cfg: MoEConfig, H: int, i_pad: int, top_k: int) -> tuple[int, int, int, int]:
+def gluon_tiles(cfg: MoEConfig, H: int, i_pad: int, pairs: int) -> tuple[int, int, int, int]:
     """(k1, k2, splits1, splits2) of the one-token Gluon kernels for this layer: codes a K step of
     GEMM1 / GEMM2 (cfg's, or 64 where K is no multiple of it) and their K splits (cfg's, or the fewest
     that give each GEMM its target of programs), each lowered to a divisor of its K steps."""
@@ -623,20 +628,21 @@ def gluon_t1_tiles(cfg: MoEConfig, H: int, i_pad: int, top_k: int) -> tuple[int,
             raise RuntimeInputError(f"fused_moe_triton: {name} must be 64 or 128, got {k}.")
     k1 = cfg.gluon_k1 if H % cfg.gluon_k1 == 0 else 64
     k2 = cfg.gluon_k2 if i_pad % cfg.gluon_k2 == 0 else 64
-    s1 = cfg.gluon_split1 or triton.cdiv(_GLUON_PROGRAMS1, i_pad // 64 * top_k)
-    s2 = cfg.gluon_split2 or triton.cdiv(_GLUON_PROGRAMS2, H // 64 * top_k)
+    s1 = cfg.gluon_split1 or triton.cdiv(_GLUON_PROGRAMS1, i_pad // 64 * pairs)
+    s2 = cfg.gluon_split2 or triton.cdiv(_GLUON_PROGRAMS2, H // 64 * pairs)
     return k1, k2, _divisor_splits(s1, H // k1), _divisor_splits(s2, i_pad // k2)
 
 
-def gluon_t1_plan(cfg: MoEConfig, x: torch.Tensor, weights, top_k: int,
+def gluon_plan(cfg: MoEConfig, x: torch.Tensor, weights, top_k: int,
                   layout: str) -> tuple[int, int, int, int] | None:
-    """gluon_t1_tiles for this call, or None where the hopper_mma kernels run it: another layout,
-    T > 1, x not bf16, no CUDA GPU of compute capability 8.0 or more (9.x when automatic), an e8m0
-    byte above 128 (the one-multiply factor decode), storage not 4-byte aligned, no Gluon in this
-    Triton, or cfg.gluon = 0."""
+    """gluon_tiles for this call, or None where the hopper_mma kernels run it: another layout,
+    more than gluon_max_tokens tokens, x not bf16, no CUDA GPU of compute capability 8.0 or more
+    (9.x when automatic), an e8m0 byte above 128 (the one-multiply factor decode), storage not
+    4-byte aligned, no Gluon in this Triton, or cfg.gluon = 0."""
     w13, w13_scale, w2, w2_scale = weights
-    tiles = gluon_t1_tiles(cfg, x.shape[1], w13.shape[1] // 2, top_k)  # (a bad knob raises on every device)
-    if cfg.gluon == 0 or layout != "hopper_mma_rot" or x.shape[0] != 1 or x.dtype != torch.bfloat16:
+    T = x.shape[0]
+    tiles = gluon_tiles(cfg, x.shape[1], w13.shape[1] // 2, T * top_k)  # (a bad knob raises on every device)
+    if cfg.gluon == 0 or layout != "hopper_mma_rot" or T > cfg.gluon_max_tokens or x.dtype != torch.bfloat16:
         return None
     if not x.is_cuda or torch.version.cuda is None or os.environ.get("TRITON_INTERPRET") == "1" or _GLUON_BROKEN:
         return None
@@ -648,7 +654,7 @@ def gluon_t1_plan(cfg: MoEConfig, x: torch.Tensor, weights, top_k: int,
     return tiles
 
 
-def _gluon_t1_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias, act, out, plan,
+def _gluon_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias, act, out, plan,
                       required, pdl=0):
     """The one-token layer in the Gluon kernels; None (the caller runs the hopper_mma kernels) where
     they fail to compile and were not required: a Triton whose Gluon differs from the one they were

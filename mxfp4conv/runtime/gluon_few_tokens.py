@@ -1,6 +1,8 @@
-"""One token's MoE layer over hopper_mma_rot weights in two Gluon kernels with MMA v2 (mma.sync):
-the T = 1, bf16 path of fused_moe_triton on NVIDIA GPUs (measured on an H200 against the
-hopper_mma kernels on the same bytes: benchmarks/gluon_t1_moe.py, docs/performance.md).
+"""A few tokens' MoE layer over hopper_mma_rot weights in two Gluon kernels with MMA v2 (mma.sync),
+a program per (token, expert) pair: the path of fused_moe_triton for up to gluon_max_tokens bf16
+tokens on NVIDIA GPUs (measured on an H200 against the hopper_mma kernels on the same bytes:
+benchmarks/gluon_t1_moe.py, benchmarks/moe_bench.py, docs/performance.md). An expert is read once
+a pair, so this pays while tokens rarely share an expert.
 
 Why Gluon: it states every layout, so each lane's int32 words of a 16 x 64 hopper_mma_w_rot block
 decode (with the hopper kernels' PTX) straight into its m16n8k16 A fragment, and one token takes an
@@ -9,8 +11,8 @@ against the hopper kernel's 395 at 117.
 
 GEMM1: a program per (64-row block of gate and of up, pair, K split); the last split of a tile to
 arrive sums the fp32 partials in split order and applies the bias and the activation. GEMM2: a
-program per (64-row block, pair, K split); the last of a row block's top_k x splits programs sums
-their weighted partials, pairs then splits in index order, and writes the output row. Every sum is
+program per (64-row block, pair, K split); the last of a token's row block's top_k x splits
+programs sums their weighted partials, pairs then splits in index order, and writes its output row. Every sum is
 taken in a fixed order, so results are deterministic. A pair whose expert id is negative (not on
 this rank) contributes nothing.
 
@@ -168,17 +170,17 @@ def _gemm1_tail(g, u, e, j, rows, b_ptr, inter_ptr, I, p0, p1, ACT: gl.constexpr
 
 
 @gluon.jit
-def t1_gemm1(w_ptr, s_ptr, x_ptr, ids_ptr, b_ptr, inter_ptr, part_ptr, cnt_ptr, K, I, K_SPLIT, p0, p1,
+def few_gemm1(w_ptr, s_ptr, x_ptr, ids_ptr, b_ptr, inter_ptr, part_ptr, cnt_ptr, K, I, K_SPLIT, TOP_K, p0, p1,
              KB: gl.constexpr, ACT: gl.constexpr, HAS_LIMIT: gl.constexpr, HAS_LINEAR: gl.constexpr,
              HAS_BIAS: gl.constexpr, SPLITS: gl.constexpr, PDL: gl.constexpr):
-    """inter[j, rows] = act(gate . x + b, up . x + b) for pair j's expert, rows [64 rb, 64 rb + 64)
-    (b13 [E, 2 I] with HAS_BIAS). PDL 1 / 2: GEMM2's programs may launch from this program's start /
+    """inter[j, rows] = act(gate . x + b, up . x + b) for pair j (token j // TOP_K) and its expert, rows
+    [64 rb, 64 rb + 64) (b13 [E, 2 I] with HAS_BIAS). PDL 1 / 2: GEMM2's programs may launch from this program's start /
     once its K loop is done."""
     if PDL == 1:
         _gdc_launch()
     rb, j, sp, e, w_ptr, s_ptr = _program(w_ptr, s_ptr, ids_ptr, 2 * I, K)
     if e >= 0:
-        acc_g, acc_u = _k_loop(w_ptr, s_ptr, x_ptr, K, sp * K_SPLIT, K_SPLIT, (I // 16) * (2 * K),
+        acc_g, acc_u = _k_loop(w_ptr, s_ptr, x_ptr + (j // TOP_K) * K, K, sp * K_SPLIT, K_SPLIT, (I // 16) * (2 * K),
                                (I // 16) * (K // 8), KB, True, False)
         if PDL == 2:
             _gdc_launch()
@@ -203,11 +205,11 @@ def t1_gemm1(w_ptr, s_ptr, x_ptr, ids_ptr, b_ptr, inter_ptr, part_ptr, cnt_ptr, 
 
 
 @gluon.jit
-def t1_gemm2(w_ptr, s_ptr, inter_ptr, ids_ptr, b_ptr, tw_ptr, part_ptr, cnt_ptr, out_ptr, K, N, K_SPLIT,
+def few_gemm2(w_ptr, s_ptr, inter_ptr, ids_ptr, b_ptr, tw_ptr, part_ptr, cnt_ptr, out_ptr, K, N, K_SPLIT, TOP_K,
              KB: gl.constexpr, HAS_BIAS: gl.constexpr, SPLITS: gl.constexpr, PDL: gl.constexpr):
-    """out[rows] = sum over pairs j of tw[j] * (w2[e_j] rows . inter[j] + b2[e_j] rows), rows
-    [64 rb, 64 rb + 64): the last of the top_k x SPLITS programs of a row block sums their partials,
-    pairs then splits in index order (the bias in split 0's). PDL: launched as a programmatic dependent
+    """out[t, rows] = sum over token t's pairs j of tw[j] * (w2[e_j] rows . inter[j] + b2[e_j] rows),
+    rows [64 rb, 64 rb + 64): the last of the TOP_K x SPLITS programs of a token's row block sums their
+    partials, pairs then splits in index order (the bias in split 0's). PDL: launched as a programmatic dependent
     of GEMM1, whose output is waited for after the first weight loads."""
     rb, j, sp, e, w_ptr, s_ptr = _program(w_ptr, s_ptr, ids_ptr, N, K)
     npair = gl.num_programs(1)
@@ -222,13 +224,14 @@ def t1_gemm2(w_ptr, s_ptr, inter_ptr, ids_ptr, b_ptr, tw_ptr, part_ptr, cnt_ptr,
         v = v * gl.load(tw_ptr + j).to(gl.float32)
     gl.store(part_ptr + (sp * npair + j) * N + rows, v)
     _barrier()
-    if _arrive(cnt_ptr + rb, npair * SPLITS):
+    t = j // TOP_K
+    if _arrive(cnt_ptr + t * gl.num_programs(0) + rb, TOP_K * SPLITS):
         _barrier()
         total = gl.zeros([64], gl.float32, layout=ROWS)
-        for p in range(npair):
+        for p in range(t * TOP_K, t * TOP_K + TOP_K):
             for s in range(SPLITS):
                 total += gl.load(part_ptr + (s * npair + p) * N + rows)
-        gl.store(out_ptr + rows, total.to(gl.bfloat16))
+        gl.store(out_ptr + t * N + rows, total.to(gl.bfloat16))
 
 
 def _words(t: torch.Tensor) -> torch.Tensor:
@@ -238,26 +241,28 @@ def _words(t: torch.Tensor) -> torch.Tensor:
 
 def forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias, act, out, *,
             k1: int, k2: int, splits1: int, splits2: int, pdl: int = 0) -> torch.Tensor:
-    """out [1, H] bf16 = the layer for one token x [1, H] bf16 (contiguous hopper_mma_rot tensors,
-    scales <= 2; k1 / k2 codes a K step of GEMM1 / GEMM2, 64 or 128, splits dividing H / I into
-    whole steps; the caller checks these; pdl: 0, or GEMM2 launched as a programmatic dependent of
-    GEMM1 from the start (1) or the end of GEMM1's K loops (2), where Triton has it)."""
+    """out [T, H] bf16 = the layer for a few tokens x [T, H] bf16, programs per (token, expert) pair
+    (contiguous hopper_mma_rot tensors, scales <= 2; k1 / k2 codes a K step of GEMM1 / GEMM2, 64 or
+    128, splits dividing H / I into whole steps; the caller checks these; pdl: 0, or GEMM2 launched as
+    a programmatic dependent of GEMM1 from the start (1) or the end of GEMM1's K loops (2), where
+    Triton has it)."""
     E, two_i, _ = w13.shape
     H, I = x.shape[1], two_i // 2
-    k = topk_ids.shape[1]
+    T, k = topk_ids.shape
+    pairs = T * k
     dev = x.device
-    inter = torch.empty(k, I, dtype=torch.bfloat16, device=dev)
-    part1 = torch.empty(splits1, k, 2, I, dtype=torch.float32, device=dev)
-    part2 = torch.empty(splits2, k, H, dtype=torch.float32, device=dev)
-    cnt = torch.zeros(k * (I // 64) + H // 64, dtype=torch.int32, device=dev)
+    inter = torch.empty(pairs, I, dtype=torch.bfloat16, device=dev)
+    part1 = torch.empty(splits1, pairs, 2, I, dtype=torch.float32, device=dev)
+    part2 = torch.empty(splits2, pairs, H, dtype=torch.float32, device=dev)
+    cnt = torch.zeros(pairs * (I // 64) + T * (H // 64), dtype=torch.int32, device=dev)
     ids = topk_ids.reshape(-1)
     tw = topk_weights.reshape(-1)
-    t1_gemm1[(I // 64, k, splits1)](
+    few_gemm1[(I // 64, pairs, splits1)](
         _words(w13), _words(w13_scale), x, ids, w13_bias if w13_bias is not None else part1, inter, part1, cnt,
-        H, I, H // splits1, act["p0"], act["p1"], KB=k1 // 64, ACT=act["ACT"], HAS_LIMIT=act["HAS_LIMIT"],
+        H, I, H // splits1, k, act["p0"], act["p1"], KB=k1 // 64, ACT=act["ACT"], HAS_LIMIT=act["HAS_LIMIT"],
         HAS_LINEAR=act["HAS_LINEAR"], HAS_BIAS=w13_bias is not None, SPLITS=splits1, PDL=pdl, num_warps=4)
-    t1_gemm2[(H // 64, k, splits2)](
+    few_gemm2[(H // 64, pairs, splits2)](
         _words(w2), _words(w2_scale), inter, ids, w2_bias if w2_bias is not None else part2, tw, part2,
-        cnt[k * (I // 64):], out, I, H, I // splits2, KB=k2 // 64, HAS_BIAS=w2_bias is not None, SPLITS=splits2,
+        cnt[pairs * (I // 64):], out, I, H, I // splits2, k, KB=k2 // 64, HAS_BIAS=w2_bias is not None, SPLITS=splits2,
         PDL=bool(pdl), num_warps=4, **({"launch_pdl": True} if pdl else {}))
     return out

@@ -1,5 +1,5 @@
-"""The one-token Gluon MoE kernels (mxfp4conv/runtime/gluon_t1.py) without a GPU: their tiles and
-K splits, the gates that keep every other call on the hopper_mma kernels, and their compilation
+"""The few-token Gluon MoE kernels (mxfp4conv/runtime/gluon_few_tokens.py) without a GPU: their tiles
+and K splits, the gates that keep every other call on the hopper_mma kernels, and their compilation
 for sm_90a with this Triton (Gluon kernels do not run in the interpreter; benchmarks/gpu_check.py
 checks their results on a GPU)."""
 
@@ -18,15 +18,17 @@ from hypothesis import given, strategies as st
 
 from mxfp4conv.errors import RuntimeInputError
 from mxfp4conv.runtime import triton_moe
-from mxfp4conv.runtime.triton_moe import MoEConfig, fused_moe_triton, gluon_t1_plan, gluon_t1_tiles, select_config
+from mxfp4conv.runtime.triton_moe import MoEConfig, fused_moe_triton, gluon_plan, gluon_tiles, select_config
 
 
 def test_tiles_of_the_measured_layers():
     # the configurations measured fastest on an H200 (docs/gluon_t1_moe_h200.txt)
-    assert gluon_t1_tiles(select_config(8, 256, 7168, 2048, "hopper_mma_rot"), 7168, 2048, 8) == (64, 128, 4, 1)
-    assert gluon_t1_tiles(select_config(16, 896, 3584, 384, "hopper_mma_rot"), 3584, 384, 16) == (64, 128, 8, 1)
+    assert gluon_tiles(select_config(8, 256, 7168, 2048, "hopper_mma_rot"), 7168, 2048, 8) == (64, 128, 4, 1)
+    assert gluon_tiles(select_config(16, 896, 3584, 384, "hopper_mma_rot"), 3584, 384, 16) == (64, 128, 8, 1)
+    # K3-like T = 8 (128 pairs, 768 GEMM1 programs unsplit): 2 splits
+    assert gluon_tiles(MoEConfig(), 3584, 384, 128) == (64, 128, 2, 1)
     # 1088 = 17 x 64, 192 = 3 x 64: 64-code steps in both, splits lowered to divisors of 17 and 3
-    assert gluon_t1_tiles(MoEConfig(), 1088, 192, 3) == (64, 64, 17, 3)
+    assert gluon_tiles(MoEConfig(), 1088, 192, 3) == (64, 64, 17, 3)
 
 
 @given(h=st.integers(1, 160), i=st.integers(1, 64), top_k=st.integers(1, 16), k1=st.sampled_from([64, 128]),
@@ -34,7 +36,7 @@ def test_tiles_of_the_measured_layers():
 def test_tiles_always_cover_k_in_whole_steps(h, i, top_k, k1, k2, s1, s2):
     H, I = 64 * h, 64 * i
     cfg = MoEConfig(gluon_k1=k1, gluon_k2=k2, gluon_split1=s1, gluon_split2=s2)
-    t1, t2, n1, n2 = gluon_t1_tiles(cfg, H, I, top_k)
+    t1, t2, n1, n2 = gluon_tiles(cfg, H, I, top_k)
     for K, step, asked, splits, wanted in ((H, t1, k1, n1, s1), (I, t2, k2, n2, s2)):
         assert step == (asked if K % asked == 0 else 64)
         assert splits >= 1 and (K // step) % splits == 0
@@ -47,7 +49,7 @@ def test_tiles_always_cover_k_in_whole_steps(h, i, top_k, k1, k2, s1, s2):
 @pytest.mark.parametrize("knob", ["gluon_k1", "gluon_k2"])
 def test_bad_step_is_a_clear_error(knob):
     with pytest.raises(RuntimeInputError, match=f"{knob} must be 64 or 128"):
-        gluon_t1_tiles(MoEConfig(**{knob: 96}), 7168, 2048, 8)
+        gluon_tiles(MoEConfig(**{knob: 96}), 7168, 2048, 8)
 
 
 def _hopper_rot_case(T=1, dtype=torch.bfloat16, H=128, I=128, E=4, k=2):
@@ -67,18 +69,18 @@ def _hopper_rot_case(T=1, dtype=torch.bfloat16, H=128, I=128, E=4, k=2):
 def test_plan_leaves_every_other_call_to_the_hopper_kernels():
     x, w, tw, ids = _hopper_rot_case()
     cfg = MoEConfig()
-    assert gluon_t1_plan(cfg, x, w, 2, "hopper_mma_rot") is None  # no CUDA tensor here
-    assert gluon_t1_plan(dataclasses.replace(cfg, gluon=1), x, w, 2, "hopper_mma_rot") is None
-    assert gluon_t1_plan(cfg, x, w, 2, "hopper_mma") is None
+    assert gluon_plan(cfg, x, w, 2, "hopper_mma_rot") is None  # no CUDA tensor here
+    assert gluon_plan(dataclasses.replace(cfg, gluon=1), x, w, 2, "hopper_mma_rot") is None
+    assert gluon_plan(cfg, x, w, 2, "hopper_mma") is None
 
 
 def test_one_token_off_gpu_runs_the_hopper_kernels(monkeypatch):
-    """fused_moe_triton at T = 1 over hopper_mma_rot without a GPU: the plan declines, the hopper_mma
-    kernels (interpreted) run, and the Gluon module is never imported."""
+    """fused_moe_triton at T = 1 over hopper_mma_rot without a GPU: the plan declines, the Gluon path is
+    never entered and the hopper_mma kernels (interpreted) run."""
     if os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("a CUDA GPU is present: gpu_check covers this call there")
     called = []
-    monkeypatch.setattr(triton_moe, "_gluon_t1_forward", lambda *a, **k: called.append(1))
+    monkeypatch.setattr(triton_moe, "_gluon_forward", lambda *a, **k: called.append(1))
     x, w, tw, ids = _hopper_rot_case()
     out = fused_moe_triton(x, *w, tw, ids, activation="silu", activation_params={}, layout="hopper_mma_rot")
     ref = fused_moe_triton(x, *w, tw, ids, activation="silu", activation_params={}, layout="hopper_mma_rot",
@@ -93,14 +95,14 @@ import json, os, subprocess, sys, tempfile
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon._runtime import GluonASTSource
-from mxfp4conv.runtime import gluon_t1
+from mxfp4conv.runtime import gluon_few_tokens
 
 TYPES = {"x_ptr": "*bf16", "ids_ptr": "*i32", "b_ptr": "*fp32", "inter_ptr": "*bf16", "part_ptr": "*fp32",
          "tw_ptr": "*fp32", "out_ptr": "*bf16", "p0": "fp32", "p1": "fp32"}
 TOOL = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
 out = []
 for name, consts in json.loads(sys.argv[1]):
-    fn = getattr(gluon_t1, name)
+    fn = getattr(gluon_few_tokens, name)
     sig = {n: "constexpr" if n in consts else TYPES.get(n, "*i32" if n.endswith("_ptr") else "i32")
            for n in fn.arg_names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(sig) if n.endswith("_ptr")}
@@ -139,10 +141,10 @@ def compiled():
     for variant in VARIANTS:
         act, kb, splits, bias, pdl = variant
         a, limit, linear = ACTS[act]
-        jobs.append(("t1_gemm1", dict(KB=kb, ACT=a, HAS_LIMIT=limit, HAS_LINEAR=linear, HAS_BIAS=bias, SPLITS=splits,
+        jobs.append(("few_gemm1", dict(KB=kb, ACT=a, HAS_LIMIT=limit, HAS_LINEAR=linear, HAS_BIAS=bias, SPLITS=splits,
                                       PDL=pdl)))
-        jobs.append(("t1_gemm2", dict(KB=kb, HAS_BIAS=bias, SPLITS=splits, PDL=bool(pdl))))
-        keys += [(variant, "t1_gemm1"), (variant, "t1_gemm2")]
+        jobs.append(("few_gemm2", dict(KB=kb, HAS_BIAS=bias, SPLITS=splits, PDL=bool(pdl))))
+        keys += [(variant, "few_gemm1"), (variant, "few_gemm2")]
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                          env.get("PYTHONPATH", "")])
@@ -157,11 +159,11 @@ def compiled():
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_kernels_compile_for_sm90_without_spills(compiled, variant):
     kb = variant[1]
-    for kernel, mmas in (("t1_gemm1", 2 * KB_STEPS[kb]), ("t1_gemm2", KB_STEPS[kb])):  # gate and up; one matrix
+    for kernel, mmas in (("few_gemm1", 2 * KB_STEPS[kb]), ("few_gemm2", KB_STEPS[kb])):  # gate and up; one matrix
         sass, res = compiled[(variant, kernel)]
         assert re.search(r"STACK:0\b", res), f"{kernel}: {res}"  # nothing spilled to local memory
         assert len(re.findall(r"HMMA\.16816\.F32\.BF16", sass)) >= mmas, kernel
         assert "LDL" not in sass and "STL" not in sass, kernel
     # programmatic dependent launch: GEMM1 releases GEMM2 (PDL 1 or 2), GEMM2 waits for GEMM1's output
     pdl = variant[4]
-    assert ("ACQBULK" in compiled[(variant, "t1_gemm2")][0]) == bool(pdl)
+    assert ("ACQBULK" in compiled[(variant, "few_gemm2")][0]) == bool(pdl)
