@@ -101,8 +101,9 @@ def bench(name, rounds, log):
                 sweep.append((gemm, kk, sp, t.get(gemm, float("nan")), cfg))
                 log(f"  {gemm} {kk} codes a step, {sp} splits: {t.get(gemm, float('nan')):.1f} us")
     best = {g: min((r for r in sweep if r[0] == g), key=lambda r: r[3]) for g in ("few_gemm1", "few_gemm2")}
-    fastest = dataclasses.replace(default, gluon=1, gluon_pdl=0, gluon_k1=best["few_gemm1"][1], gluon_split1=best["few_gemm1"][2],
-                                  gluon_k2=best["few_gemm2"][1], gluon_split2=best["few_gemm2"][2])
+    fastest = dataclasses.replace(default, gluon=1, gluon_pdl=0, gluon_k1=best["few_gemm1"][1],
+                                  gluon_split1=best["few_gemm1"][2], gluon_k2=best["few_gemm2"][1],
+                                  gluon_split2=best["few_gemm2"][2])
     rows = []
     for label, cfg in (("default", dataclasses.replace(default, gluon=1)), ("fastest of sweep, no PDL", fastest),
                        ("its GEMM2 PDL from GEMM1's start", dataclasses.replace(fastest, gluon_pdl=1)),

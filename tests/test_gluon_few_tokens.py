@@ -130,7 +130,8 @@ def _tools_available() -> bool:
 
 ACTS = {"silu+limit": (triton_moe._ACT_IDS["silu"], True, False), "situ": (triton_moe._ACT_IDS["situ"], False, True),
         "swigluoai": (triton_moe._ACT_IDS["swigluoai"], False, False)}
-VARIANTS = [("silu+limit", 1, 4, False, 0), ("situ", 2, 1, False, 1), ("swigluoai", 1, 8, True, 2)]  # act, KB, splits, bias, PDL
+# activation, KB, splits, bias, PDL
+VARIANTS = [("silu+limit", 1, 4, False, 0), ("situ", 2, 1, False, 1), ("swigluoai", 1, 8, True, 2)]
 KB_STEPS = {1: 4, 2: 8}  # m16n8k16 MMAs a warp's 16-row slab takes for a 64 KB-code K step
 
 

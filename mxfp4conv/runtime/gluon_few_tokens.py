@@ -12,8 +12,8 @@ against the hopper kernel's 395 at 117.
 GEMM1: a program per (64-row block of gate and of up, pair, K split); the last split of a tile to
 arrive sums the fp32 partials in split order and applies the bias and the activation. GEMM2: a
 program per (64-row block, pair, K split); the last of a token's row block's top_k x splits
-programs sums their weighted partials, pairs then splits in index order, and writes its output row. Every sum is
-taken in a fixed order, so results are deterministic. A pair whose expert id is negative (not on
+programs sums their weighted partials, pairs then splits in index order, and writes its output row.
+Every sum is taken in a fixed order, so results are deterministic. A pair whose expert id is negative (not on
 this rank) contributes nothing.
 
 This module imports triton.experimental.gluon; fused_moe_triton imports it only when it takes this
@@ -131,8 +131,7 @@ def _k_loop(w_ptr, s_ptr, x_ptr, K, k_lo, K_SPLIT, up_w, up_s, KB: gl.constexpr,
         if GATE_UP:
             wu_n = gl.load(w_ptr + up_w + w_off + k1 * 2)
             su_n = gl.load(s_ptr + up_s + s_off + k1 // 8)
-            acc_u = mma_v2(gl.convert_layout(_decode(wu, su, 4, KB, _WPTX, _FPTX), A_OP), x,
-                           acc_u)
+            acc_u = mma_v2(gl.convert_layout(_decode(wu, su, 4, KB, _WPTX, _FPTX), A_OP), x, acc_u)
             wu = wu_n
             su = su_n
         wg = wg_n
@@ -171,17 +170,17 @@ def _gemm1_tail(g, u, e, j, rows, b_ptr, inter_ptr, I, p0, p1, ACT: gl.constexpr
 
 @gluon.jit
 def few_gemm1(w_ptr, s_ptr, x_ptr, ids_ptr, b_ptr, inter_ptr, part_ptr, cnt_ptr, K, I, K_SPLIT, TOP_K, p0, p1,
-             KB: gl.constexpr, ACT: gl.constexpr, HAS_LIMIT: gl.constexpr, HAS_LINEAR: gl.constexpr,
-             HAS_BIAS: gl.constexpr, SPLITS: gl.constexpr, PDL: gl.constexpr):
-    """inter[j, rows] = act(gate . x + b, up . x + b) for pair j (token j // TOP_K) and its expert, rows
-    [64 rb, 64 rb + 64) (b13 [E, 2 I] with HAS_BIAS). PDL 1 / 2: GEMM2's programs may launch from this program's start /
-    once its K loop is done."""
+              KB: gl.constexpr, ACT: gl.constexpr, HAS_LIMIT: gl.constexpr, HAS_LINEAR: gl.constexpr,
+              HAS_BIAS: gl.constexpr, SPLITS: gl.constexpr, PDL: gl.constexpr):
+    """inter[j, rows] = act(gate . x + b, up . x + b) for pair j (token j // TOP_K) and its expert,
+    rows [64 rb, 64 rb + 64) (b13 [E, 2 I] with HAS_BIAS). PDL 1 / 2: GEMM2's programs may launch
+    from this program's start / once its K loop is done."""
     if PDL == 1:
         _gdc_launch()
     rb, j, sp, e, w_ptr, s_ptr = _program(w_ptr, s_ptr, ids_ptr, 2 * I, K)
     if e >= 0:
-        acc_g, acc_u = _k_loop(w_ptr, s_ptr, x_ptr + (j // TOP_K) * K, K, sp * K_SPLIT, K_SPLIT, (I // 16) * (2 * K),
-                               (I // 16) * (K // 8), KB, True, False)
+        acc_g, acc_u = _k_loop(w_ptr, s_ptr, x_ptr + (j // TOP_K) * K, K, sp * K_SPLIT, K_SPLIT,
+                               (I // 16) * (2 * K), (I // 16) * (K // 8), KB, True, False)
         if PDL == 2:
             _gdc_launch()
         g = _column0(acc_g)
@@ -206,11 +205,11 @@ def few_gemm1(w_ptr, s_ptr, x_ptr, ids_ptr, b_ptr, inter_ptr, part_ptr, cnt_ptr,
 
 @gluon.jit
 def few_gemm2(w_ptr, s_ptr, inter_ptr, ids_ptr, b_ptr, tw_ptr, part_ptr, cnt_ptr, out_ptr, K, N, K_SPLIT, TOP_K,
-             KB: gl.constexpr, HAS_BIAS: gl.constexpr, SPLITS: gl.constexpr, PDL: gl.constexpr):
+              KB: gl.constexpr, HAS_BIAS: gl.constexpr, SPLITS: gl.constexpr, PDL: gl.constexpr):
     """out[t, rows] = sum over token t's pairs j of tw[j] * (w2[e_j] rows . inter[j] + b2[e_j] rows),
-    rows [64 rb, 64 rb + 64): the last of the TOP_K x SPLITS programs of a token's row block sums their
-    partials, pairs then splits in index order (the bias in split 0's). PDL: launched as a programmatic dependent
-    of GEMM1, whose output is waited for after the first weight loads."""
+    rows [64 rb, 64 rb + 64): the last of the TOP_K x SPLITS programs of a token's row block sums
+    their partials, pairs then splits in index order (the bias in split 0's). PDL: launched as a
+    programmatic dependent of GEMM1, whose output is waited for after the first weight loads."""
     rb, j, sp, e, w_ptr, s_ptr = _program(w_ptr, s_ptr, ids_ptr, N, K)
     npair = gl.num_programs(1)
     rows = rb * 64 + gl.arange(0, 64, layout=ROWS)
@@ -263,6 +262,6 @@ def forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w
         HAS_LINEAR=act["HAS_LINEAR"], HAS_BIAS=w13_bias is not None, SPLITS=splits1, PDL=pdl, num_warps=4)
     few_gemm2[(H // 64, pairs, splits2)](
         _words(w2), _words(w2_scale), inter, ids, w2_bias if w2_bias is not None else part2, tw, part2,
-        cnt[pairs * (I // 64):], out, I, H, I // splits2, k, KB=k2 // 64, HAS_BIAS=w2_bias is not None, SPLITS=splits2,
-        PDL=bool(pdl), num_warps=4, **({"launch_pdl": True} if pdl else {}))
+        cnt[pairs * (I // 64):], out, I, H, I // splits2, k, KB=k2 // 64, HAS_BIAS=w2_bias is not None,
+        SPLITS=splits2, PDL=bool(pdl), num_warps=4, **({"launch_pdl": True} if pdl else {}))
     return out

@@ -8,7 +8,9 @@ When few tokens leave SMs idle, both GEMMs split K: GEMM1 then writes fp32 parti
 fifth small kernel sums them and applies the activation; GEMM2's partials are summed by the
 final k-sum.
 On the Hopper layouts one token takes two kernels and a memset instead: no align (one block per
-pair), the split-K activation and the k-sum in the GEMMs' tails (``hopper_options``).
+pair), the split-K activation and the k-sum in the GEMMs' tails (``hopper_options``); and on
+hopper_mma_rot, 1 to 8 bf16 tokens on an sm_90 GPU go to the Gluon kernels of
+``gluon_few_tokens`` (``gluon_plan``), a program per (token, expert) pair.
 Two GEMM implementations: tensor-core MMA (swap-AB, weights decoded into the MMA operand) and,
 for decode batches where each touched expert sees about one pair, a path without tensor cores
 (``moe_gemv*_kernel``: the weight tile stays in its load layout, products accumulate
@@ -377,7 +379,7 @@ def fused_moe_triton(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, *,
         plan = gluon_plan(cfg, x, (w13, w13_scale, w2, w2_scale), top_k, layout)
         if plan is not None:
             done = _gluon_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias,
-                                     act, out, plan, cfg.gluon == 1, cfg.gluon_pdl)
+                                  act, out, plan, cfg.gluon == 1, cfg.gluon_pdl)
             if done is not None:
                 return done
         return _hopper_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias,
@@ -611,7 +613,7 @@ def _divisor_splits(requested: int, steps: int) -> int:
     return s
 
 
-# programs the one-token Gluon kernels' automatic K splits aim for, measured on an H200
+# programs the few-token Gluon kernels' automatic K splits aim for, measured on an H200 at T = 1
 # (benchmarks/gluon_t1_moe.py): GEMM1 (gate and up, 64-code steps) DSV3-like 4 splits (1024 programs)
 # 44.0 us against 54.5 for 2 and 49.0 for 8, K3-like 8 splits (768) 13.5 us against 16.6 for 4;
 # GEMM2 (128-code steps) is fastest unsplit on both (896 programs)
@@ -620,7 +622,7 @@ _GLUON_PROGRAMS2 = 512
 
 
 def gluon_tiles(cfg: MoEConfig, H: int, i_pad: int, pairs: int) -> tuple[int, int, int, int]:
-    """(k1, k2, splits1, splits2) of the one-token Gluon kernels for this layer: codes a K step of
+    """(k1, k2, splits1, splits2) of the few-token Gluon kernels for this layer and number of pairs: codes a K step of
     GEMM1 / GEMM2 (cfg's, or 64 where K is no multiple of it) and their K splits (cfg's, or the fewest
     that give each GEMM its target of programs), each lowered to a divisor of its K steps."""
     for name, k in (("gluon_k1", cfg.gluon_k1), ("gluon_k2", cfg.gluon_k2)):
@@ -633,8 +635,7 @@ def gluon_tiles(cfg: MoEConfig, H: int, i_pad: int, pairs: int) -> tuple[int, in
     return k1, k2, _divisor_splits(s1, H // k1), _divisor_splits(s2, i_pad // k2)
 
 
-def gluon_plan(cfg: MoEConfig, x: torch.Tensor, weights, top_k: int,
-                  layout: str) -> tuple[int, int, int, int] | None:
+def gluon_plan(cfg: MoEConfig, x: torch.Tensor, weights, top_k: int, layout: str) -> tuple[int, int, int, int] | None:
     """gluon_tiles for this call, or None where the hopper_mma kernels run it: another layout,
     more than gluon_max_tokens tokens, x not bf16, no CUDA GPU of compute capability 8.0 or more
     (9.x when automatic), an e8m0 byte above 128 (the one-multiply factor decode), storage not
@@ -655,8 +656,8 @@ def gluon_plan(cfg: MoEConfig, x: torch.Tensor, weights, top_k: int,
 
 
 def _gluon_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias, act, out, plan,
-                      required, pdl=0):
-    """The one-token layer in the Gluon kernels; None (the caller runs the hopper_mma kernels) where
+                   required, pdl=0):
+    """The layer in the few-token Gluon kernels; None (the caller runs the hopper_mma kernels) where
     they fail to compile and were not required: a Triton whose Gluon differs from the one they were
     written for. The failure is warned about once."""
     k1, k2, s1, s2 = plan
@@ -669,7 +670,7 @@ def _gluon_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_
         if required:
             raise
         _GLUON_BROKEN.append(str(exc).splitlines()[-1] if str(exc) else type(exc).__name__)
-        warnings.warn(f"mxfp4conv: the one-token Gluon MoE kernels do not compile with triton {triton.__version__} "
+        warnings.warn(f"mxfp4conv: the few-token Gluon MoE kernels do not compile with triton {triton.__version__} "
                       f"({_GLUON_BROKEN[0]}); the hopper_mma kernels run instead.", RuntimeWarning, stacklevel=3)
         return None
 
