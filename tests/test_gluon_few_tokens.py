@@ -22,7 +22,7 @@ from mxfp4conv.runtime.triton_moe import MoEConfig, fused_moe_triton, gluon_plan
 
 
 def test_tiles_of_the_measured_layers():
-    # the configurations measured fastest on an H200 (docs/gluon_t1_moe_h200.txt)
+    # the configurations measured fastest on an H200 (docs/gluon_moe_h200_t1.txt)
     assert gluon_tiles(select_config(8, 256, 7168, 2048, "hopper_mma_rot"), 7168, 2048, 8) == (64, 128, 4, 1)
     assert gluon_tiles(select_config(16, 896, 3584, 384, "hopper_mma_rot"), 3584, 384, 16) == (64, 128, 8, 1)
     # K3-like T = 8 (128 pairs, 768 GEMM1 programs unsplit): 2 splits

@@ -1,16 +1,17 @@
-"""The one-token MoE layer of fused_moe_triton over hopper_mma_rot: the Gluon MMA v2 kernels
-(mxfp4conv/runtime/gluon_few_tokens.py, taken automatically at T = 1 with bf16 x on Hopper) against the
-hopper_mma kernels (config gluon=0) on the same bytes and routing.
+"""The few-token MoE layer of fused_moe_triton over hopper_mma_rot: the Gluon MMA v2 kernels
+(mxfp4conv/runtime/gluon_few_tokens.py, taken automatically at up to 8 bf16 tokens on Hopper; here
+at every --tokens count) against the hopper_mma kernels (config gluon=0) on the same bytes and
+routing.
 
 Checked first: both outputs against a float64 computation from the bytes (silu, situ, and
 swigluoai with biases), and that each is deterministic. Then per kernel (torch profiler, L2
 flushed before each call, no PDL) over K steps and splits of each GEMM, the other GEMM held at
 the default; then the default, the fastest of the sweep, and that with GEMM2 launched as a
 programmatic dependent of GEMM1 two ways, each timed by CUDA-graph replay, each
-call routing the token to other experts (so L2 holds no weights), interleaved round by round with
+call routing the tokens to other experts (so L2 holds no weights), interleaved round by round with
 the hopper_mma kernels; ratio = median gluon / hopper_mma.
 
-    python benchmarks/gluon_t1_moe.py [--shapes dsv3,k3] [--rounds 3] [--out DIR]
+    python benchmarks/gluon_moe.py [--shapes dsv3,k3] [--tokens 1,2,4,8] [--rounds 3] [--out DIR]
 """
 
 from __future__ import annotations
@@ -35,16 +36,17 @@ from mxfp4conv.shuffle import get_layout  # noqa: E402
 
 
 def reference(x, w13, s13, w2, s2, ids, tw, activation="silu", params=None, b13=None, b2=None):
-    """float64 MoE of one token from the bytes (touched experts only), the intermediate rounded to
+    """float64 MoE of x [T, H] from the bytes (touched experts only), the intermediate rounded to
     bf16 as the kernels store it."""
     act = resolve_activation(activation, params)
-    out = torch.zeros(x.shape[1], dtype=torch.float64, device=x.device)
-    xd = x[0].double()
-    for j, e in enumerate(ids[0].tolist()):
-        gu = dequantize_mxfp4(w13[e], s13[e]).double() @ xd + (b13[e].double() if b13 is not None else 0)
-        g, u = gu.chunk(2)
-        y = dequantize_mxfp4(w2[e], s2[e]).double() @ act(g, u).bfloat16().double()
-        out += tw[0, j].double() * (y + (b2[e].double() if b2 is not None else 0))
+    out = torch.zeros(x.shape, dtype=torch.float64, device=x.device)
+    for t in range(x.shape[0]):
+        xd = x[t].double()
+        for j, e in enumerate(ids[t].tolist()):
+            gu = dequantize_mxfp4(w13[e], s13[e]).double() @ xd + (b13[e].double() if b13 is not None else 0)
+            g, u = gu.chunk(2)
+            y = dequantize_mxfp4(w2[e], s2[e]).double() @ act(g, u).bfloat16().double()
+            out[t] += tw[t, j].double() * (y + (b2[e].double() if b2 is not None else 0))
     return out
 
 
@@ -53,27 +55,28 @@ CHECKS = (("silu", {}, False), ("situ", {"beta": 4.0, "linear_beta": 25.0}, Fals
           ("swigluoai", {"alpha": 1.702, "limit": 7.0}, True))
 
 
-def bench(name, rounds, log):
+def bench(name, T, rounds, log):
     H, I, E, k = SHAPES[name]
     gen = torch.Generator(device="cuda").manual_seed(11)
     w13, s13, w2, s2 = make_weights(H, I, E, gen)
     Wl, Sl = (get_layout(n) for n in LAYOUT_SETS["hopper_mma_rot"])
     w = (Wl.forward(w13), Sl.forward(s13), Wl.forward(w2), Sl.forward(s2))
-    calls = 8  # a token routed to other experts in each call of a replay
+    calls = 8  # the tokens routed to other experts in each call of a replay
     routes = []
     for _ in range(calls):
-        ids = torch.rand(1, E, device="cuda", generator=gen).topk(k, dim=1).indices.to(torch.int32)
-        tw = torch.rand(1, k, device="cuda", generator=gen)
+        ids = torch.rand(T, E, device="cuda", generator=gen).topk(k, dim=1).indices.to(torch.int32)
+        tw = torch.rand(T, k, device="cuda", generator=gen)
         routes.append((ids, tw / tw.sum(1, keepdim=True)))
-    xs = [torch.randn(1, H, device="cuda", generator=gen).bfloat16() for _ in range(calls)]
-    default = select_config(k, E, H, I, "hopper_mma_rot")
+    xs = [torch.randn(T, H, device="cuda", generator=gen).bfloat16() for _ in range(calls)]
+    # the Gluon kernels taken at T tokens (past their default limit too, to see where it should lie)
+    default = dataclasses.replace(select_config(T * k, E, H, I, "hopper_mma_rot"), gluon_max_tokens=max(T, 8))
     hopper = dataclasses.replace(default, gluon=0)
     moe = lambda cfg, c=0, act="silu", params=None, b13=None, b2=None: fused_moe_triton(  # noqa: E731
         xs[c], *w, routes[c][1], routes[c][0], activation=act, activation_params=params or {}, w13_bias=b13,
         w2_bias=b2, layout="hopper_mma_rot", config=cfg)
     rel = lambda a, b: float((a.double().reshape(-1) - b.reshape(-1)).norm() / b.norm())  # noqa: E731
     biases = (torch.randn(E, 2 * I, device="cuda", generator=gen), torch.randn(E, H, device="cuda", generator=gen))
-    log(f"{name} T=1, default plan (k1, k2, splits1, splits2) {gluon_plan(default, xs[0], w, k, 'hopper_mma_rot')}")
+    log(f"{name} T={T}, default plan (k1, k2, splits1, splits2) {gluon_plan(default, xs[0], w, k, 'hopper_mma_rot')}")
     for act, params, bias in CHECKS:
         b13, b2 = biases if bias else (None, None)
         ref = reference(xs[0], w13, s13, w2, s2, *routes[0], act, params, b13, b2)
@@ -116,7 +119,7 @@ def bench(name, rounds, log):
             tg.append(graph_time_us([lambda c=c: moe(cfg, c) for c in range(calls)]))
             th.append(graph_time_us([lambda c=c: moe(hopper, c) for c in range(calls)]))
         ratio = statistics.median(a / b for a, b in zip(tg, th))
-        rows.append((name, label, plan, statistics.median(tg), statistics.median(th), ratio))
+        rows.append((name, T, label, plan, statistics.median(tg), statistics.median(th), ratio))
         log(f"  {label} {plan}: {statistics.median(tg):.1f} us, hopper_mma {statistics.median(th):.1f} us, "
             f"gluon / hopper_mma {ratio:.3f} (rounds {' '.join(f'{t:.1f}' for t in tg)}; "
             f"{' '.join(f'{t:.1f}' for t in th)})")
@@ -126,17 +129,20 @@ def bench(name, rounds, log):
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--shapes", default="dsv3,k3")
+    ap.add_argument("--tokens", default="1", help="comma-separated token counts")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     log, lines, _ = start_log()
     table = []
     for name in args.shapes.split(","):
-        table += bench(name, args.rounds, log)
-    log(f"{'shape':6s} {'configuration':44s} {'k1, k2, s1, s2':16s} {'gluon us':>9s} {'hopper us':>10s} {'ratio':>6s}")
+        for T in (int(t) for t in args.tokens.split(",")):
+            table += bench(name, T, args.rounds, log)
+    log(f"{'shape':6s} {'T':>3s} {'configuration':44s} {'k1, k2, s1, s2':16s} {'gluon us':>9s} {'hopper us':>10s} "
+        f"{'ratio':>6s}")
     for r in table:
-        log(f"{r[0]:6s} {r[1]:44s} {str(r[2]):16s} {r[3]:9.1f} {r[4]:10.1f} {r[5]:6.3f}")
-    write_log(lines, args.out, "gluon_t1_moe.txt")
+        log(f"{r[0]:6s} {r[1]:3d} {r[2]:44s} {str(r[3]):16s} {r[4]:9.1f} {r[5]:10.1f} {r[6]:6.3f}")
+    write_log(lines, args.out, "gluon_moe.txt")
     return 0
 
 
