@@ -50,6 +50,8 @@ def test_tiles_always_cover_k_in_whole_steps(h, i, top_k, k1, k2, s1, s2):
 def test_bad_step_is_a_clear_error(knob):
     with pytest.raises(RuntimeInputError, match=f"{knob} must be 64 or 128"):
         gluon_tiles(MoEConfig(**{knob: 96}), 7168, 2048, 8)
+    with pytest.raises(RuntimeInputError, match="gluon_prefetch2 must be a multiple of 64"):
+        gluon_tiles(MoEConfig(gluon_prefetch2=100), 7168, 2048, 8)
 
 
 def _hopper_rot_case(T=1, dtype=torch.bfloat16, H=128, I=128, E=4, k=2):
@@ -168,3 +170,5 @@ def test_kernels_compile_for_sm90_without_spills(compiled, variant):
     # programmatic dependent launch: GEMM1 releases GEMM2 (PDL 1 or 2), GEMM2 waits for GEMM1's output
     pdl = variant[4]
     assert ("ACQBULK" in compiled[(variant, "few_gemm2")][0]) == bool(pdl)
+    # GEMM2's optional L2 prefetch: one bulk prefetch of words and one of scales a slab
+    assert len(re.findall(r"UBLKPF\.L2", compiled[(variant, "few_gemm2")][0])) == 8

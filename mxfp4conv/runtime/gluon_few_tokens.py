@@ -43,6 +43,9 @@ FACTORS32_PTX = ("{\n.reg .b32 a, b;\nprmt.b32 a, $4, 0, 0x4140;\nprmt.b32 b, $4
                  "mov.b32 {$0, $1}, a;\nmov.b32 {$2, $3}, b;\n}")
 _WPTX = gl.constexpr(WORDS32_ROT_PTX)
 _FPTX = gl.constexpr(FACTORS32_PTX)
+# thread 0 asks L2 to fetch $2 bytes from $1 (a bulk prefetch, sm_90; nothing is waited for)
+_L2_PREFETCH = gl.constexpr("{\n.reg .pred p;\n.reg .b32 t;\nmov.u32 t, %tid.x;\nsetp.eq.u32 p, t, 0;\n"
+                            "@p cp.async.bulk.prefetch.L2.global [$1], $2;\nmov.u32 $0, 0;\n}")
 
 
 def _along(layout, dim: int, rank: int):
@@ -140,6 +143,20 @@ def _k_loop(w_ptr, s_ptr, x_ptr, K, k_lo, K_SPLIT, up_w, up_s, KB: gl.constexpr,
 
 
 @gluon.jit
+def _prefetch_slabs(w_ptr, s_ptr, K, k_lo, CODES):
+    """Bulk L2 prefetch of codes [k_lo, k_lo + CODES) of the 4 slabs at w_ptr / s_ptr (16 rows of a
+    64-code step: 512 bytes of words, 32 of scales)."""
+    one = gl.arange(0, 1, layout=gl.BlockedLayout([1], [32], [4], [0]))
+    for slab in range(4):
+        gl.inline_asm_elementwise(asm=_L2_PREFETCH, constraints="=r,l,r",
+                                  args=[w_ptr + slab * (2 * K) + k_lo * 2 + one, one * 0 + CODES * 8],
+                                  dtype=gl.int32, is_pure=False, pack=1)
+        gl.inline_asm_elementwise(asm=_L2_PREFETCH, constraints="=r,l,r",
+                                  args=[s_ptr + slab * (K // 8) + k_lo // 8 + one, one * 0 + CODES // 2],
+                                  dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
 def _program(w_ptr, s_ptr, ids_ptr, NROWS, K):
     """(row block, pair, split) of this program, pair j's expert and the word / scale-word pointers
     of the program's 4 slabs in it (NROWS rows a matrix of K codes)."""
@@ -205,15 +222,19 @@ def few_gemm1(w_ptr, s_ptr, x_ptr, ids_ptr, b_ptr, inter_ptr, part_ptr, cnt_ptr,
 
 @gluon.jit
 def few_gemm2(w_ptr, s_ptr, inter_ptr, ids_ptr, b_ptr, tw_ptr, part_ptr, cnt_ptr, out_ptr, K, N, K_SPLIT, TOP_K,
-              KB: gl.constexpr, HAS_BIAS: gl.constexpr, SPLITS: gl.constexpr, PDL: gl.constexpr):
+              PREFETCH, KB: gl.constexpr, HAS_BIAS: gl.constexpr, SPLITS: gl.constexpr, PDL: gl.constexpr):
     """out[t, rows] = sum over token t's pairs j of tw[j] * (w2[e_j] rows . inter[j] + b2[e_j] rows),
     rows [64 rb, 64 rb + 64): the last of the TOP_K x SPLITS programs of a token's row block sums
     their partials, pairs then splits in index order (the bias in split 0's). PDL: launched as a
-    programmatic dependent of GEMM1, whose output is waited for after the first weight loads."""
+    programmatic dependent of GEMM1, whose output is waited for after the first weight loads.
+    PREFETCH > 0: first, the first PREFETCH codes of each of the program's slabs (weights and
+    scales) are bulk-prefetched into L2."""
     rb, j, sp, e, w_ptr, s_ptr = _program(w_ptr, s_ptr, ids_ptr, N, K)
     npair = gl.num_programs(1)
     rows = rb * 64 + gl.arange(0, 64, layout=ROWS)
     v = gl.zeros([64], gl.float32, layout=ROWS)
+    if PREFETCH > 0 and e >= 0:
+        _prefetch_slabs(w_ptr, s_ptr, K, sp * K_SPLIT, PREFETCH)
     if e >= 0:
         acc, _ = _k_loop(w_ptr, s_ptr, inter_ptr + j * K, K, sp * K_SPLIT, K_SPLIT, 0, 0, KB, False, PDL)
         v = _column0(acc)
@@ -239,12 +260,12 @@ def _words(t: torch.Tensor) -> torch.Tensor:
 
 
 def forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias, act, out, *,
-            k1: int, k2: int, splits1: int, splits2: int, pdl: int = 0) -> torch.Tensor:
+            k1: int, k2: int, splits1: int, splits2: int, pdl: int = 0, prefetch2: int = 0) -> torch.Tensor:
     """out [T, H] bf16 = the layer for a few tokens x [T, H] bf16, programs per (token, expert) pair
     (contiguous hopper_mma_rot tensors, scales <= 2; k1 / k2 codes a K step of GEMM1 / GEMM2, 64 or
     128, splits dividing H / I into whole steps; the caller checks these; pdl: 0, or GEMM2 launched as
     a programmatic dependent of GEMM1 from the start (1) or the end of GEMM1's K loops (2), where
-    Triton has it)."""
+    Triton has it; prefetch2: codes of each GEMM2 slab bulk-prefetched into L2 first, 0 = none)."""
     E, two_i, _ = w13.shape
     H, I = x.shape[1], two_i // 2
     T, k = topk_ids.shape
@@ -262,6 +283,7 @@ def forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w
         HAS_LINEAR=act["HAS_LINEAR"], HAS_BIAS=w13_bias is not None, SPLITS=splits1, PDL=pdl, num_warps=4)
     few_gemm2[(H // 64, pairs, splits2)](
         _words(w2), _words(w2_scale), inter, ids, w2_bias if w2_bias is not None else part2, tw, part2,
-        cnt[pairs * (I // 64):], out, I, H, I // splits2, k, KB=k2 // 64, HAS_BIAS=w2_bias is not None,
-        SPLITS=splits2, PDL=bool(pdl), num_warps=4, **({"launch_pdl": True} if pdl else {}))
+        cnt[pairs * (I // 64):], out, I, H, I // splits2, k, min(prefetch2, I // splits2), KB=k2 // 64,
+        HAS_BIAS=w2_bias is not None, SPLITS=splits2, PDL=bool(pdl), num_warps=4,
+        **({"launch_pdl": True} if pdl else {}))
     return out
