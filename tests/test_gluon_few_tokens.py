@@ -132,8 +132,8 @@ def _tools_available() -> bool:
 
 ACTS = {"silu+limit": (triton_moe._ACT_IDS["silu"], True, False), "situ": (triton_moe._ACT_IDS["situ"], False, True),
         "swigluoai": (triton_moe._ACT_IDS["swigluoai"], False, False)}
-# activation, KB, splits, bias, PDL
-VARIANTS = [("silu+limit", 1, 4, False, 0), ("situ", 2, 1, False, 1), ("swigluoai", 1, 8, True, 2)]
+# activation, KB, splits, bias, PDL, GEMM2's L2 prefetch
+VARIANTS = [("silu+limit", 1, 4, False, 0, 0), ("situ", 2, 1, False, 1, 0), ("swigluoai", 1, 8, True, 2, 512)]
 KB_STEPS = {1: 4, 2: 8}  # m16n8k16 MMAs a warp's 16-row slab takes for a 64 KB-code K step
 
 
@@ -142,11 +142,11 @@ def compiled():
     """{(variant, kernel): (SASS, resource usage)} of both kernels in every VARIANTS configuration."""
     jobs, keys = [], []
     for variant in VARIANTS:
-        act, kb, splits, bias, pdl = variant
+        act, kb, splits, bias, pdl, prefetch = variant
         a, limit, linear = ACTS[act]
         jobs.append(("few_gemm1", dict(KB=kb, ACT=a, HAS_LIMIT=limit, HAS_LINEAR=linear, HAS_BIAS=bias, SPLITS=splits,
                                       PDL=pdl)))
-        jobs.append(("few_gemm2", dict(KB=kb, HAS_BIAS=bias, SPLITS=splits, PDL=bool(pdl))))
+        jobs.append(("few_gemm2", dict(KB=kb, HAS_BIAS=bias, SPLITS=splits, PDL=bool(pdl), PREFETCH=prefetch)))
         keys += [(variant, "few_gemm1"), (variant, "few_gemm2")]
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
@@ -170,5 +170,5 @@ def test_kernels_compile_for_sm90_without_spills(compiled, variant):
     # programmatic dependent launch: GEMM1 releases GEMM2 (PDL 1 or 2), GEMM2 waits for GEMM1's output
     pdl = variant[4]
     assert ("ACQBULK" in compiled[(variant, "few_gemm2")][0]) == bool(pdl)
-    # GEMM2's optional L2 prefetch: one bulk prefetch of words and one of scales a slab
-    assert len(re.findall(r"UBLKPF\.L2", compiled[(variant, "few_gemm2")][0])) == 8
+    # GEMM2's optional L2 prefetch: one bulk prefetch of words and one of scales a slab, or none
+    assert len(re.findall(r"UBLKPF\.L2", compiled[(variant, "few_gemm2")][0])) == (8 if variant[5] else 0)

@@ -143,7 +143,7 @@ def _k_loop(w_ptr, s_ptr, x_ptr, K, k_lo, K_SPLIT, up_w, up_s, KB: gl.constexpr,
 
 
 @gluon.jit
-def _prefetch_slabs(w_ptr, s_ptr, K, k_lo, CODES):
+def _prefetch_slabs(w_ptr, s_ptr, K, k_lo, CODES: gl.constexpr):
     """Bulk L2 prefetch of codes [k_lo, k_lo + CODES) of the 4 slabs at w_ptr / s_ptr (16 rows of a
     64-code step: 512 bytes of words, 32 of scales)."""
     one = gl.arange(0, 1, layout=gl.BlockedLayout([1], [32], [4], [0]))
@@ -222,7 +222,8 @@ def few_gemm1(w_ptr, s_ptr, x_ptr, ids_ptr, b_ptr, inter_ptr, part_ptr, cnt_ptr,
 
 @gluon.jit
 def few_gemm2(w_ptr, s_ptr, inter_ptr, ids_ptr, b_ptr, tw_ptr, part_ptr, cnt_ptr, out_ptr, K, N, K_SPLIT, TOP_K,
-              PREFETCH, KB: gl.constexpr, HAS_BIAS: gl.constexpr, SPLITS: gl.constexpr, PDL: gl.constexpr):
+              KB: gl.constexpr, HAS_BIAS: gl.constexpr, SPLITS: gl.constexpr, PDL: gl.constexpr,
+              PREFETCH: gl.constexpr):
     """out[t, rows] = sum over token t's pairs j of tw[j] * (w2[e_j] rows . inter[j] + b2[e_j] rows),
     rows [64 rb, 64 rb + 64): the last of the TOP_K x SPLITS programs of a token's row block sums
     their partials, pairs then splits in index order (the bias in split 0's). PDL: launched as a
@@ -233,9 +234,9 @@ def few_gemm2(w_ptr, s_ptr, inter_ptr, ids_ptr, b_ptr, tw_ptr, part_ptr, cnt_ptr
     npair = gl.num_programs(1)
     rows = rb * 64 + gl.arange(0, 64, layout=ROWS)
     v = gl.zeros([64], gl.float32, layout=ROWS)
-    if PREFETCH > 0 and e >= 0:
-        _prefetch_slabs(w_ptr, s_ptr, K, sp * K_SPLIT, PREFETCH)
     if e >= 0:
+        if PREFETCH > 0:
+            _prefetch_slabs(w_ptr, s_ptr, K, sp * K_SPLIT, PREFETCH)
         acc, _ = _k_loop(w_ptr, s_ptr, inter_ptr + j * K, K, sp * K_SPLIT, K_SPLIT, 0, 0, KB, False, PDL)
         v = _column0(acc)
         if HAS_BIAS:
@@ -283,7 +284,7 @@ def forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w
         HAS_LINEAR=act["HAS_LINEAR"], HAS_BIAS=w13_bias is not None, SPLITS=splits1, PDL=pdl, num_warps=4)
     few_gemm2[(H // 64, pairs, splits2)](
         _words(w2), _words(w2_scale), inter, ids, w2_bias if w2_bias is not None else part2, tw, part2,
-        cnt[pairs * (I // 64):], out, I, H, I // splits2, k, min(prefetch2, I // splits2), KB=k2 // 64,
-        HAS_BIAS=w2_bias is not None, SPLITS=splits2, PDL=bool(pdl), num_warps=4,
+        cnt[pairs * (I // 64):], out, I, H, I // splits2, k, KB=k2 // 64, HAS_BIAS=w2_bias is not None,
+        SPLITS=splits2, PDL=bool(pdl), PREFETCH=min(prefetch2, I // splits2), num_warps=4,
         **({"launch_pdl": True} if pdl else {}))
     return out
