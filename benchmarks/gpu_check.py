@@ -196,6 +196,7 @@ def hopper_variants(T, H, I, k, E):
         out.append(("split", dataclasses.replace(default, gluon=1, gluon_split1=16, gluon_split2=4)))
         out.append(("nopdl", dataclasses.replace(default, gluon=1, gluon_pdl=0)))
         out.append(("prefetch", dataclasses.replace(default, gluon=1, gluon_prefetch2=1024)))
+        out.append(("tma", dataclasses.replace(default, gluon=1, gluon_stages1=4)))
     elif T <= 16:  # and on more tokens than they take by default
         out.append(("gluon", dataclasses.replace(default, gluon=1, gluon_max_tokens=16)))
     return out
@@ -249,6 +250,7 @@ def main() -> int:
             plan = gluon_plan(cfg, xin, weights, k, layout) if layout in HOPPER_SETS else None
             path = (f"gluon k{plan[0]}/{plan[1]} s{plan[2]}/{plan[3]}{f' pdl{cfg.gluon_pdl}' if cfg.gluon_pdl else ''}"
                     f"{f' prefetch{cfg.gluon_prefetch2}' if cfg.gluon_prefetch2 else ''}"
+                    f"{f' tma{cfg.gluon_stages1}' if cfg.gluon_stages1 else ''}"
                     if plan else path_name(cfg, T, k, E, dtype, layout))
             label = f"{name} [{path}{' splitK' if vname == 'split' else ''}]"
             outs = []

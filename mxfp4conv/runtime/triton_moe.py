@@ -119,6 +119,9 @@ class MoEConfig:
     # codes of each of their GEMM2 programs' weight rows bulk-prefetched into L2 before its K loop (a
     # multiple of 64; 0 = none; not yet timed)
     gluon_prefetch2: int = 0
+    # their GEMM1's weight words brought by TMA through a ring of that many shared-memory stages (0 = the
+    # per-thread loads; sm_90; not yet timed)
+    gluon_stages1: int = 0
 
 
 def layout_of(layout: Mapping[str, str]) -> str | None:
@@ -382,7 +385,8 @@ def fused_moe_triton(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, *,
         plan = gluon_plan(cfg, x, (w13, w13_scale, w2, w2_scale), top_k, layout)
         if plan is not None:
             done = _gluon_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias,
-                                  act, out, plan, cfg.gluon == 1, cfg.gluon_pdl, cfg.gluon_prefetch2)
+                                  act, out, plan, cfg.gluon == 1, cfg.gluon_pdl, cfg.gluon_prefetch2,
+                                  cfg.gluon_stages1)
             if done is not None:
                 return done
         return _hopper_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias,
@@ -631,6 +635,8 @@ def gluon_tiles(cfg: MoEConfig, H: int, i_pad: int, pairs: int) -> tuple[int, in
     for name, k in (("gluon_k1", cfg.gluon_k1), ("gluon_k2", cfg.gluon_k2)):
         if k not in (64, 128):
             raise RuntimeInputError(f"fused_moe_triton: {name} must be 64 or 128, got {k}.")
+    if cfg.gluon_stages1 < 0:
+        raise RuntimeInputError(f"fused_moe_triton: gluon_stages1 must be 0 or more, got {cfg.gluon_stages1}.")
     if cfg.gluon_prefetch2 < 0 or cfg.gluon_prefetch2 % 64:
         raise RuntimeInputError(
             f"fused_moe_triton: gluon_prefetch2 must be a multiple of 64, got {cfg.gluon_prefetch2}.")
@@ -662,7 +668,7 @@ def gluon_plan(cfg: MoEConfig, x: torch.Tensor, weights, top_k: int, layout: str
 
 
 def _gluon_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias, act, out, plan,
-                   required, pdl=0, prefetch2=0):
+                   required, pdl=0, prefetch2=0, stages1=0):
     """The layer in the few-token Gluon kernels; None (the caller runs the hopper_mma kernels) where
     they fail to compile and were not required: a Triton whose Gluon differs from the one they were
     written for. The failure is warned about once."""
@@ -670,10 +676,11 @@ def _gluon_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_
     tensors = [t.contiguous() if t is not None else None
                for t in (x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias)]
     try:
-        # the bulk prefetch wants 16-byte aligned addresses
-        aligned = all(t.data_ptr() % 16 == 0 for t in tensors[3:5])
+        # the bulk prefetch and TMA want 16-byte aligned addresses
+        aligned = [t.data_ptr() % 16 == 0 for t in tensors[1:5]]
         return _gluon_module().forward(*tensors, act, out, k1=k1, k2=k2, splits1=s1, splits2=s2,
-                                       pdl=pdl if HK.HAS_GDC else 0, prefetch2=prefetch2 if aligned else 0)
+                                       pdl=pdl if HK.HAS_GDC else 0, prefetch2=prefetch2 if all(aligned[2:]) else 0,
+                                       stages1=stages1 if aligned[0] else 0)
     except triton.compiler.errors.CompilationError as exc:
         if required:
             raise
