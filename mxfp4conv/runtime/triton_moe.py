@@ -117,10 +117,10 @@ class MoEConfig:
     # DSV3-like 0.92 / 0.896 / 0.953 / 0.957 / 1.106, K3-like 0.92 / 0.786 / 0.838 / 0.956 / 1.069
     gluon_max_tokens: int = 8
     # codes of each of their GEMM2 programs' weight rows bulk-prefetched into L2 before its K loop (a
-    # multiple of 64; 0 = none; not yet timed)
+    # multiple of 64; 0 = none; sm_90; compiled, not yet run on a GPU)
     gluon_prefetch2: int = 0
     # their GEMM1's weight words brought by TMA through a ring of that many shared-memory stages (0 = the
-    # per-thread loads; sm_90; not yet timed)
+    # per-thread loads; sm_90; compiled, not yet run on a GPU)
     gluon_stages1: int = 0
 
 
