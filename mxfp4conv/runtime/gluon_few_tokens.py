@@ -106,6 +106,15 @@ def _decode(w, s, NB: gl.constexpr, KB: gl.constexpr, WPTX: gl.constexpr, FPTX: 
 
 
 @gluon.jit
+def _x_operand_ptrs(x_ptr, KB: gl.constexpr):
+    """Pointers of one K step's [64 KB, 8] MMA B operand at x_ptr: x's slice broadcast over the 8
+    columns (the one token of a pair)."""
+    xk = gl.arange(0, 64 * KB, layout=gl.SliceLayout(1, B_OP))
+    xn = gl.arange(0, 8, layout=gl.SliceLayout(0, B_OP))
+    return x_ptr + xk[:, None] + xn[None, :] * 0
+
+
+@gluon.jit
 def _k_loop(w_ptr, s_ptr, x_ptr, K, k_lo, K_SPLIT, up_w, up_s, KB: gl.constexpr, GATE_UP: gl.constexpr,
             WAIT: gl.constexpr):
     """acc (and with GATE_UP the up rows' acc) [64, 8] of 64 rows (4 slabs from w_ptr / s_ptr) times
@@ -114,9 +123,7 @@ def _k_loop(w_ptr, s_ptr, x_ptr, K, k_lo, K_SPLIT, up_w, up_s, KB: gl.constexpr,
     split is read). WAIT: x is the output of the kernel this one depends on programmatically; it is
     waited for after the first step's weight loads are issued."""
     w_off, s_off = _offsets(K, 4, KB)
-    xk = gl.arange(0, 64 * KB, layout=gl.SliceLayout(1, B_OP))
-    xn = gl.arange(0, 8, layout=gl.SliceLayout(0, B_OP))
-    x_ptr += xk[:, None] + xn[None, :] * 0
+    x_ptr = _x_operand_ptrs(x_ptr, KB)
     acc_g = gl.zeros([64, 8], gl.float32, layout=MMA)
     acc_u = gl.zeros([64, 8], gl.float32, layout=MMA)
     wg = gl.load(w_ptr + w_off + k_lo * 2)
@@ -179,9 +186,7 @@ def _k_loop_tma(desc, s_ptr, x_ptr, K, k_lo, K_SPLIT, row, up_row, up_s, KB: gl.
         _tma_load(desc, [row, col + i * box], bars.index(i), bufs.index(i))
         _tma_load(desc, [up_row, col + i * box], bars.index(i), bufs.index(STAGES + i))
     _, s_off = _offsets(K, 4, KB)
-    xk = gl.arange(0, 64 * KB, layout=gl.SliceLayout(1, B_OP))
-    xn = gl.arange(0, 8, layout=gl.SliceLayout(0, B_OP))
-    x_ptr += xk[:, None] + xn[None, :] * 0
+    x_ptr = _x_operand_ptrs(x_ptr, KB)
     acc_g = gl.zeros([64, 8], gl.float32, layout=MMA)
     acc_u = gl.zeros([64, 8], gl.float32, layout=MMA)
     sg = gl.load(s_ptr + s_off + k_lo // 8)
