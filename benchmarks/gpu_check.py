@@ -28,8 +28,8 @@ import torch
 
 from mxfp4conv.codec import dequantize_mxfp4
 
-from mxfp4conv.runtime.triton_moe import (ALIGN_GRID_PAIRS, HOPPER_SETS, LAYOUT_SETS, fused_moe_triton,
-                                          gluon_plan, hopper_options, select_config, uses_gemv)
+from mxfp4conv.runtime.triton_moe import (ALIGN_GRID_PAIRS, HOPPER_SETS, LAYOUT_SETS, gluon_runnable,
+                                          fused_moe_triton, gluon_plan, hopper_options, select_config, uses_gemv)
 from mxfp4conv.shuffle import get_layout
 
 
@@ -197,8 +197,12 @@ def hopper_variants(T, H, I, k, E):
         out.append(("nopdl", dataclasses.replace(default, gluon=1, gluon_pdl=0)))
         out.append(("prefetch", dataclasses.replace(default, gluon=1, gluon_prefetch2=1024)))
         out.append(("tma", dataclasses.replace(default, gluon=1, gluon_stages1=4)))
-    elif T <= 16:  # and on more tokens than they take by default
-        out.append(("gluon", dataclasses.replace(default, gluon=1, gluon_max_tokens=16)))
+    else:  # the Gluon kernels on expert blocks (opt-in), 16-pair blocks of 64 / 128-code steps and 8-pair ones of 128 / 64
+        out.append(("grouped", dataclasses.replace(default, gluon=1, gluon_grouped=1)))
+        out.append(("grouped", dataclasses.replace(default, gluon=1, gluon_grouped=1, gluon_block_t=8, gluon_k1=128,
+                                                   gluon_k2=64)))
+        if T <= 16:  # and the per-pair ones on more tokens than they take by default
+            out.append(("gluon", dataclasses.replace(default, gluon=1, gluon_max_tokens=16)))
     return out
 
 
@@ -248,10 +252,16 @@ def main() -> int:
         for layout, vname, cfg, weights in runs:
             t0 = time.time()
             plan = gluon_plan(cfg, xin, weights, k, layout) if layout in HOPPER_SETS else None
-            path = (f"gluon k{plan[0]}/{plan[1]} s{plan[2]}/{plan[3]}{f' pdl{cfg.gluon_pdl}' if cfg.gluon_pdl else ''}"
-                    f"{f' prefetch{cfg.gluon_prefetch2}' if cfg.gluon_prefetch2 else ''}"
-                    f"{f' tma{cfg.gluon_stages1}' if cfg.gluon_stages1 else ''}"
-                    if plan else path_name(cfg, T, k, E, dtype, layout))
+            grouped = (layout in HOPPER_SETS and cfg.gluon_grouped == 1 and T > cfg.gluon_max_tokens
+                       and gluon_runnable(cfg, xin, weights, layout))
+            if grouped:
+                path = f"gluon grouped bt{cfg.gluon_block_t} k{cfg.gluon_k1}/{cfg.gluon_k2}"
+            elif plan:
+                path = (f"gluon k{plan[0]}/{plan[1]} s{plan[2]}/{plan[3]}{f' pdl{cfg.gluon_pdl}' if cfg.gluon_pdl else ''}"
+                        f"{f' prefetch{cfg.gluon_prefetch2}' if cfg.gluon_prefetch2 else ''}"
+                        f"{f' tma{cfg.gluon_stages1}' if cfg.gluon_stages1 else ''}")
+            else:
+                path = path_name(cfg, T, k, E, dtype, layout)
             label = f"{name} [{path}{' splitK' if vname == 'split' else ''}]"
             outs = []
             try:

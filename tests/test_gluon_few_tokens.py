@@ -89,6 +89,13 @@ def test_one_token_off_gpu_runs_the_hopper_kernels(monkeypatch):
                            config=dataclasses.replace(select_config(2, 4, 128, 128, "hopper_mma_rot"), gluon=0))
     assert not called
     assert torch.equal(out, ref) and bool(torch.isfinite(out).all())
+    # the expert-block kernels, asked for past the per-pair limit, are not entered either
+    monkeypatch.setattr(triton_moe, "_gluon_grouped_module", lambda: called.append(2))
+    x2, w2, tw2, ids2 = _hopper_rot_case(T=3)
+    cfg = dataclasses.replace(select_config(6, 4, 128, 128, "hopper_mma_rot"), gluon_grouped=1, gluon_max_tokens=1)
+    out = fused_moe_triton(x2, *w2, tw2, ids2, activation="silu", activation_params={}, layout="hopper_mma_rot",
+                           config=cfg)
+    assert not called and bool(torch.isfinite(out).all())
 
 
 # Compiled in a child process: this session runs Triton in its interpreter, which cannot compile.
@@ -97,14 +104,14 @@ import json, os, subprocess, sys, tempfile
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon._runtime import GluonASTSource
-from mxfp4conv.runtime import gluon_few_tokens
+from mxfp4conv.runtime import gluon_few_tokens, gluon_grouped
 
 TYPES = {"x_ptr": "*bf16", "ids_ptr": "*i32", "b_ptr": "*fp32", "inter_ptr": "*bf16", "part_ptr": "*fp32",
-         "tw_ptr": "*fp32", "out_ptr": "*bf16", "p0": "fp32", "p1": "fp32"}
+         "tw_ptr": "*fp32", "out_ptr": "*bf16", "pair_out_ptr": "*bf16", "p0": "fp32", "p1": "fp32"}
 TOOL = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
 out = []
 for name, consts in json.loads(sys.argv[1]):
-    fn = getattr(gluon_few_tokens, name)
+    fn = getattr(gluon_few_tokens if name.startswith("few_") else gluon_grouped, name)
     types = dict(TYPES, desc="i32")
     if consts.get("STAGES"):  # GEMM1's weights by TMA: the descriptor's type, as a launch would give it
         import torch
@@ -144,6 +151,9 @@ VARIANTS = [("silu+limit", 1, 4, False, 0, 0, 0), ("situ", 2, 1, False, 1, 0, 4)
 KB_STEPS = {1: 4, 2: 8}  # m16n8k16 MMAs a warp's 16-row slab takes for a 64 KB-code K step
 
 
+GROUPED = [(8, 1), (16, 2)]  # the expert-block kernels: pairs a block, KB
+
+
 @pytest.fixture(scope="module")
 def compiled():
     """{(variant, kernel): (SASS, resource usage)} of both kernels in every VARIANTS configuration."""
@@ -155,6 +165,11 @@ def compiled():
                                        PDL=pdl, STAGES=stages)))
         jobs.append(("few_gemm2", dict(KB=kb, HAS_BIAS=bias, SPLITS=splits, PDL=bool(pdl), PREFETCH=prefetch)))
         keys += [(variant, "few_gemm1"), (variant, "few_gemm2")]
+    for bt, kb in GROUPED:
+        jobs.append(("grp_gemm1", dict(KB=kb, BT=bt, ACT=ACTS["situ"][0], HAS_LIMIT=False, HAS_LINEAR=True,
+                                       HAS_BIAS=True)))
+        jobs.append(("grp_gemm2", dict(KB=kb, BT=bt, HAS_BIAS=True)))
+        keys += [((bt, kb), "grp_gemm1"), ((bt, kb), "grp_gemm2")]
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                          env.get("PYTHONPATH", "")])
@@ -183,3 +198,14 @@ def test_kernels_compile_for_sm90_without_spills(compiled, variant):
     sass1 = compiled[(variant, "few_gemm1")][0]
     assert ("UTMALDG.2D" in sass1) == bool(variant[6])
     assert len(re.findall(r"LDS\.128", sass1)) >= (2 * variant[1] if variant[6] else 0)
+
+
+@pytest.mark.skipif(not _tools_available(), reason="this Triton has no Gluon or ships no NVIDIA tools")
+@pytest.mark.parametrize("bt, kb", GROUPED)
+def test_expert_block_kernels_compile_for_sm90_without_spills(compiled, bt, kb):
+    # a warp's slab: (64 KB / 16) m16n8k16 MMAs a K step for each 8 of the block's pairs, gate and up in GEMM1
+    for kernel, matrices in (("grp_gemm1", 2), ("grp_gemm2", 1)):
+        sass, res = compiled[((bt, kb), kernel)]
+        assert re.search(r"STACK:0\b", res), f"{kernel}: {res}"
+        assert "LDL" not in sass and "STL" not in sass, kernel
+        assert len(re.findall(r"HMMA\.16816\.F32\.BF16", sass)) >= matrices * KB_STEPS[kb] * (bt // 8), kernel

@@ -115,17 +115,17 @@ def _x_operand_ptrs(x_ptr, KB: gl.constexpr):
 
 
 @gluon.jit
-def _k_loop(w_ptr, s_ptr, x_ptr, K, k_lo, K_SPLIT, up_w, up_s, KB: gl.constexpr, GATE_UP: gl.constexpr,
-            WAIT: gl.constexpr):
-    """acc (and with GATE_UP the up rows' acc) [64, 8] of 64 rows (4 slabs from w_ptr / s_ptr) times
-    x over codes [k_lo, k_lo + K_SPLIT): x's slice broadcast over the 8 columns, the next step's
-    words loaded before this step's decode (the last step loads its own again: nothing past the
-    split is read). WAIT: x is the output of the kernel this one depends on programmatically; it is
-    waited for after the first step's weight loads are issued."""
+def _k_loop(w_ptr, s_ptr, x_ptr, x_mask, K, k_lo, K_SPLIT, up_w, up_s, KB: gl.constexpr, GATE_UP: gl.constexpr,
+            WAIT: gl.constexpr, MASKED: gl.constexpr):
+    """acc (and with GATE_UP the up rows' acc) [64, N] of 64 rows (4 slabs from w_ptr / s_ptr) times
+    x over codes [k_lo, k_lo + K_SPLIT): x_ptr the [64 KB, N] B operand's pointers at code 0 (with
+    MASKED, its columns x_mask, the others read as 0), the next step's words loaded before this
+    step's decode (the last step loads its own again: nothing past the split is read). WAIT: x is
+    the output of the kernel this one depends on programmatically; it is waited for after the first
+    step's weight loads are issued."""
     w_off, s_off = _offsets(K, 4, KB)
-    x_ptr = _x_operand_ptrs(x_ptr, KB)
-    acc_g = gl.zeros([64, 8], gl.float32, layout=MMA)
-    acc_u = gl.zeros([64, 8], gl.float32, layout=MMA)
+    acc_g = gl.zeros([64, x_ptr.shape[1]], gl.float32, layout=MMA)
+    acc_u = gl.zeros([64, x_ptr.shape[1]], gl.float32, layout=MMA)
     wg = gl.load(w_ptr + w_off + k_lo * 2)
     sg = gl.load(s_ptr + s_off + k_lo // 8)
     wu = wg
@@ -140,7 +140,10 @@ def _k_loop(w_ptr, s_ptr, x_ptr, K, k_lo, K_SPLIT, up_w, up_s, KB: gl.constexpr,
         k1 = gl.minimum(k0 + 64 * KB, last)
         wg_n = gl.load(w_ptr + w_off + k1 * 2)
         sg_n = gl.load(s_ptr + s_off + k1 // 8)
-        x = gl.load(x_ptr + k0)
+        if MASKED:
+            x = gl.load(x_ptr + k0, mask=x_mask, other=0.0)
+        else:
+            x = gl.load(x_ptr + k0)
         acc_g = mma_v2(gl.convert_layout(_decode(wg, sg, 4, KB, _WPTX, _FPTX), A_OP), x, acc_g)
         if GATE_UP:
             wu_n = gl.load(w_ptr + up_w + w_off + k1 * 2)
@@ -264,8 +267,8 @@ def few_gemm1(w_ptr, s_ptr, x_ptr, ids_ptr, b_ptr, inter_ptr, part_ptr, cnt_ptr,
             acc_g, acc_u = _k_loop_tma(desc, s_ptr, x_ptr + (j // TOP_K) * K, K, sp * K_SPLIT, K_SPLIT, slab,
                                        slab + I // 16, (I // 16) * (K // 8), KB, STAGES)
         else:
-            acc_g, acc_u = _k_loop(w_ptr, s_ptr, x_ptr + (j // TOP_K) * K, K, sp * K_SPLIT, K_SPLIT,
-                                   (I // 16) * (2 * K), (I // 16) * (K // 8), KB, True, False)
+            acc_g, acc_u = _k_loop(w_ptr, s_ptr, _x_operand_ptrs(x_ptr + (j // TOP_K) * K, KB), 0, K, sp * K_SPLIT,
+                                   K_SPLIT, (I // 16) * (2 * K), (I // 16) * (K // 8), KB, True, False, False)
         if PDL == 2:
             _gdc_launch()
         g = _column0(acc_g)
@@ -305,7 +308,8 @@ def few_gemm2(w_ptr, s_ptr, inter_ptr, ids_ptr, b_ptr, tw_ptr, part_ptr, cnt_ptr
     if e >= 0:
         if PREFETCH > 0:
             _prefetch_slabs(w_ptr, s_ptr, K, sp * K_SPLIT, PREFETCH)
-        acc, _ = _k_loop(w_ptr, s_ptr, inter_ptr + j * K, K, sp * K_SPLIT, K_SPLIT, 0, 0, KB, False, PDL)
+        acc, _ = _k_loop(w_ptr, s_ptr, _x_operand_ptrs(inter_ptr + j * K, KB), 0, K, sp * K_SPLIT, K_SPLIT, 0, 0, KB,
+                         False, PDL, False)
         v = _column0(acc)
         if HAS_BIAS:
             if sp == 0:

@@ -122,6 +122,10 @@ class MoEConfig:
     # their GEMM1's weight words brought by TMA through a ring of that many shared-memory stages (0 = the
     # per-thread loads; sm_90; compiled, not yet run on a GPU)
     gluon_stages1: int = 0
+    # past gluon_max_tokens: the Gluon kernels on expert blocks of gluon_block_t (8 or 16) pairs (gluon_grouped;
+    # 1 on where they can run, 0 off; compiled, not yet run on a GPU)
+    gluon_grouped: int = 0
+    gluon_block_t: int = 16
 
 
 def layout_of(layout: Mapping[str, str]) -> str | None:
@@ -382,13 +386,22 @@ def fused_moe_triton(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, *,
         return out.zero_()
     cfg = config or select_config(num_pairs, E, H, i_pad, layout)
     if layout in HOPPER_SETS:
-        plan = gluon_plan(cfg, x, (w13, w13_scale, w2, w2_scale), top_k, layout)
+        weights = (w13, w13_scale, w2, w2_scale)
+        plan = gluon_plan(cfg, x, weights, top_k, layout)
         if plan is not None:
             done = _gluon_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias,
                                   act, out, plan, cfg.gluon == 1, cfg.gluon_pdl, cfg.gluon_prefetch2,
                                   cfg.gluon_stages1)
             if done is not None:
                 return done
+        elif cfg.gluon_grouped == 1 and T > cfg.gluon_max_tokens and gluon_runnable(cfg, x, weights, layout):
+            k1, k2, _, _ = gluon_tiles(cfg, H, i_pad, num_pairs)
+            return _gluon_grouped_module().forward(
+                *(t.contiguous() if t is not None else None
+                  for t in (x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias)),
+                act, lambda bt: moe_align(topk_ids, E, bt, cfg.align),
+                lambda pair_out: (_sum_launch(pair_out, topk_ids.contiguous(), out, H, top_k, E, 1), out)[1],
+                k1=k1, k2=k2, block_t=cfg.gluon_block_t)
         return _hopper_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias,
                                act, cfg, out, rot=layout == "hopper_mma_rot")
     if uses_gemv(cfg, num_pairs, E):
@@ -600,6 +613,13 @@ def _big_scales(*scales: torch.Tensor) -> bool:
 
 
 @functools.lru_cache(maxsize=None)
+def _gluon_grouped_module():
+    """mxfp4conv.runtime.gluon_grouped (the caller has checked _gluon_module)."""
+    from mxfp4conv.runtime import gluon_grouped
+    return gluon_grouped
+
+
+@functools.lru_cache(maxsize=None)
 def _gluon_module():
     """mxfp4conv.runtime.gluon_few_tokens, or None where this Triton has no Gluon (or not the parts it uses)."""
     try:
@@ -635,6 +655,8 @@ def gluon_tiles(cfg: MoEConfig, H: int, i_pad: int, pairs: int) -> tuple[int, in
     for name, k in (("gluon_k1", cfg.gluon_k1), ("gluon_k2", cfg.gluon_k2)):
         if k not in (64, 128):
             raise RuntimeInputError(f"fused_moe_triton: {name} must be 64 or 128, got {k}.")
+    if cfg.gluon_block_t not in (8, 16):
+        raise RuntimeInputError(f"fused_moe_triton: gluon_block_t must be 8 or 16, got {cfg.gluon_block_t}.")
     if cfg.gluon_stages1 < 0:
         raise RuntimeInputError(f"fused_moe_triton: gluon_stages1 must be 0 or more, got {cfg.gluon_stages1}.")
     if cfg.gluon_prefetch2 < 0 or cfg.gluon_prefetch2 % 64:
@@ -652,19 +674,24 @@ def gluon_plan(cfg: MoEConfig, x: torch.Tensor, weights, top_k: int, layout: str
     more than gluon_max_tokens tokens, x not bf16, no CUDA GPU of compute capability 8.0 or more
     (9.x when automatic), an e8m0 byte above 128 (the one-multiply factor decode), storage not
     4-byte aligned, no Gluon in this Triton, or cfg.gluon = 0."""
-    w13, w13_scale, w2, w2_scale = weights
     T = x.shape[0]
-    tiles = gluon_tiles(cfg, x.shape[1], w13.shape[1] // 2, T * top_k)  # (a bad knob raises on every device)
-    if cfg.gluon == 0 or layout != "hopper_mma_rot" or T > cfg.gluon_max_tokens or x.dtype != torch.bfloat16:
-        return None
-    if not x.is_cuda or torch.version.cuda is None or os.environ.get("TRITON_INTERPRET") == "1" or _GLUON_BROKEN:
-        return None
-    major = torch.cuda.get_device_capability(x.device)[0]
-    if major < 8 or (cfg.gluon < 0 and major != 9):
-        return None
-    if any(t.data_ptr() % 4 for t in weights) or _big_scales(w13_scale, w2_scale) or _gluon_module() is None:
+    tiles = gluon_tiles(cfg, x.shape[1], weights[0].shape[1] // 2, T * top_k)  # (a bad knob raises on every device)
+    if T > cfg.gluon_max_tokens or not gluon_runnable(cfg, x, weights, layout):
         return None
     return tiles
+
+
+def gluon_runnable(cfg: MoEConfig, x: torch.Tensor, weights, layout: str) -> bool:
+    """Whether the Gluon kernels can take this call, the number of tokens aside (gluon_plan)."""
+    w13, w13_scale, w2, w2_scale = weights
+    if cfg.gluon == 0 or layout != "hopper_mma_rot" or x.dtype != torch.bfloat16:
+        return False
+    if not x.is_cuda or torch.version.cuda is None or os.environ.get("TRITON_INTERPRET") == "1" or _GLUON_BROKEN:
+        return False
+    major = torch.cuda.get_device_capability(x.device)[0]
+    if major < 8 or (cfg.gluon < 0 and major != 9):
+        return False
+    return not (any(t.data_ptr() % 4 for t in weights) or _big_scales(w13_scale, w2_scale) or _gluon_module() is None)
 
 
 def _gluon_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias, act, out, plan,

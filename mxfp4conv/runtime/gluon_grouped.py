@@ -1,0 +1,106 @@
+"""The MoE layer over hopper_mma_rot weights in two Gluon MMA v2 kernels on expert blocks: the
+(token, expert) pairs sorted by expert into blocks of BT (moe_align), a program per (64-row block,
+pair block), each block's tokens the N columns of its m16n8k16 MMAs; the pairs' outputs summed over
+k by the Triton k-sum kernel. The decode and K loop are gluon_few_tokens'; this covers the batches
+past its limit, where an expert sees several pairs. Opt-in (MoEConfig.gluon_grouped), not yet run
+on a GPU: benchmarks/gpu_check.py checks it, benchmarks/moe_bench.py --variants times it.
+"""
+
+from __future__ import annotations
+
+import torch
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+
+from mxfp4conv.runtime.gluon_few_tokens import B_OP, MMA, ROWS, _k_loop, _words
+from mxfp4conv.runtime.triton_moe_kernels import _activate
+
+COLS = gl.constexpr(gl.SliceLayout(0, MMA))  # a tile's pair columns
+
+
+@gluon.jit
+def _block(sorted_ptr, bexp_ptr, npp_ptr, num_pairs, BT: gl.constexpr, LAYOUT: gl.constexpr):
+    """(live, expert, pairs, pair mask) of pair block program_id(1) (padding slots hold num_pairs;
+    blocks past num_post_pad are not live)."""
+    m = gl.program_id(1)
+    live = m * BT < gl.load(npp_ptr)
+    e = gl.load(bexp_ptr + m).to(gl.int64)
+    pair = gl.load(sorted_ptr + m * BT + gl.arange(0, BT, layout=LAYOUT))
+    return live, e, pair, pair < num_pairs
+
+
+@gluon.jit
+def grp_gemm1(w_ptr, s_ptr, x_ptr, sorted_ptr, bexp_ptr, npp_ptr, b_ptr, inter_ptr, num_pairs, TOP_K, K, I, p0, p1,
+              KB: gl.constexpr, BT: gl.constexpr, ACT: gl.constexpr, HAS_LIMIT: gl.constexpr,
+              HAS_LINEAR: gl.constexpr, HAS_BIAS: gl.constexpr):
+    """inter[pair, rows] = act(gate . x[pair // TOP_K] + b, up . x + b) for the block's pairs and its
+    expert, rows [64 rb, 64 rb + 64)."""
+    live, e, pair_x, ok_x = _block(sorted_ptr, bexp_ptr, npp_ptr, num_pairs, BT, gl.SliceLayout(0, B_OP))
+    if live:
+        rb = gl.program_id(0)
+        xk = gl.arange(0, 64 * KB, layout=gl.SliceLayout(1, B_OP))
+        tok = gl.where(ok_x, pair_x // TOP_K, 0).to(gl.int64)
+        x_ptrs = x_ptr + tok[None, :] * K + xk[:, None]
+        x_mask = ok_x[None, :] & (xk[:, None] >= 0)
+        w_ptr += e * (2 * I * (K // 8)) + rb * 4 * (2 * K)
+        s_ptr += e * (2 * I * K // 128) + rb * 4 * (K // 8)
+        g, u = _k_loop(w_ptr, s_ptr, x_ptrs, x_mask, K, 0, K, (I // 16) * (2 * K), (I // 16) * (K // 8), KB, True,
+                       False, True)
+        rows = rb * 64 + gl.arange(0, 64, layout=ROWS)
+        if HAS_BIAS:
+            g += gl.load(b_ptr + e * (2 * I) + rows).to(gl.float32)[:, None]
+            u += gl.load(b_ptr + e * (2 * I) + I + rows).to(gl.float32)[:, None]
+        pair = gl.convert_layout(pair_x, COLS)
+        ok = pair < num_pairs
+        h = _activate(g, u, p0, p1, ACT, HAS_LIMIT, HAS_LINEAR).to(gl.bfloat16)
+        gl.store(inter_ptr + pair[None, :].to(gl.int64) * I + rows[:, None], h, mask=ok[None, :] & (rows[:, None] >= 0))
+
+
+@gluon.jit
+def grp_gemm2(w_ptr, s_ptr, inter_ptr, sorted_ptr, bexp_ptr, npp_ptr, b_ptr, tw_ptr, pair_out_ptr, num_pairs, K, N,
+              KB: gl.constexpr, BT: gl.constexpr, HAS_BIAS: gl.constexpr):
+    """pair_out[pair, rows] = tw[pair] * (w2[e] rows . inter[pair] + b2[e] rows) for the block's pairs,
+    rows [64 rb, 64 rb + 64), in pair_out's dtype."""
+    live, e, pair_x, ok_x = _block(sorted_ptr, bexp_ptr, npp_ptr, num_pairs, BT, gl.SliceLayout(0, B_OP))
+    if live:
+        rb = gl.program_id(0)
+        xk = gl.arange(0, 64 * KB, layout=gl.SliceLayout(1, B_OP))
+        x_ptrs = inter_ptr + gl.where(ok_x, pair_x, 0).to(gl.int64)[None, :] * K + xk[:, None]
+        x_mask = ok_x[None, :] & (xk[:, None] >= 0)
+        w_ptr += e * (N * (K // 8)) + rb * 4 * (2 * K)
+        s_ptr += e * (N * K // 128) + rb * 4 * (K // 8)
+        y, _ = _k_loop(w_ptr, s_ptr, x_ptrs, x_mask, K, 0, K, 0, 0, KB, False, False, True)
+        rows = rb * 64 + gl.arange(0, 64, layout=ROWS)
+        if HAS_BIAS:
+            y += gl.load(b_ptr + e * N + rows).to(gl.float32)[:, None]
+        pair = gl.convert_layout(pair_x, COLS)
+        ok = pair < num_pairs
+        y = y * gl.load(tw_ptr + pair, mask=ok, other=0.0).to(gl.float32)[None, :]
+        gl.store(pair_out_ptr + pair[None, :].to(gl.int64) * N + rows[:, None],
+                 y.to(pair_out_ptr.dtype.element_ty), mask=ok[None, :] & (rows[:, None] >= 0))
+
+
+def forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias, act, align, k_sum, *,
+            k1: int, k2: int, block_t: int) -> torch.Tensor:
+    """(inter, pair_out) for x [T, H] bf16 (contiguous hopper_mma_rot tensors, scales <= 2): align
+    the pairs with align(block_t) -> (sorted_ids, block_expert, num_post_pad, max_blocks), run both
+    GEMMs, and return k_sum(pair_out [1, T k, H]), the caller's k-sum."""
+    E, two_i, _ = w13.shape
+    T, H = x.shape
+    I = two_i // 2
+    k = topk_ids.shape[1]
+    pairs = T * k
+    sorted_ids, block_expert, num_post_pad, max_blocks = align(block_t)
+    inter = torch.empty(pairs, I, dtype=torch.bfloat16, device=x.device)
+    pair_out = torch.empty(1, pairs, H, dtype=x.dtype, device=x.device)
+    tw = topk_weights.reshape(-1)
+    grp_gemm1[(I // 64, max_blocks)](
+        _words(w13), _words(w13_scale), x, sorted_ids, block_expert, num_post_pad,
+        w13_bias if w13_bias is not None else inter, inter, pairs, k, H, I, act["p0"], act["p1"], KB=k1 // 64,
+        BT=block_t, ACT=act["ACT"], HAS_LIMIT=act["HAS_LIMIT"], HAS_LINEAR=act["HAS_LINEAR"],
+        HAS_BIAS=w13_bias is not None, num_warps=4)
+    grp_gemm2[(H // 64, max_blocks)](
+        _words(w2), _words(w2_scale), inter, sorted_ids, block_expert, num_post_pad,
+        w2_bias if w2_bias is not None else pair_out, tw, pair_out, pairs, I, H, KB=k2 // 64, BT=block_t,
+        HAS_BIAS=w2_bias is not None, num_warps=4)
+    return k_sum(pair_out)
