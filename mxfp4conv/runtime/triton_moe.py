@@ -394,7 +394,8 @@ def fused_moe_triton(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, *,
                                   cfg.gluon_stages1)
             if done is not None:
                 return done
-        elif cfg.gluon_grouped == 1 and T > cfg.gluon_max_tokens and gluon_runnable(cfg, x, weights, layout):
+        elif (cfg.gluon_grouped == 1 and T > cfg.gluon_max_tokens and gluon_runnable(cfg, x, weights, layout)
+              and num_pairs // cfg.gluon_block_t + min(E, num_pairs) < 65535):  # the pair blocks on grid axis 1
             k1, k2, _, _ = gluon_tiles(cfg, H, i_pad, num_pairs)
             return _gluon_grouped_module().forward(
                 *(t.contiguous() if t is not None else None
