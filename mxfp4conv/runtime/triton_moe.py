@@ -397,12 +397,15 @@ def fused_moe_triton(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, *,
         elif (cfg.gluon_grouped == 1 and T > cfg.gluon_max_tokens and gluon_runnable(cfg, x, weights, layout)
               and num_pairs // cfg.gluon_block_t + min(E, num_pairs) < 65535):  # the pair blocks on grid axis 1
             k1, k2, _, _ = gluon_tiles(cfg, H, i_pad, num_pairs)
+
+            def k_sum(pair_out):
+                _sum_launch(pair_out, topk_ids.contiguous(), out, H, top_k, E, 1)
+                return out
+
             return _gluon_grouped_module().forward(
                 *(t.contiguous() if t is not None else None
                   for t in (x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias)),
-                act, lambda bt: moe_align(topk_ids, E, bt, cfg.align),
-                lambda pair_out: (_sum_launch(pair_out, topk_ids.contiguous(), out, H, top_k, E, 1), out)[1],
-                k1=k1, k2=k2, block_t=cfg.gluon_block_t)
+                act, lambda bt: moe_align(topk_ids, E, bt, cfg.align), k_sum, k1=k1, k2=k2, block_t=cfg.gluon_block_t)
         return _hopper_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias,
                                act, cfg, out, rot=layout == "hopper_mma_rot")
     if uses_gemv(cfg, num_pairs, E):
