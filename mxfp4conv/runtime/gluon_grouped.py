@@ -82,9 +82,9 @@ def grp_gemm2(w_ptr, s_ptr, inter_ptr, sorted_ptr, bexp_ptr, npp_ptr, b_ptr, tw_
 
 def forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias, act, align, k_sum, *,
             k1: int, k2: int, block_t: int) -> torch.Tensor:
-    """(inter, pair_out) for x [T, H] bf16 (contiguous hopper_mma_rot tensors, scales <= 2): align
-    the pairs with align(block_t) -> (sorted_ids, block_expert, num_post_pad, max_blocks), run both
-    GEMMs, and return k_sum(pair_out [1, T k, H]), the caller's k-sum."""
+    """The layer for x [T, H] bf16 (contiguous hopper_mma_rot tensors, scales <= 2): align the pairs
+    with align(block_t) -> (sorted_ids, block_expert, num_post_pad, max_blocks), run both GEMMs, and
+    return k_sum(pair_out [1, T k, H]), the caller's sum over k."""
     E, two_i, _ = w13.shape
     T, H = x.shape
     I = two_i // 2

@@ -396,16 +396,8 @@ def fused_moe_triton(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, *,
                 return done
         elif (cfg.gluon_grouped == 1 and T > cfg.gluon_max_tokens and gluon_runnable(cfg, x, weights, layout)
               and num_pairs // cfg.gluon_block_t + min(E, num_pairs) < 65535):  # the pair blocks on grid axis 1
-            k1, k2, _, _ = gluon_tiles(cfg, H, i_pad, num_pairs)
-
-            def k_sum(pair_out):
-                _sum_launch(pair_out, topk_ids.contiguous(), out, H, top_k, E, 1)
-                return out
-
-            return _gluon_grouped_module().forward(
-                *(t.contiguous() if t is not None else None
-                  for t in (x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias)),
-                act, lambda bt: moe_align(topk_ids, E, bt, cfg.align), k_sum, k1=k1, k2=k2, block_t=cfg.gluon_block_t)
+            return _gluon_grouped_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias,
+                                          act, out, cfg)
         return _hopper_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias,
                                act, cfg, out, rot=layout == "hopper_mma_rot")
     if uses_gemv(cfg, num_pairs, E):
@@ -653,9 +645,9 @@ _GLUON_PROGRAMS2 = 512
 
 
 def gluon_tiles(cfg: MoEConfig, H: int, i_pad: int, pairs: int) -> tuple[int, int, int, int]:
-    """(k1, k2, splits1, splits2) of the few-token Gluon kernels for this layer and number of pairs: codes a K step of
-    GEMM1 / GEMM2 (cfg's, or 64 where K is no multiple of it) and their K splits (cfg's, or the fewest
-    that give each GEMM its target of programs), each lowered to a divisor of its K steps."""
+    """(k1, k2, splits1, splits2) of the Gluon kernels for this layer and number of pairs: codes a K
+    step of GEMM1 / GEMM2 (cfg's, or 64 where K is no multiple of it) and their K splits (cfg's, or
+    the fewest that give each GEMM its target of programs), each lowered to a divisor of its K steps."""
     for name, k in (("gluon_k1", cfg.gluon_k1), ("gluon_k2", cfg.gluon_k2)):
         if k not in (64, 128):
             raise RuntimeInputError(f"fused_moe_triton: {name} must be 64 or 128, got {k}.")
@@ -704,8 +696,7 @@ def _gluon_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_
     they fail to compile and were not required: a Triton whose Gluon differs from the one they were
     written for. The failure is warned about once."""
     k1, k2, s1, s2 = plan
-    tensors = [t.contiguous() if t is not None else None
-               for t in (x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias)]
+    tensors = _contiguous(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias)
     try:
         # the bulk prefetch and TMA want 16-byte aligned addresses
         aligned = [t.data_ptr() % 16 == 0 for t in tensors[1:5]]
@@ -719,6 +710,28 @@ def _gluon_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_
         warnings.warn(f"mxfp4conv: the few-token Gluon MoE kernels do not compile with triton {triton.__version__} "
                       f"({_GLUON_BROKEN[0]}); the hopper_mma kernels run instead.", RuntimeWarning, stacklevel=3)
         return None
+
+
+def _gluon_grouped_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias, act, out,
+                           cfg):
+    """The layer in the Gluon kernels on expert blocks (gluon_grouped): the align and the k-sum are
+    the Triton path's."""
+    T, H = x.shape
+    E, i_pad, top_k = w13.shape[0], w13.shape[1] // 2, topk_ids.shape[1]
+    k1, k2, _, _ = gluon_tiles(cfg, H, i_pad, T * top_k)
+
+    def k_sum(pair_out):
+        _sum_launch(pair_out, topk_ids.contiguous(), out, H, top_k, E, 1)
+        return out
+
+    tensors = _contiguous(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias)
+    return _gluon_grouped_module().forward(*tensors, act, lambda bt: moe_align(topk_ids, E, bt, cfg.align), k_sum,
+                                           k1=k1, k2=k2, block_t=cfg.gluon_block_t)
+
+
+def _contiguous(*tensors):
+    """Each tensor contiguous (None stays None)."""
+    return [t.contiguous() if t is not None else None for t in tensors]
 
 
 def hopper_options(cfg: MoEConfig, T: int, num_pairs: int, cuda: bool) -> tuple[bool, bool, bool]:
