@@ -195,8 +195,6 @@ def hopper_variants(T, H, I, k, E):
                                                 gluon_split2=2)))
         out.append(("split", dataclasses.replace(default, gluon=1, gluon_split1=16, gluon_split2=4)))
         out.append(("nopdl", dataclasses.replace(default, gluon=1, gluon_pdl=0)))
-        out.append(("prefetch", dataclasses.replace(default, gluon=1, gluon_prefetch2=1024)))
-        out.append(("tma", dataclasses.replace(default, gluon=1, gluon_stages1=4)))
     else:  # the Gluon kernels on expert blocks (opt-in), 16-pair blocks of 64 / 128-code steps and 8-pair ones of 128 / 64
         out.append(("grouped", dataclasses.replace(default, gluon=1, gluon_grouped=1)))
         out.append(("grouped", dataclasses.replace(default, gluon=1, gluon_grouped=1, gluon_block_t=8, gluon_k1=128,
@@ -257,9 +255,7 @@ def main() -> int:
             if grouped:
                 path = f"gluon grouped bt{cfg.gluon_block_t} k{cfg.gluon_k1}/{cfg.gluon_k2}"
             elif plan:
-                path = (f"gluon k{plan[0]}/{plan[1]} s{plan[2]}/{plan[3]}{f' pdl{cfg.gluon_pdl}' if cfg.gluon_pdl else ''}"
-                        f"{f' prefetch{cfg.gluon_prefetch2}' if cfg.gluon_prefetch2 else ''}"
-                        f"{f' tma{cfg.gluon_stages1}' if cfg.gluon_stages1 else ''}")
+                path = f"gluon k{plan[0]}/{plan[1]} s{plan[2]}/{plan[3]}{f' pdl{cfg.gluon_pdl}' if cfg.gluon_pdl else ''}"
             else:
                 path = path_name(cfg, T, k, E, dtype, layout)
             label = f"{name} [{path}{' splitK' if vname == 'split' else ''}]"

@@ -27,8 +27,6 @@ import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
-from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
-from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from mxfp4conv.runtime import triton_hopper_kernels as HK
 from mxfp4conv.runtime.triton_hopper_kernels import _arrive, _gdc_launch, _gdc_wait
@@ -45,9 +43,6 @@ FACTORS32_PTX = ("{\n.reg .b32 a, b;\nprmt.b32 a, $4, 0, 0x4140;\nprmt.b32 b, $4
                  "mov.b32 {$0, $1}, a;\nmov.b32 {$2, $3}, b;\n}")
 _WPTX = gl.constexpr(WORDS32_ROT_PTX)
 _FPTX = gl.constexpr(FACTORS32_PTX)
-# thread 0 asks L2 to fetch $2 bytes from $1 (a bulk prefetch, sm_90; nothing is waited for)
-_L2_PREFETCH = gl.constexpr("{\n.reg .pred p;\n.reg .b32 t;\nmov.u32 t, %tid.x;\nsetp.eq.u32 p, t, 0;\n"
-                            "@p cp.async.bulk.prefetch.L2.global [$1], $2;\nmov.u32 $0, 0;\n}")
 
 
 def _along(layout, dim: int, rank: int):
@@ -69,9 +64,8 @@ MMA = gl.constexpr(_MMA)
 A_OP = gl.constexpr(gl.DotOperandLayout(operand_index=0, parent=_MMA, k_width=2))
 B_OP = gl.constexpr(gl.DotOperandLayout(operand_index=1, parent=_MMA, k_width=2))
 ROWS = gl.constexpr(gl.SliceLayout(1, _MMA))  # a tile's 64 rows, column 0 of the MMA layout
-# the names of the CTA barrier and of a TMA load from triton 3.7 on / before
+# the name of the CTA barrier from triton 3.7 on / before
 _barrier = getattr(gl, "barrier", None) or gl.thread_barrier
-_tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 
 
 @gluon.jit
@@ -157,71 +151,6 @@ def _k_loop(w_ptr, s_ptr, x_ptr, x_mask, K, k_lo, K_SPLIT, up_w, up_s, KB: gl.co
 
 
 @gluon.jit
-def _prefetch_slabs(w_ptr, s_ptr, K, k_lo, CODES: gl.constexpr):
-    """Bulk L2 prefetch of codes [k_lo, k_lo + CODES) of the 4 slabs at w_ptr / s_ptr (16 rows of a
-    64-code step: 512 bytes of words, 32 of scales)."""
-    one = gl.arange(0, 1, layout=gl.BlockedLayout([1], [32], [4], [0]))
-    for slab in range(4):
-        gl.inline_asm_elementwise(asm=_L2_PREFETCH, constraints="=r,l,r",
-                                  args=[w_ptr + slab * (2 * K) + k_lo * 2 + one, one * 0 + CODES * 8],
-                                  dtype=gl.int32, is_pure=False, pack=1)
-        gl.inline_asm_elementwise(asm=_L2_PREFETCH, constraints="=r,l,r",
-                                  args=[s_ptr + slab * (K // 8) + k_lo // 8 + one, one * 0 + CODES // 2],
-                                  dtype=gl.int32, is_pure=False, pack=1)
-
-
-@gluon.jit
-def _k_loop_tma(desc, s_ptr, x_ptr, K, k_lo, K_SPLIT, row, up_row, up_s, KB: gl.constexpr, STAGES: gl.constexpr):
-    """_k_loop's gate and up accumulators with the weight words brought by TMA: desc holds the words
-    as [slabs, 2 K] (a slab's 16 rows of K codes in one row), boxes of [4 slabs, one step] land in a
-    ring of STAGES stages (STAGES <= the split's steps) and come out of shared memory in the decode's
-    own layout (a lane's 4 words in one 16-byte load); scales and x as in _k_loop."""
-    box: gl.constexpr = desc.block_type.shape[1]
-    nbytes: gl.constexpr = 2 * 4 * box * 4
-    bufs = gl.allocate_shared_memory(gl.int32, [2 * STAGES, 4, box], desc.layout)
-    bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES):
-        mbarrier.init(bars.index(i), count=1)
-    fence_async_shared()
-    col = k_lo * 2
-    for i in gl.static_range(STAGES):
-        mbarrier.expect(bars.index(i), nbytes)
-        _tma_load(desc, [row, col + i * box], bars.index(i), bufs.index(i))
-        _tma_load(desc, [up_row, col + i * box], bars.index(i), bufs.index(STAGES + i))
-    _, s_off = _offsets(K, 4, KB)
-    x_ptr = _x_operand_ptrs(x_ptr, KB)
-    acc_g = gl.zeros([64, 8], gl.float32, layout=MMA)
-    acc_u = gl.zeros([64, 8], gl.float32, layout=MMA)
-    sg = gl.load(s_ptr + s_off + k_lo // 8)
-    su = gl.load(s_ptr + up_s + s_off + k_lo // 8)
-    steps = K_SPLIT // (64 * KB)
-    last = k_lo + K_SPLIT - 64 * KB
-    for it in range(steps):
-        k0 = k_lo + it * (64 * KB)
-        k1 = gl.minimum(k0 + 64 * KB, last)
-        sg_n = gl.load(s_ptr + s_off + k1 // 8)
-        su_n = gl.load(s_ptr + up_s + s_off + k1 // 8)
-        x = gl.load(x_ptr + k0)
-        st = it % STAGES
-        mbarrier.wait(bars.index(st), (it // STAGES) & 1)
-        wg = bufs.index(st).reshape([4, KB, 8, 4, 4]).load(WL)
-        wu = bufs.index(STAGES + st).reshape([4, KB, 8, 4, 4]).load(WL)
-        _barrier()  # every warp has its words out of the stage before it is refilled
-        if it + STAGES < steps:
-            mbarrier.expect(bars.index(st), nbytes)
-            _tma_load(desc, [row, col + (it + STAGES) * box], bars.index(st), bufs.index(st))
-            _tma_load(desc, [up_row, col + (it + STAGES) * box], bars.index(st),
-                                            bufs.index(STAGES + st))
-        acc_g = mma_v2(gl.convert_layout(_decode(wg, sg, 4, KB, _WPTX, _FPTX), A_OP), x, acc_g)
-        acc_u = mma_v2(gl.convert_layout(_decode(wu, su, 4, KB, _WPTX, _FPTX), A_OP), x, acc_u)
-        sg = sg_n
-        su = su_n
-    for i in gl.static_range(STAGES):
-        mbarrier.invalidate(bars.index(i))
-    return acc_g, acc_u
-
-
-@gluon.jit
 def _program(w_ptr, s_ptr, ids_ptr, NROWS, K):
     """(row block, pair, split) of this program, pair j's expert and the word / scale-word pointers
     of the program's 4 slabs in it (NROWS rows a matrix of K codes)."""
@@ -251,24 +180,18 @@ def _gemm1_tail(g, u, e, j, rows, b_ptr, inter_ptr, I, p0, p1, ACT: gl.constexpr
 
 
 @gluon.jit
-def few_gemm1(w_ptr, s_ptr, x_ptr, ids_ptr, b_ptr, inter_ptr, part_ptr, cnt_ptr, K, I, K_SPLIT, TOP_K, p0, p1, desc,
+def few_gemm1(w_ptr, s_ptr, x_ptr, ids_ptr, b_ptr, inter_ptr, part_ptr, cnt_ptr, K, I, K_SPLIT, TOP_K, p0, p1,
               KB: gl.constexpr, ACT: gl.constexpr, HAS_LIMIT: gl.constexpr, HAS_LINEAR: gl.constexpr,
-              HAS_BIAS: gl.constexpr, SPLITS: gl.constexpr, PDL: gl.constexpr, STAGES: gl.constexpr):
+              HAS_BIAS: gl.constexpr, SPLITS: gl.constexpr, PDL: gl.constexpr):
     """inter[j, rows] = act(gate . x + b, up . x + b) for pair j (token j // TOP_K) and its expert,
     rows [64 rb, 64 rb + 64) (b13 [E, 2 I] with HAS_BIAS). PDL 1 / 2: GEMM2's programs may launch
-    from this program's start / once its K loop is done. STAGES > 0: the weight words come by TMA
-    through desc (w13's words as [E 2 I / 16, 2 K]) in a ring of that many stages; 0: pointer loads."""
+    from this program's start / once its K loop is done."""
     if PDL == 1:
         _gdc_launch()
     rb, j, sp, e, w_ptr, s_ptr = _program(w_ptr, s_ptr, ids_ptr, 2 * I, K)
     if e >= 0:
-        if STAGES > 0:
-            slab = e.to(gl.int32) * (2 * I // 16) + rb * 4
-            acc_g, acc_u = _k_loop_tma(desc, s_ptr, x_ptr + (j // TOP_K) * K, K, sp * K_SPLIT, K_SPLIT, slab,
-                                       slab + I // 16, (I // 16) * (K // 8), KB, STAGES)
-        else:
-            acc_g, acc_u = _k_loop(w_ptr, s_ptr, _x_operand_ptrs(x_ptr + (j // TOP_K) * K, KB), 0, K, sp * K_SPLIT,
-                                   K_SPLIT, (I // 16) * (2 * K), (I // 16) * (K // 8), KB, True, False, False)
+        acc_g, acc_u = _k_loop(w_ptr, s_ptr, _x_operand_ptrs(x_ptr + (j // TOP_K) * K, KB), 0, K, sp * K_SPLIT,
+                               K_SPLIT, (I // 16) * (2 * K), (I // 16) * (K // 8), KB, True, False, False)
         if PDL == 2:
             _gdc_launch()
         g = _column0(acc_g)
@@ -293,21 +216,16 @@ def few_gemm1(w_ptr, s_ptr, x_ptr, ids_ptr, b_ptr, inter_ptr, part_ptr, cnt_ptr,
 
 @gluon.jit
 def few_gemm2(w_ptr, s_ptr, inter_ptr, ids_ptr, b_ptr, tw_ptr, part_ptr, cnt_ptr, out_ptr, K, N, K_SPLIT, TOP_K,
-              KB: gl.constexpr, HAS_BIAS: gl.constexpr, SPLITS: gl.constexpr, PDL: gl.constexpr,
-              PREFETCH: gl.constexpr):
+              KB: gl.constexpr, HAS_BIAS: gl.constexpr, SPLITS: gl.constexpr, PDL: gl.constexpr):
     """out[t, rows] = sum over token t's pairs j of tw[j] * (w2[e_j] rows . inter[j] + b2[e_j] rows),
     rows [64 rb, 64 rb + 64): the last of the TOP_K x SPLITS programs of a token's row block sums
     their partials, pairs then splits in index order (the bias in split 0's). PDL: launched as a
-    programmatic dependent of GEMM1, whose output is waited for after the first weight loads.
-    PREFETCH > 0: first, the first PREFETCH codes of each of the program's slabs (weights and
-    scales) are bulk-prefetched into L2."""
+    programmatic dependent of GEMM1, whose output is waited for after the first weight loads."""
     rb, j, sp, e, w_ptr, s_ptr = _program(w_ptr, s_ptr, ids_ptr, N, K)
     npair = gl.num_programs(1)
     rows = rb * 64 + gl.arange(0, 64, layout=ROWS)
     v = gl.zeros([64], gl.float32, layout=ROWS)
     if e >= 0:
-        if PREFETCH > 0:
-            _prefetch_slabs(w_ptr, s_ptr, K, sp * K_SPLIT, PREFETCH)
         acc, _ = _k_loop(w_ptr, s_ptr, _x_operand_ptrs(inter_ptr + j * K, KB), 0, K, sp * K_SPLIT, K_SPLIT, 0, 0, KB,
                          False, PDL, False)
         v = _column0(acc)
@@ -332,23 +250,13 @@ def _words(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1).view(torch.int32)
 
 
-def _slab_descriptor(words: torch.Tensor, K: int, step: int) -> TensorDescriptor:
-    """A TMA descriptor over hopper_mma_w_rot words as [slabs, 2 K] int32 (each slab's 16 rows of K
-    codes in one row), boxes of [4 slabs, one step of step codes], unswizzled."""
-    layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
-    return TensorDescriptor(words, [words.numel() // (2 * K), 2 * K], [2 * K, 1], [4, 2 * step], layout)
-
-
 def forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias, act, out, *,
-            k1: int, k2: int, splits1: int, splits2: int, pdl: int = 0, prefetch2: int = 0,
-            stages1: int = 0) -> torch.Tensor:
+            k1: int, k2: int, splits1: int, splits2: int, pdl: int = 0) -> torch.Tensor:
     """out [T, H] bf16 = the layer for a few tokens x [T, H] bf16, programs per (token, expert) pair
     (contiguous hopper_mma_rot tensors, scales <= 2; k1 / k2 codes a K step of GEMM1 / GEMM2, 64 or
     128, splits dividing H / I into whole steps; the caller checks these; pdl: 0, or GEMM2 launched as
     a programmatic dependent of GEMM1 from the start (1) or the end of GEMM1's K loops (2), where
-    Triton has it; prefetch2: codes of each GEMM2 slab bulk-prefetched into L2 first, 0 = none;
-    stages1: GEMM1's weights by TMA in a ring of that many stages, at most its K steps a split, 0 =
-    pointer loads)."""
+    Triton has it)."""
     E, two_i, _ = w13.shape
     H, I = x.shape[1], two_i // 2
     T, k = topk_ids.shape
@@ -360,17 +268,13 @@ def forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w
     cnt = torch.zeros(pairs * (I // 64) + T * (H // 64), dtype=torch.int32, device=dev)
     ids = topk_ids.reshape(-1)
     tw = topk_weights.reshape(-1)
-    words13 = _words(w13)
-    stages1 = min(stages1, H // splits1 // k1)
-    desc = _slab_descriptor(words13, H, k1) if stages1 else 0
     few_gemm1[(I // 64, pairs, splits1)](
-        words13, _words(w13_scale), x, ids, w13_bias if w13_bias is not None else part1, inter, part1, cnt,
-        H, I, H // splits1, k, act["p0"], act["p1"], desc, KB=k1 // 64, ACT=act["ACT"], HAS_LIMIT=act["HAS_LIMIT"],
-        HAS_LINEAR=act["HAS_LINEAR"], HAS_BIAS=w13_bias is not None, SPLITS=splits1, PDL=pdl, STAGES=stages1,
-        num_warps=4)
+        _words(w13), _words(w13_scale), x, ids, w13_bias if w13_bias is not None else part1, inter, part1, cnt,
+        H, I, H // splits1, k, act["p0"], act["p1"], KB=k1 // 64, ACT=act["ACT"], HAS_LIMIT=act["HAS_LIMIT"],
+        HAS_LINEAR=act["HAS_LINEAR"], HAS_BIAS=w13_bias is not None, SPLITS=splits1, PDL=pdl, num_warps=4)
     few_gemm2[(H // 64, pairs, splits2)](
         _words(w2), _words(w2_scale), inter, ids, w2_bias if w2_bias is not None else part2, tw, part2,
         cnt[pairs * (I // 64):], out, I, H, I // splits2, k, KB=k2 // 64, HAS_BIAS=w2_bias is not None,
-        SPLITS=splits2, PDL=bool(pdl), PREFETCH=min(prefetch2, I // splits2), num_warps=4,
+        SPLITS=splits2, PDL=bool(pdl), num_warps=4,
         **({"launch_pdl": True} if pdl else {}))
     return out

@@ -116,12 +116,6 @@ class MoEConfig:
     # they read an expert's weights once a pair: against the hopper_mma kernels at T = 1 / 2 / 4 / 8 / 16,
     # DSV3-like 0.92 / 0.896 / 0.953 / 0.957 / 1.106, K3-like 0.92 / 0.786 / 0.838 / 0.956 / 1.069
     gluon_max_tokens: int = 8
-    # codes of each of their GEMM2 programs' weight rows bulk-prefetched into L2 before its K loop (a
-    # multiple of 64; 0 = none; sm_90; compiled, not yet run on a GPU)
-    gluon_prefetch2: int = 0
-    # their GEMM1's weight words brought by TMA through a ring of that many shared-memory stages (0 = the
-    # per-thread loads; sm_90; compiled, not yet run on a GPU)
-    gluon_stages1: int = 0
     # past gluon_max_tokens: the Gluon kernels on expert blocks of gluon_block_t (8 or 16) pairs (gluon_grouped;
     # 1 on where they can run, 0 off; compiled, not yet run on a GPU)
     gluon_grouped: int = 0
@@ -390,8 +384,7 @@ def fused_moe_triton(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, *,
         plan = gluon_plan(cfg, x, weights, top_k, layout)
         if plan is not None:
             done = _gluon_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias,
-                                  act, out, plan, cfg.gluon == 1, cfg.gluon_pdl, cfg.gluon_prefetch2,
-                                  cfg.gluon_stages1)
+                                  act, out, plan, cfg.gluon == 1, cfg.gluon_pdl)
             if done is not None:
                 return done
         elif (cfg.gluon_grouped == 1 and T > cfg.gluon_max_tokens and gluon_runnable(cfg, x, weights, layout)
@@ -653,11 +646,6 @@ def gluon_tiles(cfg: MoEConfig, H: int, i_pad: int, pairs: int) -> tuple[int, in
             raise RuntimeInputError(f"fused_moe_triton: {name} must be 64 or 128, got {k}.")
     if cfg.gluon_block_t not in (8, 16):
         raise RuntimeInputError(f"fused_moe_triton: gluon_block_t must be 8 or 16, got {cfg.gluon_block_t}.")
-    if cfg.gluon_stages1 < 0:
-        raise RuntimeInputError(f"fused_moe_triton: gluon_stages1 must be 0 or more, got {cfg.gluon_stages1}.")
-    if cfg.gluon_prefetch2 < 0 or cfg.gluon_prefetch2 % 64:
-        raise RuntimeInputError(
-            f"fused_moe_triton: gluon_prefetch2 must be a multiple of 64, got {cfg.gluon_prefetch2}.")
     k1 = cfg.gluon_k1 if H % cfg.gluon_k1 == 0 else 64
     k2 = cfg.gluon_k2 if i_pad % cfg.gluon_k2 == 0 else 64
     s1 = cfg.gluon_split1 or triton.cdiv(_GLUON_PROGRAMS1, i_pad // 64 * pairs)
@@ -691,18 +679,15 @@ def gluon_runnable(cfg: MoEConfig, x: torch.Tensor, weights, layout: str) -> boo
 
 
 def _gluon_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias, act, out, plan,
-                   required, pdl=0, prefetch2=0, stages1=0):
+                   required, pdl=0):
     """The layer in the few-token Gluon kernels; None (the caller runs the hopper_mma kernels) where
     they fail to compile and were not required: a Triton whose Gluon differs from the one they were
     written for. The failure is warned about once."""
     k1, k2, s1, s2 = plan
     tensors = _contiguous(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias)
     try:
-        # the bulk prefetch and TMA want 16-byte aligned addresses
-        aligned = [t.data_ptr() % 16 == 0 for t in tensors[1:5]]
         return _gluon_module().forward(*tensors, act, out, k1=k1, k2=k2, splits1=s1, splits2=s2,
-                                       pdl=pdl if HK.HAS_GDC else 0, prefetch2=prefetch2 if all(aligned[2:]) else 0,
-                                       stages1=stages1 if aligned[0] else 0)
+                                       pdl=pdl if HK.HAS_GDC else 0)
     except triton.compiler.errors.CompilationError as exc:
         if required:
             raise
