@@ -199,6 +199,7 @@ def hopper_variants(T, H, I, k, E):
         out.append(("grouped", dataclasses.replace(default, gluon=1, gluon_grouped=1)))
         out.append(("grouped", dataclasses.replace(default, gluon=1, gluon_grouped=1, gluon_block_t=8, gluon_k1=128,
                                                    gluon_k2=64)))
+        out.append(("grouped", dataclasses.replace(default, gluon=1, gluon_grouped=1, gluon_block_t=8, gluon_split1=4)))
         if T <= 16:  # and the per-pair ones on more tokens than they take by default
             out.append(("gluon", dataclasses.replace(default, gluon=1, gluon_max_tokens=16)))
     return out
@@ -253,7 +254,8 @@ def main() -> int:
             grouped = (layout in HOPPER_SETS and cfg.gluon_grouped == 1 and T > cfg.gluon_max_tokens
                        and gluon_runnable(cfg, xin, weights, layout))
             if grouped:
-                path = f"gluon grouped bt{cfg.gluon_block_t} k{cfg.gluon_k1}/{cfg.gluon_k2}"
+                path = (f"gluon grouped bt{cfg.gluon_block_t} k{cfg.gluon_k1}/{cfg.gluon_k2}"
+                        f"{f' s{cfg.gluon_split1}' if cfg.gluon_split1 else ''}")
             elif plan:
                 path = f"gluon k{plan[0]}/{plan[1]} s{plan[2]}/{plan[3]}{f' pdl{cfg.gluon_pdl}' if cfg.gluon_pdl else ''}"
             else:

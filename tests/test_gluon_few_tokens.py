@@ -142,7 +142,7 @@ VARIANTS = [("silu+limit", 1, 4, False, 0), ("situ", 2, 1, False, 1), ("swigluoa
 KB_STEPS = {1: 4, 2: 8}  # m16n8k16 MMAs a warp's 16-row slab takes for a 64 KB-code K step
 
 
-GROUPED = [(8, 1), (16, 2)]  # the expert-block kernels: pairs a block, KB
+GROUPED = [(8, 1, 1), (16, 2, 1), (8, 1, 4)]  # the expert-block kernels: pairs a block, KB, GEMM1's K splits
 
 
 @pytest.fixture(scope="module")
@@ -156,11 +156,11 @@ def compiled():
                                        PDL=pdl)))
         jobs.append(("few_gemm2", dict(KB=kb, HAS_BIAS=bias, SPLITS=splits, PDL=bool(pdl))))
         keys += [(variant, "few_gemm1"), (variant, "few_gemm2")]
-    for bt, kb in GROUPED:
+    for bt, kb, splits in GROUPED:
         jobs.append(("grp_gemm1", dict(KB=kb, BT=bt, ACT=ACTS["situ"][0], HAS_LIMIT=False, HAS_LINEAR=True,
-                                       HAS_BIAS=True)))
+                                       HAS_BIAS=True, SPLITS=splits)))
         jobs.append(("grp_gemm2", dict(KB=kb, BT=bt, HAS_BIAS=True)))
-        keys += [((bt, kb), "grp_gemm1"), ((bt, kb), "grp_gemm2")]
+        keys += [((bt, kb, splits), "grp_gemm1"), ((bt, kb, splits), "grp_gemm2")]
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                          env.get("PYTHONPATH", "")])
@@ -186,11 +186,13 @@ def test_kernels_compile_for_sm90_without_spills(compiled, variant):
 
 
 @pytest.mark.skipif(not _tools_available(), reason="this Triton has no Gluon or ships no NVIDIA tools")
-@pytest.mark.parametrize("bt, kb", GROUPED)
-def test_expert_block_kernels_compile_for_sm90_without_spills(compiled, bt, kb):
+@pytest.mark.parametrize("bt, kb, splits", GROUPED)
+def test_expert_block_kernels_compile_for_sm90_without_spills(compiled, bt, kb, splits):
     # a warp's slab: (64 KB / 16) m16n8k16 MMAs a K step for each 8 of the block's pairs, gate and up in GEMM1
     for kernel, matrices in (("grp_gemm1", 2), ("grp_gemm2", 1)):
-        sass, res = compiled[((bt, kb), kernel)]
+        sass, res = compiled[((bt, kb, splits), kernel)]
         assert re.search(r"STACK:0\b", res), f"{kernel}: {res}"
         assert "LDL" not in sass and "STL" not in sass, kernel
         assert len(re.findall(r"HMMA\.16816\.F32\.BF16", sass)) >= matrices * KB_STEPS[kb] * (bt // 8), kernel
+    # GEMM1's K splits: the last split of a tile counts its arrival with one atomic add
+    assert ("ATOMG.E.ADD" in compiled[((bt, kb, splits), "grp_gemm1")][0]) == (splits > 1)

@@ -12,7 +12,8 @@ import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-from mxfp4conv.runtime.gluon_few_tokens import B_OP, MMA, ROWS, _k_loop, _words
+from mxfp4conv.runtime.gluon_few_tokens import B_OP, MMA, ROWS, _barrier, _k_loop, _words
+from mxfp4conv.runtime.triton_hopper_kernels import _arrive
 from mxfp4conv.runtime.triton_moe_kernels import _activate
 
 COLS = gl.constexpr(gl.SliceLayout(0, MMA))  # a tile's pair columns
@@ -30,11 +31,13 @@ def _block(sorted_ptr, bexp_ptr, npp_ptr, num_pairs, BT: gl.constexpr, LAYOUT: g
 
 
 @gluon.jit
-def grp_gemm1(w_ptr, s_ptr, x_ptr, sorted_ptr, bexp_ptr, npp_ptr, b_ptr, inter_ptr, num_pairs, TOP_K, K, I, p0, p1,
-              KB: gl.constexpr, BT: gl.constexpr, ACT: gl.constexpr, HAS_LIMIT: gl.constexpr,
-              HAS_LINEAR: gl.constexpr, HAS_BIAS: gl.constexpr):
+def grp_gemm1(w_ptr, s_ptr, x_ptr, sorted_ptr, bexp_ptr, npp_ptr, b_ptr, inter_ptr, part_ptr, cnt_ptr, num_pairs,
+              TOP_K, K, I, K_SPLIT, p0, p1, KB: gl.constexpr, BT: gl.constexpr, ACT: gl.constexpr,
+              HAS_LIMIT: gl.constexpr, HAS_LINEAR: gl.constexpr, HAS_BIAS: gl.constexpr, SPLITS: gl.constexpr):
     """inter[pair, rows] = act(gate . x[pair // TOP_K] + b, up . x + b) for the block's pairs and its
-    expert, rows [64 rb, 64 rb + 64)."""
+    expert, rows [64 rb, 64 rb + 64). SPLITS > 1: a program per K split (program_id(2)) stores its
+    fp32 partials at part[split, pair, gate / up]; the last of a tile's splits to arrive sums them in
+    split order and finishes the tile."""
     live, e, pair_x, ok_x = _block(sorted_ptr, bexp_ptr, npp_ptr, num_pairs, BT, gl.SliceLayout(0, B_OP))
     if live:
         rb = gl.program_id(0)
@@ -44,16 +47,41 @@ def grp_gemm1(w_ptr, s_ptr, x_ptr, sorted_ptr, bexp_ptr, npp_ptr, b_ptr, inter_p
         x_mask = ok_x[None, :] & (xk[:, None] >= 0)
         w_ptr += e * (2 * I * (K // 8)) + rb * 4 * (2 * K)
         s_ptr += e * (2 * I * K // 128) + rb * 4 * (K // 8)
-        g, u = _k_loop(w_ptr, s_ptr, x_ptrs, x_mask, K, 0, K, (I // 16) * (2 * K), (I // 16) * (K // 8), KB, True,
-                       False, True)
+        g, u = _k_loop(w_ptr, s_ptr, x_ptrs, x_mask, K, gl.program_id(2) * K_SPLIT, K_SPLIT, (I // 16) * (2 * K),
+                       (I // 16) * (K // 8), KB, True, False, True)
         rows = rb * 64 + gl.arange(0, 64, layout=ROWS)
-        if HAS_BIAS:
-            g += gl.load(b_ptr + e * (2 * I) + rows).to(gl.float32)[:, None]
-            u += gl.load(b_ptr + e * (2 * I) + I + rows).to(gl.float32)[:, None]
         pair = gl.convert_layout(pair_x, COLS)
         ok = pair < num_pairs
-        h = _activate(g, u, p0, p1, ACT, HAS_LIMIT, HAS_LINEAR).to(gl.bfloat16)
-        gl.store(inter_ptr + pair[None, :].to(gl.int64) * I + rows[:, None], h, mask=ok[None, :] & (rows[:, None] >= 0))
+        tile_mask = ok[None, :] & (rows[:, None] >= 0)
+        if SPLITS > 1:
+            part = part_ptr + pair[None, :].to(gl.int64) * (2 * I) + rows[:, None]
+            split_stride = num_pairs.to(gl.int64) * (2 * I)
+            gl.store(part + gl.program_id(2) * split_stride, g, mask=tile_mask)
+            gl.store(part + gl.program_id(2) * split_stride + I, u, mask=tile_mask)
+            _barrier()
+            if _arrive(cnt_ptr + gl.program_id(1) * gl.num_programs(0) + rb, SPLITS):
+                _barrier()
+                g = gl.zeros(g.shape, gl.float32, layout=MMA)
+                u = gl.zeros(u.shape, gl.float32, layout=MMA)
+                for sp in range(SPLITS):
+                    g += gl.load(part + sp * split_stride, mask=tile_mask, other=0.0)
+                    u += gl.load(part + sp * split_stride + I, mask=tile_mask, other=0.0)
+                _gemm1_tile_tail(g, u, e, rows, pair, tile_mask, b_ptr, inter_ptr, I, p0, p1, ACT, HAS_LIMIT,
+                                 HAS_LINEAR, HAS_BIAS)
+        else:
+            _gemm1_tile_tail(g, u, e, rows, pair, tile_mask, b_ptr, inter_ptr, I, p0, p1, ACT, HAS_LIMIT, HAS_LINEAR,
+                             HAS_BIAS)
+
+
+@gluon.jit
+def _gemm1_tile_tail(g, u, e, rows, pair, tile_mask, b_ptr, inter_ptr, I, p0, p1, ACT: gl.constexpr,
+                     HAS_LIMIT: gl.constexpr, HAS_LINEAR: gl.constexpr, HAS_BIAS: gl.constexpr):
+    """Bias, activation and the bf16 intermediate rows of a tile's complete gate / up sums."""
+    if HAS_BIAS:
+        g += gl.load(b_ptr + e * (2 * I) + rows).to(gl.float32)[:, None]
+        u += gl.load(b_ptr + e * (2 * I) + I + rows).to(gl.float32)[:, None]
+    h = _activate(g, u, p0, p1, ACT, HAS_LIMIT, HAS_LINEAR).to(gl.bfloat16)
+    gl.store(inter_ptr + pair[None, :].to(gl.int64) * I + rows[:, None], h, mask=tile_mask)
 
 
 @gluon.jit
@@ -81,10 +109,11 @@ def grp_gemm2(w_ptr, s_ptr, inter_ptr, sorted_ptr, bexp_ptr, npp_ptr, b_ptr, tw_
 
 
 def forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias, act, align, k_sum, *,
-            k1: int, k2: int, block_t: int) -> torch.Tensor:
+            k1: int, k2: int, block_t: int, splits1: int = 1) -> torch.Tensor:
     """The layer for x [T, H] bf16 (contiguous hopper_mma_rot tensors, scales <= 2): align the pairs
-    with align(block_t) -> (sorted_ids, block_expert, num_post_pad, max_blocks), run both GEMMs, and
-    return k_sum(pair_out [1, T k, H]), the caller's sum over k."""
+    with align(block_t) -> (sorted_ids, block_expert, num_post_pad, max_blocks), run both GEMMs (GEMM1
+    in splits1 K splits, dividing H into whole steps of k1), and return k_sum(pair_out [1, T k, H]),
+    the caller's sum over k."""
     E, two_i, _ = w13.shape
     T, H = x.shape
     I = two_i // 2
@@ -94,11 +123,15 @@ def forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w
     inter = torch.empty(pairs, I, dtype=torch.bfloat16, device=x.device)
     pair_out = torch.empty(1, pairs, H, dtype=x.dtype, device=x.device)
     tw = topk_weights.reshape(-1)
-    grp_gemm1[(I // 64, max_blocks)](
+    part, cnt = inter, sorted_ids  # (unread without splits)
+    if splits1 > 1:
+        part = torch.empty(splits1, pairs, 2, I, dtype=torch.float32, device=x.device)
+        cnt = torch.zeros(max_blocks * (I // 64), dtype=torch.int32, device=x.device)
+    grp_gemm1[(I // 64, max_blocks, splits1)](
         _words(w13), _words(w13_scale), x, sorted_ids, block_expert, num_post_pad,
-        w13_bias if w13_bias is not None else inter, inter, pairs, k, H, I, act["p0"], act["p1"], KB=k1 // 64,
-        BT=block_t, ACT=act["ACT"], HAS_LIMIT=act["HAS_LIMIT"], HAS_LINEAR=act["HAS_LINEAR"],
-        HAS_BIAS=w13_bias is not None, num_warps=4)
+        w13_bias if w13_bias is not None else inter, inter, part, cnt, pairs, k, H, I, H // splits1, act["p0"],
+        act["p1"], KB=k1 // 64, BT=block_t, ACT=act["ACT"], HAS_LIMIT=act["HAS_LIMIT"], HAS_LINEAR=act["HAS_LINEAR"],
+        HAS_BIAS=w13_bias is not None, SPLITS=splits1, num_warps=4)
     grp_gemm2[(H // 64, max_blocks)](
         _words(w2), _words(w2_scale), inter, sorted_ids, block_expert, num_post_pad,
         w2_bias if w2_bias is not None else pair_out, tw, pair_out, pairs, I, H, KB=k2 // 64, BT=block_t,

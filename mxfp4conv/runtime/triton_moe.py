@@ -116,8 +116,8 @@ class MoEConfig:
     # they read an expert's weights once a pair: against the hopper_mma kernels at T = 1 / 2 / 4 / 8 / 16,
     # DSV3-like 0.92 / 0.896 / 0.953 / 0.957 / 1.106, K3-like 0.92 / 0.786 / 0.838 / 0.956 / 1.069
     gluon_max_tokens: int = 8
-    # past gluon_max_tokens: the Gluon kernels on expert blocks of gluon_block_t (8 or 16) pairs (gluon_grouped;
-    # 1 on where they can run, 0 off; compiled, not yet run on a GPU)
+    # past gluon_max_tokens: the Gluon kernels on expert blocks of gluon_block_t (8 or 16) pairs (gluon_grouped:
+    # 1 on where they can run, 0 off), their GEMM1 in gluon_split1 K splits (0: unsplit)
     gluon_grouped: int = 0
     gluon_block_t: int = 16
 
@@ -704,6 +704,7 @@ def _gluon_grouped_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_i
     T, H = x.shape
     E, i_pad, top_k = w13.shape[0], w13.shape[1] // 2, topk_ids.shape[1]
     k1, k2, _, _ = gluon_tiles(cfg, H, i_pad, T * top_k)
+    splits1 = _divisor_splits(cfg.gluon_split1 or 1, H // k1)
 
     def k_sum(pair_out):
         _sum_launch(pair_out, topk_ids.contiguous(), out, H, top_k, E, 1)
@@ -711,7 +712,7 @@ def _gluon_grouped_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_i
 
     tensors = _contiguous(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias)
     return _gluon_grouped_module().forward(*tensors, act, lambda bt: moe_align(topk_ids, E, bt, cfg.align), k_sum,
-                                           k1=k1, k2=k2, block_t=cfg.gluon_block_t)
+                                           k1=k1, k2=k2, block_t=cfg.gluon_block_t, splits1=splits1)
 
 
 def _contiguous(*tensors):
