@@ -92,7 +92,7 @@ def bench(name, T, rounds, log):
     log("  hopper_mma kernels (us, L2 flushed, mean of 20): "
         + ", ".join(f"{n[:24]} {t:.1f}" for n, t in per_kernel(hopper).items()))
     sweep = []
-    for gemm, knob_k, knob_s, steps, splits in (("few_gemm1", "gluon_k1", "gluon_split1", (64, 128), (1, 2, 4, 8, 16)),
+    for gemm, knob_k, knob_s, steps, splits in (("few_gemm1", "gluon_k1", "gluon_split1", (64, 128), (1, 2, 4, 7, 8, 14, 16)),
                                                  ("few_gemm2", "gluon_k2", "gluon_split2", (64, 128), (1, 2, 4))):
         for kk in steps:
             for sp in splits:
@@ -113,7 +113,7 @@ def bench(name, T, rounds, log):
                        ("its GEMM2 PDL after GEMM1's loop", dataclasses.replace(fastest, gluon_pdl=2))):
         plan = gluon_plan(cfg, xs[0], w, k, "hopper_mma_rot")
         if cfg.gluon_pdl:  # the same sums in the same order: bit-equal outputs
-            label += f" (bit-equal without: {bool(torch.equal(moe(cfg), moe(fastest)))})"
+            label += f" (bit-equal without: {bool(torch.equal(moe(cfg), moe(dataclasses.replace(cfg, gluon_pdl=0))))})"
         tg, th = [], []
         for _ in range(rounds):
             tg.append(graph_time_us([lambda c=c: moe(cfg, c) for c in range(calls)]))

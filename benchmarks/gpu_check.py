@@ -28,8 +28,9 @@ import torch
 
 from mxfp4conv.codec import dequantize_mxfp4
 
-from mxfp4conv.runtime.triton_moe import (ALIGN_GRID_PAIRS, HOPPER_SETS, LAYOUT_SETS, gluon_runnable,
-                                          fused_moe_triton, gluon_plan, hopper_options, select_config, uses_gemv)
+from mxfp4conv.runtime.triton_moe import (ALIGN_GRID_PAIRS, HOPPER_SETS, LAYOUT_SETS, fused_moe_triton, gluon_plan,
+                                          gluon_runnable, grouped_takes, grouped_tiles, hopper_options, select_config,
+                                          uses_gemv)
 from mxfp4conv.shuffle import get_layout
 
 
@@ -195,8 +196,11 @@ def hopper_variants(T, H, I, k, E):
                                                 gluon_split2=2)))
         out.append(("split", dataclasses.replace(default, gluon=1, gluon_split1=16, gluon_split2=4)))
         out.append(("nopdl", dataclasses.replace(default, gluon=1, gluon_pdl=0)))
-    else:  # the Gluon kernels on expert blocks (opt-in), 16-pair blocks of 64 / 128-code steps and 8-pair ones of 128 / 64
-        out.append(("grouped", dataclasses.replace(default, gluon=1, gluon_grouped=1)))
+    else:  # the Gluon kernels on expert blocks: where the default takes them, the variants above on the hopper_mma
+        # kernels; and 16-pair blocks, 8-pair ones of 128 / 64-code steps, and 4 K splits of GEMM1, forced on
+        if grouped_takes(default, T, T * k, E):
+            out = out[:1] + [(n, dataclasses.replace(c, gluon_grouped=0)) for n, c in out[1:]]
+        out.append(("grouped", dataclasses.replace(default, gluon=1, gluon_grouped=1, gluon_block_t=16)))
         out.append(("grouped", dataclasses.replace(default, gluon=1, gluon_grouped=1, gluon_block_t=8, gluon_k1=128,
                                                    gluon_k2=64)))
         out.append(("grouped", dataclasses.replace(default, gluon=1, gluon_grouped=1, gluon_block_t=8, gluon_split1=4)))
@@ -251,11 +255,11 @@ def main() -> int:
         for layout, vname, cfg, weights in runs:
             t0 = time.time()
             plan = gluon_plan(cfg, xin, weights, k, layout) if layout in HOPPER_SETS else None
-            grouped = (layout in HOPPER_SETS and cfg.gluon_grouped == 1 and T > cfg.gluon_max_tokens
+            grouped = (layout in HOPPER_SETS and grouped_takes(cfg, T, T * k, E)
                        and gluon_runnable(cfg, xin, weights, layout))
             if grouped:
-                path = (f"gluon grouped bt{cfg.gluon_block_t} k{cfg.gluon_k1}/{cfg.gluon_k2}"
-                        f"{f' s{cfg.gluon_split1}' if cfg.gluon_split1 else ''}")
+                k1, k2, s1 = grouped_tiles(cfg, H, I, T * k, E)
+                path = f"gluon grouped bt{cfg.gluon_block_t} k{k1}/{k2} s{s1}"
             elif plan:
                 path = f"gluon k{plan[0]}/{plan[1]} s{plan[2]}/{plan[3]}{f' pdl{cfg.gluon_pdl}' if cfg.gluon_pdl else ''}"
             else:

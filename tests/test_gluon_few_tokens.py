@@ -18,7 +18,8 @@ from hypothesis import given, strategies as st
 
 from mxfp4conv.errors import RuntimeInputError
 from mxfp4conv.runtime import triton_moe
-from mxfp4conv.runtime.triton_moe import MoEConfig, fused_moe_triton, gluon_plan, gluon_tiles, select_config
+from mxfp4conv.runtime.triton_moe import (MoEConfig, fused_moe_triton, gluon_plan, gluon_tiles, grouped_takes,
+                                          grouped_tiles, select_config)
 
 
 def test_tiles_of_the_measured_layers():
@@ -50,6 +51,31 @@ def test_tiles_always_cover_k_in_whole_steps(h, i, top_k, k1, k2, s1, s2):
 def test_bad_step_is_a_clear_error(knob):
     with pytest.raises(RuntimeInputError, match=f"{knob} must be 64 or 128"):
         gluon_tiles(MoEConfig(**{knob: 96}), 7168, 2048, 8)
+
+
+def test_expert_blocks_automatic_where_measured_faster():
+    cfg = MoEConfig()
+    # DSV3-like (E 256, top-8): T = 16-128 (up to 4 pairs an expert) on, T = 8 per pair, T = 256 (8) off
+    assert not grouped_takes(cfg, 8, 64, 256)
+    assert all(grouped_takes(cfg, T, 8 * T, 256) for T in (9, 16, 32, 64, 128))
+    assert not grouped_takes(cfg, 256, 2048, 256)
+    # K3-like (E 896, top-16): T = 256 (4.6 pairs an expert) off
+    assert grouped_takes(cfg, 128, 2048, 896) and not grouped_takes(cfg, 256, 4096, 896)
+    # off, forced on, and never with more pair blocks than grid axis 1 holds
+    assert not grouped_takes(dataclasses.replace(cfg, gluon_grouped=0), 16, 128, 256)
+    assert grouped_takes(dataclasses.replace(cfg, gluon_grouped=1), 4096, 32768, 256)
+    assert not grouped_takes(dataclasses.replace(cfg, gluon_grouped=1), 70000, 8 * 70000, 256)
+
+
+def test_expert_block_splits():
+    # K3-like T = 16: 6 row blocks x 256 blocks at most = 1536 programs -> 2 splits (of 56 64-code steps)
+    assert grouped_tiles(MoEConfig(), 3584, 384, 256, 896) == (64, 128, 2)
+    # from 3072 programs on unsplit: K3-like T = 32, DSV3-like T = 16
+    assert grouped_tiles(MoEConfig(), 3584, 384, 512, 896)[2] == 1
+    assert grouped_tiles(MoEConfig(), 7168, 2048, 128, 256)[2] == 1
+    # asked for: lowered to a divisor of the steps (1088 = 17 steps of 64)
+    assert grouped_tiles(MoEConfig(gluon_split1=4), 1088, 192, 64, 8)[2] == 1
+    assert grouped_tiles(MoEConfig(gluon_split1=4), 7168, 2048, 4096, 256)[2] == 4
 
 
 def _hopper_rot_case(T=1, dtype=torch.bfloat16, H=128, I=128, E=4, k=2):

@@ -116,10 +116,15 @@ class MoEConfig:
     # they read an expert's weights once a pair: against the hopper_mma kernels at T = 1 / 2 / 4 / 8 / 16,
     # DSV3-like 0.92 / 0.896 / 0.953 / 0.957 / 1.106, K3-like 0.92 / 0.786 / 0.838 / 0.956 / 1.069
     gluon_max_tokens: int = 8
-    # past gluon_max_tokens: the Gluon kernels on expert blocks of gluon_block_t (8 or 16) pairs (gluon_grouped:
-    # 1 on where they can run, 0 off), their GEMM1 in gluon_split1 K splits (0: unsplit)
-    gluon_grouped: int = 0
-    gluon_block_t: int = 16
+    # past gluon_max_tokens: the Gluon kernels on expert blocks of gluon_block_t (8 or 16) pairs, their GEMM1 in
+    # gluon_split1 K splits (0: automatic, grouped_tiles); gluon_grouped 1 on where they can run, 0 off, -1
+    # automatic: at up to gluon_grouped_pairs pairs an expert on average. Against the hopper_mma kernels
+    # (H200, pairs an expert in brackets): DSV3-like T = 16 / 32 / 64 / 128 (0.5 / 1 / 2 / 4) 0.946 / 0.916 /
+    # 0.895 / 0.966, T = 256 (8) 1.50; K3-like T = 32-128 (0.6-2.3) 0.934-1.009, T = 256 (4.6) 1.100;
+    # 16-pair blocks 1.18-1.47 (DSV3-like T = 16-256)
+    gluon_grouped: int = -1
+    gluon_grouped_pairs: int = 4
+    gluon_block_t: int = 8
 
 
 def layout_of(layout: Mapping[str, str]) -> str | None:
@@ -387,10 +392,11 @@ def fused_moe_triton(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, *,
                                   act, out, plan, cfg.gluon == 1, cfg.gluon_pdl)
             if done is not None:
                 return done
-        elif (cfg.gluon_grouped == 1 and T > cfg.gluon_max_tokens and gluon_runnable(cfg, x, weights, layout)
-              and num_pairs // cfg.gluon_block_t + min(E, num_pairs) < 65535):  # the pair blocks on grid axis 1
-            return _gluon_grouped_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias,
+        elif grouped_takes(cfg, T, num_pairs, E) and gluon_runnable(cfg, x, weights, layout):
+            done = _gluon_grouped_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias,
                                           act, out, cfg)
+            if done is not None:
+                return done
         return _hopper_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias,
                                act, cfg, out, rot=layout == "hopper_mma_rot")
     if uses_gemv(cfg, num_pairs, E):
@@ -635,6 +641,10 @@ def _divisor_splits(requested: int, steps: int) -> int:
 # GEMM2 (128-code steps) is fastest unsplit on both (896 programs)
 _GLUON_PROGRAMS1 = 1024
 _GLUON_PROGRAMS2 = 512
+# and the expert-block kernels' GEMM1 (8-pair blocks): K3-like T = 16 (6 row blocks x at most 256
+# blocks) 2 splits, 0.967 of the hopper_mma time against 1.016 unsplit; from 3072 programs on, unsplit
+# was as fast or faster (K3-like T = 32-96, DSV3-like T = 16-128; benchmarks/moe_bench.py)
+_GROUPED_PROGRAMS1 = 3072
 
 
 def gluon_tiles(cfg: MoEConfig, H: int, i_pad: int, pairs: int) -> tuple[int, int, int, int]:
@@ -651,6 +661,26 @@ def gluon_tiles(cfg: MoEConfig, H: int, i_pad: int, pairs: int) -> tuple[int, in
     s1 = cfg.gluon_split1 or triton.cdiv(_GLUON_PROGRAMS1, i_pad // 64 * pairs)
     s2 = cfg.gluon_split2 or triton.cdiv(_GLUON_PROGRAMS2, H // 64 * pairs)
     return k1, k2, _divisor_splits(s1, H // k1), _divisor_splits(s2, i_pad // k2)
+
+
+def grouped_takes(cfg: MoEConfig, T: int, num_pairs: int, E: int) -> bool:
+    """Whether the expert-block Gluon kernels take a call of T tokens past gluon_max_tokens (the
+    device and weights aside: gluon_runnable): gluon_grouped 1, or automatic (-1) at up to
+    gluon_grouped_pairs pairs an expert on average; and the pair blocks fit grid axis 1."""
+    if T <= cfg.gluon_max_tokens or cfg.gluon_grouped == 0:
+        return False
+    if num_pairs // cfg.gluon_block_t + min(E, num_pairs) >= 65535:
+        return False
+    return cfg.gluon_grouped == 1 or num_pairs <= cfg.gluon_grouped_pairs * E
+
+
+def grouped_tiles(cfg: MoEConfig, H: int, i_pad: int, pairs: int, E: int) -> tuple[int, int, int]:
+    """(k1, k2, splits1) of the expert-block kernels: gluon_tiles' steps, and GEMM1's K splits
+    (cfg.gluon_split1, or the fewest that give its programs over the touched experts' blocks, at
+    most min(E, pairs), the target _GROUPED_PROGRAMS1), lowered to a divisor of the K steps."""
+    k1, k2, _, _ = gluon_tiles(cfg, H, i_pad, pairs)
+    s1 = cfg.gluon_split1 or triton.cdiv(_GROUPED_PROGRAMS1, i_pad // 64 * min(E, pairs))
+    return k1, k2, _divisor_splits(s1, H // k1)
 
 
 def gluon_plan(cfg: MoEConfig, x: torch.Tensor, weights, top_k: int, layout: str) -> tuple[int, int, int, int] | None:
@@ -685,34 +715,40 @@ def _gluon_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_
     written for. The failure is warned about once."""
     k1, k2, s1, s2 = plan
     tensors = _contiguous(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias)
+    return _compiled_or_none(lambda: _gluon_module().forward(*tensors, act, out, k1=k1, k2=k2, splits1=s1, splits2=s2,
+                                                             pdl=pdl if HK.HAS_GDC else 0), required)
+
+
+def _compiled_or_none(run, required: bool):
+    """run(), or None where its Gluon kernels fail to compile and were not required (warned about
+    once; later calls skip the Gluon paths)."""
     try:
-        return _gluon_module().forward(*tensors, act, out, k1=k1, k2=k2, splits1=s1, splits2=s2,
-                                       pdl=pdl if HK.HAS_GDC else 0)
+        return run()
     except triton.compiler.errors.CompilationError as exc:
         if required:
             raise
         _GLUON_BROKEN.append(str(exc).splitlines()[-1] if str(exc) else type(exc).__name__)
-        warnings.warn(f"mxfp4conv: the few-token Gluon MoE kernels do not compile with triton {triton.__version__} "
-                      f"({_GLUON_BROKEN[0]}); the hopper_mma kernels run instead.", RuntimeWarning, stacklevel=3)
+        warnings.warn(f"mxfp4conv: the Gluon MoE kernels do not compile with triton {triton.__version__} "
+                      f"({_GLUON_BROKEN[0]}); the hopper_mma kernels run instead.", RuntimeWarning, stacklevel=4)
         return None
 
 
 def _gluon_grouped_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias, act, out,
                            cfg):
     """The layer in the Gluon kernels on expert blocks (gluon_grouped): the align and the k-sum are
-    the Triton path's."""
+    the Triton path's; None as _gluon_forward."""
     T, H = x.shape
     E, i_pad, top_k = w13.shape[0], w13.shape[1] // 2, topk_ids.shape[1]
-    k1, k2, _, _ = gluon_tiles(cfg, H, i_pad, T * top_k)
-    splits1 = _divisor_splits(cfg.gluon_split1 or 1, H // k1)
+    k1, k2, splits1 = grouped_tiles(cfg, H, i_pad, T * top_k, E)
 
     def k_sum(pair_out):
         _sum_launch(pair_out, topk_ids.contiguous(), out, H, top_k, E, 1)
         return out
 
     tensors = _contiguous(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias)
-    return _gluon_grouped_module().forward(*tensors, act, lambda bt: moe_align(topk_ids, E, bt, cfg.align), k_sum,
-                                           k1=k1, k2=k2, block_t=cfg.gluon_block_t, splits1=splits1)
+    return _compiled_or_none(lambda: _gluon_grouped_module().forward(
+        *tensors, act, lambda bt: moe_align(topk_ids, E, bt, cfg.align), k_sum, k1=k1, k2=k2,
+        block_t=cfg.gluon_block_t, splits1=splits1), cfg.gluon_grouped == 1 and cfg.gluon == 1)
 
 
 def _contiguous(*tensors):
