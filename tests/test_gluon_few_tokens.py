@@ -26,18 +26,25 @@ def test_tiles_of_the_measured_layers():
     # the configurations measured fastest on an H200 (docs/gluon_moe_h200_t1.txt)
     assert gluon_tiles(select_config(8, 256, 7168, 2048, "hopper_mma_rot"), 7168, 2048, 8) == (64, 128, 4, 1)
     assert gluon_tiles(select_config(16, 896, 3584, 384, "hopper_mma_rot"), 3584, 384, 16) == (64, 128, 8, 1)
-    # K3-like T = 8 (128 pairs, 768 GEMM1 programs unsplit): 2 splits
-    assert gluon_tiles(MoEConfig(), 3584, 384, 128) == (64, 128, 2, 1)
+    # from two tokens 128-code steps in GEMM1 and 768 programs: K3-like T = 2 / 4 / 8 4 / 2 / 1 splits
+    assert [gluon_tiles(MoEConfig(), 3584, 384, 16 * T, T)[:3] for T in (2, 4, 8)] == [(128, 128, 4), (128, 128, 2),
+                                                                                      (128, 128, 1)]
+    # stepping past 1024-1535 programs: DSV3-like T = 2 (512 programs unsplit) 4 splits, T = 4 2, T = 3 / 6 / 8 unsplit;
+    # K3-like T = 6 (576) 4
+    assert [gluon_tiles(MoEConfig(), 7168, 2048, 8 * T, T)[2] for T in (2, 3, 4, 6, 8)] == [4, 1, 2, 1, 1]
+    assert gluon_tiles(MoEConfig(), 3584, 384, 96, 6)[2] == 4
     # 1088 = 17 x 64, 192 = 3 x 64: 64-code steps in both, splits lowered to divisors of 17 and 3
     assert gluon_tiles(MoEConfig(), 1088, 192, 3) == (64, 64, 17, 3)
+    assert gluon_tiles(MoEConfig(), 1088, 192, 6, 2)[:2] == (64, 64)
 
 
-@given(h=st.integers(1, 160), i=st.integers(1, 64), top_k=st.integers(1, 16), k1=st.sampled_from([64, 128]),
-       k2=st.sampled_from([64, 128]), s1=st.integers(0, 40), s2=st.integers(0, 40))
-def test_tiles_always_cover_k_in_whole_steps(h, i, top_k, k1, k2, s1, s2):
+@given(h=st.integers(1, 160), i=st.integers(1, 64), top_k=st.integers(1, 16), tokens=st.integers(1, 8),
+       k1=st.sampled_from([0, 64, 128]), k2=st.sampled_from([64, 128]), s1=st.integers(0, 40), s2=st.integers(0, 40))
+def test_tiles_always_cover_k_in_whole_steps(h, i, top_k, tokens, k1, k2, s1, s2):
     H, I = 64 * h, 64 * i
     cfg = MoEConfig(gluon_k1=k1, gluon_k2=k2, gluon_split1=s1, gluon_split2=s2)
-    t1, t2, n1, n2 = gluon_tiles(cfg, H, I, top_k)
+    t1, t2, n1, n2 = gluon_tiles(cfg, H, I, top_k * tokens, tokens)
+    k1 = k1 or (64 if tokens == 1 else 128)
     for K, step, asked, splits, wanted in ((H, t1, k1, n1, s1), (I, t2, k2, n2, s2)):
         assert step == (asked if K % asked == 0 else 64)
         assert splits >= 1 and (K // step) % splits == 0
@@ -55,16 +62,18 @@ def test_bad_step_is_a_clear_error(knob):
 
 def test_expert_blocks_automatic_where_measured_faster():
     cfg = MoEConfig()
-    # DSV3-like (E 256, top-8): T = 16-128 (up to 4 pairs an expert) on, T = 8 per pair, T = 256 (8) off
-    assert not grouped_takes(cfg, 8, 64, 256)
-    assert all(grouped_takes(cfg, T, 8 * T, 256) for T in (9, 16, 32, 64, 128))
-    assert not grouped_takes(cfg, 256, 2048, 256)
-    # K3-like (E 896, top-16): T = 256 (4.6 pairs an expert) off
-    assert grouped_takes(cfg, 128, 2048, 896) and not grouped_takes(cfg, 256, 4096, 896)
+    dsv3, k3 = (256, 7168, 2048), (896, 3584, 384)
+    # DSV3-like (top-8): T = 9-64 (up to 2 pairs an expert) on, T = 8 per pair, T = 128 (4) off
+    assert not grouped_takes(cfg, 8, 64, *dsv3)
+    assert all(grouped_takes(cfg, T, 8 * T, *dsv3) for T in (9, 16, 32, 64))
+    assert not grouped_takes(cfg, 128, 1024, *dsv3)
+    # K3-like (top-16): only where GEMM1 is split (T = 12-31: under 3072 programs), not at T = 32
+    assert all(grouped_takes(cfg, T, 16 * T, *k3) for T in (12, 16, 24, 31))
+    assert not grouped_takes(cfg, 32, 512, *k3) and not grouped_takes(cfg, 64, 1024, *k3)
     # off, forced on, and never with more pair blocks than grid axis 1 holds
-    assert not grouped_takes(dataclasses.replace(cfg, gluon_grouped=0), 16, 128, 256)
-    assert grouped_takes(dataclasses.replace(cfg, gluon_grouped=1), 4096, 32768, 256)
-    assert not grouped_takes(dataclasses.replace(cfg, gluon_grouped=1), 70000, 8 * 70000, 256)
+    assert not grouped_takes(dataclasses.replace(cfg, gluon_grouped=0), 16, 128, *dsv3)
+    assert grouped_takes(dataclasses.replace(cfg, gluon_grouped=1), 4096, 32768, *dsv3)
+    assert not grouped_takes(dataclasses.replace(cfg, gluon_grouped=1), 70000, 8 * 70000, *dsv3)
 
 
 def test_expert_block_splits():

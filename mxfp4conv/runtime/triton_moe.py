@@ -102,10 +102,10 @@ class MoEConfig:
     # up to gluon_max_tokens tokens over hopper_mma_rot with bf16 x: the Gluon MMA v2 kernels of
     # gluon_few_tokens, a program per (token, expert) pair (1 on where they can run, 0 off, -1 automatic: on
     # GPUs of compute capability 9.x, where they were measured), codes a K step of their GEMM1 / GEMM2
-    # (64 or 128; 64 where K is no multiple) and K splits (0: automatic, see gluon_tiles; each lowered to
-    # a divisor of the K steps)
+    # (64 or 128; 64 where K is no multiple; GEMM1's 0: 64 at one token, 128 from two) and K splits (0:
+    # automatic, see gluon_tiles; each lowered to a divisor of the K steps)
     gluon: int = -1
-    gluon_k1: int = 64
+    gluon_k1: int = 0
     gluon_k2: int = 128
     gluon_split1: int = 0
     gluon_split2: int = 0
@@ -118,12 +118,13 @@ class MoEConfig:
     gluon_max_tokens: int = 8
     # past gluon_max_tokens: the Gluon kernels on expert blocks of gluon_block_t (8 or 16) pairs, their GEMM1 in
     # gluon_split1 K splits (0: automatic, grouped_tiles); gluon_grouped 1 on where they can run, 0 off, -1
-    # automatic: at up to gluon_grouped_pairs pairs an expert on average. Against the hopper_mma kernels
-    # (H200, pairs an expert in brackets): DSV3-like T = 16 / 32 / 64 / 128 (0.5 / 1 / 2 / 4) 0.946 / 0.916 /
-    # 0.895 / 0.966, T = 256 (8) 1.50; K3-like T = 32-128 (0.6-2.3) 0.934-1.009, T = 256 (4.6) 1.100;
-    # 16-pair blocks 1.18-1.47 (DSV3-like T = 16-256)
+    # automatic (grouped_takes): at up to gluon_grouped_pairs pairs an expert on average. Against the hopper_mma
+    # kernels on an H200 (pairs an expert in brackets), hopper_mma / expert blocks: DSV3-like T = 12 / 16 / 24 /
+    # 32 / 64 (0.4-2) 1.065 / 1.043 / 1.063 / 1.094 / 1.072, T = 128 (4) 1.014-1.035, T = 256 (8) 0.67;
+    # K3-like T = 12 / 16 / 24 (0.2-0.4, GEMM1 split) 1.005 / 1.040 / 1.022, T = 32 (0.6, unsplit) 0.988,
+    # T = 192 (3.4) 0.966; 16-pair blocks 0.68-0.85 (DSV3-like T = 16-256)
     gluon_grouped: int = -1
-    gluon_grouped_pairs: int = 4
+    gluon_grouped_pairs: int = 2
     gluon_block_t: int = 8
 
 
@@ -392,7 +393,7 @@ def fused_moe_triton(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, *,
                                   act, out, plan, cfg.gluon == 1, cfg.gluon_pdl)
             if done is not None:
                 return done
-        elif grouped_takes(cfg, T, num_pairs, E) and gluon_runnable(cfg, x, weights, layout):
+        elif grouped_takes(cfg, T, num_pairs, E, H, i_pad) and gluon_runnable(cfg, x, weights, layout):
             done = _gluon_grouped_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias,
                                           act, out, cfg)
             if done is not None:
@@ -641,44 +642,77 @@ def _divisor_splits(requested: int, steps: int) -> int:
 # GEMM2 (128-code steps) is fastest unsplit on both (896 programs)
 _GLUON_PROGRAMS1 = 1024
 _GLUON_PROGRAMS2 = 512
+# from two tokens on, with 128-code steps (gluon_moe.py at T = 2-8, GEMM1 alone, L2 flushed): DSV3-like T = 3 / 6 / 8
+# unsplit 106.0 / 198.0 / 260.3 us, K3-like T = 2 / 4 / 8 4 / 2 / 1 splits (768 programs) 19.7 / 33.8 / 57.0 us, the
+# fastest on each; 1024-1535 programs were slow on both (DSV3-like T = 2 2 splits 89.0 against 80.7 with 4, T = 4
+# unsplit 156.8 against 141.3 with 2; K3-like T = 6 2 splits 51.7 against 48.7-50.1; K3-like T = 8 2 splits 62.4)
+_GLUON_PROGRAMS1_T = 768
 # and the expert-block kernels' GEMM1 (8-pair blocks): K3-like T = 16 (6 row blocks x at most 256
 # blocks) 2 splits, 0.967 of the hopper_mma time against 1.016 unsplit; from 3072 programs on, unsplit
 # was as fast or faster (K3-like T = 32-96, DSV3-like T = 16-128; benchmarks/moe_bench.py)
 _GROUPED_PROGRAMS1 = 3072
 
 
-def gluon_tiles(cfg: MoEConfig, H: int, i_pad: int, pairs: int) -> tuple[int, int, int, int]:
-    """(k1, k2, splits1, splits2) of the Gluon kernels for this layer and number of pairs: codes a K
-    step of GEMM1 / GEMM2 (cfg's, or 64 where K is no multiple of it) and their K splits (cfg's, or
-    the fewest that give each GEMM its target of programs), each lowered to a divisor of its K steps."""
+def gluon_tiles(cfg: MoEConfig, H: int, i_pad: int, pairs: int, tokens: int = 1) -> tuple[int, int, int, int]:
+    """(k1, k2, splits1, splits2) of the per-pair Gluon kernels for this layer, number of pairs and
+    of tokens: codes a K step of GEMM1 / GEMM2 (cfg's; for GEMM1 by default 64 at one token and 128
+    from two; 64 where K is no multiple) and their K splits (cfg's, or gemm1_splits and the fewest
+    that give GEMM2 its target of programs), each lowered to a divisor of its K steps."""
+    _check_gluon_knobs(cfg)
+    k1 = cfg.gluon_k1 or (64 if tokens == 1 else 128)
+    k1 = k1 if H % k1 == 0 else 64
+    k2 = cfg.gluon_k2 if i_pad % cfg.gluon_k2 == 0 else 64
+    s1 = _divisor_splits(cfg.gluon_split1, H // k1) if cfg.gluon_split1 else gemm1_splits(i_pad // 64 * pairs,
+                                                                                         H // k1, tokens)
+    s2 = cfg.gluon_split2 or triton.cdiv(_GLUON_PROGRAMS2, H // 64 * pairs)
+    return k1, k2, s1, _divisor_splits(s2, i_pad // k2)
+
+
+def gemm1_splits(programs: int, steps: int, tokens: int) -> int:
+    """The per-pair GEMM1's automatic K splits for `programs` programs unsplit and `steps` K steps: at
+    one token the fewest giving _GLUON_PROGRAMS1 programs; from two tokens the fewest giving
+    _GLUON_PROGRAMS1_T, stepping past totals in [1024, 1536), each a divisor of the steps."""
+    if tokens == 1:
+        return _divisor_splits(triton.cdiv(_GLUON_PROGRAMS1, programs), steps)
+    s = _divisor_splits(triton.cdiv(_GLUON_PROGRAMS1_T, programs), steps)
+    while 1024 <= programs * s < 1536 and s < steps:
+        s = next(d for d in range(s + 1, steps + 1) if steps % d == 0)
+    return s
+
+
+def _check_gluon_knobs(cfg: MoEConfig) -> None:
     for name, k in (("gluon_k1", cfg.gluon_k1), ("gluon_k2", cfg.gluon_k2)):
-        if k not in (64, 128):
+        if k not in (64, 128) and not (name == "gluon_k1" and k == 0):
             raise RuntimeInputError(f"fused_moe_triton: {name} must be 64 or 128, got {k}.")
     if cfg.gluon_block_t not in (8, 16):
         raise RuntimeInputError(f"fused_moe_triton: gluon_block_t must be 8 or 16, got {cfg.gluon_block_t}.")
-    k1 = cfg.gluon_k1 if H % cfg.gluon_k1 == 0 else 64
-    k2 = cfg.gluon_k2 if i_pad % cfg.gluon_k2 == 0 else 64
-    s1 = cfg.gluon_split1 or triton.cdiv(_GLUON_PROGRAMS1, i_pad // 64 * pairs)
-    s2 = cfg.gluon_split2 or triton.cdiv(_GLUON_PROGRAMS2, H // 64 * pairs)
-    return k1, k2, _divisor_splits(s1, H // k1), _divisor_splits(s2, i_pad // k2)
 
 
-def grouped_takes(cfg: MoEConfig, T: int, num_pairs: int, E: int) -> bool:
+def grouped_takes(cfg: MoEConfig, T: int, num_pairs: int, E: int, H: int, i_pad: int) -> bool:
     """Whether the expert-block Gluon kernels take a call of T tokens past gluon_max_tokens (the
     device and weights aside: gluon_runnable): gluon_grouped 1, or automatic (-1) at up to
-    gluon_grouped_pairs pairs an expert on average; and the pair blocks fit grid axis 1."""
+    gluon_grouped_pairs pairs an expert on average, and for intermediates under 1024 rows (K3-like)
+    only where their GEMM1 is split (measured on an H200: unsplit there they were 0.6-1.2% slower than
+    the hopper_mma kernels); and the pair blocks fit grid axis 1."""
     if T <= cfg.gluon_max_tokens or cfg.gluon_grouped == 0:
         return False
     if num_pairs // cfg.gluon_block_t + min(E, num_pairs) >= 65535:
         return False
-    return cfg.gluon_grouped == 1 or num_pairs <= cfg.gluon_grouped_pairs * E
+    if cfg.gluon_grouped == 1:
+        return True
+    return num_pairs <= cfg.gluon_grouped_pairs * E and (i_pad >= 1024 or grouped_tiles(cfg, H, i_pad, num_pairs,
+                                                                                          E)[2] > 1)
 
 
 def grouped_tiles(cfg: MoEConfig, H: int, i_pad: int, pairs: int, E: int) -> tuple[int, int, int]:
-    """(k1, k2, splits1) of the expert-block kernels: gluon_tiles' steps, and GEMM1's K splits
-    (cfg.gluon_split1, or the fewest that give its programs over the touched experts' blocks, at
-    most min(E, pairs), the target _GROUPED_PROGRAMS1), lowered to a divisor of the K steps."""
-    k1, k2, _, _ = gluon_tiles(cfg, H, i_pad, pairs)
+    """(k1, k2, splits1) of the expert-block kernels: steps of cfg.gluon_k1 (default 64) and gluon_k2
+    codes (64 where K is no multiple), and GEMM1's K splits (cfg.gluon_split1, or the fewest that give
+    its programs over the touched experts' blocks, at most min(E, pairs), the target
+    _GROUPED_PROGRAMS1), lowered to a divisor of the K steps."""
+    _check_gluon_knobs(cfg)
+    k1 = cfg.gluon_k1 or 64
+    k1 = k1 if H % k1 == 0 else 64
+    k2 = cfg.gluon_k2 if i_pad % cfg.gluon_k2 == 0 else 64
     s1 = cfg.gluon_split1 or triton.cdiv(_GROUPED_PROGRAMS1, i_pad // 64 * min(E, pairs))
     return k1, k2, _divisor_splits(s1, H // k1)
 
@@ -689,7 +723,7 @@ def gluon_plan(cfg: MoEConfig, x: torch.Tensor, weights, top_k: int, layout: str
     (9.x when automatic), an e8m0 byte above 128 (the one-multiply factor decode), storage not
     4-byte aligned, no Gluon in this Triton, or cfg.gluon = 0."""
     T = x.shape[0]
-    tiles = gluon_tiles(cfg, x.shape[1], weights[0].shape[1] // 2, T * top_k)  # (a bad knob raises on every device)
+    tiles = gluon_tiles(cfg, x.shape[1], weights[0].shape[1] // 2, T * top_k, T)  # (a bad knob raises on any device)
     if T > cfg.gluon_max_tokens or not gluon_runnable(cfg, x, weights, layout):
         return None
     return tiles
