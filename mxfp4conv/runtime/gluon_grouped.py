@@ -2,8 +2,9 @@
 (token, expert) pairs sorted by expert into blocks of BT (moe_align), a program per (64-row block,
 pair block), each block's tokens the N columns of its m16n8k16 MMAs; the pairs' outputs summed over
 k by the Triton k-sum kernel. The decode and K loop are gluon_few_tokens'; this covers the batches
-past its limit, where an expert sees several pairs. Opt-in (MoEConfig.gluon_grouped), not yet run
-on a GPU: benchmarks/gpu_check.py checks it, benchmarks/moe_bench.py --variants times it.
+past its limit where an expert still sees few pairs (fused_moe_triton takes it where grouped_takes
+says: measured on an H200 in docs/performance.md). benchmarks/gpu_check.py checks its results on a
+GPU, benchmarks/moe_bench.py --variants times it.
 """
 
 from __future__ import annotations
