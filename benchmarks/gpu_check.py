@@ -197,11 +197,11 @@ def hopper_variants(T, H, I, k, E):
         out.append(("split", dataclasses.replace(default, gluon=1, gluon_split1=16, gluon_split2=4)))
         out.append(("nopdl", dataclasses.replace(default, gluon=1, gluon_pdl=0)))
     else:  # the Gluon kernels on expert blocks: where the default takes them, the variants above on the hopper_mma
-        # kernels; and 16-pair blocks, 8-pair ones of 128 / 64-code steps, and 4 K splits of GEMM1, forced on
+        # kernels; and 16-pair blocks, 8-pair ones of 64-code steps, and 4 K splits of GEMM1, forced on
         if grouped_takes(default, T, T * k, E, H, I):
             out = out[:1] + [(n, dataclasses.replace(c, gluon_grouped=0)) for n, c in out[1:]]
         out.append(("grouped", dataclasses.replace(default, gluon=1, gluon_grouped=1, gluon_block_t=16)))
-        out.append(("grouped", dataclasses.replace(default, gluon=1, gluon_grouped=1, gluon_block_t=8, gluon_k1=128,
+        out.append(("grouped", dataclasses.replace(default, gluon=1, gluon_grouped=1, gluon_block_t=8, gluon_k1=64,
                                                    gluon_k2=64)))
         out.append(("grouped", dataclasses.replace(default, gluon=1, gluon_grouped=1, gluon_block_t=8, gluon_split1=4)))
         if T <= 16:  # and the per-pair ones on more tokens than they take by default

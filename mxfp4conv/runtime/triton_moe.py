@@ -117,14 +117,15 @@ class MoEConfig:
     # DSV3-like 0.92 / 0.896 / 0.953 / 0.957 / 1.106, K3-like 0.92 / 0.786 / 0.838 / 0.956 / 1.069
     gluon_max_tokens: int = 8
     # past gluon_max_tokens: the Gluon kernels on expert blocks of gluon_block_t (8 or 16) pairs, their GEMM1 in
-    # gluon_split1 K splits (0: automatic, grouped_tiles); gluon_grouped 1 on where they can run, 0 off, -1
-    # automatic (grouped_takes): at up to gluon_grouped_pairs pairs an expert on average. Against the hopper_mma
-    # kernels on an H200 (pairs an expert in brackets), hopper_mma / expert blocks: DSV3-like T = 12 / 16 / 24 /
-    # 32 / 64 (0.4-2) 1.065 / 1.043 / 1.063 / 1.094 / 1.072, T = 128 (4) 1.014-1.035, T = 256 (8) 0.67;
-    # K3-like T = 12 / 16 / 24 (0.2-0.4, GEMM1 split) 1.005 / 1.040 / 1.022, T = 32 (0.6, unsplit) 0.988,
-    # T = 192 (3.4) 0.966; 16-pair blocks 0.68-0.85 (DSV3-like T = 16-256)
+    # steps of gluon_k1 codes (0: 128) and gluon_split1 K splits (0: automatic, grouped_tiles); gluon_grouped 1 on
+    # where they can run, 0 off, -1 automatic (grouped_takes): at up to gluon_grouped_pairs pairs an expert on
+    # average. On an H200 (pairs an expert in brackets), 128-code steps against the default of 64 then: DSV3-like
+    # T = 12 / 16 / 32 / 64 (0.4-2) 0.959 / 0.936 / 0.942 / 0.941 (64-code steps: 0.903-0.953 of the hopper_mma
+    # time); against the hopper_mma kernels: DSV3-like T = 96 (3) 0.908, T = 128 (4) 0.992, T = 160 / 192 (5 / 6)
+    # 1.075 / 1.204; K3-like T = 32 / 64 / 96 / 128 / 160 (0.6-2.9) 0.948 / 0.958 / 0.961 / 0.980 / 0.983, T = 192
+    # (3.4) 1.009; 16-pair blocks 1.18-1.47 (DSV3-like T = 16-256)
     gluon_grouped: int = -1
-    gluon_grouped_pairs: int = 2
+    gluon_grouped_pairs: int = 3
     gluon_block_t: int = 8
 
 
@@ -647,9 +648,10 @@ _GLUON_PROGRAMS2 = 512
 # fastest on each; 1024-1535 programs were slow on both (DSV3-like T = 2 2 splits 89.0 against 80.7 with 4, T = 4
 # unsplit 156.8 against 141.3 with 2; K3-like T = 6 2 splits 51.7 against 48.7-50.1; K3-like T = 8 2 splits 62.4)
 _GLUON_PROGRAMS1_T = 768
-# and the expert-block kernels' GEMM1 (8-pair blocks): K3-like T = 16 (6 row blocks x at most 256
-# blocks) 2 splits, 0.967 of the hopper_mma time against 1.016 unsplit; from 3072 programs on, unsplit
-# was as fast or faster (K3-like T = 32-96, DSV3-like T = 16-128; benchmarks/moe_bench.py)
+# and the expert-block kernels' GEMM1 (8-pair blocks; benchmarks/moe_bench.py): in 64-code steps K3-like T = 16
+# (6 row blocks x at most 256 blocks) 2 splits 0.967 of the hopper_mma time against 1.016 unsplit, and from 3072
+# programs on unsplit as fast or faster (K3-like T = 32-96, DSV3-like T = 16-128); in 128-code steps K3-like T = 16
+# 2 splits 0.989 of the default then, unsplit 0.993, and from 3072 programs on unsplit faster than 2 splits
 _GROUPED_PROGRAMS1 = 3072
 
 
@@ -691,26 +693,21 @@ def _check_gluon_knobs(cfg: MoEConfig) -> None:
 def grouped_takes(cfg: MoEConfig, T: int, num_pairs: int, E: int, H: int, i_pad: int) -> bool:
     """Whether the expert-block Gluon kernels take a call of T tokens past gluon_max_tokens (the
     device and weights aside: gluon_runnable): gluon_grouped 1, or automatic (-1) at up to
-    gluon_grouped_pairs pairs an expert on average, and for intermediates under 1024 rows (K3-like)
-    only where their GEMM1 is split (measured on an H200: unsplit there they were 0.6-1.2% slower than
-    the hopper_mma kernels); and the pair blocks fit grid axis 1."""
+    gluon_grouped_pairs pairs an expert on average; and the pair blocks fit grid axis 1."""
     if T <= cfg.gluon_max_tokens or cfg.gluon_grouped == 0:
         return False
     if num_pairs // cfg.gluon_block_t + min(E, num_pairs) >= 65535:
         return False
-    if cfg.gluon_grouped == 1:
-        return True
-    return num_pairs <= cfg.gluon_grouped_pairs * E and (i_pad >= 1024 or grouped_tiles(cfg, H, i_pad, num_pairs,
-                                                                                          E)[2] > 1)
+    return cfg.gluon_grouped == 1 or num_pairs <= cfg.gluon_grouped_pairs * E
 
 
 def grouped_tiles(cfg: MoEConfig, H: int, i_pad: int, pairs: int, E: int) -> tuple[int, int, int]:
-    """(k1, k2, splits1) of the expert-block kernels: steps of cfg.gluon_k1 (default 64) and gluon_k2
+    """(k1, k2, splits1) of the expert-block kernels: steps of cfg.gluon_k1 (default 128) and gluon_k2
     codes (64 where K is no multiple), and GEMM1's K splits (cfg.gluon_split1, or the fewest that give
     its programs over the touched experts' blocks, at most min(E, pairs), the target
     _GROUPED_PROGRAMS1), lowered to a divisor of the K steps."""
     _check_gluon_knobs(cfg)
-    k1 = cfg.gluon_k1 or 64
+    k1 = cfg.gluon_k1 or 128
     k1 = k1 if H % k1 == 0 else 64
     k2 = cfg.gluon_k2 if i_pad % cfg.gluon_k2 == 0 else 64
     s1 = cfg.gluon_split1 or triton.cdiv(_GROUPED_PROGRAMS1, i_pad // 64 * min(E, pairs))
