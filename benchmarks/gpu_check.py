@@ -198,7 +198,7 @@ def hopper_variants(T, H, I, k, E):
         out.append(("nopdl", dataclasses.replace(default, gluon=1, gluon_pdl=0)))
     else:  # the Gluon kernels on expert blocks: where the default takes them, the variants above on the hopper_mma
         # kernels; and 16-pair blocks, 8-pair ones of 64-code steps, and 4 K splits of GEMM1, forced on
-        if grouped_takes(default, T, T * k, E, H, I):
+        if grouped_takes(default, T, T * k, E):
             out = out[:1] + [(n, dataclasses.replace(c, gluon_grouped=0)) for n, c in out[1:]]
         out.append(("grouped", dataclasses.replace(default, gluon=1, gluon_grouped=1, gluon_block_t=16)))
         out.append(("grouped", dataclasses.replace(default, gluon=1, gluon_grouped=1, gluon_block_t=8, gluon_k1=64,
@@ -255,7 +255,7 @@ def main() -> int:
         for layout, vname, cfg, weights in runs:
             t0 = time.time()
             plan = gluon_plan(cfg, xin, weights, k, layout) if layout in HOPPER_SETS else None
-            grouped = (layout in HOPPER_SETS and grouped_takes(cfg, T, T * k, E, H, I)
+            grouped = (layout in HOPPER_SETS and grouped_takes(cfg, T, T * k, E)
                        and gluon_runnable(cfg, xin, weights, layout))
             if grouped:
                 k1, k2, s1 = grouped_tiles(cfg, H, I, T * k, E)

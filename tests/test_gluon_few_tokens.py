@@ -62,18 +62,18 @@ def test_bad_step_is_a_clear_error(knob):
 
 def test_expert_blocks_automatic_where_measured_faster():
     cfg = MoEConfig()
-    dsv3, k3 = (256, 7168, 2048), (896, 3584, 384)
+    dsv3, k3 = 256, 896
     # DSV3-like (top-8): T = 9-96 (up to 3 pairs an expert) on, T = 8 per pair, T = 128 (4) off
-    assert not grouped_takes(cfg, 8, 64, *dsv3)
-    assert all(grouped_takes(cfg, T, 8 * T, *dsv3) for T in (9, 16, 32, 64, 96))
-    assert not grouped_takes(cfg, 128, 1024, *dsv3)
+    assert not grouped_takes(cfg, 8, 64, dsv3)
+    assert all(grouped_takes(cfg, T, 8 * T, dsv3) for T in (9, 16, 32, 64, 96))
+    assert not grouped_takes(cfg, 128, 1024, dsv3)
     # K3-like (top-16): T = 9-168 on, T = 192 (3.4) off
-    assert all(grouped_takes(cfg, T, 16 * T, *k3) for T in (12, 16, 32, 128, 160, 168))
-    assert not grouped_takes(cfg, 192, 3072, *k3)
+    assert all(grouped_takes(cfg, T, 16 * T, k3) for T in (12, 16, 32, 128, 160, 168))
+    assert not grouped_takes(cfg, 192, 3072, k3)
     # off, forced on, and never with more pair blocks than grid axis 1 holds
-    assert not grouped_takes(dataclasses.replace(cfg, gluon_grouped=0), 16, 128, *dsv3)
-    assert grouped_takes(dataclasses.replace(cfg, gluon_grouped=1), 4096, 32768, *dsv3)
-    assert not grouped_takes(dataclasses.replace(cfg, gluon_grouped=1), 70000, 8 * 70000, *dsv3)
+    assert not grouped_takes(dataclasses.replace(cfg, gluon_grouped=0), 16, 128, dsv3)
+    assert grouped_takes(dataclasses.replace(cfg, gluon_grouped=1), 4096, 32768, dsv3)
+    assert not grouped_takes(dataclasses.replace(cfg, gluon_grouped=1), 70000, 8 * 70000, dsv3)
 
 
 def test_expert_block_splits():

@@ -113,8 +113,8 @@ class MoEConfig:
     # (2: 0.970-0.985 / 0.951-0.962 of the time without, DSV3- / K3-like, T = 1), from its start
     # (1: 1.027-1.034 / 0.987-0.992), or not (0)
     gluon_pdl: int = 2
-    # they read an expert's weights once a pair: against the hopper_mma kernels at T = 1 / 2 / 4 / 8 / 16,
-    # DSV3-like 0.92 / 0.896 / 0.953 / 0.957 / 1.106, K3-like 0.92 / 0.786 / 0.838 / 0.956 / 1.069
+    # they read an expert's weights once a pair: of the hopper_mma kernels' time at T = 1 / 2 / 4 / 8, DSV3-like
+    # 0.92 / 0.860 / 0.887 / 0.955, K3-like 0.94 / 0.767 / 0.812 / 0.898; at T = 16 (the earlier plans) 1.106 / 1.069
     gluon_max_tokens: int = 8
     # past gluon_max_tokens: the Gluon kernels on expert blocks of gluon_block_t (8 or 16) pairs, their GEMM1 in
     # steps of gluon_k1 codes (0: 128) and gluon_split1 K splits (0: automatic, grouped_tiles); gluon_grouped 1 on
@@ -394,7 +394,7 @@ def fused_moe_triton(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, *,
                                   act, out, plan, cfg.gluon == 1, cfg.gluon_pdl)
             if done is not None:
                 return done
-        elif grouped_takes(cfg, T, num_pairs, E, H, i_pad) and gluon_runnable(cfg, x, weights, layout):
+        elif grouped_takes(cfg, T, num_pairs, E) and gluon_runnable(cfg, x, weights, layout):
             done = _gluon_grouped_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias,
                                           act, out, cfg)
             if done is not None:
@@ -690,7 +690,7 @@ def _check_gluon_knobs(cfg: MoEConfig) -> None:
         raise RuntimeInputError(f"fused_moe_triton: gluon_block_t must be 8 or 16, got {cfg.gluon_block_t}.")
 
 
-def grouped_takes(cfg: MoEConfig, T: int, num_pairs: int, E: int, H: int, i_pad: int) -> bool:
+def grouped_takes(cfg: MoEConfig, T: int, num_pairs: int, E: int) -> bool:
     """Whether the expert-block Gluon kernels take a call of T tokens past gluon_max_tokens (the
     device and weights aside: gluon_runnable): gluon_grouped 1, or automatic (-1) at up to
     gluon_grouped_pairs pairs an expert on average; and the pair blocks fit grid axis 1."""
