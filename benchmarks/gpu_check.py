@@ -29,8 +29,7 @@ import torch
 from mxfp4conv.codec import dequantize_mxfp4
 
 from mxfp4conv.runtime.triton_moe import (ALIGN_GRID_PAIRS, HOPPER_SETS, LAYOUT_SETS, fused_moe_triton, gluon_plan,
-                                          gluon_runnable, grouped_takes, grouped_tiles, hopper_options, select_config,
-                                          uses_gemv)
+                                          grouped_plan, grouped_takes, hopper_options, select_config, uses_gemv)
 from mxfp4conv.shuffle import get_layout
 
 
@@ -255,11 +254,9 @@ def main() -> int:
         for layout, vname, cfg, weights in runs:
             t0 = time.time()
             plan = gluon_plan(cfg, xin, weights, k, layout) if layout in HOPPER_SETS else None
-            grouped = (layout in HOPPER_SETS and grouped_takes(cfg, T, T * k, E)
-                       and gluon_runnable(cfg, xin, weights, layout))
-            if grouped:
-                k1, k2, s1 = grouped_tiles(cfg, H, I, T * k, E)
-                path = f"gluon grouped bt{cfg.gluon_block_t} k{k1}/{k2} s{s1}"
+            blocks = grouped_plan(cfg, xin, weights, k, layout, E) if layout in HOPPER_SETS else None
+            if blocks:
+                path = f"gluon grouped bt{cfg.gluon_block_t} k{blocks[0]}/{blocks[1]} s{blocks[2]}"
             elif plan:
                 path = f"gluon k{plan[0]}/{plan[1]} s{plan[2]}/{plan[3]}{f' pdl{cfg.gluon_pdl}' if cfg.gluon_pdl else ''}"
             else:

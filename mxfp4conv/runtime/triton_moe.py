@@ -394,9 +394,9 @@ def fused_moe_triton(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, *,
                                   act, out, plan, cfg.gluon == 1, cfg.gluon_pdl)
             if done is not None:
                 return done
-        elif grouped_takes(cfg, T, num_pairs, E) and gluon_runnable(cfg, x, weights, layout):
+        elif (blocks := grouped_plan(cfg, x, weights, topk_ids.shape[1], layout, E)) is not None:
             done = _gluon_grouped_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias,
-                                          act, out, cfg)
+                                          act, out, cfg, blocks)
             if done is not None:
                 return done
         return _hopper_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias,
@@ -726,6 +726,16 @@ def gluon_plan(cfg: MoEConfig, x: torch.Tensor, weights, top_k: int, layout: str
     return tiles
 
 
+def grouped_plan(cfg: MoEConfig, x: torch.Tensor, weights, top_k: int, layout: str, E: int
+                 ) -> tuple[int, int, int] | None:
+    """grouped_tiles for this call where the expert-block kernels take it (grouped_takes and
+    gluon_runnable), else None."""
+    T, H = x.shape
+    if not grouped_takes(cfg, T, T * top_k, E) or not gluon_runnable(cfg, x, weights, layout):
+        return None
+    return grouped_tiles(cfg, H, weights[0].shape[1] // 2, T * top_k, E)
+
+
 def gluon_runnable(cfg: MoEConfig, x: torch.Tensor, weights, layout: str) -> bool:
     """Whether the Gluon kernels can take this call, the number of tokens aside (gluon_plan)."""
     w13, w13_scale, w2, w2_scale = weights
@@ -765,12 +775,11 @@ def _compiled_or_none(run, required: bool):
 
 
 def _gluon_grouped_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias, act, out,
-                           cfg):
-    """The layer in the Gluon kernels on expert blocks (gluon_grouped): the align and the k-sum are
-    the Triton path's; None as _gluon_forward."""
-    T, H = x.shape
-    E, i_pad, top_k = w13.shape[0], w13.shape[1] // 2, topk_ids.shape[1]
-    k1, k2, splits1 = grouped_tiles(cfg, H, i_pad, T * top_k, E)
+                           cfg, plan):
+    """The layer in the Gluon kernels on expert blocks with grouped_plan's (k1, k2, splits1): the align
+    and the k-sum are the Triton path's; None as _gluon_forward."""
+    H, E, top_k = x.shape[1], w13.shape[0], topk_ids.shape[1]
+    k1, k2, splits1 = plan
 
     def k_sum(pair_out):
         _sum_launch(pair_out, topk_ids.contiguous(), out, H, top_k, E, 1)
