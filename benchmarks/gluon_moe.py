@@ -69,7 +69,8 @@ def bench(name, T, rounds, log):
         routes.append((ids, tw / tw.sum(1, keepdim=True)))
     xs = [torch.randn(T, H, device="cuda", generator=gen).bfloat16() for _ in range(calls)]
     # the Gluon kernels taken at T tokens (past their default limit too, to see where it should lie)
-    default = dataclasses.replace(select_config(T * k, E, H, I, "hopper_mma_rot"), gluon_max_tokens=max(T, 8))
+    default = dataclasses.replace(select_config(T * k, E, H, I, "hopper_mma_rot"), gluon_max_tokens=max(T, 8),
+                                  gluon_pair_share=1e9)
     hopper = dataclasses.replace(default, gluon=0)
     moe = lambda cfg, c=0, act="silu", params=None, b13=None, b2=None: fused_moe_triton(  # noqa: E731
         xs[c], *w, routes[c][1], routes[c][0], activation=act, activation_params=params or {}, w13_bias=b13,

@@ -29,7 +29,8 @@ import torch
 from mxfp4conv.codec import dequantize_mxfp4
 
 from mxfp4conv.runtime.triton_moe import (ALIGN_GRID_PAIRS, HOPPER_SETS, LAYOUT_SETS, fused_moe_triton, gluon_plan,
-                                          grouped_plan, grouped_takes, hopper_options, select_config, uses_gemv)
+                                          grouped_plan, grouped_takes, hopper_options, pairs_take, select_config,
+                                          uses_gemv)
 from mxfp4conv.shuffle import get_layout
 
 
@@ -125,6 +126,8 @@ CASES = [
     ("k3 T1 situ edge", 1, 3584, 384, 896, 16, "situ", {"beta": 4.0, "linear_beta": 25.0}, False, torch.bfloat16, "edge"),
     ("64-tiles T1 silu+limit bias edge", 1, 1088, 192, 8, 3, "silu", {"swiglu_limit": 10.0}, True, torch.bfloat16, "edge"),
     ("dsv3 T4 swigluoai bias edge", 4, 7168, 2048, 256, 8, "swigluoai", {"alpha": 1.702, "limit": 7.0}, True, torch.bfloat16, "edge"),
+    # a few tokens whose pairs share enough experts for the expert blocks (pairs_take), biases
+    ("dsv3 T8 swigluoai bias", 8, 7168, 2048, 256, 8, "swigluoai", {"alpha": 1.702, "limit": 7.0}, True, torch.bfloat16, "uniform"),
 ]
 
 
@@ -188,7 +191,7 @@ def hopper_variants(T, H, I, k, E):
     out.append(("factors", dataclasses.replace(default, factor_pairs=1 - default.factor_pairs)))
     if T > 1:  # the other align (many programs below ALIGN_GRID_PAIRS, one program from it)
         out.append(("align", dataclasses.replace(default, align=int(T * k < ALIGN_GRID_PAIRS))))
-    if T <= default.gluon_max_tokens:  # the Gluon kernels take these tokens where they can: the variants above on
+    if pairs_take(default, T, T * k, E):  # the Gluon kernels take these tokens where they can: the variants above on
         # the hopper_mma kernels, and the Gluon ones' other K steps and splits, and without PDL
         out = out[:1] + [(n, dataclasses.replace(c, gluon=0)) for n, c in out[1:]]
         out.append(("gluonk", dataclasses.replace(default, gluon=1, gluon_k1=128, gluon_k2=64, gluon_split1=2,
@@ -203,8 +206,12 @@ def hopper_variants(T, H, I, k, E):
         out.append(("grouped", dataclasses.replace(default, gluon=1, gluon_grouped=1, gluon_block_t=8, gluon_k1=64,
                                                    gluon_k2=64)))
         out.append(("grouped", dataclasses.replace(default, gluon=1, gluon_grouped=1, gluon_block_t=8, gluon_split1=4)))
+        # GEMM2 over one 64-row block a program, and over seven (16-pair blocks, 64-code steps)
+        out.append(("grouped", dataclasses.replace(default, gluon=1, gluon_grouped=1, gluon_block_t=8, gluon_blocks2=1)))
+        out.append(("grouped", dataclasses.replace(default, gluon=1, gluon_grouped=1, gluon_block_t=16, gluon_k2=64,
+                                                   gluon_blocks2=7)))
         if T <= 16:  # and the per-pair ones on more tokens than they take by default
-            out.append(("gluon", dataclasses.replace(default, gluon=1, gluon_max_tokens=16)))
+            out.append(("gluon", dataclasses.replace(default, gluon=1, gluon_max_tokens=16, gluon_pair_share=1e9)))
     return out
 
 
@@ -256,7 +263,7 @@ def main() -> int:
             plan = gluon_plan(cfg, xin, weights, k, layout) if layout in HOPPER_SETS else None
             blocks = grouped_plan(cfg, xin, weights, k, layout, E) if layout in HOPPER_SETS else None
             if blocks:
-                path = f"gluon grouped bt{cfg.gluon_block_t} k{blocks[0]}/{blocks[1]} s{blocks[2]}"
+                path = f"gluon grouped bt{cfg.gluon_block_t} k{blocks[0]}/{blocks[1]} s{blocks[2]} b{blocks[3]}"
             elif plan:
                 path = f"gluon k{plan[0]}/{plan[1]} s{plan[2]}/{plan[3]}{f' pdl{cfg.gluon_pdl}' if cfg.gluon_pdl else ''}"
             else:

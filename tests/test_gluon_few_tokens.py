@@ -19,7 +19,7 @@ from hypothesis import given, strategies as st
 from mxfp4conv.errors import RuntimeInputError
 from mxfp4conv.runtime import triton_moe
 from mxfp4conv.runtime.triton_moe import (MoEConfig, fused_moe_triton, gluon_plan, gluon_tiles, grouped_takes,
-                                          grouped_tiles, select_config)
+                                          grouped_tiles, pairs_take, select_config)
 
 
 def test_tiles_of_the_measured_layers():
@@ -63,29 +63,38 @@ def test_bad_step_is_a_clear_error(knob):
 def test_expert_blocks_automatic_where_measured_faster():
     cfg = MoEConfig()
     dsv3, k3 = 256, 896
-    # DSV3-like (top-8): T = 9-96 (up to 3 pairs an expert) on, T = 8 per pair, T = 128 (4) off
-    assert not grouped_takes(cfg, 8, 64, dsv3)
-    assert all(grouped_takes(cfg, T, 8 * T, dsv3) for T in (9, 16, 32, 64, 96))
-    assert not grouped_takes(cfg, 128, 1024, dsv3)
-    # K3-like (top-16): T = 9-168 on, T = 192 (3.4) off
-    assert all(grouped_takes(cfg, T, 16 * T, k3) for T in (12, 16, 32, 128, 160, 168))
-    assert not grouped_takes(cfg, 192, 3072, k3)
+    # DSV3-like (top-8): per pair to T = 6 (48 pairs, under a fifth of the experts), expert blocks from T = 7 to
+    # 112 (up to 3.5 pairs an expert), T = 128 (4) off
+    assert pairs_take(cfg, 6, 48, dsv3) and not grouped_takes(cfg, 6, 48, dsv3)
+    assert all(grouped_takes(cfg, T, 8 * T, dsv3) and not pairs_take(cfg, T, 8 * T, dsv3)
+               for T in (7, 8, 9, 16, 32, 64, 96, 112))
+    assert not grouped_takes(cfg, 128, 1024, dsv3) and not pairs_take(cfg, 128, 1024, dsv3)
+    # K3-like (top-16): per pair to T = 8 (128 pairs), expert blocks T = 9-196, T = 224 (4) off
+    assert all(pairs_take(cfg, T, 16 * T, k3) for T in (1, 2, 4, 8))
+    assert all(grouped_takes(cfg, T, 16 * T, k3) for T in (9, 12, 16, 32, 128, 160, 192, 196))
+    assert not grouped_takes(cfg, 224, 3584, k3)
+    # one token stays per pair however few the experts (its pairs share none); the share is a knob
+    assert pairs_take(cfg, 1, 8, 8) and not grouped_takes(cfg, 1, 8, 8)
+    assert pairs_take(dataclasses.replace(cfg, gluon_pair_share=1.0), 8, 64, dsv3)
     # off, forced on, and never with more pair blocks than grid axis 1 holds
     assert not grouped_takes(dataclasses.replace(cfg, gluon_grouped=0), 16, 128, dsv3)
     assert grouped_takes(dataclasses.replace(cfg, gluon_grouped=1), 4096, 32768, dsv3)
     assert not grouped_takes(dataclasses.replace(cfg, gluon_grouped=1), 70000, 8 * 70000, dsv3)
 
 
-def test_expert_block_splits():
-    # K3-like T = 16: 6 row blocks x 256 blocks at most = 1536 programs -> 2 splits (of 28 128-code steps)
-    assert grouped_tiles(MoEConfig(), 3584, 384, 256, 896) == (128, 128, 2)
-    # from 3072 programs on unsplit: K3-like T = 32, DSV3-like T = 16
-    assert grouped_tiles(MoEConfig(), 3584, 384, 512, 896)[2] == 1
-    assert grouped_tiles(MoEConfig(), 7168, 2048, 128, 256) == (128, 128, 1)
-    # 64-code steps asked for; and splits lowered to a divisor of the steps (1088 = 17 steps of 64)
-    assert grouped_tiles(MoEConfig(gluon_k1=64), 3584, 384, 256, 896) == (64, 128, 2)
-    assert grouped_tiles(MoEConfig(gluon_split1=4), 1088, 192, 64, 8) == (64, 64, 1)
+def test_expert_block_tiles():
+    # K3-like T = 16: GEMM1 unsplit; GEMM2's rows of 3 steps in programs of 4 row blocks from 4096 such programs over
+    # min(E, pairs) blocks: T = 24 (384 x 14), not T = 16 (256 x 14)
+    assert grouped_tiles(MoEConfig(), 3584, 384, 256, 896) == (128, 128, 1, 1)
+    assert grouped_tiles(MoEConfig(), 3584, 384, 384, 896) == (128, 128, 1, 4)
+    # DSV3-like (GEMM2 rows of 16 steps): one row block a program
+    assert grouped_tiles(MoEConfig(), 7168, 2048, 4096, 256) == (128, 128, 1, 1)
+    # 64-code steps asked for; splits and row blocks lowered to divisors (1088 = 17 steps of 64 / row blocks)
+    assert grouped_tiles(MoEConfig(gluon_k1=64), 3584, 384, 512, 896) == (64, 128, 1, 4)
+    assert grouped_tiles(MoEConfig(gluon_split1=4), 1088, 192, 64, 8) == (64, 64, 1, 1)
     assert grouped_tiles(MoEConfig(gluon_split1=4), 7168, 2048, 4096, 256)[2] == 4
+    assert [grouped_tiles(MoEConfig(gluon_blocks2=b), 3584, 384, 256, 896)[3] for b in (1, 5, 7, 100)] == [1, 4, 7, 56]
+    assert grouped_tiles(MoEConfig(gluon_blocks2=7), 7168, 2048, 128, 256)[3] == 7
 
 
 def _hopper_rot_case(T=1, dtype=torch.bfloat16, H=128, I=128, E=4, k=2):
@@ -178,7 +187,8 @@ VARIANTS = [("silu+limit", 1, 4, False, 0), ("situ", 2, 1, False, 1), ("swigluoa
 KB_STEPS = {1: 4, 2: 8}  # m16n8k16 MMAs a warp's 16-row slab takes for a 64 KB-code K step
 
 
-GROUPED = [(8, 2, 1), (8, 2, 2), (8, 1, 1), (8, 1, 4), (16, 2, 1)]  # the expert-block kernels: pairs a block, KB, GEMM1's K splits
+# the expert-block kernels: pairs a block, KB, GEMM1's K splits, GEMM2's 64-row blocks a program
+GROUPED = [(8, 2, 1, 1), (8, 2, 2, 4), (8, 1, 1, 1), (8, 1, 4, 2), (16, 2, 1, 7)]
 
 
 @pytest.fixture(scope="module")
@@ -192,11 +202,11 @@ def compiled():
                                        PDL=pdl)))
         jobs.append(("few_gemm2", dict(KB=kb, HAS_BIAS=bias, SPLITS=splits, PDL=bool(pdl))))
         keys += [(variant, "few_gemm1"), (variant, "few_gemm2")]
-    for bt, kb, splits in GROUPED:
+    for bt, kb, splits, blocks in GROUPED:
         jobs.append(("grp_gemm1", dict(KB=kb, BT=bt, ACT=ACTS["situ"][0], HAS_LIMIT=False, HAS_LINEAR=True,
                                        HAS_BIAS=True, SPLITS=splits)))
-        jobs.append(("grp_gemm2", dict(KB=kb, BT=bt, HAS_BIAS=True)))
-        keys += [((bt, kb, splits), "grp_gemm1"), ((bt, kb, splits), "grp_gemm2")]
+        jobs.append(("grp_gemm2", dict(KB=kb, BT=bt, HAS_BIAS=True, BLOCKS=blocks)))
+        keys += [((bt, kb, splits, blocks), "grp_gemm1"), ((bt, kb, splits, blocks), "grp_gemm2")]
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                          env.get("PYTHONPATH", "")])
@@ -221,21 +231,23 @@ def test_kernels_compile_for_sm90_without_spills(compiled, variant):
     assert ("ACQBULK" in compiled[(variant, "few_gemm2")][0]) == bool(pdl)
 
 
-# bytes of stack ptxas keeps: none, except in 8-pair GEMM2 with 128-code steps (the timed default), where it
-# keeps a few pointers there at 72 registers (triton 3.6: 16 bytes, 3 local loads a K step; 3.9: 24)
-STACK_ALLOWED = {("grp_gemm2", 8, 2): 24}
+# bytes of stack ptxas keeps: none, except in 8-pair GEMM2 with 128-code steps over one row block a program (DSV3-like
+# rows), where it keeps a few pointers there at 72 registers (triton 3.6: 16 bytes, 3 local loads a K step; 3.9: 24);
+# its loop over several row blocks keeps none
+STACK_ALLOWED = {("grp_gemm2", 8, 2, 1): 24}
 
 
 @pytest.mark.skipif(not _tools_available(), reason="this Triton has no Gluon or ships no NVIDIA tools")
-@pytest.mark.parametrize("bt, kb, splits", GROUPED)
-def test_expert_block_kernels_compile_for_sm90_without_spills(compiled, bt, kb, splits):
+@pytest.mark.parametrize("bt, kb, splits, blocks", GROUPED)
+def test_expert_block_kernels_compile_for_sm90_without_spills(compiled, bt, kb, splits, blocks):
     # a warp's slab: (64 KB / 16) m16n8k16 MMAs a K step for each 8 of the block's pairs, gate and up in GEMM1
+    key = (bt, kb, splits, blocks)
     for kernel, matrices in (("grp_gemm1", 2), ("grp_gemm2", 1)):
-        sass, res = compiled[((bt, kb, splits), kernel)]
-        allowed = STACK_ALLOWED.get((kernel, bt, kb), 0)
+        sass, res = compiled[(key, kernel)]
+        allowed = STACK_ALLOWED.get((kernel, bt, kb, blocks), 0)
         assert int(re.search(r"STACK:(\d+)", res).group(1)) <= allowed, f"{kernel}: {res}"
         if not allowed:
             assert "LDL" not in sass and "STL" not in sass, kernel
         assert len(re.findall(r"HMMA\.16816\.F32\.BF16", sass)) >= matrices * KB_STEPS[kb] * (bt // 8), kernel
     # GEMM1's K splits: the last split of a tile counts its arrival with one atomic add
-    assert ("ATOMG.E.ADD" in compiled[((bt, kb, splits), "grp_gemm1")][0]) == (splits > 1)
+    assert ("ATOMG.E.ADD" in compiled[(key, "grp_gemm1")][0]) == (splits > 1)

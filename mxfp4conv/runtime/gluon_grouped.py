@@ -13,7 +13,10 @@ import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-from mxfp4conv.runtime.gluon_few_tokens import B_OP, MMA, ROWS, _barrier, _k_loop, _words
+from triton.experimental.gluon.language.nvidia.ampere import mma_v2
+
+from mxfp4conv.runtime.gluon_few_tokens import (_FPTX, _WPTX, A_OP, B_OP, MMA, ROWS, _barrier, _decode, _k_loop,
+                                                _offsets, _words)
 from mxfp4conv.runtime.triton_hopper_kernels import _arrive
 from mxfp4conv.runtime.triton_moe_kernels import _activate
 
@@ -86,34 +89,71 @@ def _gemm1_tile_tail(g, u, e, rows, pair, tile_mask, b_ptr, inter_ptr, I, p0, p1
 
 
 @gluon.jit
+def _block_loads(w_ptr, s_ptr, w_off, s_off, r, k, K):
+    """A lane's weight and scale words at code k of 64-row block r past w_ptr / s_ptr."""
+    return gl.load(w_ptr + w_off + r * (8 * K) + k * 2), gl.load(s_ptr + s_off + r * (K // 2) + k // 8)
+
+
+@gluon.jit
+def _next_step(r, kk, steps, BLOCKS: gl.constexpr, KB: gl.constexpr):
+    """(block, code) of the step after step kk of block r in a loop over BLOCKS blocks of steps K
+    steps; the last step's is the last block's first (loaded again, nothing past the loop is read)."""
+    wrap = (kk + 1) // steps
+    return gl.minimum(r + wrap, BLOCKS - 1), (kk + 1 - wrap * steps) * (64 * KB)
+
+
+@gluon.jit
 def grp_gemm2(w_ptr, s_ptr, inter_ptr, sorted_ptr, bexp_ptr, npp_ptr, b_ptr, tw_ptr, pair_out_ptr, num_pairs, K, N,
-              KB: gl.constexpr, BT: gl.constexpr, HAS_BIAS: gl.constexpr):
+              KB: gl.constexpr, BT: gl.constexpr, HAS_BIAS: gl.constexpr, BLOCKS: gl.constexpr):
     """pair_out[pair, rows] = tw[pair] * (w2[e] rows . inter[pair] + b2[e] rows) for the block's pairs,
-    rows [64 rb, 64 rb + 64), in pair_out's dtype."""
+    BLOCKS 64-row blocks a program (more than one: in one loop, the next block's first words loaded
+    during the last step of this one), in pair_out's dtype."""
     live, e, pair_x, ok_x = _block(sorted_ptr, bexp_ptr, npp_ptr, num_pairs, BT, gl.SliceLayout(0, B_OP))
     if live:
-        rb = gl.program_id(0)
+        rb = gl.program_id(0) * BLOCKS
         xk = gl.arange(0, 64 * KB, layout=gl.SliceLayout(1, B_OP))
         x_ptrs = inter_ptr + gl.where(ok_x, pair_x, 0).to(gl.int64)[None, :] * K + xk[:, None]
         x_mask = ok_x[None, :] & (xk[:, None] >= 0)
         w_ptr += e * (N * (K // 8)) + rb * 4 * (2 * K)
         s_ptr += e * (N * K // 128) + rb * 4 * (K // 8)
-        y, _ = _k_loop(w_ptr, s_ptr, x_ptrs, x_mask, K, 0, K, 0, 0, KB, False, False, True)
-        rows = rb * 64 + gl.arange(0, 64, layout=ROWS)
-        if HAS_BIAS:
-            y += gl.load(b_ptr + e * N + rows).to(gl.float32)[:, None]
-        pair = gl.convert_layout(pair_x, COLS)
-        ok = pair < num_pairs
-        y = y * gl.load(tw_ptr + pair, mask=ok, other=0.0).to(gl.float32)[None, :]
-        gl.store(pair_out_ptr + pair[None, :].to(gl.int64) * N + rows[:, None],
-                 y.to(pair_out_ptr.dtype.element_ty), mask=ok[None, :] & (rows[:, None] >= 0))
+        if BLOCKS == 1:
+            y, _ = _k_loop(w_ptr, s_ptr, x_ptrs, x_mask, K, 0, K, 0, 0, KB, False, False, True)
+            _gemm2_tile_tail(y, e, rb, pair_x, num_pairs, b_ptr, tw_ptr, pair_out_ptr, N, HAS_BIAS)
+        else:
+            steps = K // (64 * KB)
+            w_off, s_off = _offsets(K, 4, KB)
+            w, s = _block_loads(w_ptr, s_ptr, w_off, s_off, 0, 0, K)
+            for r in range(BLOCKS):
+                acc = gl.zeros([64, BT], gl.float32, layout=MMA)
+                for kk in range(steps):
+                    r_n, k_n = _next_step(r, kk, steps, BLOCKS, KB)
+                    w_n, s_n = _block_loads(w_ptr, s_ptr, w_off, s_off, r_n, k_n, K)
+                    x = gl.load(x_ptrs + kk * (64 * KB), mask=x_mask, other=0.0)
+                    acc = mma_v2(gl.convert_layout(_decode(w, s, 4, KB, _WPTX, _FPTX), A_OP), x, acc)
+                    w = w_n
+                    s = s_n
+                _gemm2_tile_tail(acc, e, rb + r, pair_x, num_pairs, b_ptr, tw_ptr, pair_out_ptr, N, HAS_BIAS)
+
+
+@gluon.jit
+def _gemm2_tile_tail(y, e, rb, pair_x, num_pairs, b_ptr, tw_ptr, pair_out_ptr, N, HAS_BIAS: gl.constexpr):
+    """Bias and routing weight of row block rb's complete sums, stored at the block's pairs' rows."""
+    rows = rb * 64 + gl.arange(0, 64, layout=ROWS)
+    if HAS_BIAS:
+        y += gl.load(b_ptr + e * N + rows).to(gl.float32)[:, None]
+    pair = gl.convert_layout(pair_x, COLS)
+    ok = pair < num_pairs
+    y = y * gl.load(tw_ptr + pair, mask=ok, other=0.0).to(gl.float32)[None, :]
+    gl.store(pair_out_ptr + pair[None, :].to(gl.int64) * N + rows[:, None],
+             y.to(pair_out_ptr.dtype.element_ty), mask=ok[None, :] & (rows[:, None] >= 0))
 
 
 def forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias, act, align, k_sum, *,
-            k1: int, k2: int, block_t: int, splits1: int = 1) -> torch.Tensor:
+            k1: int, k2: int, block_t: int, splits1: int = 1, blocks2: int = 1) -> torch.Tensor:
     """The layer for x [T, H] bf16 (contiguous hopper_mma_rot tensors, scales <= 2): align the pairs
     with align(block_t) -> (sorted_ids, block_expert, num_post_pad, max_blocks), run both GEMMs (GEMM1
-    in splits1 K splits, dividing H into whole steps of k1), and return k_sum(pair_out [1, T k, H]),
+    in splits1 K splits, dividing H into whole steps of k1; GEMM2 in programs of blocks2 64-row blocks,
+    dividing H / 64), and return k_sum(pair_out [1, T k, H]),
     the caller's sum over k."""
     E, two_i, _ = w13.shape
     T, H = x.shape
@@ -133,8 +173,8 @@ def forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w
         w13_bias if w13_bias is not None else inter, inter, part, cnt, pairs, k, H, I, H // splits1, act["p0"],
         act["p1"], KB=k1 // 64, BT=block_t, ACT=act["ACT"], HAS_LIMIT=act["HAS_LIMIT"], HAS_LINEAR=act["HAS_LINEAR"],
         HAS_BIAS=w13_bias is not None, SPLITS=splits1, num_warps=4)
-    grp_gemm2[(H // 64, max_blocks)](
+    grp_gemm2[(H // 64 // blocks2, max_blocks)](
         _words(w2), _words(w2_scale), inter, sorted_ids, block_expert, num_post_pad,
         w2_bias if w2_bias is not None else pair_out, tw, pair_out, pairs, I, H, KB=k2 // 64, BT=block_t,
-        HAS_BIAS=w2_bias is not None, num_warps=4)
+        HAS_BIAS=w2_bias is not None, BLOCKS=blocks2, num_warps=4)
     return k_sum(pair_out)

@@ -116,17 +116,26 @@ class MoEConfig:
     # they read an expert's weights once a pair: of the hopper_mma kernels' time at T = 1 / 2 / 4 / 8, DSV3-like
     # 0.92 / 0.860 / 0.887 / 0.955, K3-like 0.94 / 0.767 / 0.812 / 0.898; at T = 16 (the earlier plans) 1.106 / 1.069
     gluon_max_tokens: int = 8
-    # past gluon_max_tokens: the Gluon kernels on expert blocks of gluon_block_t (8 or 16) pairs, their GEMM1 in
-    # steps of gluon_k1 codes (0: 128) and gluon_split1 K splits (0: automatic, grouped_tiles); gluon_grouped 1 on
-    # where they can run, 0 off, -1 automatic (grouped_takes): at up to gluon_grouped_pairs pairs an expert on
-    # average. On an H200 (pairs an expert in brackets), 128-code steps against the default of 64 then: DSV3-like
-    # T = 12 / 16 / 32 / 64 (0.4-2) 0.959 / 0.936 / 0.942 / 0.941 (64-code steps: 0.903-0.953 of the hopper_mma
-    # time); against the hopper_mma kernels: DSV3-like T = 96 (3) 0.908, T = 128 (4) 0.992, T = 160 / 192 (5 / 6)
-    # 1.075 / 1.204; K3-like T = 32 / 64 / 96 / 128 / 160 (0.6-2.9) 0.948 / 0.958 / 0.961 / 0.980 / 0.983, T = 192
-    # (3.4) 1.009; 16-pair blocks 1.18-1.47 (DSV3-like T = 16-256)
+    # and from two tokens only while the pairs number under gluon_pair_share x the experts; past that, tokens share
+    # enough experts for the expert blocks below (unsplit), which read each touched expert once, to win: of the
+    # per-pair time (pairs / experts in brackets) DSV3-like T = 8 (0.25) 0.950, T = 7 (0.22) 0.937; against T = 6
+    # (0.19) 1.025, T = 5 1.022; K3-like T = 8 (0.14) 1.115 / 1.053 / 1.081, T = 6 1.129 / 1.047 (K split in two)
+    gluon_pair_share: float = 0.2
+    # where those do not take a call: the Gluon kernels on expert blocks of gluon_block_t (8 or 16) pairs, their
+    # GEMM1 in steps of gluon_k1 codes (0: 128) and gluon_split1 K splits (0: none); gluon_grouped 1 on where they can
+    # run, 0 off, -1 automatic (grouped_takes): at up to gluon_grouped_pairs pairs an expert on average. On an H200
+    # (pairs an expert in brackets), 128-code steps against the default of 64 then: DSV3-like T = 12 / 16 / 32 / 64
+    # (0.4-2) 0.959 / 0.936 / 0.942 / 0.941 (64-code steps: 0.903-0.953 of the hopper_mma time); against the
+    # hopper_mma kernels: DSV3-like T = 96 (3) 0.908, T = 128 (4) 0.992 / 0.974, T = 160 / 192 (5 / 6) 1.075 / 1.204;
+    # K3-like T = 32 / 64 / 96 / 128 / 160 (0.6-2.9) 0.948 / 0.958 / 0.961 / 0.980 / 0.983; with GEMM2 over 4 row
+    # blocks K3-like T = 192 (3.4) 0.947 / 0.950, T = 224 / 256 (4 / 4.6) 1.028 / 1.053; 16-pair blocks 1.18-1.47
+    # (DSV3-like T = 16-256)
     gluon_grouped: int = -1
-    gluon_grouped_pairs: int = 3
+    gluon_grouped_pairs: float = 3.5
     gluon_block_t: int = 8
+    # and their GEMM2 in programs of gluon_blocks2 64-row blocks (0: automatic, grouped_tiles; lowered to a divisor
+    # of H / 64)
+    gluon_blocks2: int = 0
 
 
 def layout_of(layout: Mapping[str, str]) -> str | None:
@@ -648,11 +657,15 @@ _GLUON_PROGRAMS2 = 512
 # fastest on each; 1024-1535 programs were slow on both (DSV3-like T = 2 2 splits 89.0 against 80.7 with 4, T = 4
 # unsplit 156.8 against 141.3 with 2; K3-like T = 6 2 splits 51.7 against 48.7-50.1; K3-like T = 8 2 splits 62.4)
 _GLUON_PROGRAMS1_T = 768
-# and the expert-block kernels' GEMM1 (8-pair blocks; benchmarks/moe_bench.py): in 64-code steps K3-like T = 16
-# (6 row blocks x at most 256 blocks) 2 splits 0.967 of the hopper_mma time against 1.016 unsplit, and from 3072
-# programs on unsplit as fast or faster (K3-like T = 32-96, DSV3-like T = 16-128); in 128-code steps K3-like T = 16
-# 2 splits 0.989 of the default then, unsplit 0.993, and from 3072 programs on unsplit faster than 2 splits
-_GROUPED_PROGRAMS1 = 3072
+# The expert-block kernels' GEMM1 is unsplit unless asked: in 128-code steps (benchmarks/moe_bench.py, three runs)
+# unsplit against 2 K splits K3-like T = 12 0.966 / 0.983 / 0.979, T = 24 0.973 / 0.977 / 0.982, T = 16 1.002 /
+# 1.004, DSV3-like T = 8 0.992; 4 splits 1.018-1.040. Their GEMM2 runs _GROUPED_BLOCKS2 64-row blocks a program
+# where its rows are short (at most 4 K steps) and that still gives _GROUPED_PROGRAMS2 programs over min(E, pairs)
+# blocks: K3-like (3 steps of 128 codes) T = 32 / 64 / 128 4 blocks 0.966 / 0.943 / 0.950 of one, T = 24 0.979 /
+# 0.998, T = 16 0.987 / 1.016, T = 12 1.000 / 1.026 (3584 and 2688 programs); 2 blocks 0.992-1.018, 7 0.960-1.014;
+# DSV3-like (16 steps) 4 blocks 1.015-1.038 at T = 12-32
+_GROUPED_BLOCKS2 = 4
+_GROUPED_PROGRAMS2 = 4096
 
 
 def gluon_tiles(cfg: MoEConfig, H: int, i_pad: int, pairs: int, tokens: int = 1) -> tuple[int, int, int, int]:
@@ -690,44 +703,54 @@ def _check_gluon_knobs(cfg: MoEConfig) -> None:
         raise RuntimeInputError(f"fused_moe_triton: gluon_block_t must be 8 or 16, got {cfg.gluon_block_t}.")
 
 
+def pairs_take(cfg: MoEConfig, T: int, num_pairs: int, E: int) -> bool:
+    """Whether a call of T tokens is the per-pair Gluon kernels' (the device and weights aside:
+    gluon_runnable): up to gluon_max_tokens tokens, and from two tokens pairs under gluon_pair_share x E."""
+    return T <= cfg.gluon_max_tokens and (T == 1 or num_pairs < cfg.gluon_pair_share * E)
+
+
 def grouped_takes(cfg: MoEConfig, T: int, num_pairs: int, E: int) -> bool:
-    """Whether the expert-block Gluon kernels take a call of T tokens past gluon_max_tokens (the
-    device and weights aside: gluon_runnable): gluon_grouped 1, or automatic (-1) at up to
-    gluon_grouped_pairs pairs an expert on average; and the pair blocks fit grid axis 1."""
-    if T <= cfg.gluon_max_tokens or cfg.gluon_grouped == 0:
+    """Whether the expert-block Gluon kernels take a call of T tokens that is not the per-pair
+    kernels' (pairs_take; the device and weights aside: gluon_runnable): gluon_grouped 1, or
+    automatic (-1) at up to gluon_grouped_pairs pairs an expert on average; and the pair blocks fit
+    grid axis 1."""
+    if pairs_take(cfg, T, num_pairs, E) or cfg.gluon_grouped == 0:
         return False
     if num_pairs // cfg.gluon_block_t + min(E, num_pairs) >= 65535:
         return False
     return cfg.gluon_grouped == 1 or num_pairs <= cfg.gluon_grouped_pairs * E
 
 
-def grouped_tiles(cfg: MoEConfig, H: int, i_pad: int, pairs: int, E: int) -> tuple[int, int, int]:
-    """(k1, k2, splits1) of the expert-block kernels: steps of cfg.gluon_k1 (default 128) and gluon_k2
-    codes (64 where K is no multiple), and GEMM1's K splits (cfg.gluon_split1, or the fewest that give
-    its programs over the touched experts' blocks, at most min(E, pairs), the target
-    _GROUPED_PROGRAMS1), lowered to a divisor of the K steps."""
+def grouped_tiles(cfg: MoEConfig, H: int, i_pad: int, pairs: int, E: int) -> tuple[int, int, int, int]:
+    """(k1, k2, splits1, blocks2) of the expert-block kernels: steps of cfg.gluon_k1 (default 128) and
+    gluon_k2 codes (64 where K is no multiple); GEMM1's K splits (cfg.gluon_split1, default 1), lowered
+    to a divisor of the K steps; and GEMM2's 64-row blocks a program (cfg.gluon_blocks2, or
+    _GROUPED_BLOCKS2 where its rows are at most 4 K steps long and its programs over min(E, pairs)
+    blocks still number _GROUPED_PROGRAMS2, else 1), lowered to a divisor of H / 64."""
     _check_gluon_knobs(cfg)
     k1 = cfg.gluon_k1 or 128
     k1 = k1 if H % k1 == 0 else 64
     k2 = cfg.gluon_k2 if i_pad % cfg.gluon_k2 == 0 else 64
-    s1 = cfg.gluon_split1 or triton.cdiv(_GROUPED_PROGRAMS1, i_pad // 64 * min(E, pairs))
-    return k1, k2, _divisor_splits(s1, H // k1)
+    b2 = _divisor_splits(cfg.gluon_blocks2 or _GROUPED_BLOCKS2, H // 64)
+    if not cfg.gluon_blocks2 and (i_pad // k2 > 4 or min(E, pairs) * (H // 64 // b2) < _GROUPED_PROGRAMS2):
+        b2 = 1
+    return k1, k2, _divisor_splits(cfg.gluon_split1 or 1, H // k1), b2
 
 
 def gluon_plan(cfg: MoEConfig, x: torch.Tensor, weights, top_k: int, layout: str) -> tuple[int, int, int, int] | None:
-    """gluon_tiles for this call, or None where the hopper_mma kernels run it: another layout,
-    more than gluon_max_tokens tokens, x not bf16, no CUDA GPU of compute capability 8.0 or more
-    (9.x when automatic), an e8m0 byte above 128 (the one-multiply factor decode), storage not
-    4-byte aligned, no Gluon in this Triton, or cfg.gluon = 0."""
+    """gluon_tiles for this call, or None where other kernels run it: not pairs_take's, another
+    layout, x not bf16, no CUDA GPU of compute capability 8.0 or more (9.x when automatic), an e8m0
+    byte above 128 (the one-multiply factor decode), storage not 4-byte aligned, no Gluon in this
+    Triton, or cfg.gluon = 0."""
     T = x.shape[0]
     tiles = gluon_tiles(cfg, x.shape[1], weights[0].shape[1] // 2, T * top_k, T)  # (a bad knob raises on any device)
-    if T > cfg.gluon_max_tokens or not gluon_runnable(cfg, x, weights, layout):
+    if not pairs_take(cfg, T, T * top_k, weights[0].shape[0]) or not gluon_runnable(cfg, x, weights, layout):
         return None
     return tiles
 
 
 def grouped_plan(cfg: MoEConfig, x: torch.Tensor, weights, top_k: int, layout: str, E: int
-                 ) -> tuple[int, int, int] | None:
+                 ) -> tuple[int, int, int, int] | None:
     """grouped_tiles for this call where the expert-block kernels take it (grouped_takes and
     gluon_runnable), else None."""
     T, H = x.shape
@@ -776,10 +799,10 @@ def _compiled_or_none(run, required: bool):
 
 def _gluon_grouped_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias, act, out,
                            cfg, plan):
-    """The layer in the Gluon kernels on expert blocks with grouped_plan's (k1, k2, splits1): the align
+    """The layer in the Gluon kernels on expert blocks with grouped_plan's (k1, k2, splits1, blocks2): the align
     and the k-sum are the Triton path's; None as _gluon_forward."""
     H, E, top_k = x.shape[1], w13.shape[0], topk_ids.shape[1]
-    k1, k2, splits1 = plan
+    k1, k2, splits1, blocks2 = plan
 
     def k_sum(pair_out):
         _sum_launch(pair_out, topk_ids.contiguous(), out, H, top_k, E, 1)
@@ -788,7 +811,8 @@ def _gluon_grouped_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_i
     tensors = _contiguous(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias)
     return _compiled_or_none(lambda: _gluon_grouped_module().forward(
         *tensors, act, lambda bt: moe_align(topk_ids, E, bt, cfg.align), k_sum, k1=k1, k2=k2,
-        block_t=cfg.gluon_block_t, splits1=splits1), cfg.gluon_grouped == 1 and cfg.gluon == 1)
+        block_t=cfg.gluon_block_t, splits1=splits1, blocks2=blocks2),
+        cfg.gluon_grouped == 1 and cfg.gluon == 1)
 
 
 def _contiguous(*tensors):
