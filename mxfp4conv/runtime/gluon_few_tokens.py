@@ -1,6 +1,7 @@
 """A few tokens' MoE layer over hopper_mma_rot weights in two Gluon kernels with MMA v2 (mma.sync),
 a program per (token, expert) pair: the path of fused_moe_triton for up to gluon_max_tokens bf16
-tokens on NVIDIA GPUs (measured on an H200 against the hopper_mma kernels on the same bytes:
+tokens whose pairs number under gluon_pair_share x the experts (pairs_take) on NVIDIA GPUs
+(measured on an H200 against the hopper_mma kernels and the expert blocks on the same bytes:
 benchmarks/gluon_moe.py, benchmarks/moe_bench.py, docs/performance.md). An expert is read once
 a pair, so this pays while tokens rarely share an expert.
 

@@ -10,7 +10,9 @@ final k-sum.
 On the Hopper layouts one token takes two kernels and a memset instead: no align (one block per
 pair), the split-K activation and the k-sum in the GEMMs' tails (``hopper_options``); and on
 hopper_mma_rot, 1 to 8 bf16 tokens on an sm_90 GPU go to the Gluon kernels of
-``gluon_few_tokens`` (``gluon_plan``), a program per (token, expert) pair.
+``gluon_few_tokens`` (``gluon_plan``), a program per (token, expert) pair, while their pairs
+number under a fifth of the experts, and past that, at up to 3.5 pairs an expert, to those of
+``gluon_grouped`` (``grouped_plan``) on 8-pair expert blocks.
 Two GEMM implementations: tensor-core MMA (swap-AB, weights decoded into the MMA operand) and,
 for decode batches where each touched expert sees about one pair, a path without tensor cores
 (``moe_gemv*_kernel``: the weight tile stays in its load layout, products accumulate
@@ -661,9 +663,9 @@ _GLUON_PROGRAMS1_T = 768
 # unsplit against 2 K splits K3-like T = 12 0.966 / 0.983 / 0.979, T = 24 0.973 / 0.977 / 0.982, T = 16 1.002 /
 # 1.004, DSV3-like T = 8 0.992; 4 splits 1.018-1.040. Their GEMM2 runs _GROUPED_BLOCKS2 64-row blocks a program
 # where its rows are short (at most 4 K steps) and that still gives _GROUPED_PROGRAMS2 programs over min(E, pairs)
-# blocks: K3-like (3 steps of 128 codes) T = 32 / 64 / 128 4 blocks 0.966 / 0.943 / 0.950 of one, T = 24 0.979 /
-# 0.998, T = 16 0.987 / 1.016, T = 12 1.000 / 1.026 (3584 and 2688 programs); 2 blocks 0.992-1.018, 7 0.960-1.014;
-# DSV3-like (16 steps) 4 blocks 1.015-1.038 at T = 12-32
+# blocks: K3-like (3 steps of 128 codes) T = 32 / 64 / 128 4 blocks 0.966 / 0.943 / 0.950 of one, T = 24 (5376
+# programs) 0.979 / 1.002 (two runs), T = 16 (3584) 0.987 / 1.018, T = 12 (2688) 1.000 / 1.027; 2 blocks
+# 0.992-1.018, 7 0.960-1.014; DSV3-like (16 steps) 4 blocks 1.015-1.038 at T = 12-32
 _GROUPED_BLOCKS2 = 4
 _GROUPED_PROGRAMS2 = 4096
 
