@@ -335,9 +335,11 @@ def _sum_launch(pair_out, ids, out, H, top_k, E, splits):
 
 
 # from this many (token, k) pairs on, the align runs over many programs (a memset and two
-# launches) instead of one: the single program costs about 3.4 ns a pair on an H200
-# (223 us for 65536 pairs, docs/performance.md)
-ALIGN_GRID_PAIRS = 4096
+# launches) instead of one: the single program costs about 3.4 ns a pair on an H200 (223 us for
+# 65536 pairs, 13.0 us for 3584; the many-program align 6.5 us for 4096); the layer with it,
+# against one program, K3-like 2048 / 2560 / 3072 / 3584 / 4080 pairs 1.000 / 0.995 / 0.993 /
+# 0.992 / 0.986 (docs/performance.md)
+ALIGN_GRID_PAIRS = 2048
 
 
 def moe_align(topk_ids: torch.Tensor, num_experts: int, block_t: int, grid: int = -1):
