@@ -97,6 +97,19 @@ def test_expert_block_tiles():
     assert grouped_tiles(MoEConfig(gluon_blocks2=7), 7168, 2048, 128, 256)[3] == 7
 
 
+@given(h=st.integers(1, 160), i=st.integers(1, 64), pairs=st.integers(1, 5000), experts=st.integers(1, 1024),
+       k1=st.sampled_from([0, 64, 128]), k2=st.sampled_from([64, 128]), s1=st.integers(0, 40), b2=st.integers(0, 80))
+def test_expert_block_tiles_always_divide_their_loops(h, i, pairs, experts, k1, k2, s1, b2):
+    H, I = 64 * h, 64 * i
+    cfg = MoEConfig(gluon_k1=k1, gluon_k2=k2, gluon_split1=s1, gluon_blocks2=b2)
+    t1, t2, splits, blocks = grouped_tiles(cfg, H, I, pairs, experts)
+    assert t1 == ((k1 or 128) if H % (k1 or 128) == 0 else 64) and t2 == (k2 if I % k2 == 0 else 64)
+    assert (H // t1) % splits == 0 and splits <= max(1, s1)
+    assert (H // 64) % blocks == 0 and blocks <= (b2 or 4)
+    if not b2 and blocks > 1:  # automatic: short GEMM2 rows and programs enough
+        assert I // t2 <= 4 and min(experts, pairs) * (H // 64 // blocks) >= 4096
+
+
 def _hopper_rot_case(T=1, dtype=torch.bfloat16, H=128, I=128, E=4, k=2):
     from mxfp4conv.shuffle import get_layout
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
 from mxfp4conv.runtime.gluon_few_tokens import (_FPTX, _WPTX, A_OP, B_OP, MMA, ROWS, _barrier, _decode, _k_loop,
@@ -153,8 +152,7 @@ def forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w
     """The layer for x [T, H] bf16 (contiguous hopper_mma_rot tensors, scales <= 2): align the pairs
     with align(block_t) -> (sorted_ids, block_expert, num_post_pad, max_blocks), run both GEMMs (GEMM1
     in splits1 K splits, dividing H into whole steps of k1; GEMM2 in programs of blocks2 64-row blocks,
-    dividing H / 64), and return k_sum(pair_out [1, T k, H]),
-    the caller's sum over k."""
+    dividing H / 64), and return k_sum(pair_out [1, T k, H]), the caller's sum over k."""
     E, two_i, _ = w13.shape
     T, H = x.shape
     I = two_i // 2

@@ -119,9 +119,9 @@ class MoEConfig:
     # 0.92 / 0.860 / 0.887 / 0.955, K3-like 0.94 / 0.767 / 0.812 / 0.898; at T = 16 (the earlier plans) 1.106 / 1.069
     gluon_max_tokens: int = 8
     # and from two tokens only while the pairs number under gluon_pair_share x the experts; past that, tokens share
-    # enough experts for the expert blocks below (unsplit), which read each touched expert once, to win: of the
-    # per-pair time (pairs / experts in brackets) DSV3-like T = 8 (0.25) 0.950, T = 7 (0.22) 0.937; against T = 6
-    # (0.19) 1.025, T = 5 1.022; K3-like T = 8 (0.14) 1.115 / 1.053 / 1.081, T = 6 1.129 / 1.047 (K split in two)
+    # enough experts for the expert blocks below, which read each touched expert once, to win. Their time over the
+    # per-pair kernels' (pairs / experts in brackets): DSV3-like T = 8 (0.25) 0.950, T = 7 (0.22) 0.937, T = 6
+    # (0.19) 1.025, T = 5 (0.16) 1.022; K3-like T = 8 (0.14) 1.053-1.115, T = 6 (0.11) 1.047-1.129
     gluon_pair_share: float = 0.2
     # where those do not take a call: the Gluon kernels on expert blocks of gluon_block_t (8 or 16) pairs, their
     # GEMM1 in steps of gluon_k1 codes (0: 128) and gluon_split1 K splits (0: none); gluon_grouped 1 on where they can
