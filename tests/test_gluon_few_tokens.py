@@ -162,6 +162,7 @@ from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon._runtime import GluonASTSource
 from mxfp4conv.runtime import gluon_few_tokens, gluon_grouped
 
+SHAPE_ARGS = {"K", "N", "I", "K_SPLIT"}
 TYPES = {"x_ptr": "*bf16", "ids_ptr": "*i32", "b_ptr": "*fp32", "inter_ptr": "*bf16", "part_ptr": "*fp32",
          "tw_ptr": "*fp32", "out_ptr": "*bf16", "pair_out_ptr": "*bf16", "p0": "fp32", "p1": "fp32"}
 TOOL = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
@@ -170,7 +171,9 @@ for name, consts in json.loads(sys.argv[1]):
     fn = getattr(gluon_few_tokens if name.startswith("few_") else gluon_grouped, name)
     sig = {n: "constexpr" if n in consts else TYPES.get(n, "*i32" if n.endswith("_ptr") else "i32")
            for n in fn.arg_names}
-    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(sig) if n.endswith("_ptr")}
+    # as a launch specialises them: pointers from torch are 16-byte aligned, and the shape arguments (H_pad, I_pad
+    # and whole K splits of them) are multiples of 64
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(sig) if n.endswith("_ptr") or n in SHAPE_ARGS}
     kernel = triton.compile(GluonASTSource(fn, sig, constexprs=consts, attrs=attrs),
                             target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4))
     with tempfile.TemporaryDirectory() as tmp:
@@ -244,12 +247,6 @@ def test_kernels_compile_for_sm90_without_spills(compiled, variant):
     assert ("ACQBULK" in compiled[(variant, "few_gemm2")][0]) == bool(pdl)
 
 
-# bytes of stack ptxas keeps: none, except in 8-pair GEMM2 with 128-code steps over one row block a program (DSV3-like
-# rows), where it keeps a few pointers there at 72 registers (triton 3.6: 16 bytes, 3 local loads a K step; 3.9: 24);
-# its loop over several row blocks keeps none
-STACK_ALLOWED = {("grp_gemm2", 8, 2, 1): 24}
-
-
 @pytest.mark.skipif(not _tools_available(), reason="this Triton has no Gluon or ships no NVIDIA tools")
 @pytest.mark.parametrize("bt, kb, splits, blocks", GROUPED)
 def test_expert_block_kernels_compile_for_sm90_without_spills(compiled, bt, kb, splits, blocks):
@@ -257,10 +254,8 @@ def test_expert_block_kernels_compile_for_sm90_without_spills(compiled, bt, kb, 
     key = (bt, kb, splits, blocks)
     for kernel, matrices in (("grp_gemm1", 2), ("grp_gemm2", 1)):
         sass, res = compiled[(key, kernel)]
-        allowed = STACK_ALLOWED.get((kernel, bt, kb, blocks), 0)
-        assert int(re.search(r"STACK:(\d+)", res).group(1)) <= allowed, f"{kernel}: {res}"
-        if not allowed:
-            assert "LDL" not in sass and "STL" not in sass, kernel
+        assert re.search(r"STACK:0\b", res), f"{kernel}: {res}"  # nothing spilled to local memory
+        assert "LDL" not in sass and "STL" not in sass, kernel
         assert len(re.findall(r"HMMA\.16816\.F32\.BF16", sass)) >= matrices * KB_STEPS[kb] * (bt // 8), kernel
     # GEMM1's K splits: the last split of a tile counts its arrival with one atomic add
     assert ("ATOMG.E.ADD" in compiled[(key, "grp_gemm1")][0]) == (splits > 1)
