@@ -105,9 +105,10 @@ def test_expert_block_tiles_always_divide_their_loops(h, i, pairs, experts, k1, 
     t1, t2, splits, blocks = grouped_tiles(cfg, H, I, pairs, experts)
     assert t1 == ((k1 or 128) if H % (k1 or 128) == 0 else 64) and t2 == (k2 if I % k2 == 0 else 64)
     assert (H // t1) % splits == 0 and splits <= max(1, s1)
-    assert (H // 64) % blocks == 0 and blocks <= (b2 or 4)
+    assert (H // 64) % blocks == 0 and blocks <= (b2 or triton_moe._GROUPED_BLOCKS2)
     if not b2 and blocks > 1:  # automatic: short GEMM2 rows and programs enough
-        assert I // t2 <= 4 and min(experts, pairs) * (H // 64 // blocks) >= 4096
+        assert I // t2 <= triton_moe._GROUPED_SHORT_STEPS
+        assert min(experts, pairs) * (H // 64 // blocks) >= triton_moe._GROUPED_PROGRAMS2
 
 
 def _hopper_rot_case(T=1, dtype=torch.bfloat16, H=128, I=128, E=4, k=2):

@@ -664,11 +664,12 @@ _GLUON_PROGRAMS1_T = 768
 # The expert-block kernels' GEMM1 is unsplit unless asked: in 128-code steps (benchmarks/moe_bench.py, three runs)
 # unsplit against 2 K splits K3-like T = 12 0.966 / 0.983 / 0.979, T = 24 0.973 / 0.977 / 0.982, T = 16 1.002 /
 # 1.004, DSV3-like T = 8 0.992; 4 splits 1.018-1.040. Their GEMM2 runs _GROUPED_BLOCKS2 64-row blocks a program
-# where its rows are short (at most 4 K steps) and that still gives _GROUPED_PROGRAMS2 programs over min(E, pairs)
-# blocks: K3-like (3 steps of 128 codes) T = 32 / 64 / 128 4 blocks 0.966 / 0.943 / 0.950 of one, T = 24 (5376
-# programs) 0.979 / 1.002 (two runs), T = 16 (3584) 0.987 / 1.018, T = 12 (2688) 1.000 / 1.027; 2 blocks
-# 0.992-1.018, 7 0.960-1.014; DSV3-like (16 steps) 4 blocks 1.015-1.038 at T = 12-32
+# where its rows are short (at most _GROUPED_SHORT_STEPS K steps) and that still gives _GROUPED_PROGRAMS2 programs
+# over min(E, pairs) blocks: K3-like (3 steps of 128 codes) T = 32 / 64 / 128 4 blocks 0.966 / 0.943 / 0.950 of
+# one, T = 24 (5376 programs) 0.979 / 1.002 (two runs), T = 16 (3584) 0.987 / 1.018, T = 12 (2688) 1.000 / 1.027;
+# 2 blocks 0.992-1.018, 7 0.960-1.014; DSV3-like (16 steps) 4 blocks 1.015-1.038 at T = 12-32
 _GROUPED_BLOCKS2 = 4
+_GROUPED_SHORT_STEPS = 4
 _GROUPED_PROGRAMS2 = 4096
 
 
@@ -729,14 +730,15 @@ def grouped_tiles(cfg: MoEConfig, H: int, i_pad: int, pairs: int, E: int) -> tup
     """(k1, k2, splits1, blocks2) of the expert-block kernels: steps of cfg.gluon_k1 (default 128) and
     gluon_k2 codes (64 where K is no multiple); GEMM1's K splits (cfg.gluon_split1, default 1), lowered
     to a divisor of the K steps; and GEMM2's 64-row blocks a program (cfg.gluon_blocks2, or
-    _GROUPED_BLOCKS2 where its rows are at most 4 K steps long and its programs over min(E, pairs)
-    blocks still number _GROUPED_PROGRAMS2, else 1), lowered to a divisor of H / 64."""
+    _GROUPED_BLOCKS2 where its rows are at most _GROUPED_SHORT_STEPS K steps long and its programs over
+    min(E, pairs) blocks still number _GROUPED_PROGRAMS2, else 1), lowered to a divisor of H / 64."""
     _check_gluon_knobs(cfg)
     k1 = cfg.gluon_k1 or 128
     k1 = k1 if H % k1 == 0 else 64
     k2 = cfg.gluon_k2 if i_pad % cfg.gluon_k2 == 0 else 64
     b2 = _divisor_splits(cfg.gluon_blocks2 or _GROUPED_BLOCKS2, H // 64)
-    if not cfg.gluon_blocks2 and (i_pad // k2 > 4 or min(E, pairs) * (H // 64 // b2) < _GROUPED_PROGRAMS2):
+    if not cfg.gluon_blocks2 and (i_pad // k2 > _GROUPED_SHORT_STEPS
+                                  or min(E, pairs) * (H // 64 // b2) < _GROUPED_PROGRAMS2):
         b2 = 1
     return k1, k2, _divisor_splits(cfg.gluon_split1 or 1, H // k1), b2
 
