@@ -30,7 +30,7 @@ from mxfp4conv.codec import dequantize_mxfp4
 
 from mxfp4conv.runtime.triton_moe import (ALIGN_GRID_PAIRS, HOPPER_SETS, LAYOUT_SETS, fused_moe_triton, gluon_plan,
                                           grouped_plan, grouped_takes, hopper_options, pairs_take, select_config,
-                                          uses_gemv)
+                                          sum2_by_kernel, uses_gemv)
 from mxfp4conv.shuffle import get_layout
 
 
@@ -198,6 +198,10 @@ def hopper_variants(T, H, I, k, E):
                                                 gluon_split2=2)))
         out.append(("split", dataclasses.replace(default, gluon=1, gluon_split1=16, gluon_split2=4)))
         out.append(("nopdl", dataclasses.replace(default, gluon=1, gluon_pdl=0)))
+        # GEMM2's sum over k in its last programs, and in the k-sum kernel after it (also after its K splits)
+        out.append(("sum2", dataclasses.replace(default, gluon=1, gluon_sum2=1)))
+        out.append(("sum2", dataclasses.replace(default, gluon=1, gluon_sum2=0)))
+        out.append(("sum2", dataclasses.replace(default, gluon=1, gluon_sum2=0, gluon_split2=2)))
     else:  # the Gluon kernels on expert blocks: where the default takes them, the variants above on the hopper_mma
         # kernels; and 16-pair blocks, 8-pair ones of 64-code steps, and 4 K splits of GEMM1, forced on
         if grouped_takes(default, T, T * k, E):
@@ -265,7 +269,8 @@ def main() -> int:
             if blocks:
                 path = f"gluon grouped bt{cfg.gluon_block_t} k{blocks[0]}/{blocks[1]} s{blocks[2]} b{blocks[3]}"
             elif plan:
-                path = f"gluon k{plan[0]}/{plan[1]} s{plan[2]}/{plan[3]}{f' pdl{cfg.gluon_pdl}' if cfg.gluon_pdl else ''}"
+                path = (f"gluon k{plan[0]}/{plan[1]} s{plan[2]}/{plan[3]}{f' pdl{cfg.gluon_pdl}' if cfg.gluon_pdl else ''}"
+                        f"{' ksum' if sum2_by_kernel(cfg, I, plan) else ''}")
             else:
                 path = path_name(cfg, T, k, E, dtype, layout)
             label = f"{name} [{path}{' splitK' if vname == 'split' else ''}]"

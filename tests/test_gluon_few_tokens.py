@@ -19,7 +19,7 @@ from hypothesis import given, strategies as st
 from mxfp4conv.errors import RuntimeInputError
 from mxfp4conv.runtime import triton_moe
 from mxfp4conv.runtime.triton_moe import (MoEConfig, fused_moe_triton, gluon_plan, gluon_tiles, grouped_takes,
-                                          grouped_tiles, pairs_take, select_config)
+                                          grouped_tiles, pairs_take, select_config, sum2_by_kernel)
 
 
 def test_tiles_of_the_measured_layers():
@@ -52,6 +52,20 @@ def test_tiles_always_cover_k_in_whole_steps(h, i, top_k, tokens, k1, k2, s1, s2
             assert splits <= wanted
             # the largest such divisor
             assert all((K // step) % s for s in range(splits + 1, min(wanted, K // step) + 1))
+
+
+def test_sum_over_k_in_the_k_sum_kernel_where_measured_faster():
+    # automatic: short GEMM2 rows and both GEMMs unsplit (K3-like T = 8); the sum in GEMM2 where GEMM1 is split
+    # (K3-like T = 1-6) or the rows are long (DSV3-like, also unsplit at T = 3 / 6)
+    def by_kernel(H, I, k, T, **knobs):
+        cfg = MoEConfig(**knobs)
+        return sum2_by_kernel(cfg, I, gluon_tiles(cfg, H, I, k * T, T))
+    assert [by_kernel(3584, 384, 16, T) for T in (1, 2, 4, 6, 8)] == [False, False, False, False, True]
+    assert not any(by_kernel(7168, 2048, 8, T) for T in (1, 3, 6))
+    assert not by_kernel(3584, 384, 16, 8, gluon_split2=3)  # GEMM2's K splits: their arrivals are counted anyway
+    assert by_kernel(7168, 2048, 8, 1, gluon_sum2=0) and not by_kernel(3584, 384, 16, 8, gluon_sum2=1)
+    with pytest.raises(RuntimeInputError, match="gluon_sum2 must be -1, 0 or 1"):
+        by_kernel(3584, 384, 16, 8, gluon_sum2=2)
 
 
 @pytest.mark.parametrize("knob", ["gluon_k1", "gluon_k2"])
@@ -199,8 +213,8 @@ def _tools_available() -> bool:
 
 ACTS = {"silu+limit": (triton_moe._ACT_IDS["silu"], True, False), "situ": (triton_moe._ACT_IDS["situ"], False, True),
         "swigluoai": (triton_moe._ACT_IDS["swigluoai"], False, False)}
-# activation, KB, splits, bias, PDL
-VARIANTS = [("silu+limit", 1, 4, False, 0), ("situ", 2, 1, False, 1), ("swigluoai", 1, 8, True, 2)]
+# activation, KB, splits, bias, PDL, GEMM2's sum over k (in its last program or after it)
+VARIANTS = [("silu+limit", 1, 4, False, 0, True), ("situ", 2, 1, False, 1, False), ("swigluoai", 1, 8, True, 2, True)]
 KB_STEPS = {1: 4, 2: 8}  # m16n8k16 MMAs a warp's 16-row slab takes for a 64 KB-code K step
 
 
@@ -213,11 +227,11 @@ def compiled():
     """{(variant, kernel): (SASS, resource usage)} of both kernels in every VARIANTS configuration."""
     jobs, keys = [], []
     for variant in VARIANTS:
-        act, kb, splits, bias, pdl = variant
+        act, kb, splits, bias, pdl, sum2 = variant
         a, limit, linear = ACTS[act]
         jobs.append(("few_gemm1", dict(KB=kb, ACT=a, HAS_LIMIT=limit, HAS_LINEAR=linear, HAS_BIAS=bias, SPLITS=splits,
                                        PDL=pdl)))
-        jobs.append(("few_gemm2", dict(KB=kb, HAS_BIAS=bias, SPLITS=splits, PDL=bool(pdl))))
+        jobs.append(("few_gemm2", dict(KB=kb, HAS_BIAS=bias, SPLITS=splits, PDL=bool(pdl), SUM=sum2)))
         keys += [(variant, "few_gemm1"), (variant, "few_gemm2")]
     for bt, kb, splits, blocks in GROUPED:
         jobs.append(("grp_gemm1", dict(KB=kb, BT=bt, ACT=ACTS["situ"][0], HAS_LIMIT=False, HAS_LINEAR=True,
@@ -246,6 +260,8 @@ def test_kernels_compile_for_sm90_without_spills(compiled, variant):
     # programmatic dependent launch: GEMM1 releases GEMM2 (PDL 1 or 2), GEMM2 waits for GEMM1's output
     pdl = variant[4]
     assert ("ACQBULK" in compiled[(variant, "few_gemm2")][0]) == bool(pdl)
+    # the sum over k in GEMM2: each program counts its arrival with one atomic add; without it, none
+    assert ("ATOMG.E.ADD" in compiled[(variant, "few_gemm2")][0]) == variant[5]
 
 
 @pytest.mark.skipif(not _tools_available(), reason="this Triton has no Gluon or ships no NVIDIA tools")

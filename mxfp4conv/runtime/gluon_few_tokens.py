@@ -217,11 +217,13 @@ def few_gemm1(w_ptr, s_ptr, x_ptr, ids_ptr, b_ptr, inter_ptr, part_ptr, cnt_ptr,
 
 @gluon.jit
 def few_gemm2(w_ptr, s_ptr, inter_ptr, ids_ptr, b_ptr, tw_ptr, part_ptr, cnt_ptr, out_ptr, K, N, K_SPLIT, TOP_K,
-              KB: gl.constexpr, HAS_BIAS: gl.constexpr, SPLITS: gl.constexpr, PDL: gl.constexpr):
+              KB: gl.constexpr, HAS_BIAS: gl.constexpr, SPLITS: gl.constexpr, PDL: gl.constexpr,
+              SUM: gl.constexpr):
     """out[t, rows] = sum over token t's pairs j of tw[j] * (w2[e_j] rows . inter[j] + b2[e_j] rows),
-    rows [64 rb, 64 rb + 64): the last of the TOP_K x SPLITS programs of a token's row block sums
-    their partials, pairs then splits in index order (the bias in split 0's). PDL: launched as a
-    programmatic dependent of GEMM1, whose output is waited for after the first weight loads."""
+    rows [64 rb, 64 rb + 64): with SUM the last of the TOP_K x SPLITS programs of a token's row block
+    sums their partials, pairs then splits in index order (the bias in split 0's); without, each
+    program only stores its partial (the caller sums them). PDL: launched as a programmatic
+    dependent of GEMM1, whose output is waited for after the first weight loads."""
     rb, j, sp, e, w_ptr, s_ptr = _program(w_ptr, s_ptr, ids_ptr, N, K)
     npair = gl.num_programs(1)
     rows = rb * 64 + gl.arange(0, 64, layout=ROWS)
@@ -235,6 +237,14 @@ def few_gemm2(w_ptr, s_ptr, inter_ptr, ids_ptr, b_ptr, tw_ptr, part_ptr, cnt_ptr
                 v += gl.load(b_ptr + e * N + rows).to(gl.float32)
         v = v * gl.load(tw_ptr + j).to(gl.float32)
     gl.store(part_ptr + (sp * npair + j) * N + rows, v)
+    if SUM:
+        _k_sum(part_ptr, cnt_ptr, out_ptr, j, rb, rows, npair, N, TOP_K, SPLITS)
+
+
+@gluon.jit
+def _k_sum(part_ptr, cnt_ptr, out_ptr, j, rb, rows, npair, N, TOP_K, SPLITS: gl.constexpr):
+    """The arrival of pair j's partial of row block rb; the last of its token's TOP_K x SPLITS sums
+    them, pairs then splits in index order, into out."""
     _barrier()
     t = j // TOP_K
     if _arrive(cnt_ptr + t * gl.num_programs(0) + rb, TOP_K * SPLITS):
@@ -252,12 +262,13 @@ def _words(t: torch.Tensor) -> torch.Tensor:
 
 
 def forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias, act, out, *,
-            k1: int, k2: int, splits1: int, splits2: int, pdl: int = 0) -> torch.Tensor:
+            k1: int, k2: int, splits1: int, splits2: int, pdl: int = 0, k_sum=None) -> torch.Tensor:
     """out [T, H] bf16 = the layer for a few tokens x [T, H] bf16, programs per (token, expert) pair
     (contiguous hopper_mma_rot tensors, scales <= 2; k1 / k2 codes a K step of GEMM1 / GEMM2, 64 or
     128, splits dividing H / I into whole steps; the caller checks these; pdl: 0, or GEMM2 launched as
     a programmatic dependent of GEMM1 from the start (1) or the end of GEMM1's K loops (2), where
-    Triton has it)."""
+    Triton has it; k_sum: None, GEMM2's last program of a token's row block sums it, or a callable
+    that sums GEMM2's fp32 partials [splits2, pairs, H] into out)."""
     E, two_i, _ = w13.shape
     H, I = x.shape[1], two_i // 2
     T, k = topk_ids.shape
@@ -266,7 +277,8 @@ def forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w
     inter = torch.empty(pairs, I, dtype=torch.bfloat16, device=dev)
     part1 = torch.empty(splits1, pairs, 2, I, dtype=torch.float32, device=dev)
     part2 = torch.empty(splits2, pairs, H, dtype=torch.float32, device=dev)
-    cnt = torch.zeros(pairs * (I // 64) + T * (H // 64), dtype=torch.int32, device=dev)
+    counters = pairs * (I // 64) * (splits1 > 1) + T * (H // 64) * (k_sum is None)  # arrivals to count
+    cnt = torch.zeros(counters, dtype=torch.int32, device=dev) if counters else inter
     ids = topk_ids.reshape(-1)
     tw = topk_weights.reshape(-1)
     few_gemm1[(I // 64, pairs, splits1)](
@@ -275,7 +287,7 @@ def forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w
         HAS_LINEAR=act["HAS_LINEAR"], HAS_BIAS=w13_bias is not None, SPLITS=splits1, PDL=pdl, num_warps=4)
     few_gemm2[(H // 64, pairs, splits2)](
         _words(w2), _words(w2_scale), inter, ids, w2_bias if w2_bias is not None else part2, tw, part2,
-        cnt[pairs * (I // 64):], out, I, H, I // splits2, k, KB=k2 // 64, HAS_BIAS=w2_bias is not None,
-        SPLITS=splits2, PDL=bool(pdl), num_warps=4,
+        cnt[pairs * (I // 64) * (splits1 > 1):], out, I, H, I // splits2, k, KB=k2 // 64,
+        HAS_BIAS=w2_bias is not None, SPLITS=splits2, PDL=bool(pdl), SUM=k_sum is None, num_warps=4,
         **({"launch_pdl": True} if pdl else {}))
-    return out
+    return out if k_sum is None else k_sum(part2)

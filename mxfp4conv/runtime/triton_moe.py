@@ -115,6 +115,10 @@ class MoEConfig:
     # (2: 0.970-0.985 / 0.951-0.962 of the time without, DSV3- / K3-like, T = 1), from its start
     # (1: 1.027-1.034 / 0.987-0.992), or not (0)
     gluon_pdl: int = 2
+    # and the sum over a token's pairs in GEMM2's last program of each of its row blocks (1), or in the Triton k-sum
+    # kernel launched after GEMM2 over its fp32 partials (0: GEMM2 counts no arrivals), or automatic (-1:
+    # sum2_by_kernel)
+    gluon_sum2: int = -1
     # they read an expert's weights once a pair: of the hopper_mma kernels' time at T = 1 / 2 / 4 / 8, DSV3-like
     # 0.92 / 0.860 / 0.887 / 0.955, K3-like 0.94 / 0.767 / 0.812 / 0.898; at T = 16 (the earlier plans) 1.106 / 1.069
     gluon_max_tokens: int = 8
@@ -404,7 +408,7 @@ def fused_moe_triton(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, *,
         plan = gluon_plan(cfg, x, weights, top_k, layout)
         if plan is not None:
             done = _gluon_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias,
-                                  act, out, plan, cfg.gluon == 1, cfg.gluon_pdl)
+                                  act, out, plan, cfg.gluon == 1, cfg.gluon_pdl, sum2_by_kernel(cfg, i_pad, plan))
             if done is not None:
                 return done
         elif (blocks := grouped_plan(cfg, x, weights, topk_ids.shape[1], layout, E)) is not None:
@@ -688,6 +692,18 @@ def gluon_tiles(cfg: MoEConfig, H: int, i_pad: int, pairs: int, tokens: int = 1)
     return k1, k2, s1, _divisor_splits(s2, i_pad // k2)
 
 
+def sum2_by_kernel(cfg: MoEConfig, i_pad: int, plan: tuple[int, int, int, int]) -> bool:
+    """Whether the per-pair GEMM2's sum over k runs in the Triton k-sum kernel after it (cfg.gluon_sum2 0; 1: in
+    GEMM2's last programs), automatically where GEMM2's rows are at most _GROUPED_SHORT_STEPS K steps and neither GEMM
+    is split (gluon_tiles' plan): then no arrival is counted and no counter cleared. On an H200, against the sum in
+    GEMM2 (two runs): K3-like T = 8 (3 steps, unsplit) 0.979 / 0.980; where it is not taken, K3-like T = 1 / 2 / 4 / 6
+    1.025-1.040 / 1.006-1.009 / 0.987-0.998 / 1.001-1.004 (GEMM1 split), DSV3-like (16 steps) T = 1-6 1.021-1.047."""
+    if cfg.gluon_sum2 >= 0:
+        return cfg.gluon_sum2 == 0
+    _, k2, splits1, splits2 = plan
+    return i_pad // k2 <= _GROUPED_SHORT_STEPS and splits1 == 1 and splits2 == 1
+
+
 def gemm1_splits(programs: int, steps: int, tokens: int) -> int:
     """The per-pair GEMM1's automatic K splits for `programs` programs unsplit and `steps` K steps: at
     one token the fewest giving _GLUON_PROGRAMS1 programs; from two tokens the fewest giving
@@ -704,6 +720,8 @@ def _check_gluon_knobs(cfg: MoEConfig) -> None:
     for name, k in (("gluon_k1", cfg.gluon_k1), ("gluon_k2", cfg.gluon_k2)):
         if k not in (64, 128) and not (name == "gluon_k1" and k == 0):
             raise RuntimeInputError(f"fused_moe_triton: {name} must be 64 or 128, got {k}.")
+    if cfg.gluon_sum2 not in (-1, 0, 1):
+        raise RuntimeInputError(f"fused_moe_triton: gluon_sum2 must be -1, 0 or 1, got {cfg.gluon_sum2}.")
     if cfg.gluon_block_t not in (8, 16):
         raise RuntimeInputError(f"fused_moe_triton: gluon_block_t must be 8 or 16, got {cfg.gluon_block_t}.")
 
@@ -779,14 +797,20 @@ def gluon_runnable(cfg: MoEConfig, x: torch.Tensor, weights, layout: str) -> boo
 
 
 def _gluon_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias, act, out, plan,
-                   required, pdl=0):
+                   required, pdl=0, by_kernel=False):
     """The layer in the few-token Gluon kernels; None (the caller runs the hopper_mma kernels) where
     they fail to compile and were not required: a Triton whose Gluon differs from the one they were
-    written for. The failure is warned about once."""
+    written for. The failure is warned about once. by_kernel: the sum over k in the k-sum kernel."""
     k1, k2, s1, s2 = plan
     tensors = _contiguous(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias)
+
+    def k_sum(part2):
+        _sum_launch(part2, tensors[6], out, x.shape[1], topk_ids.shape[1], w13.shape[0], s2)
+        return out
+
     return _compiled_or_none(lambda: _gluon_module().forward(*tensors, act, out, k1=k1, k2=k2, splits1=s1, splits2=s2,
-                                                             pdl=pdl if HK.HAS_GDC else 0), required)
+                                                             pdl=pdl if HK.HAS_GDC else 0,
+                                                             k_sum=k_sum if by_kernel else None), required)
 
 
 def _compiled_or_none(run, required: bool):
