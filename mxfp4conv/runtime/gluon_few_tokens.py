@@ -13,7 +13,8 @@ against the hopper kernel's 395 at 117.
 GEMM1: a program per (64-row block of gate and of up, pair, K split); the last split of a tile to
 arrive sums the fp32 partials in split order and applies the bias and the activation. GEMM2: a
 program per (64-row block, pair, K split); the last of a token's row block's top_k x splits
-programs sums their weighted partials, pairs then splits in index order, and writes its output row.
+programs sums their weighted partials, pairs then splits in index order, and writes its output row
+(or, where the caller asks, each program only stores its partial and the k-sum kernel sums them).
 Every sum is taken in a fixed order, so results are deterministic. A pair whose expert id is negative (not on
 this rank) contributes nothing.
 
