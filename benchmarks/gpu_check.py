@@ -202,6 +202,7 @@ def hopper_variants(T, H, I, k, E):
         out.append(("sum2", dataclasses.replace(default, gluon=1, gluon_sum2=1)))
         out.append(("sum2", dataclasses.replace(default, gluon=1, gluon_sum2=0)))
         out.append(("sum2", dataclasses.replace(default, gluon=1, gluon_sum2=0, gluon_split2=2)))
+        out.append(("frag", dataclasses.replace(default, gluon=1, gluon_frag=1 - default.gluon_frag)))
     else:  # the Gluon kernels on expert blocks: where the default takes them, the variants above on the hopper_mma
         # kernels; and 16-pair blocks, 8-pair ones of 64-code steps, and 4 K splits of GEMM1, forced on
         if grouped_takes(default, T, T * k, E):
@@ -214,6 +215,8 @@ def hopper_variants(T, H, I, k, E):
         out.append(("grouped", dataclasses.replace(default, gluon=1, gluon_grouped=1, gluon_block_t=8, gluon_blocks2=1)))
         out.append(("grouped", dataclasses.replace(default, gluon=1, gluon_grouped=1, gluon_block_t=16, gluon_k2=64,
                                                    gluon_blocks2=7)))
+        # the intermediate rows in the other order (fragment order, or plain)
+        out.append(("grouped", dataclasses.replace(default, gluon=1, gluon_grouped=1, gluon_frag=1 - default.gluon_frag)))
         if T <= 16:  # and the per-pair ones on more tokens than they take by default
             out.append(("gluon", dataclasses.replace(default, gluon=1, gluon_max_tokens=16, gluon_pair_share=1e9)))
     return out
@@ -267,10 +270,11 @@ def main() -> int:
             plan = gluon_plan(cfg, xin, weights, k, layout) if layout in HOPPER_SETS else None
             blocks = grouped_plan(cfg, xin, weights, k, layout, E) if layout in HOPPER_SETS else None
             if blocks:
-                path = f"gluon grouped bt{cfg.gluon_block_t} k{blocks[0]}/{blocks[1]} s{blocks[2]} b{blocks[3]}"
+                path = (f"gluon grouped bt{cfg.gluon_block_t} k{blocks[0]}/{blocks[1]} s{blocks[2]} b{blocks[3]}"
+                        f"{'' if cfg.gluon_frag else ' plainrows'}")
             elif plan:
                 path = (f"gluon k{plan[0]}/{plan[1]} s{plan[2]}/{plan[3]}{f' pdl{cfg.gluon_pdl}' if cfg.gluon_pdl else ''}"
-                        f"{' ksum' if sum2_by_kernel(cfg, I, plan) else ''}")
+                        f"{' ksum' if sum2_by_kernel(cfg, I, plan) else ''}{'' if cfg.gluon_frag else ' plainrows'}")
             else:
                 path = path_name(cfg, T, k, E, dtype, layout)
             label = f"{name} [{path}{' splitK' if vname == 'split' else ''}]"

@@ -54,6 +54,11 @@ def test_tiles_always_cover_k_in_whole_steps(h, i, top_k, tokens, k1, k2, s1, s2
             assert all((K // step) % s for s in range(splits + 1, min(wanted, K // step) + 1))
 
 
+def test_bad_gluon_frag_is_a_clear_error():
+    with pytest.raises(RuntimeInputError, match="gluon_frag must be 0 or 1"):
+        gluon_tiles(MoEConfig(gluon_frag=2), 7168, 2048, 8)
+
+
 def test_sum_over_k_in_the_k_sum_kernel_where_measured_faster():
     # automatic: short GEMM2 rows and both GEMMs unsplit (K3-like T = 8); the sum in GEMM2 where GEMM1 is split
     # (K3-like T = 1-6) or the rows are long (DSV3-like, also unsplit at T = 3 / 6)
@@ -213,13 +218,16 @@ def _tools_available() -> bool:
 
 ACTS = {"silu+limit": (triton_moe._ACT_IDS["silu"], True, False), "situ": (triton_moe._ACT_IDS["situ"], False, True),
         "swigluoai": (triton_moe._ACT_IDS["swigluoai"], False, False)}
-# activation, KB, splits, bias, PDL, GEMM2's sum over k (in its last program or after it)
-VARIANTS = [("silu+limit", 1, 4, False, 0, True), ("situ", 2, 1, False, 1, False), ("swigluoai", 1, 8, True, 2, True)]
+# activation, KB, splits, bias, PDL, GEMM2's sum over k (in its last program or after it), intermediate rows in
+# fragment order (GEMM2's B operand in 16-byte words)
+VARIANTS = [("silu+limit", 1, 4, False, 0, True, True), ("situ", 2, 1, False, 1, False, True),
+            ("swigluoai", 1, 8, True, 2, True, False), ("silu+limit", 2, 1, False, 2, False, False)]
 KB_STEPS = {1: 4, 2: 8}  # m16n8k16 MMAs a warp's 16-row slab takes for a 64 KB-code K step
 
 
-# the expert-block kernels: pairs a block, KB, GEMM1's K splits, GEMM2's 64-row blocks a program
-GROUPED = [(8, 2, 1, 1), (8, 2, 2, 4), (8, 1, 1, 1), (8, 1, 4, 2), (16, 2, 1, 7)]
+# the expert-block kernels: pairs a block, KB, GEMM1's K splits, GEMM2's 64-row blocks a program, rows in fragment order
+GROUPED = [(8, 2, 1, 1, True), (8, 2, 2, 4, True), (8, 1, 1, 1, False), (8, 1, 4, 2, True), (16, 2, 1, 7, True),
+           (8, 2, 1, 4, False)]
 
 
 @pytest.fixture(scope="module")
@@ -227,17 +235,17 @@ def compiled():
     """{(variant, kernel): (SASS, resource usage)} of both kernels in every VARIANTS configuration."""
     jobs, keys = [], []
     for variant in VARIANTS:
-        act, kb, splits, bias, pdl, sum2 = variant
+        act, kb, splits, bias, pdl, sum2, frag = variant
         a, limit, linear = ACTS[act]
         jobs.append(("few_gemm1", dict(KB=kb, ACT=a, HAS_LIMIT=limit, HAS_LINEAR=linear, HAS_BIAS=bias, SPLITS=splits,
-                                       PDL=pdl)))
-        jobs.append(("few_gemm2", dict(KB=kb, HAS_BIAS=bias, SPLITS=splits, PDL=bool(pdl), SUM=sum2)))
+                                       PDL=pdl, FRAG=kb if frag else 0)))
+        jobs.append(("few_gemm2", dict(KB=kb, HAS_BIAS=bias, SPLITS=splits, PDL=bool(pdl), SUM=sum2, FRAG=frag)))
         keys += [(variant, "few_gemm1"), (variant, "few_gemm2")]
-    for bt, kb, splits, blocks in GROUPED:
+    for bt, kb, splits, blocks, frag in GROUPED:
         jobs.append(("grp_gemm1", dict(KB=kb, BT=bt, ACT=ACTS["situ"][0], HAS_LIMIT=False, HAS_LINEAR=True,
-                                       HAS_BIAS=True, SPLITS=splits)))
-        jobs.append(("grp_gemm2", dict(KB=kb, BT=bt, HAS_BIAS=True, BLOCKS=blocks)))
-        keys += [((bt, kb, splits, blocks), "grp_gemm1"), ((bt, kb, splits, blocks), "grp_gemm2")]
+                                       HAS_BIAS=True, SPLITS=splits, FRAG=kb if frag else 0)))
+        jobs.append(("grp_gemm2", dict(KB=kb, BT=bt, HAS_BIAS=True, BLOCKS=blocks, FRAG=frag)))
+        keys += [((bt, kb, splits, blocks, frag), "grp_gemm1"), ((bt, kb, splits, blocks, frag), "grp_gemm2")]
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                          env.get("PYTHONPATH", "")])
@@ -262,13 +270,19 @@ def test_kernels_compile_for_sm90_without_spills(compiled, variant):
     assert ("ACQBULK" in compiled[(variant, "few_gemm2")][0]) == bool(pdl)
     # the sum over k in GEMM2: each program counts its arrival with one atomic add; without it, none
     assert ("ATOMG.E.ADD" in compiled[(variant, "few_gemm2")][0]) == variant[5]
+    # the B operand from rows in fragment order: a lane's 16 KB codes of a step in KB 16-byte loads beside the
+    # weights' KB (in the loop and the first step's); no shuffle through shared memory (the one shared word is the
+    # arrival count's, with the sum in GEMM2)
+    sass = compiled[(variant, "few_gemm2")][0]
+    assert (len(re.findall(r"LDG\.E\.128", sass)) >= 4 * kb) == variant[6]
+    assert len(re.findall(r"\bLDS\b|\bSTS\b", sass)) <= (2 if variant[5] else 0)
 
 
 @pytest.mark.skipif(not _tools_available(), reason="this Triton has no Gluon or ships no NVIDIA tools")
-@pytest.mark.parametrize("bt, kb, splits, blocks", GROUPED)
-def test_expert_block_kernels_compile_for_sm90_without_spills(compiled, bt, kb, splits, blocks):
+@pytest.mark.parametrize("bt, kb, splits, blocks, frag", GROUPED)
+def test_expert_block_kernels_compile_for_sm90_without_spills(compiled, bt, kb, splits, blocks, frag):
     # a warp's slab: (64 KB / 16) m16n8k16 MMAs a K step for each 8 of the block's pairs, gate and up in GEMM1
-    key = (bt, kb, splits, blocks)
+    key = (bt, kb, splits, blocks, frag)
     for kernel, matrices in (("grp_gemm1", 2), ("grp_gemm2", 1)):
         sass, res = compiled[(key, kernel)]
         assert re.search(r"STACK:0\b", res), f"{kernel}: {res}"  # nothing spilled to local memory
@@ -276,3 +290,7 @@ def test_expert_block_kernels_compile_for_sm90_without_spills(compiled, bt, kb, 
         assert len(re.findall(r"HMMA\.16816\.F32\.BF16", sass)) >= matrices * KB_STEPS[kb] * (bt // 8), kernel
     # GEMM1's K splits: the last split of a tile counts its arrival with one atomic add
     assert ("ATOMG.E.ADD" in compiled[(key, "grp_gemm1")][0]) == (splits > 1)
+    # GEMM2's B operand from rows in fragment order: in 16-byte loads, no shuffle through shared memory
+    sass = compiled[(key, "grp_gemm2")][0]
+    assert (len(re.findall(r"LDG\.E\.128", sass)) >= 4 * kb) == frag
+    assert "STS" not in sass and "LDS" not in sass

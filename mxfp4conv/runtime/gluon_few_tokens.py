@@ -111,17 +111,60 @@ def _x_operand_ptrs(x_ptr, KB: gl.constexpr):
 
 
 @gluon.jit
+def fragment_order(k, KB: gl.constexpr):
+    """Where code k of a row of GEMM2's B operand is stored (rows written by GEMM1 for GEMM2 in steps of 64 KB
+    codes): within each step, lane t's fragment of every m16n8k16 MMA of the step side by side (the k of its
+    chunk c, half h, pair element i at 16 KB t + 4 c + 2 h + i), so that a lane loads its step in 16-byte words."""
+    q = k & (64 * KB - 1)  # (k >= 0; shifts and masks, not the signed // and %)
+    return k - q + ((q >> 1) & 3) * (16 * KB) + ((q >> 4) << 2) + (((q >> 3) & 1) << 1) + (q & 1)
+
+
+@gluon.jit
+def _fragment_ptrs(row_ptrs, KB: gl.constexpr):
+    """[N, 4, 16 KB] pointers of one step's B operand stored in fragment_order: column n's row at
+    row_ptrs[n] ([N], _frag_cols), lane 4 (n % 8) + t's 16 KB codes contiguous."""
+    t = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(2, _frag_layout(KB))))
+    r = gl.arange(0, 16 * KB, layout=gl.SliceLayout(0, gl.SliceLayout(1, _frag_layout(KB))))
+    return row_ptrs[:, None, None] + t[None, :, None] * (16 * KB) + r[None, None, :]
+
+
+@gluon.constexpr_function
+def _frag_layout(KB):
+    """[column g, lane t, its 16 KB codes]: lane 4 g + t holds them in registers; the 4 warps see the same."""
+    return gl.BlockedLayout([1, 1, 16 * KB], [8, 4, 1], [1, 1, 4], [2, 1, 0])
+
+
+@gluon.constexpr_function
+def _frag_cols(KB):
+    return gl.SliceLayout(1, gl.SliceLayout(2, _frag_layout(KB)))
+
+
+@gluon.jit
+def _fragments(ptrs, mask, KB: gl.constexpr, MASKED: gl.constexpr):
+    """One step's [64 KB, N] B operand (B_OP) from _fragment_ptrs' [N, 4, 16 KB] pointers (MASKED: columns
+    mask [N, 1, 1], the others read as 0)."""
+    if MASKED:
+        v = gl.load(ptrs, mask=mask, other=0.0)
+    else:
+        v = gl.load(ptrs)
+    N: gl.constexpr = ptrs.shape[0]
+    return gl.convert_layout(v.reshape(N, 4, 4 * KB, 2, 2).permute(2, 3, 1, 4, 0).reshape(64 * KB, N), B_OP)
+
+
+@gluon.jit
 def _k_loop(w_ptr, s_ptr, x_ptr, x_mask, K, k_lo, K_SPLIT, up_w, up_s, KB: gl.constexpr, GATE_UP: gl.constexpr,
-            WAIT: gl.constexpr, MASKED: gl.constexpr):
+            WAIT: gl.constexpr, MASKED: gl.constexpr, FRAG: gl.constexpr = False):
     """acc (and with GATE_UP the up rows' acc) [64, N] of 64 rows (4 slabs from w_ptr / s_ptr) times
     x over codes [k_lo, k_lo + K_SPLIT): x_ptr the [64 KB, N] B operand's pointers at code 0 (with
     MASKED, its columns x_mask, the others read as 0), the next step's words loaded before this
     step's decode (the last step loads its own again: nothing past the split is read). WAIT: x is
     the output of the kernel this one depends on programmatically; it is waited for after the first
-    step's weight loads are issued."""
+    step's weight loads are issued. FRAG: x is stored in fragment_order and x_ptr holds its
+    _fragment_ptrs (x_mask [8, 1, 1] with MASKED)."""
     w_off, s_off = _offsets(K, 4, KB)
-    acc_g = gl.zeros([64, x_ptr.shape[1]], gl.float32, layout=MMA)
-    acc_u = gl.zeros([64, x_ptr.shape[1]], gl.float32, layout=MMA)
+    N: gl.constexpr = x_ptr.shape[0] if FRAG else x_ptr.shape[1]
+    acc_g = gl.zeros([64, N], gl.float32, layout=MMA)
+    acc_u = gl.zeros([64, N], gl.float32, layout=MMA)
     wg = gl.load(w_ptr + w_off + k_lo * 2)
     sg = gl.load(s_ptr + s_off + k_lo // 8)
     wu = wg
@@ -136,7 +179,9 @@ def _k_loop(w_ptr, s_ptr, x_ptr, x_mask, K, k_lo, K_SPLIT, up_w, up_s, KB: gl.co
         k1 = gl.minimum(k0 + 64 * KB, last)
         wg_n = gl.load(w_ptr + w_off + k1 * 2)
         sg_n = gl.load(s_ptr + s_off + k1 // 8)
-        if MASKED:
+        if FRAG:
+            x = _fragments(x_ptr + k0, x_mask, KB, MASKED)
+        elif MASKED:
             x = gl.load(x_ptr + k0, mask=x_mask, other=0.0)
         else:
             x = gl.load(x_ptr + k0)
@@ -173,21 +218,25 @@ def _column0(acc):
 
 @gluon.jit
 def _gemm1_tail(g, u, e, j, rows, b_ptr, inter_ptr, I, p0, p1, ACT: gl.constexpr, HAS_LIMIT: gl.constexpr,
-                HAS_LINEAR: gl.constexpr, HAS_BIAS: gl.constexpr):
-    """Bias, activation and the bf16 intermediate row of a tile's complete gate / up sums."""
+                HAS_LINEAR: gl.constexpr, HAS_BIAS: gl.constexpr, FRAG: gl.constexpr):
+    """Bias, activation and the bf16 intermediate row of a tile's complete gate / up sums (FRAG > 0: in
+    fragment_order)."""
     if HAS_BIAS:
         g += gl.load(b_ptr + e * (2 * I) + rows).to(gl.float32)
         u += gl.load(b_ptr + e * (2 * I) + I + rows).to(gl.float32)
+    if FRAG:
+        rows = fragment_order(rows, FRAG)
     gl.store(inter_ptr + j * I + rows, _activate(g, u, p0, p1, ACT, HAS_LIMIT, HAS_LINEAR).to(gl.bfloat16))
 
 
 @gluon.jit
 def few_gemm1(w_ptr, s_ptr, x_ptr, ids_ptr, b_ptr, inter_ptr, part_ptr, cnt_ptr, K, I, K_SPLIT, TOP_K, p0, p1,
               KB: gl.constexpr, ACT: gl.constexpr, HAS_LIMIT: gl.constexpr, HAS_LINEAR: gl.constexpr,
-              HAS_BIAS: gl.constexpr, SPLITS: gl.constexpr, PDL: gl.constexpr):
+              HAS_BIAS: gl.constexpr, SPLITS: gl.constexpr, PDL: gl.constexpr, FRAG: gl.constexpr = 0):
     """inter[j, rows] = act(gate . x + b, up . x + b) for pair j (token j // TOP_K) and its expert,
     rows [64 rb, 64 rb + 64) (b13 [E, 2 I] with HAS_BIAS). PDL 1 / 2: GEMM2's programs may launch
-    from this program's start / once its K loop is done."""
+    from this program's start / once its K loop is done. FRAG > 0: the rows stored in
+    fragment_order for GEMM2 steps of 64 FRAG codes."""
     if PDL == 1:
         _gdc_launch()
     rb, j, sp, e, w_ptr, s_ptr = _program(w_ptr, s_ptr, ids_ptr, 2 * I, K)
@@ -211,15 +260,15 @@ def few_gemm1(w_ptr, s_ptr, x_ptr, ids_ptr, b_ptr, inter_ptr, part_ptr, cnt_ptr,
                 for s in range(SPLITS):
                     g += gl.load(part_ptr + ((s * npair + j) * 2) * I + rows)
                     u += gl.load(part_ptr + ((s * npair + j) * 2 + 1) * I + rows)
-                _gemm1_tail(g, u, e, j, rows, b_ptr, inter_ptr, I, p0, p1, ACT, HAS_LIMIT, HAS_LINEAR, HAS_BIAS)
+                _gemm1_tail(g, u, e, j, rows, b_ptr, inter_ptr, I, p0, p1, ACT, HAS_LIMIT, HAS_LINEAR, HAS_BIAS, FRAG)
         else:
-            _gemm1_tail(g, u, e, j, rows, b_ptr, inter_ptr, I, p0, p1, ACT, HAS_LIMIT, HAS_LINEAR, HAS_BIAS)
+            _gemm1_tail(g, u, e, j, rows, b_ptr, inter_ptr, I, p0, p1, ACT, HAS_LIMIT, HAS_LINEAR, HAS_BIAS, FRAG)
 
 
 @gluon.jit
 def few_gemm2(w_ptr, s_ptr, inter_ptr, ids_ptr, b_ptr, tw_ptr, part_ptr, cnt_ptr, out_ptr, K, N, K_SPLIT, TOP_K,
               KB: gl.constexpr, HAS_BIAS: gl.constexpr, SPLITS: gl.constexpr, PDL: gl.constexpr,
-              SUM: gl.constexpr):
+              SUM: gl.constexpr, FRAG: gl.constexpr = False):
     """out[t, rows] = sum over token t's pairs j of tw[j] * (w2[e_j] rows . inter[j] + b2[e_j] rows),
     rows [64 rb, 64 rb + 64): with SUM the last of the TOP_K x SPLITS programs of a token's row block
     sums their partials, pairs then splits in index order (the bias in split 0's); without, each
@@ -230,8 +279,11 @@ def few_gemm2(w_ptr, s_ptr, inter_ptr, ids_ptr, b_ptr, tw_ptr, part_ptr, cnt_ptr
     rows = rb * 64 + gl.arange(0, 64, layout=ROWS)
     v = gl.zeros([64], gl.float32, layout=ROWS)
     if e >= 0:
-        acc, _ = _k_loop(w_ptr, s_ptr, _x_operand_ptrs(inter_ptr + j * K, KB), 0, K, sp * K_SPLIT, K_SPLIT, 0, 0, KB,
-                         False, PDL, False)
+        if FRAG:
+            x_ptrs = _fragment_ptrs(inter_ptr + j * K + gl.zeros([8], gl.int32, layout=_frag_cols(KB)), KB)
+        else:
+            x_ptrs = _x_operand_ptrs(inter_ptr + j * K, KB)
+        acc, _ = _k_loop(w_ptr, s_ptr, x_ptrs, 0, K, sp * K_SPLIT, K_SPLIT, 0, 0, KB, False, PDL, False, FRAG)
         v = _column0(acc)
         if HAS_BIAS:
             if sp == 0:
@@ -263,13 +315,14 @@ def _words(t: torch.Tensor) -> torch.Tensor:
 
 
 def forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias, act, out, *,
-            k1: int, k2: int, splits1: int, splits2: int, pdl: int = 0, k_sum=None) -> torch.Tensor:
+            k1: int, k2: int, splits1: int, splits2: int, pdl: int = 0, k_sum=None, frag: bool = False) -> torch.Tensor:
     """out [T, H] bf16 = the layer for a few tokens x [T, H] bf16, programs per (token, expert) pair
     (contiguous hopper_mma_rot tensors, scales <= 2; k1 / k2 codes a K step of GEMM1 / GEMM2, 64 or
     128, splits dividing H / I into whole steps; the caller checks these; pdl: 0, or GEMM2 launched as
     a programmatic dependent of GEMM1 from the start (1) or the end of GEMM1's K loops (2), where
     Triton has it; k_sum: None, GEMM2's last program of a token's row block sums it, or a callable
-    that sums GEMM2's fp32 partials [splits2, pairs, H] into out)."""
+    that sums GEMM2's fp32 partials [splits2, pairs, H] into out; frag: the intermediate rows in
+    fragment_order, GEMM2's B operand loaded in 16-byte words)."""
     E, two_i, _ = w13.shape
     H, I = x.shape[1], two_i // 2
     T, k = topk_ids.shape
@@ -285,10 +338,11 @@ def forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w
     few_gemm1[(I // 64, pairs, splits1)](
         _words(w13), _words(w13_scale), x, ids, w13_bias if w13_bias is not None else part1, inter, part1, cnt,
         H, I, H // splits1, k, act["p0"], act["p1"], KB=k1 // 64, ACT=act["ACT"], HAS_LIMIT=act["HAS_LIMIT"],
-        HAS_LINEAR=act["HAS_LINEAR"], HAS_BIAS=w13_bias is not None, SPLITS=splits1, PDL=pdl, num_warps=4)
+        HAS_LINEAR=act["HAS_LINEAR"], HAS_BIAS=w13_bias is not None, SPLITS=splits1, PDL=pdl,
+        FRAG=k2 // 64 if frag else 0, num_warps=4)
     few_gemm2[(H // 64, pairs, splits2)](
         _words(w2), _words(w2_scale), inter, ids, w2_bias if w2_bias is not None else part2, tw, part2,
         cnt[pairs * (I // 64) * (splits1 > 1):], out, I, H, I // splits2, k, KB=k2 // 64,
-        HAS_BIAS=w2_bias is not None, SPLITS=splits2, PDL=bool(pdl), SUM=k_sum is None, num_warps=4,
+        HAS_BIAS=w2_bias is not None, SPLITS=splits2, PDL=bool(pdl), SUM=k_sum is None, FRAG=frag, num_warps=4,
         **({"launch_pdl": True} if pdl else {}))
     return out if k_sum is None else k_sum(part2)

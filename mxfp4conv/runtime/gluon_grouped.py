@@ -14,8 +14,9 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
-from mxfp4conv.runtime.gluon_few_tokens import (_FPTX, _WPTX, A_OP, B_OP, MMA, ROWS, _barrier, _decode, _k_loop,
-                                                _offsets, _words)
+from mxfp4conv.runtime.gluon_few_tokens import (_FPTX, _WPTX, A_OP, B_OP, MMA, ROWS, _barrier, _decode, _frag_cols,
+                                                _fragment_ptrs, _fragments, _k_loop, _offsets, _words,
+                                                fragment_order)
 from mxfp4conv.runtime.triton_hopper_kernels import _arrive
 from mxfp4conv.runtime.triton_moe_kernels import _activate
 
@@ -36,11 +37,13 @@ def _block(sorted_ptr, bexp_ptr, npp_ptr, num_pairs, BT: gl.constexpr, LAYOUT: g
 @gluon.jit
 def grp_gemm1(w_ptr, s_ptr, x_ptr, sorted_ptr, bexp_ptr, npp_ptr, b_ptr, inter_ptr, part_ptr, cnt_ptr, num_pairs,
               TOP_K, K, I, K_SPLIT, p0, p1, KB: gl.constexpr, BT: gl.constexpr, ACT: gl.constexpr,
-              HAS_LIMIT: gl.constexpr, HAS_LINEAR: gl.constexpr, HAS_BIAS: gl.constexpr, SPLITS: gl.constexpr):
+              HAS_LIMIT: gl.constexpr, HAS_LINEAR: gl.constexpr, HAS_BIAS: gl.constexpr, SPLITS: gl.constexpr,
+              FRAG: gl.constexpr = 0):
     """inter[pair, rows] = act(gate . x[pair // TOP_K] + b, up . x + b) for the block's pairs and its
     expert, rows [64 rb, 64 rb + 64). SPLITS > 1: a program per K split (program_id(2)) stores its
     fp32 partials at part[split, pair, gate / up]; the last of a tile's splits to arrive sums them in
-    split order and finishes the tile."""
+    split order and finishes the tile. FRAG > 0: the rows stored in fragment_order for GEMM2 steps of
+    64 FRAG codes."""
     live, e, pair_x, ok_x = _block(sorted_ptr, bexp_ptr, npp_ptr, num_pairs, BT, gl.SliceLayout(0, B_OP))
     if live:
         rb = gl.program_id(0)
@@ -70,20 +73,23 @@ def grp_gemm1(w_ptr, s_ptr, x_ptr, sorted_ptr, bexp_ptr, npp_ptr, b_ptr, inter_p
                     g += gl.load(part + sp * split_stride, mask=tile_mask, other=0.0)
                     u += gl.load(part + sp * split_stride + I, mask=tile_mask, other=0.0)
                 _gemm1_tile_tail(g, u, e, rows, pair, tile_mask, b_ptr, inter_ptr, I, p0, p1, ACT, HAS_LIMIT,
-                                 HAS_LINEAR, HAS_BIAS)
+                                 HAS_LINEAR, HAS_BIAS, FRAG)
         else:
             _gemm1_tile_tail(g, u, e, rows, pair, tile_mask, b_ptr, inter_ptr, I, p0, p1, ACT, HAS_LIMIT, HAS_LINEAR,
-                             HAS_BIAS)
+                             HAS_BIAS, FRAG)
 
 
 @gluon.jit
 def _gemm1_tile_tail(g, u, e, rows, pair, tile_mask, b_ptr, inter_ptr, I, p0, p1, ACT: gl.constexpr,
-                     HAS_LIMIT: gl.constexpr, HAS_LINEAR: gl.constexpr, HAS_BIAS: gl.constexpr):
-    """Bias, activation and the bf16 intermediate rows of a tile's complete gate / up sums."""
+                     HAS_LIMIT: gl.constexpr, HAS_LINEAR: gl.constexpr, HAS_BIAS: gl.constexpr, FRAG: gl.constexpr):
+    """Bias, activation and the bf16 intermediate rows of a tile's complete gate / up sums (FRAG > 0: in
+    fragment_order)."""
     if HAS_BIAS:
         g += gl.load(b_ptr + e * (2 * I) + rows).to(gl.float32)[:, None]
         u += gl.load(b_ptr + e * (2 * I) + I + rows).to(gl.float32)[:, None]
     h = _activate(g, u, p0, p1, ACT, HAS_LIMIT, HAS_LINEAR).to(gl.bfloat16)
+    if FRAG:
+        rows = fragment_order(rows, FRAG)
     gl.store(inter_ptr + pair[None, :].to(gl.int64) * I + rows[:, None], h, mask=tile_mask)
 
 
@@ -103,20 +109,26 @@ def _next_step(r, kk, steps, BLOCKS: gl.constexpr, KB: gl.constexpr):
 
 @gluon.jit
 def grp_gemm2(w_ptr, s_ptr, inter_ptr, sorted_ptr, bexp_ptr, npp_ptr, b_ptr, tw_ptr, pair_out_ptr, num_pairs, K, N,
-              KB: gl.constexpr, BT: gl.constexpr, HAS_BIAS: gl.constexpr, BLOCKS: gl.constexpr):
+              KB: gl.constexpr, BT: gl.constexpr, HAS_BIAS: gl.constexpr, BLOCKS: gl.constexpr,
+              FRAG: gl.constexpr = False):
     """pair_out[pair, rows] = tw[pair] * (w2[e] rows . inter[pair] + b2[e] rows) for the block's pairs,
     BLOCKS 64-row blocks a program (more than one: in one loop, the next block's first words loaded
-    during the last step of this one), in pair_out's dtype."""
+    during the last step of this one), in pair_out's dtype. FRAG: inter's rows in fragment_order."""
     live, e, pair_x, ok_x = _block(sorted_ptr, bexp_ptr, npp_ptr, num_pairs, BT, gl.SliceLayout(0, B_OP))
     if live:
         rb = gl.program_id(0) * BLOCKS
-        xk = gl.arange(0, 64 * KB, layout=gl.SliceLayout(1, B_OP))
-        x_ptrs = inter_ptr + gl.where(ok_x, pair_x, 0).to(gl.int64)[None, :] * K + xk[:, None]
-        x_mask = ok_x[None, :] & (xk[:, None] >= 0)
+        if FRAG:
+            pf = gl.convert_layout(pair_x, _frag_cols(KB))
+            x_ptrs = _fragment_ptrs(inter_ptr + gl.where(pf < num_pairs, pf, 0).to(gl.int64) * K, KB)
+            x_mask = (pf < num_pairs)[:, None, None]
+        else:
+            xk = gl.arange(0, 64 * KB, layout=gl.SliceLayout(1, B_OP))
+            x_ptrs = inter_ptr + gl.where(ok_x, pair_x, 0).to(gl.int64)[None, :] * K + xk[:, None]
+            x_mask = ok_x[None, :] & (xk[:, None] >= 0)
         w_ptr += e * (N * (K // 8)) + rb * 4 * (2 * K)
         s_ptr += e * (N * K // 128) + rb * 4 * (K // 8)
         if BLOCKS == 1:
-            y, _ = _k_loop(w_ptr, s_ptr, x_ptrs, x_mask, K, 0, K, 0, 0, KB, False, False, True)
+            y, _ = _k_loop(w_ptr, s_ptr, x_ptrs, x_mask, K, 0, K, 0, 0, KB, False, False, True, FRAG)
             _gemm2_tile_tail(y, e, rb, pair_x, num_pairs, b_ptr, tw_ptr, pair_out_ptr, N, HAS_BIAS)
         else:
             steps = K // (64 * KB)
@@ -127,7 +139,10 @@ def grp_gemm2(w_ptr, s_ptr, inter_ptr, sorted_ptr, bexp_ptr, npp_ptr, b_ptr, tw_
                 for kk in range(steps):
                     r_n, k_n = _next_step(r, kk, steps, BLOCKS, KB)
                     w_n, s_n = _block_loads(w_ptr, s_ptr, w_off, s_off, r_n, k_n, K)
-                    x = gl.load(x_ptrs + kk * (64 * KB), mask=x_mask, other=0.0)
+                    if FRAG:
+                        x = _fragments(x_ptrs + kk * (64 * KB), x_mask, KB, True)
+                    else:
+                        x = gl.load(x_ptrs + kk * (64 * KB), mask=x_mask, other=0.0)
                     acc = mma_v2(gl.convert_layout(_decode(w, s, 4, KB, _WPTX, _FPTX), A_OP), x, acc)
                     w = w_n
                     s = s_n
@@ -148,11 +163,12 @@ def _gemm2_tile_tail(y, e, rb, pair_x, num_pairs, b_ptr, tw_ptr, pair_out_ptr, N
 
 
 def forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias, act, align, k_sum, *,
-            k1: int, k2: int, block_t: int, splits1: int = 1, blocks2: int = 1) -> torch.Tensor:
+            k1: int, k2: int, block_t: int, splits1: int = 1, blocks2: int = 1, frag: bool = False) -> torch.Tensor:
     """The layer for x [T, H] bf16 (contiguous hopper_mma_rot tensors, scales <= 2): align the pairs
     with align(block_t) -> (sorted_ids, block_expert, num_post_pad, max_blocks), run both GEMMs (GEMM1
     in splits1 K splits, dividing H into whole steps of k1; GEMM2 in programs of blocks2 64-row blocks,
-    dividing H / 64), and return k_sum(pair_out [1, T k, H]), the caller's sum over k."""
+    dividing H / 64), and return k_sum(pair_out [1, T k, H]), the caller's sum over k. frag: the
+    intermediate rows in fragment_order, GEMM2's B operand loaded in 16-byte words."""
     E, two_i, _ = w13.shape
     T, H = x.shape
     I = two_i // 2
@@ -170,9 +186,9 @@ def forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w
         _words(w13), _words(w13_scale), x, sorted_ids, block_expert, num_post_pad,
         w13_bias if w13_bias is not None else inter, inter, part, cnt, pairs, k, H, I, H // splits1, act["p0"],
         act["p1"], KB=k1 // 64, BT=block_t, ACT=act["ACT"], HAS_LIMIT=act["HAS_LIMIT"], HAS_LINEAR=act["HAS_LINEAR"],
-        HAS_BIAS=w13_bias is not None, SPLITS=splits1, num_warps=4)
+        HAS_BIAS=w13_bias is not None, SPLITS=splits1, FRAG=k2 // 64 if frag else 0, num_warps=4)
     grp_gemm2[(H // 64 // blocks2, max_blocks)](
         _words(w2), _words(w2_scale), inter, sorted_ids, block_expert, num_post_pad,
         w2_bias if w2_bias is not None else pair_out, tw, pair_out, pairs, I, H, KB=k2 // 64, BT=block_t,
-        HAS_BIAS=w2_bias is not None, BLOCKS=blocks2, num_warps=4)
+        HAS_BIAS=w2_bias is not None, BLOCKS=blocks2, FRAG=frag, num_warps=4)
     return k_sum(pair_out)

@@ -119,6 +119,11 @@ class MoEConfig:
     # kernel launched after GEMM2 over its fp32 partials (0: GEMM2 counts no arrivals), or automatic (-1:
     # sum2_by_kernel)
     gluon_sum2: int = -1
+    # and both Gluon paths' GEMM1 storing its rows in GEMM2's fragment order, so that GEMM2 loads a lane's B operand
+    # of a step in 16-byte words (1), or in 32-bit ones from rows in plain order (0); bit-equal outputs. On an H200,
+    # 1 against 0: per pair DSV3-like T = 1 / 2 / 4 0.985 / 0.990 / 0.988, K3-like T = 1 / 2 / 4 / 8 1.000 / 0.992 /
+    # 0.994 / 0.979; expert blocks DSV3-like T = 8-16 0.987-0.993, K3-like T = 12-192 0.972-0.987
+    gluon_frag: int = 1
     # they read an expert's weights once a pair: of the hopper_mma kernels' time at T = 1 / 2 / 4 / 8, DSV3-like
     # 0.92 / 0.860 / 0.887 / 0.955, K3-like 0.94 / 0.767 / 0.812 / 0.898; at T = 16 (the earlier plans) 1.106 / 1.069
     gluon_max_tokens: int = 8
@@ -408,7 +413,8 @@ def fused_moe_triton(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, *,
         plan = gluon_plan(cfg, x, weights, top_k, layout)
         if plan is not None:
             done = _gluon_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias,
-                                  act, out, plan, cfg.gluon == 1, cfg.gluon_pdl, sum2_by_kernel(cfg, i_pad, plan))
+                                  act, out, plan, cfg.gluon == 1, cfg.gluon_pdl, sum2_by_kernel(cfg, i_pad, plan),
+                                  cfg.gluon_frag == 1)
             if done is not None:
                 return done
         elif (blocks := grouped_plan(cfg, x, weights, topk_ids.shape[1], layout, E)) is not None:
@@ -720,6 +726,8 @@ def _check_gluon_knobs(cfg: MoEConfig) -> None:
     for name, k in (("gluon_k1", cfg.gluon_k1), ("gluon_k2", cfg.gluon_k2)):
         if k not in (64, 128) and not (name == "gluon_k1" and k == 0):
             raise RuntimeInputError(f"fused_moe_triton: {name} must be 64 or 128, got {k}.")
+    if cfg.gluon_frag not in (0, 1):
+        raise RuntimeInputError(f"fused_moe_triton: gluon_frag must be 0 or 1, got {cfg.gluon_frag}.")
     if cfg.gluon_sum2 not in (-1, 0, 1):
         raise RuntimeInputError(f"fused_moe_triton: gluon_sum2 must be -1, 0 or 1, got {cfg.gluon_sum2}.")
     if cfg.gluon_block_t not in (8, 16):
@@ -797,10 +805,11 @@ def gluon_runnable(cfg: MoEConfig, x: torch.Tensor, weights, layout: str) -> boo
 
 
 def _gluon_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias, act, out, plan,
-                   required, pdl=0, by_kernel=False):
+                   required, pdl=0, by_kernel=False, frag=False):
     """The layer in the few-token Gluon kernels; None (the caller runs the hopper_mma kernels) where
     they fail to compile and were not required: a Triton whose Gluon differs from the one they were
-    written for. The failure is warned about once. by_kernel: the sum over k in the k-sum kernel."""
+    written for. The failure is warned about once. by_kernel: the sum over k in the k-sum kernel; frag: the
+    intermediate rows in fragment order."""
     k1, k2, s1, s2 = plan
     tensors = _contiguous(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias)
 
@@ -810,7 +819,8 @@ def _gluon_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_
 
     return _compiled_or_none(lambda: _gluon_module().forward(*tensors, act, out, k1=k1, k2=k2, splits1=s1, splits2=s2,
                                                              pdl=pdl if HK.HAS_GDC else 0,
-                                                             k_sum=k_sum if by_kernel else None), required)
+                                                             k_sum=k_sum if by_kernel else None,
+                                                             frag=frag), required)
 
 
 def _compiled_or_none(run, required: bool):
@@ -841,7 +851,7 @@ def _gluon_grouped_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_i
     tensors = _contiguous(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias)
     return _compiled_or_none(lambda: _gluon_grouped_module().forward(
         *tensors, act, lambda bt: moe_align(topk_ids, E, bt, cfg.align), k_sum, k1=k1, k2=k2,
-        block_t=cfg.gluon_block_t, splits1=splits1, blocks2=blocks2),
+        block_t=cfg.gluon_block_t, splits1=splits1, blocks2=blocks2, frag=cfg.gluon_frag == 1),
         cfg.gluon_grouped == 1 and cfg.gluon == 1)
 
 
