@@ -140,9 +140,11 @@ class MoEConfig:
     # hopper_mma kernels: DSV3-like T = 96 (3) 0.908, T = 128 (4) 0.992 / 0.974, T = 160 / 192 (5 / 6) 1.075 / 1.204;
     # K3-like T = 32 / 64 / 96 / 128 / 160 (0.6-2.9) 0.948 / 0.958 / 0.961 / 0.980 / 0.983; with GEMM2 over 4 row
     # blocks K3-like T = 192 (3.4) 0.947 / 0.950, T = 224 / 256 (4 / 4.6) 1.028 / 1.053; 16-pair blocks 1.18-1.47
-    # (DSV3-like T = 16-256)
+    # (DSV3-like T = 16-256). With GEMM2's B operand in 16-byte words (gluon_frag), against the hopper_mma kernels:
+    # K3-like T = 208 / 224 / 240 / 256 (3.7-4.6) 0.963 / 0.975 / 0.982 / 0.987, DSV3-like T = 128 / 144 (4 / 4.5)
+    # 0.911 / 0.898, past that DSV3-like T = 176 / 208 / 224 / 256 (5.5-8) 1.000 / 1.011 / 1.009 / 1.028
     gluon_grouped: int = -1
-    gluon_grouped_pairs: float = 3.5
+    gluon_grouped_pairs: float = 4.6
     gluon_block_t: int = 8
     # and their GEMM2 in programs of gluon_blocks2 64-row blocks (0: automatic, grouped_tiles; lowered to a divisor
     # of H / 64)
