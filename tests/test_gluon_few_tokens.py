@@ -238,12 +238,12 @@ def compiled():
         act, kb, splits, bias, pdl, sum2, frag = variant
         a, limit, linear = ACTS[act]
         jobs.append(("few_gemm1", dict(KB=kb, ACT=a, HAS_LIMIT=limit, HAS_LINEAR=linear, HAS_BIAS=bias, SPLITS=splits,
-                                       PDL=pdl, FRAG=kb if frag else 0)))
+                                       PDL=pdl, FRAG_KB=kb if frag else 0)))
         jobs.append(("few_gemm2", dict(KB=kb, HAS_BIAS=bias, SPLITS=splits, PDL=bool(pdl), SUM=sum2, FRAG=frag)))
         keys += [(variant, "few_gemm1"), (variant, "few_gemm2")]
     for bt, kb, splits, blocks, frag in GROUPED:
         jobs.append(("grp_gemm1", dict(KB=kb, BT=bt, ACT=ACTS["situ"][0], HAS_LIMIT=False, HAS_LINEAR=True,
-                                       HAS_BIAS=True, SPLITS=splits, FRAG=kb if frag else 0)))
+                                       HAS_BIAS=True, SPLITS=splits, FRAG_KB=kb if frag else 0)))
         jobs.append(("grp_gemm2", dict(KB=kb, BT=bt, HAS_BIAS=True, BLOCKS=blocks, FRAG=frag)))
         keys += [((bt, kb, splits, blocks, frag), "grp_gemm1"), ((bt, kb, splits, blocks, frag), "grp_gemm2")]
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}

@@ -160,7 +160,7 @@ def _k_loop(w_ptr, s_ptr, x_ptr, x_mask, K, k_lo, K_SPLIT, up_w, up_s, KB: gl.co
     step's decode (the last step loads its own again: nothing past the split is read). WAIT: x is
     the output of the kernel this one depends on programmatically; it is waited for after the first
     step's weight loads are issued. FRAG: x is stored in fragment_order and x_ptr holds its
-    _fragment_ptrs (x_mask [8, 1, 1] with MASKED)."""
+    _fragment_ptrs (x_mask [N, 1, 1] with MASKED)."""
     w_off, s_off = _offsets(K, 4, KB)
     N: gl.constexpr = x_ptr.shape[0] if FRAG else x_ptr.shape[1]
     acc_g = gl.zeros([64, N], gl.float32, layout=MMA)
@@ -218,25 +218,25 @@ def _column0(acc):
 
 @gluon.jit
 def _gemm1_tail(g, u, e, j, rows, b_ptr, inter_ptr, I, p0, p1, ACT: gl.constexpr, HAS_LIMIT: gl.constexpr,
-                HAS_LINEAR: gl.constexpr, HAS_BIAS: gl.constexpr, FRAG: gl.constexpr):
-    """Bias, activation and the bf16 intermediate row of a tile's complete gate / up sums (FRAG > 0: in
-    fragment_order)."""
+                HAS_LINEAR: gl.constexpr, HAS_BIAS: gl.constexpr, FRAG_KB: gl.constexpr):
+    """Bias, activation and the bf16 intermediate row of a tile's complete gate / up sums (FRAG_KB > 0: in
+    fragment_order for GEMM2 steps of 64 FRAG_KB codes)."""
     if HAS_BIAS:
         g += gl.load(b_ptr + e * (2 * I) + rows).to(gl.float32)
         u += gl.load(b_ptr + e * (2 * I) + I + rows).to(gl.float32)
-    if FRAG:
-        rows = fragment_order(rows, FRAG)
+    if FRAG_KB:
+        rows = fragment_order(rows, FRAG_KB)
     gl.store(inter_ptr + j * I + rows, _activate(g, u, p0, p1, ACT, HAS_LIMIT, HAS_LINEAR).to(gl.bfloat16))
 
 
 @gluon.jit
 def few_gemm1(w_ptr, s_ptr, x_ptr, ids_ptr, b_ptr, inter_ptr, part_ptr, cnt_ptr, K, I, K_SPLIT, TOP_K, p0, p1,
               KB: gl.constexpr, ACT: gl.constexpr, HAS_LIMIT: gl.constexpr, HAS_LINEAR: gl.constexpr,
-              HAS_BIAS: gl.constexpr, SPLITS: gl.constexpr, PDL: gl.constexpr, FRAG: gl.constexpr = 0):
+              HAS_BIAS: gl.constexpr, SPLITS: gl.constexpr, PDL: gl.constexpr, FRAG_KB: gl.constexpr = 0):
     """inter[j, rows] = act(gate . x + b, up . x + b) for pair j (token j // TOP_K) and its expert,
     rows [64 rb, 64 rb + 64) (b13 [E, 2 I] with HAS_BIAS). PDL 1 / 2: GEMM2's programs may launch
-    from this program's start / once its K loop is done. FRAG > 0: the rows stored in
-    fragment_order for GEMM2 steps of 64 FRAG codes."""
+    from this program's start / once its K loop is done. FRAG_KB > 0: the rows stored in
+    fragment_order for GEMM2 steps of 64 FRAG_KB codes."""
     if PDL == 1:
         _gdc_launch()
     rb, j, sp, e, w_ptr, s_ptr = _program(w_ptr, s_ptr, ids_ptr, 2 * I, K)
@@ -260,9 +260,10 @@ def few_gemm1(w_ptr, s_ptr, x_ptr, ids_ptr, b_ptr, inter_ptr, part_ptr, cnt_ptr,
                 for s in range(SPLITS):
                     g += gl.load(part_ptr + ((s * npair + j) * 2) * I + rows)
                     u += gl.load(part_ptr + ((s * npair + j) * 2 + 1) * I + rows)
-                _gemm1_tail(g, u, e, j, rows, b_ptr, inter_ptr, I, p0, p1, ACT, HAS_LIMIT, HAS_LINEAR, HAS_BIAS, FRAG)
+                _gemm1_tail(g, u, e, j, rows, b_ptr, inter_ptr, I, p0, p1, ACT, HAS_LIMIT, HAS_LINEAR, HAS_BIAS,
+                            FRAG_KB)
         else:
-            _gemm1_tail(g, u, e, j, rows, b_ptr, inter_ptr, I, p0, p1, ACT, HAS_LIMIT, HAS_LINEAR, HAS_BIAS, FRAG)
+            _gemm1_tail(g, u, e, j, rows, b_ptr, inter_ptr, I, p0, p1, ACT, HAS_LIMIT, HAS_LINEAR, HAS_BIAS, FRAG_KB)
 
 
 @gluon.jit
@@ -280,7 +281,7 @@ def few_gemm2(w_ptr, s_ptr, inter_ptr, ids_ptr, b_ptr, tw_ptr, part_ptr, cnt_ptr
     v = gl.zeros([64], gl.float32, layout=ROWS)
     if e >= 0:
         if FRAG:
-            x_ptrs = _fragment_ptrs(inter_ptr + j * K + gl.zeros([8], gl.int32, layout=_frag_cols(KB)), KB)
+            x_ptrs = _fragment_ptrs(inter_ptr + j * K + gl.zeros([8], gl.int32, layout=_frag_cols(KB)), KB)  # 8 x row j
         else:
             x_ptrs = _x_operand_ptrs(inter_ptr + j * K, KB)
         acc, _ = _k_loop(w_ptr, s_ptr, x_ptrs, 0, K, sp * K_SPLIT, K_SPLIT, 0, 0, KB, False, PDL, False, FRAG)
@@ -332,14 +333,14 @@ def forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w
     part1 = torch.empty(splits1, pairs, 2, I, dtype=torch.float32, device=dev)
     part2 = torch.empty(splits2, pairs, H, dtype=torch.float32, device=dev)
     counters = pairs * (I // 64) * (splits1 > 1) + T * (H // 64) * (k_sum is None)  # arrivals to count
-    cnt = torch.zeros(counters, dtype=torch.int32, device=dev) if counters else inter
+    cnt = torch.zeros(counters, dtype=torch.int32, device=dev) if counters else inter  # (unread without counters)
     ids = topk_ids.reshape(-1)
     tw = topk_weights.reshape(-1)
     few_gemm1[(I // 64, pairs, splits1)](
         _words(w13), _words(w13_scale), x, ids, w13_bias if w13_bias is not None else part1, inter, part1, cnt,
         H, I, H // splits1, k, act["p0"], act["p1"], KB=k1 // 64, ACT=act["ACT"], HAS_LIMIT=act["HAS_LIMIT"],
         HAS_LINEAR=act["HAS_LINEAR"], HAS_BIAS=w13_bias is not None, SPLITS=splits1, PDL=pdl,
-        FRAG=k2 // 64 if frag else 0, num_warps=4)
+        FRAG_KB=k2 // 64 if frag else 0, num_warps=4)
     few_gemm2[(H // 64, pairs, splits2)](
         _words(w2), _words(w2_scale), inter, ids, w2_bias if w2_bias is not None else part2, tw, part2,
         cnt[pairs * (I // 64) * (splits1 > 1):], out, I, H, I // splits2, k, KB=k2 // 64,

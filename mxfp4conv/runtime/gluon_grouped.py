@@ -38,12 +38,12 @@ def _block(sorted_ptr, bexp_ptr, npp_ptr, num_pairs, BT: gl.constexpr, LAYOUT: g
 def grp_gemm1(w_ptr, s_ptr, x_ptr, sorted_ptr, bexp_ptr, npp_ptr, b_ptr, inter_ptr, part_ptr, cnt_ptr, num_pairs,
               TOP_K, K, I, K_SPLIT, p0, p1, KB: gl.constexpr, BT: gl.constexpr, ACT: gl.constexpr,
               HAS_LIMIT: gl.constexpr, HAS_LINEAR: gl.constexpr, HAS_BIAS: gl.constexpr, SPLITS: gl.constexpr,
-              FRAG: gl.constexpr = 0):
+              FRAG_KB: gl.constexpr = 0):
     """inter[pair, rows] = act(gate . x[pair // TOP_K] + b, up . x + b) for the block's pairs and its
     expert, rows [64 rb, 64 rb + 64). SPLITS > 1: a program per K split (program_id(2)) stores its
     fp32 partials at part[split, pair, gate / up]; the last of a tile's splits to arrive sums them in
-    split order and finishes the tile. FRAG > 0: the rows stored in fragment_order for GEMM2 steps of
-    64 FRAG codes."""
+    split order and finishes the tile. FRAG_KB > 0: the rows stored in fragment_order for GEMM2 steps
+    of 64 FRAG_KB codes."""
     live, e, pair_x, ok_x = _block(sorted_ptr, bexp_ptr, npp_ptr, num_pairs, BT, gl.SliceLayout(0, B_OP))
     if live:
         rb = gl.program_id(0)
@@ -73,23 +73,24 @@ def grp_gemm1(w_ptr, s_ptr, x_ptr, sorted_ptr, bexp_ptr, npp_ptr, b_ptr, inter_p
                     g += gl.load(part + sp * split_stride, mask=tile_mask, other=0.0)
                     u += gl.load(part + sp * split_stride + I, mask=tile_mask, other=0.0)
                 _gemm1_tile_tail(g, u, e, rows, pair, tile_mask, b_ptr, inter_ptr, I, p0, p1, ACT, HAS_LIMIT,
-                                 HAS_LINEAR, HAS_BIAS, FRAG)
+                                 HAS_LINEAR, HAS_BIAS, FRAG_KB)
         else:
             _gemm1_tile_tail(g, u, e, rows, pair, tile_mask, b_ptr, inter_ptr, I, p0, p1, ACT, HAS_LIMIT, HAS_LINEAR,
-                             HAS_BIAS, FRAG)
+                             HAS_BIAS, FRAG_KB)
 
 
 @gluon.jit
 def _gemm1_tile_tail(g, u, e, rows, pair, tile_mask, b_ptr, inter_ptr, I, p0, p1, ACT: gl.constexpr,
-                     HAS_LIMIT: gl.constexpr, HAS_LINEAR: gl.constexpr, HAS_BIAS: gl.constexpr, FRAG: gl.constexpr):
-    """Bias, activation and the bf16 intermediate rows of a tile's complete gate / up sums (FRAG > 0: in
-    fragment_order)."""
+                     HAS_LIMIT: gl.constexpr, HAS_LINEAR: gl.constexpr, HAS_BIAS: gl.constexpr,
+                     FRAG_KB: gl.constexpr):
+    """Bias, activation and the bf16 intermediate rows of a tile's complete gate / up sums (FRAG_KB > 0: in
+    fragment_order for GEMM2 steps of 64 FRAG_KB codes)."""
     if HAS_BIAS:
         g += gl.load(b_ptr + e * (2 * I) + rows).to(gl.float32)[:, None]
         u += gl.load(b_ptr + e * (2 * I) + I + rows).to(gl.float32)[:, None]
     h = _activate(g, u, p0, p1, ACT, HAS_LIMIT, HAS_LINEAR).to(gl.bfloat16)
-    if FRAG:
-        rows = fragment_order(rows, FRAG)
+    if FRAG_KB:
+        rows = fragment_order(rows, FRAG_KB)
     gl.store(inter_ptr + pair[None, :].to(gl.int64) * I + rows[:, None], h, mask=tile_mask)
 
 
@@ -186,7 +187,7 @@ def forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w
         _words(w13), _words(w13_scale), x, sorted_ids, block_expert, num_post_pad,
         w13_bias if w13_bias is not None else inter, inter, part, cnt, pairs, k, H, I, H // splits1, act["p0"],
         act["p1"], KB=k1 // 64, BT=block_t, ACT=act["ACT"], HAS_LIMIT=act["HAS_LIMIT"], HAS_LINEAR=act["HAS_LINEAR"],
-        HAS_BIAS=w13_bias is not None, SPLITS=splits1, FRAG=k2 // 64 if frag else 0, num_warps=4)
+        HAS_BIAS=w13_bias is not None, SPLITS=splits1, FRAG_KB=k2 // 64 if frag else 0, num_warps=4)
     grp_gemm2[(H // 64 // blocks2, max_blocks)](
         _words(w2), _words(w2_scale), inter, sorted_ids, block_expert, num_post_pad,
         w2_bias if w2_bias is not None else pair_out, tw, pair_out, pairs, I, H, KB=k2 // 64, BT=block_t,
