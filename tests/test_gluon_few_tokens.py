@@ -54,6 +54,21 @@ def test_tiles_always_cover_k_in_whole_steps(h, i, top_k, tokens, k1, k2, s1, s2
             assert all((K // step) % s for s in range(splits + 1, min(wanted, K // step) + 1))
 
 
+@given(kb=st.sampled_from([1, 2]), steps=st.integers(1, 12))
+def test_fragment_order_puts_each_lanes_mma_fragments_side_by_side(kb, steps):
+    order = pytest.importorskip("mxfp4conv.runtime.gluon_few_tokens").fragment_order.fn  # the kernels' own code
+    step = 64 * kb
+    pos = [order(k, kb) for k in range(step * steps)]
+    # a permutation of every GEMM2 step's codes within that step
+    assert sorted(pos) == list(range(step * steps)) and all(p // step == k // step for k, p in enumerate(pos))
+    # lane t's m16n8k16 B fragments of a step (chunk c: codes 16 c + 8 h + 2 t + i), in register order, lie at
+    # 16 kb consecutive positions: the lane's kb 16-byte loads
+    for s0 in range(0, step * steps, step):
+        for t in range(4):
+            frag = [s0 + 16 * c + 8 * h + 2 * t + i for c in range(4 * kb) for h in (0, 1) for i in (0, 1)]
+            assert [pos[k] for k in frag] == list(range(s0 + 16 * kb * t, s0 + 16 * kb * (t + 1)))
+
+
 def test_bad_gluon_frag_is_a_clear_error():
     with pytest.raises(RuntimeInputError, match="gluon_frag must be 0 or 1"):
         gluon_tiles(MoEConfig(gluon_frag=2), 7168, 2048, 8)
