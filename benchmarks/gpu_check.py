@@ -29,8 +29,8 @@ import torch
 from mxfp4conv.codec import dequantize_mxfp4
 
 from mxfp4conv.runtime.triton_moe import (ALIGN_GRID_PAIRS, HOPPER_SETS, LAYOUT_SETS, fused_moe_triton, gluon_plan,
-                                          grouped_plan, grouped_takes, hopper_options, pairs_take, select_config,
-                                          sum2_by_kernel, uses_gemv)
+                                          gluon_tiles, grouped_plan, grouped_takes, hopper_options, pairs_take,
+                                          select_config, sum2_by_kernel, uses_gemv)
 from mxfp4conv.shuffle import get_layout
 
 
@@ -198,9 +198,10 @@ def hopper_variants(T, H, I, k, E):
                                                 gluon_split2=2)))
         out.append(("split", dataclasses.replace(default, gluon=1, gluon_split1=16, gluon_split2=4)))
         out.append(("nopdl", dataclasses.replace(default, gluon=1, gluon_pdl=0)))
-        # GEMM2's sum over k in its last programs, and in the k-sum kernel after it (also after its K splits)
-        out.append(("sum2", dataclasses.replace(default, gluon=1, gluon_sum2=1)))
-        out.append(("sum2", dataclasses.replace(default, gluon=1, gluon_sum2=0)))
+        # GEMM2's sum over k the other way from the default's (in its last programs, or in the k-sum kernel after
+        # it), and in the k-sum kernel after GEMM2's K splits
+        by_kernel = sum2_by_kernel(default, I, gluon_tiles(default, H, I, T * k, T))
+        out.append(("sum2", dataclasses.replace(default, gluon=1, gluon_sum2=int(by_kernel))))
         out.append(("sum2", dataclasses.replace(default, gluon=1, gluon_sum2=0, gluon_split2=2)))
         out.append(("frag", dataclasses.replace(default, gluon=1, gluon_frag=1 - default.gluon_frag)))
     else:  # the Gluon kernels on expert blocks: where the default takes them, the variants above on the hopper_mma

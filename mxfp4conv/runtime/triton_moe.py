@@ -11,7 +11,7 @@ On the Hopper layouts one token takes two kernels and a memset instead: no align
 pair), the split-K activation and the k-sum in the GEMMs' tails (``hopper_options``); and on
 hopper_mma_rot, 1 to 8 bf16 tokens on an sm_90 GPU go to the Gluon kernels of
 ``gluon_few_tokens`` (``gluon_plan``), a program per (token, expert) pair, while their pairs
-number under a fifth of the experts, and past that, at up to 3.5 pairs an expert, to those of
+number under a fifth of the experts, and past that, at up to 4.6 pairs an expert (gluon_grouped_pairs), to those of
 ``gluon_grouped`` (``grouped_plan``) on 8-pair expert blocks.
 Two GEMM implementations: tensor-core MMA (swap-AB, weights decoded into the MMA operand) and,
 for decode batches where each touched expert sees about one pair, a path without tensor cores
