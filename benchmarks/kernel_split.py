@@ -3,12 +3,17 @@ triton_kernels on the same bytes and routing, from torch.profiler (CUDA activity
 --iters calls after a warm-up; weights > L2 from T ~ 256 on, so the GEMMs read DRAM).
 
     python benchmarks/kernel_split.py --shapes k3,dsv3 --tokens 2048,4096 [--triton-kernels DIR]
+        [--variants '[{"gluon_split1": 2}]']
+
+--variants: MoEConfig overrides of the default config, each split beside it.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import dataclasses
+import json
 import os
 import sys
 
@@ -18,7 +23,7 @@ from torch.profiler import ProfilerActivity, profile
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from moe_bench import SHAPES, SITU, make_weights, routing  # noqa: E402
 
-from mxfp4conv.runtime.triton_moe import fused_moe_triton  # noqa: E402
+from mxfp4conv.runtime.triton_moe import fused_moe_triton, select_config  # noqa: E402
 from mxfp4conv.shuffle import get_layout  # noqa: E402
 
 
@@ -47,7 +52,9 @@ def main() -> int:
     ap.add_argument("--tokens", default="4096")
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--triton-kernels", default=None, metavar="DIR")
+    ap.add_argument("--variants", default="[]", help="JSON list of MoEConfig overrides, each split beside the default")
     args = ap.parse_args()
+    variants = json.loads(args.variants)
     tk = None
     if args.triton_kernels:
         import tk_moe
@@ -66,8 +73,13 @@ def main() -> int:
         for T in (int(t) for t in args.tokens.split(",")):
             ids, tw = routing(T, E, k, gen)
             x = torch.randn(T, H, device="cuda", generator=gen).to(torch.bfloat16)
-            runs = {"ours": lambda: fused_moe_triton(x, *w, tw, ids, activation="situ", activation_params=SITU,
-                                                     layout="hopper_mma_rot")}
+            base = select_config(T * k, E, H, I, "hopper_mma_rot")
+            runs = {}
+            for v in [{}] + variants:
+                label = " ".join(["ours"] + [f"{key}={val}" for key, val in v.items()])
+                runs[label] = (lambda cfg: lambda: fused_moe_triton(
+                    x, *w, tw, ids, activation="situ", activation_params=SITU, layout="hopper_mma_rot",
+                    config=cfg))(dataclasses.replace(base, **v))
             if tkm is not None:
                 runs["triton_kernels"] = lambda: tkm(x, ids, tw)
             for label, fn in runs.items():

@@ -74,6 +74,11 @@ def test_bad_gluon_frag_is_a_clear_error():
         gluon_tiles(MoEConfig(gluon_frag=2), 7168, 2048, 8)
 
 
+def test_bad_gluon_xmask_is_a_clear_error():
+    with pytest.raises(RuntimeInputError, match="gluon_xmask must be 0, 1, 2 or 3"):
+        gluon_tiles(MoEConfig(gluon_xmask=4), 7168, 2048, 8)
+
+
 def test_sum_over_k_in_the_k_sum_kernel_where_measured_faster():
     # automatic: short GEMM2 rows and both GEMMs unsplit (K3-like T = 8); the sum in GEMM2 where GEMM1 is split
     # (K3-like T = 1-6) or the rows are long (DSV3-like, also unsplit at T = 3 / 6)
@@ -240,9 +245,10 @@ VARIANTS = [("silu+limit", 1, 4, False, 0, True, True), ("situ", 2, 1, False, 1,
 KB_STEPS = {1: 4, 2: 8}  # m16n8k16 MMAs a warp's 16-row slab takes for a 64 KB-code K step
 
 
-# the expert-block kernels: pairs a block, KB, GEMM1's K splits, GEMM2's 64-row blocks a program, rows in fragment order
-GROUPED = [(8, 2, 1, 1, True), (8, 2, 2, 4, True), (8, 1, 1, 1, False), (8, 1, 4, 2, True), (16, 2, 1, 7, True),
-           (8, 2, 1, 4, False)]
+# the expert-block kernels: pairs a block, KB, GEMM1's K splits, GEMM2's 64-row blocks a program, rows in fragment
+# order, GEMM2's x operand masked (the default reads the padding slots' row 0 and never stores them)
+GROUPED = [(8, 2, 1, 1, True, False), (8, 2, 2, 4, True, False), (8, 1, 1, 1, False, False), (8, 1, 4, 2, True, True),
+           (16, 2, 1, 7, True, False), (8, 2, 1, 4, False, True), (8, 2, 1, 4, False, False)]
 
 
 @pytest.fixture(scope="module")
@@ -256,11 +262,12 @@ def compiled():
                                        PDL=pdl, FRAG_KB=kb if frag else 0)))
         jobs.append(("few_gemm2", dict(KB=kb, HAS_BIAS=bias, SPLITS=splits, PDL=bool(pdl), SUM=sum2, FRAG=frag)))
         keys += [(variant, "few_gemm1"), (variant, "few_gemm2")]
-    for bt, kb, splits, blocks, frag in GROUPED:
+    for key in GROUPED:
+        bt, kb, splits, blocks, frag, masked = key
         jobs.append(("grp_gemm1", dict(KB=kb, BT=bt, ACT=ACTS["situ"][0], HAS_LIMIT=False, HAS_LINEAR=True,
                                        HAS_BIAS=True, SPLITS=splits, FRAG_KB=kb if frag else 0)))
-        jobs.append(("grp_gemm2", dict(KB=kb, BT=bt, HAS_BIAS=True, BLOCKS=blocks, FRAG=frag)))
-        keys += [((bt, kb, splits, blocks, frag), "grp_gemm1"), ((bt, kb, splits, blocks, frag), "grp_gemm2")]
+        jobs.append(("grp_gemm2", dict(KB=kb, BT=bt, HAS_BIAS=True, BLOCKS=blocks, FRAG=frag, MASKED=masked)))
+        keys += [(key, "grp_gemm1"), (key, "grp_gemm2")]
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                          env.get("PYTHONPATH", "")])
@@ -294,10 +301,10 @@ def test_kernels_compile_for_sm90_without_spills(compiled, variant):
 
 
 @pytest.mark.skipif(not _tools_available(), reason="this Triton has no Gluon or ships no NVIDIA tools")
-@pytest.mark.parametrize("bt, kb, splits, blocks, frag", GROUPED)
-def test_expert_block_kernels_compile_for_sm90_without_spills(compiled, bt, kb, splits, blocks, frag):
+@pytest.mark.parametrize("bt, kb, splits, blocks, frag, masked", GROUPED)
+def test_expert_block_kernels_compile_for_sm90_without_spills(compiled, bt, kb, splits, blocks, frag, masked):
     # a warp's slab: (64 KB / 16) m16n8k16 MMAs a K step for each 8 of the block's pairs, gate and up in GEMM1
-    key = (bt, kb, splits, blocks, frag)
+    key = (bt, kb, splits, blocks, frag, masked)
     for kernel, matrices in (("grp_gemm1", 2), ("grp_gemm2", 1)):
         sass, res = compiled[(key, kernel)]
         assert re.search(r"STACK:0\b", res), f"{kernel}: {res}"  # nothing spilled to local memory
@@ -309,3 +316,6 @@ def test_expert_block_kernels_compile_for_sm90_without_spills(compiled, bt, kb, 
     sass = compiled[(key, "grp_gemm2")][0]
     assert (len(re.findall(r"LDG\.E\.128", sass)) >= 4 * kb) == frag
     assert "STS" not in sass and "LDS" not in sass
+    # its x loads predicated only with the masks: unmasked, the one predicated loads are a lane's routing weights
+    # (two for each 8 of the block's pairs)
+    assert (len(re.findall(r"@!?P\d+ LDG", sass)) > bt // 4) == masked

@@ -38,12 +38,12 @@ def _block(sorted_ptr, bexp_ptr, npp_ptr, num_pairs, BT: gl.constexpr, LAYOUT: g
 def grp_gemm1(w_ptr, s_ptr, x_ptr, sorted_ptr, bexp_ptr, npp_ptr, b_ptr, inter_ptr, part_ptr, cnt_ptr, num_pairs,
               TOP_K, K, I, K_SPLIT, p0, p1, KB: gl.constexpr, BT: gl.constexpr, ACT: gl.constexpr,
               HAS_LIMIT: gl.constexpr, HAS_LINEAR: gl.constexpr, HAS_BIAS: gl.constexpr, SPLITS: gl.constexpr,
-              FRAG_KB: gl.constexpr = 0):
+              FRAG_KB: gl.constexpr = 0, MASKED: gl.constexpr = True):
     """inter[pair, rows] = act(gate . x[pair // TOP_K] + b, up . x + b) for the block's pairs and its
     expert, rows [64 rb, 64 rb + 64). SPLITS > 1: a program per K split (program_id(2)) stores its
     fp32 partials at part[split, pair, gate / up]; the last of a tile's splits to arrive sums them in
     split order and finishes the tile. FRAG_KB > 0: the rows stored in fragment_order for GEMM2 steps
-    of 64 FRAG_KB codes."""
+    of 64 FRAG_KB codes. MASKED: the padding slots' x read as 0 (else token 0's; their columns are not stored)."""
     live, e, pair_x, ok_x = _block(sorted_ptr, bexp_ptr, npp_ptr, num_pairs, BT, gl.SliceLayout(0, B_OP))
     if live:
         rb = gl.program_id(0)
@@ -54,7 +54,7 @@ def grp_gemm1(w_ptr, s_ptr, x_ptr, sorted_ptr, bexp_ptr, npp_ptr, b_ptr, inter_p
         w_ptr += e * (2 * I * (K // 8)) + rb * 4 * (2 * K)
         s_ptr += e * (2 * I * K // 128) + rb * 4 * (K // 8)
         g, u = _k_loop(w_ptr, s_ptr, x_ptrs, x_mask, K, gl.program_id(2) * K_SPLIT, K_SPLIT, (I // 16) * (2 * K),
-                       (I // 16) * (K // 8), KB, True, False, True)
+                       (I // 16) * (K // 8), KB, True, False, MASKED)
         rows = rb * 64 + gl.arange(0, 64, layout=ROWS)
         pair = gl.convert_layout(pair_x, COLS)
         ok = pair < num_pairs
@@ -111,10 +111,11 @@ def _next_step(r, kk, steps, BLOCKS: gl.constexpr, KB: gl.constexpr):
 @gluon.jit
 def grp_gemm2(w_ptr, s_ptr, inter_ptr, sorted_ptr, bexp_ptr, npp_ptr, b_ptr, tw_ptr, pair_out_ptr, num_pairs, K, N,
               KB: gl.constexpr, BT: gl.constexpr, HAS_BIAS: gl.constexpr, BLOCKS: gl.constexpr,
-              FRAG: gl.constexpr = False):
+              FRAG: gl.constexpr = False, MASKED: gl.constexpr = True):
     """pair_out[pair, rows] = tw[pair] * (w2[e] rows . inter[pair] + b2[e] rows) for the block's pairs,
     BLOCKS 64-row blocks a program (more than one: in one loop, the next block's first words loaded
-    during the last step of this one), in pair_out's dtype. FRAG: inter's rows in fragment_order."""
+    during the last step of this one), in pair_out's dtype. FRAG: inter's rows in fragment_order. MASKED: the
+    padding slots' B operand read as 0 (else from pair 0's row; their columns are not stored)."""
     live, e, pair_x, ok_x = _block(sorted_ptr, bexp_ptr, npp_ptr, num_pairs, BT, gl.SliceLayout(0, B_OP))
     if live:
         rb = gl.program_id(0) * BLOCKS
@@ -129,7 +130,7 @@ def grp_gemm2(w_ptr, s_ptr, inter_ptr, sorted_ptr, bexp_ptr, npp_ptr, b_ptr, tw_
         w_ptr += e * (N * (K // 8)) + rb * 4 * (2 * K)
         s_ptr += e * (N * K // 128) + rb * 4 * (K // 8)
         if BLOCKS == 1:
-            y, _ = _k_loop(w_ptr, s_ptr, x_ptrs, x_mask, K, 0, K, 0, 0, KB, False, False, True, FRAG)
+            y, _ = _k_loop(w_ptr, s_ptr, x_ptrs, x_mask, K, 0, K, 0, 0, KB, False, False, MASKED, FRAG)
             _gemm2_tile_tail(y, e, rb, pair_x, num_pairs, b_ptr, tw_ptr, pair_out_ptr, N, HAS_BIAS)
         else:
             steps = K // (64 * KB)
@@ -141,9 +142,11 @@ def grp_gemm2(w_ptr, s_ptr, inter_ptr, sorted_ptr, bexp_ptr, npp_ptr, b_ptr, tw_
                     r_n, k_n = _next_step(r, kk, steps, BLOCKS, KB)
                     w_n, s_n = _block_loads(w_ptr, s_ptr, w_off, s_off, r_n, k_n, K)
                     if FRAG:
-                        x = _fragments(x_ptrs + kk * (64 * KB), x_mask, KB, True)
-                    else:
+                        x = _fragments(x_ptrs + kk * (64 * KB), x_mask, KB, MASKED)
+                    elif MASKED:
                         x = gl.load(x_ptrs + kk * (64 * KB), mask=x_mask, other=0.0)
+                    else:
+                        x = gl.load(x_ptrs + kk * (64 * KB))
                     acc = mma_v2(gl.convert_layout(_decode(w, s, 4, KB, _WPTX, _FPTX), A_OP), x, acc)
                     w = w_n
                     s = s_n
@@ -164,12 +167,14 @@ def _gemm2_tile_tail(y, e, rb, pair_x, num_pairs, b_ptr, tw_ptr, pair_out_ptr, N
 
 
 def forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias, act, align, k_sum, *,
-            k1: int, k2: int, block_t: int, splits1: int = 1, blocks2: int = 1, frag: bool = False) -> torch.Tensor:
+            k1: int, k2: int, block_t: int, splits1: int = 1, blocks2: int = 1, frag: bool = False,
+            masks: int = 1) -> torch.Tensor:
     """The layer for x [T, H] bf16 (contiguous hopper_mma_rot tensors, scales <= 2): align the pairs
     with align(block_t) -> (sorted_ids, block_expert, num_post_pad, max_blocks), run both GEMMs (GEMM1
     in splits1 K splits, dividing H into whole steps of k1; GEMM2 in programs of blocks2 64-row blocks,
     dividing H / 64), and return k_sum(pair_out [1, T k, H]), the caller's sum over k. frag: the
-    intermediate rows in fragment_order, GEMM2's B operand loaded in 16-byte words."""
+    intermediate rows in fragment_order, GEMM2's B operand loaded in 16-byte words. masks: bit 1 GEMM1's x operand
+    masked, bit 2 GEMM2's (unmasked, a padding slot reads row 0 into a column that is never stored)."""
     E, two_i, _ = w13.shape
     T, H = x.shape
     I = two_i // 2
@@ -187,9 +192,10 @@ def forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w
         _words(w13), _words(w13_scale), x, sorted_ids, block_expert, num_post_pad,
         w13_bias if w13_bias is not None else inter, inter, part, cnt, pairs, k, H, I, H // splits1, act["p0"],
         act["p1"], KB=k1 // 64, BT=block_t, ACT=act["ACT"], HAS_LIMIT=act["HAS_LIMIT"], HAS_LINEAR=act["HAS_LINEAR"],
-        HAS_BIAS=w13_bias is not None, SPLITS=splits1, FRAG_KB=k2 // 64 if frag else 0, num_warps=4)
+        HAS_BIAS=w13_bias is not None, SPLITS=splits1, FRAG_KB=k2 // 64 if frag else 0, MASKED=bool(masks & 1),
+        num_warps=4)
     grp_gemm2[(H // 64 // blocks2, max_blocks)](
         _words(w2), _words(w2_scale), inter, sorted_ids, block_expert, num_post_pad,
         w2_bias if w2_bias is not None else pair_out, tw, pair_out, pairs, I, H, KB=k2 // 64, BT=block_t,
-        HAS_BIAS=w2_bias is not None, BLOCKS=blocks2, FRAG=frag, num_warps=4)
+        HAS_BIAS=w2_bias is not None, BLOCKS=blocks2, FRAG=frag, MASKED=bool(masks & 2), num_warps=4)
     return k_sum(pair_out)

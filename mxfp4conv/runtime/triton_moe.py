@@ -149,6 +149,12 @@ class MoEConfig:
     # and their GEMM2 in programs of gluon_blocks2 64-row blocks (0: automatic, grouped_tiles; lowered to a divisor
     # of H / 64)
     gluon_blocks2: int = 0
+    # and which of their GEMMs mask the x operand's padding slots to 0 (bit 1 GEMM1, bit 2 GEMM2); unmasked, a padding
+    # slot reads row 0, whose column is never stored: bit-equal outputs. On an H200, GEMM2 unmasked (1 against 3):
+    # K3-like T = 10-256 0.991-1.002 (median 0.996), DSV3-like T = 8 / 12 0.998 / 0.997. GEMM1 unmasked drops it to
+    # 74 registers from 84 (6 programs an SM, not 5), which moves the last partial wave: K3-like T = 16 / 64 / 224
+    # 0.957 / 0.990 / 0.986, but T = 10 / 12 / 24 1.048 / 1.038 / 1.017, so it stays masked
+    gluon_xmask: int = 1
 
 
 def layout_of(layout: Mapping[str, str]) -> str | None:
@@ -730,6 +736,8 @@ def _check_gluon_knobs(cfg: MoEConfig) -> None:
             raise RuntimeInputError(f"fused_moe_triton: {name} must be 64 or 128, got {k}.")
     if cfg.gluon_frag not in (0, 1):
         raise RuntimeInputError(f"fused_moe_triton: gluon_frag must be 0 or 1, got {cfg.gluon_frag}.")
+    if cfg.gluon_xmask not in (0, 1, 2, 3):
+        raise RuntimeInputError(f"fused_moe_triton: gluon_xmask must be 0, 1, 2 or 3, got {cfg.gluon_xmask}.")
     if cfg.gluon_sum2 not in (-1, 0, 1):
         raise RuntimeInputError(f"fused_moe_triton: gluon_sum2 must be -1, 0 or 1, got {cfg.gluon_sum2}.")
     if cfg.gluon_block_t not in (8, 16):
@@ -853,8 +861,8 @@ def _gluon_grouped_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_i
     tensors = _contiguous(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias)
     return _compiled_or_none(lambda: _gluon_grouped_module().forward(
         *tensors, act, lambda bt: moe_align(topk_ids, E, bt, cfg.align), k_sum, k1=k1, k2=k2,
-        block_t=cfg.gluon_block_t, splits1=splits1, blocks2=blocks2, frag=cfg.gluon_frag == 1),
-        cfg.gluon_grouped == 1 and cfg.gluon == 1)
+        block_t=cfg.gluon_block_t, splits1=splits1, blocks2=blocks2, frag=cfg.gluon_frag == 1,
+        masks=cfg.gluon_xmask), cfg.gluon_grouped == 1 and cfg.gluon == 1)
 
 
 def _contiguous(*tensors):
