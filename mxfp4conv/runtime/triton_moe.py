@@ -155,6 +155,7 @@ class MoEConfig:
     # 74 registers from 84 (6 programs an SM, not 5), which moves the last partial wave: K3-like T = 16 / 64 / 224
     # 0.957 / 0.990 / 0.986, but T = 10 / 12 / 24 1.048 / 1.038 / 1.017, so it stays masked
     gluon_xmask: int = 1
+    gluon_tail: int = 1
 
 
 def layout_of(layout: Mapping[str, str]) -> str | None:
@@ -736,6 +737,8 @@ def _check_gluon_knobs(cfg: MoEConfig) -> None:
             raise RuntimeInputError(f"fused_moe_triton: {name} must be 64 or 128, got {k}.")
     if cfg.gluon_frag not in (0, 1):
         raise RuntimeInputError(f"fused_moe_triton: gluon_frag must be 0 or 1, got {cfg.gluon_frag}.")
+    if cfg.gluon_tail < 1:
+        raise RuntimeInputError(f"fused_moe_triton: gluon_tail must be 1 or more, got {cfg.gluon_tail}.")
     if cfg.gluon_xmask not in (0, 1, 2, 3):
         raise RuntimeInputError(f"fused_moe_triton: gluon_xmask must be 0, 1, 2 or 3, got {cfg.gluon_xmask}.")
     if cfg.gluon_sum2 not in (-1, 0, 1):
@@ -862,7 +865,7 @@ def _gluon_grouped_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_i
     return _compiled_or_none(lambda: _gluon_grouped_module().forward(
         *tensors, act, lambda bt: moe_align(topk_ids, E, bt, cfg.align), k_sum, k1=k1, k2=k2,
         block_t=cfg.gluon_block_t, splits1=splits1, blocks2=blocks2, frag=cfg.gluon_frag == 1,
-        masks=cfg.gluon_xmask), cfg.gluon_grouped == 1 and cfg.gluon == 1)
+        masks=cfg.gluon_xmask, tail=cfg.gluon_tail), cfg.gluon_grouped == 1 and cfg.gluon == 1)
 
 
 def _contiguous(*tensors):
