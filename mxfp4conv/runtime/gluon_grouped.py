@@ -35,10 +35,11 @@ def _block(sorted_ptr, bexp_ptr, npp_ptr, num_pairs, m, BT: gl.constexpr, LAYOUT
 
 @gluon.jit
 def _tail_tile(npp_ptr, BT: gl.constexpr, K, KB: gl.constexpr, BLOCKS, SLOTS, TAIL: gl.constexpr):
-    """(pair block, row block, K splits, split, live) of this program. Tiles (pair block, row block) are
-    numbered row blocks fastest over the live blocks; those past the last whole wave of SLOTS programs
-    are split over K into up to TAIL parts, so that the partial wave fills the GPU. Programs of the
-    first BLOCKS pair blocks run each tile's split 0; those after it, the tail tiles' other splits."""
+    """(pair block, row block, K splits, split, tail slot, live) of this program. Tiles (pair block, row
+    block) are numbered row blocks fastest over the live blocks; those past the last whole wave of SLOTS
+    programs (the tail, slots 0, 1, ...) are split over K into up to TAIL parts, so that the partial wave
+    fills the GPU. Programs of the first BLOCKS pair blocks run each tile's split 0; those after them,
+    the tail tiles' other splits."""
     rows = gl.num_programs(0)
     tiles = gl.load(npp_ptr) // BT * rows
     rest = tiles % SLOTS
@@ -55,7 +56,7 @@ def _tail_tile(npp_ptr, BT: gl.constexpr, K, KB: gl.constexpr, BLOCKS, SLOTS, TA
         live = (n > 1) & (tile < tiles)
         tile = gl.where(live, tile, 0)
     n = gl.where(tile >= tiles - rest, n, 1)
-    return tile // rows, tile % rows, n, split, live
+    return tile // rows, tile % rows, n, split, tile - (tiles - rest), live
 
 
 @gluon.jit(do_not_specialize=["BLOCKS", "SLOTS"])
@@ -71,7 +72,7 @@ def grp_gemm1(w_ptr, s_ptr, x_ptr, sorted_ptr, bexp_ptr, npp_ptr, b_ptr, inter_p
     part). FRAG_KB > 0: the rows stored in fragment_order for GEMM2 steps of 64 FRAG_KB codes. MASKED: the
     padding slots' x read as 0 (else token 0's; their columns are not stored)."""
     if TAIL > 1:
-        m, rb, splits, sp, live = _tail_tile(npp_ptr, BT, K, KB, BLOCKS, SLOTS, TAIL)
+        m, rb, splits, sp, slot, live = _tail_tile(npp_ptr, BT, K, KB, BLOCKS, SLOTS, TAIL)
         steps = K // (64 * KB)
         k_lo = sp * steps // splits * (64 * KB)
         k_len = (sp + 1) * steps // splits * (64 * KB) - k_lo
@@ -98,11 +99,11 @@ def grp_gemm1(w_ptr, s_ptr, x_ptr, sorted_ptr, bexp_ptr, npp_ptr, b_ptr, inter_p
         ok = pair < num_pairs
         tile_mask = ok[None, :] & (rows[:, None] >= 0)
         if SPLITS > 1:
-            _split_sum(g, u, e, m, rb, sp, SPLITS, rows, pair, tile_mask, part_ptr, cnt_ptr, num_pairs, b_ptr,
-                       inter_ptr, I, p0, p1, ACT, HAS_LIMIT, HAS_LINEAR, HAS_BIAS, FRAG_KB)
+            _split_sum(g, u, e, sp, SPLITS, rows, pair, tile_mask, part_ptr, cnt_ptr + m * gl.num_programs(0) + rb,
+                       num_pairs, b_ptr, inter_ptr, I, p0, p1, ACT, HAS_LIMIT, HAS_LINEAR, HAS_BIAS, FRAG_KB)
         elif TAIL > 1:
             if splits > 1:
-                _split_sum(g, u, e, m, rb, sp, splits, rows, pair, tile_mask, part_ptr, cnt_ptr, num_pairs, b_ptr,
+                _split_sum(g, u, e, sp, splits, rows, pair, tile_mask, part_ptr, cnt_ptr + slot, num_pairs, b_ptr,
                            inter_ptr, I, p0, p1, ACT, HAS_LIMIT, HAS_LINEAR, HAS_BIAS, FRAG_KB)
             else:
                 _gemm1_tile_tail(g, u, e, rows, pair, tile_mask, b_ptr, inter_ptr, I, p0, p1, ACT, HAS_LIMIT,
@@ -113,17 +114,17 @@ def grp_gemm1(w_ptr, s_ptr, x_ptr, sorted_ptr, bexp_ptr, npp_ptr, b_ptr, inter_p
 
 
 @gluon.jit
-def _split_sum(g, u, e, m, rb, sp, splits, rows, pair, tile_mask, part_ptr, cnt_ptr, num_pairs, b_ptr, inter_ptr, I,
-               p0, p1, ACT: gl.constexpr, HAS_LIMIT: gl.constexpr, HAS_LINEAR: gl.constexpr, HAS_BIAS: gl.constexpr,
+def _split_sum(g, u, e, sp, splits, rows, pair, tile_mask, part_ptr, cnt, num_pairs, b_ptr, inter_ptr, I, p0, p1,
+               ACT: gl.constexpr, HAS_LIMIT: gl.constexpr, HAS_LINEAR: gl.constexpr, HAS_BIAS: gl.constexpr,
                FRAG_KB: gl.constexpr):
-    """Split sp's fp32 partials of tile (m, rb) at part[sp, pair, gate / up]; the last of its splits to
-    arrive sums them in split order and finishes the tile."""
+    """Split sp's fp32 partials of a tile at part[sp, pair, gate / up], counted at the tile's counter cnt;
+    the last of its splits to arrive sums them in split order and finishes the tile."""
     part = part_ptr + pair[None, :].to(gl.int64) * (2 * I) + rows[:, None]
     split_stride = num_pairs.to(gl.int64) * (2 * I)
     gl.store(part + sp * split_stride, g, mask=tile_mask)
     gl.store(part + sp * split_stride + I, u, mask=tile_mask)
     _barrier()
-    if _arrive(cnt_ptr + m * gl.num_programs(0) + rb, splits):
+    if _arrive(cnt, splits):
         _barrier()
         g = gl.zeros(g.shape, gl.float32, layout=MMA)
         u = gl.zeros(u.shape, gl.float32, layout=MMA)
@@ -226,7 +227,8 @@ def forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w
             k1: int, k2: int, block_t: int, splits1: int = 1, blocks2: int = 1, frag: bool = False,
             masks: int = 1, tail: int = 1) -> torch.Tensor:
     """The layer for x [T, H] bf16 (contiguous hopper_mma_rot tensors, scales <= 2): align the pairs
-    with align(block_t) -> (sorted_ids, block_expert, num_post_pad, max_blocks), run both GEMMs (GEMM1
+    with align(block_t, zeros) -> (sorted_ids, block_expert, num_post_pad, max_blocks) (zeros: None or
+    int32 counters to zero on the way), run both GEMMs (GEMM1
     in splits1 K splits, dividing H into whole steps of k1, or with tail > 1 and splits1 1 its last
     partial wave's tiles in up to tail K splits; GEMM2 in programs of blocks2 64-row blocks, dividing
     H / 64), and return k_sum(pair_out [1, T k, H]), the caller's sum over k. frag: the intermediate
@@ -237,26 +239,36 @@ def forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w
     I = two_i // 2
     k = topk_ids.shape[1]
     pairs = T * k
-    sorted_ids, block_expert, num_post_pad, max_blocks = align(block_t)
-    inter = torch.empty(pairs, I, dtype=torch.bfloat16, device=x.device)
-    pair_out = torch.empty(1, pairs, H, dtype=x.dtype, device=x.device)
-    tw = topk_weights.reshape(-1)
     tail = tail if splits1 == 1 else 1
-    part, cnt = inter, sorted_ids  # (unread without splits)
-    if splits1 > 1 or tail > 1:
-        part = torch.empty(max(splits1, tail), pairs, 2, I, dtype=torch.float32, device=x.device)
-        cnt = torch.zeros(max_blocks * (I // 64), dtype=torch.int32, device=x.device)
-    args = (_words(w13), _words(w13_scale), x, sorted_ids, block_expert, num_post_pad,
-            w13_bias if w13_bias is not None else inter, inter, part, cnt, pairs, k, H, I, H // splits1, act["p0"],
-            act["p1"], max_blocks)
     kw = dict(KB=k1 // 64, BT=block_t, ACT=act["ACT"], HAS_LIMIT=act["HAS_LIMIT"], HAS_LINEAR=act["HAS_LINEAR"],
               HAS_BIAS=w13_bias is not None, SPLITS=splits1, FRAG_KB=k2 // 64 if frag else 0, MASKED=bool(masks & 1),
               TAIL=tail, num_warps=4)
-    slots, extra = 1, 0
-    if tail > 1:
-        slots = _wave_slots(grp_gemm1, args + (1,), kw, x.device)
+    inter = torch.empty(pairs, I, dtype=torch.bfloat16, device=x.device)
+    bias1 = w13_bias if w13_bias is not None else inter
+
+    def ints():  # stand-ins for align's outputs, to compile GEMM1 before align runs
+        return torch.empty(16, dtype=torch.int32, device=x.device)
+
+    def args(sorted_ids, block_expert, num_post_pad, part, cnt, max_blocks):
+        return (_words(w13), _words(w13_scale), x, sorted_ids, block_expert, num_post_pad, bias1, inter, part, cnt,
+                pairs, k, H, I, H // splits1, act["p0"], act["p1"], max_blocks)
+
+    slots, extra, cnt = 1, 0, None
+    if tail > 1:  # counters of the tail tiles (at most a wave), zeroed by the align kernels
+        part = torch.empty(tail, pairs, 2, I, dtype=torch.float32, device=x.device)
+        slots = _wave_slots(grp_gemm1, args(ints(), ints(), ints(), part, ints(), 0) + (1,), kw, x.device)
         extra = -(-slots // (I // 64))  # pair blocks' worth of programs for the tail tiles' other splits
-    grp_gemm1[(I // 64, max_blocks + extra, splits1)](*args, slots, **kw)
+        cnt = torch.empty(slots, dtype=torch.int32, device=x.device)
+    sorted_ids, block_expert, num_post_pad, max_blocks = align(block_t, cnt)
+    pair_out = torch.empty(1, pairs, H, dtype=x.dtype, device=x.device)
+    tw = topk_weights.reshape(-1)
+    if splits1 > 1:
+        part = torch.empty(splits1, pairs, 2, I, dtype=torch.float32, device=x.device)
+        cnt = torch.zeros(max_blocks * (I // 64), dtype=torch.int32, device=x.device)
+    elif tail == 1:
+        part, cnt = inter, sorted_ids  # (unread without splits)
+    grp_gemm1[(I // 64, max_blocks + extra, splits1)](
+        *args(sorted_ids, block_expert, num_post_pad, part, cnt, max_blocks), slots, **kw)
     grp_gemm2[(H // 64 // blocks2, max_blocks)](
         _words(w2), _words(w2_scale), inter, sorted_ids, block_expert, num_post_pad,
         w2_bias if w2_bias is not None else pair_out, tw, pair_out, pairs, I, H, KB=k2 // 64, BT=block_t,
