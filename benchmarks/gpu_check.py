@@ -218,10 +218,7 @@ def hopper_variants(T, H, I, k, E):
                                                    gluon_blocks2=7)))
         # the intermediate rows in the other order (fragment order, or plain)
         out.append(("grouped", dataclasses.replace(default, gluon=1, gluon_grouped=1, gluon_frag=1 - default.gluon_frag)))
-        # the last partial wave's GEMM1 tiles split over K the other way (in up to 4 splits, or not), and both GEMMs'
-        # x operands masked the other way
-        out.append(("grouped", dataclasses.replace(default, gluon=1, gluon_grouped=1,
-                                                   gluon_tail=4 if default.gluon_tail == 1 else 1)))
+        # both GEMMs' x operands masked the other way from the default's
         out.append(("grouped", dataclasses.replace(default, gluon=1, gluon_grouped=1,
                                                    gluon_xmask=0 if default.gluon_xmask else 3)))
         if T <= 16:  # and the per-pair ones on more tokens than they take by default
@@ -278,8 +275,7 @@ def main() -> int:
             blocks = grouped_plan(cfg, xin, weights, k, layout, E) if layout in HOPPER_SETS else None
             if blocks:
                 path = (f"gluon grouped bt{cfg.gluon_block_t} k{blocks[0]}/{blocks[1]} s{blocks[2]} b{blocks[3]}"
-                        f"{'' if cfg.gluon_frag else ' plainrows'}{f' tail{cfg.gluon_tail}' if cfg.gluon_tail > 1 else ''}"
-                        f" xmask{cfg.gluon_xmask}")
+                        f"{'' if cfg.gluon_frag else ' plainrows'} xmask{cfg.gluon_xmask}")
             elif plan:
                 path = (f"gluon k{plan[0]}/{plan[1]} s{plan[2]}/{plan[3]}{f' pdl{cfg.gluon_pdl}' if cfg.gluon_pdl else ''}"
                         f"{' ksum' if sum2_by_kernel(cfg, I, plan) else ''}{'' if cfg.gluon_frag else ' plainrows'}")

@@ -249,11 +249,9 @@ KB_STEPS = {1: 4, 2: 8}  # m16n8k16 MMAs a warp's 16-row slab takes for a 64 KB-
 
 
 # the expert-block kernels: pairs a block, KB, GEMM1's K splits, GEMM2's 64-row blocks a program, rows in fragment
-# order, GEMM2's x operand masked (the default reads the padding slots' row 0 and never stores them), GEMM1's most
-# K splits of a last partial wave's tiles
-GROUPED = [(8, 2, 1, 1, True, False, 1), (8, 2, 2, 4, True, False, 1), (8, 1, 1, 1, False, False, 1),
-           (8, 1, 4, 2, True, True, 1), (16, 2, 1, 7, True, False, 1), (8, 2, 1, 4, False, True, 1),
-           (8, 2, 1, 4, False, False, 1), (8, 2, 1, 4, True, False, 4), (16, 1, 1, 1, True, False, 7)]
+# order, GEMM2's x operand masked (the default reads the padding slots' row 0 and never stores them)
+GROUPED = [(8, 2, 1, 1, True, False), (8, 2, 2, 4, True, False), (8, 1, 1, 1, False, False), (8, 1, 4, 2, True, True),
+           (16, 2, 1, 7, True, False), (8, 2, 1, 4, False, True), (8, 2, 1, 4, False, False)]
 
 
 @pytest.fixture(scope="module")
@@ -268,9 +266,9 @@ def compiled():
         jobs.append(("few_gemm2", dict(KB=kb, HAS_BIAS=bias, SPLITS=splits, PDL=bool(pdl), SUM=sum2, FRAG=frag)))
         keys += [(variant, "few_gemm1"), (variant, "few_gemm2")]
     for key in GROUPED:
-        bt, kb, splits, blocks, frag, masked, tail = key
+        bt, kb, splits, blocks, frag, masked = key
         jobs.append(("grp_gemm1", dict(KB=kb, BT=bt, ACT=ACTS["situ"][0], HAS_LIMIT=False, HAS_LINEAR=True,
-                                       HAS_BIAS=True, SPLITS=splits, FRAG_KB=kb if frag else 0, TAIL=tail)))
+                                       HAS_BIAS=True, SPLITS=splits, FRAG_KB=kb if frag else 0)))
         jobs.append(("grp_gemm2", dict(KB=kb, BT=bt, HAS_BIAS=True, BLOCKS=blocks, FRAG=frag, MASKED=masked)))
         keys += [(key, "grp_gemm1"), (key, "grp_gemm2")]
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
@@ -306,18 +304,17 @@ def test_kernels_compile_for_sm90_without_spills(compiled, variant):
 
 
 @pytest.mark.skipif(not _tools_available(), reason="this Triton has no Gluon or ships no NVIDIA tools")
-@pytest.mark.parametrize("bt, kb, splits, blocks, frag, masked, tail", GROUPED)
-def test_expert_block_kernels_compile_for_sm90_without_spills(compiled, bt, kb, splits, blocks, frag, masked, tail):
+@pytest.mark.parametrize("bt, kb, splits, blocks, frag, masked", GROUPED)
+def test_expert_block_kernels_compile_for_sm90_without_spills(compiled, bt, kb, splits, blocks, frag, masked):
     # a warp's slab: (64 KB / 16) m16n8k16 MMAs a K step for each 8 of the block's pairs, gate and up in GEMM1
-    key = (bt, kb, splits, blocks, frag, masked, tail)
+    key = (bt, kb, splits, blocks, frag, masked)
     for kernel, matrices in (("grp_gemm1", 2), ("grp_gemm2", 1)):
         sass, res = compiled[(key, kernel)]
         assert re.search(r"STACK:0\b", res), f"{kernel}: {res}"  # nothing spilled to local memory
         assert "LDL" not in sass and "STL" not in sass, kernel
         assert len(re.findall(r"HMMA\.16816\.F32\.BF16", sass)) >= matrices * KB_STEPS[kb] * (bt // 8), kernel
-    # GEMM1's K splits (all tiles', or the last partial wave's): the last split of a tile counts its arrival with one
-    # atomic add
-    assert ("ATOMG.E.ADD" in compiled[(key, "grp_gemm1")][0]) == (splits > 1 or tail > 1)
+    # GEMM1's K splits: the last split of a tile counts its arrival with one atomic add
+    assert ("ATOMG.E.ADD" in compiled[(key, "grp_gemm1")][0]) == (splits > 1)
     # GEMM2's B operand from rows in fragment order: in 16-byte loads, no shuffle through shared memory
     sass = compiled[(key, "grp_gemm2")][0]
     assert (len(re.findall(r"LDG\.E\.128", sass)) >= 4 * kb) == frag

@@ -24,9 +24,10 @@ COLS = gl.constexpr(gl.SliceLayout(0, MMA))  # a tile's pair columns
 
 
 @gluon.jit
-def _block(sorted_ptr, bexp_ptr, npp_ptr, num_pairs, m, BT: gl.constexpr, LAYOUT: gl.constexpr):
-    """(live, expert, pairs, pair mask) of pair block m (padding slots hold num_pairs; blocks past
-    num_post_pad are not live)."""
+def _block(sorted_ptr, bexp_ptr, npp_ptr, num_pairs, BT: gl.constexpr, LAYOUT: gl.constexpr):
+    """(live, expert, pairs, pair mask) of pair block program_id(1) (padding slots hold num_pairs;
+    blocks past num_post_pad are not live)."""
+    m = gl.program_id(1)
     live = m * BT < gl.load(npp_ptr)
     e = gl.load(bexp_ptr + m).to(gl.int64)
     pair = gl.load(sorted_ptr + m * BT + gl.arange(0, BT, layout=LAYOUT))
@@ -34,105 +35,48 @@ def _block(sorted_ptr, bexp_ptr, npp_ptr, num_pairs, m, BT: gl.constexpr, LAYOUT
 
 
 @gluon.jit
-def _tail_tile(npp_ptr, BT: gl.constexpr, K, KB: gl.constexpr, BLOCKS, SLOTS, TAIL: gl.constexpr):
-    """(pair block, row block, K splits, split, tail slot, live) of this program. Tiles (pair block, row
-    block) are numbered row blocks fastest over the live blocks; those past the last whole wave of SLOTS
-    programs (the tail, slots 0, 1, ...) are split over K into up to TAIL parts, so that the partial wave
-    fills the GPU. Programs of the first BLOCKS pair blocks run each tile's split 0; those after them,
-    the tail tiles' other splits."""
-    rows = gl.num_programs(0)
-    tiles = gl.load(npp_ptr) // BT * rows
-    rest = tiles % SLOTS
-    n = gl.minimum(SLOTS // gl.maximum(rest, 1), TAIL)
-    n = gl.maximum(gl.minimum(n, K // (64 * KB)), 1)
-    m = gl.program_id(1)
-    tile = m * rows + gl.program_id(0)
-    split = tile * 0
-    live = tile < tiles
-    if m >= BLOCKS:
-        q = tile - BLOCKS * rows
-        tile = tiles - rest + q // gl.maximum(n - 1, 1)
-        split = 1 + q % gl.maximum(n - 1, 1)
-        live = (n > 1) & (tile < tiles)
-        tile = gl.where(live, tile, 0)
-    n = gl.where(tile >= tiles - rest, n, 1)
-    return tile // rows, tile % rows, n, split, tile - (tiles - rest), live
-
-
-@gluon.jit(do_not_specialize=["BLOCKS", "SLOTS"])
 def grp_gemm1(w_ptr, s_ptr, x_ptr, sorted_ptr, bexp_ptr, npp_ptr, b_ptr, inter_ptr, part_ptr, cnt_ptr, num_pairs,
-              TOP_K, K, I, K_SPLIT, p0, p1, BLOCKS, SLOTS, KB: gl.constexpr, BT: gl.constexpr, ACT: gl.constexpr,
+              TOP_K, K, I, K_SPLIT, p0, p1, KB: gl.constexpr, BT: gl.constexpr, ACT: gl.constexpr,
               HAS_LIMIT: gl.constexpr, HAS_LINEAR: gl.constexpr, HAS_BIAS: gl.constexpr, SPLITS: gl.constexpr,
-              FRAG_KB: gl.constexpr = 0, MASKED: gl.constexpr = True, TAIL: gl.constexpr = 1):
+              FRAG_KB: gl.constexpr = 0, MASKED: gl.constexpr = True):
     """inter[pair, rows] = act(gate . x[pair // TOP_K] + b, up . x + b) for the block's pairs and its
     expert, rows [64 rb, 64 rb + 64). SPLITS > 1: a program per K split (program_id(2)) stores its
     fp32 partials at part[split, pair, gate / up]; the last of a tile's splits to arrive sums them in
-    split order and finishes the tile. TAIL > 1 (with SPLITS 1): the tiles of the last partial wave of
-    SLOTS programs in up to TAIL such splits (_tail_tile; BLOCKS the pair blocks of the grid's first
-    part). FRAG_KB > 0: the rows stored in fragment_order for GEMM2 steps of 64 FRAG_KB codes. MASKED: the
-    padding slots' x read as 0 (else token 0's; their columns are not stored)."""
-    if TAIL > 1:
-        m, rb, splits, sp, slot, live = _tail_tile(npp_ptr, BT, K, KB, BLOCKS, SLOTS, TAIL)
-        steps = K // (64 * KB)
-        k_lo = sp * steps // splits * (64 * KB)
-        k_len = (sp + 1) * steps // splits * (64 * KB) - k_lo
-    else:
-        m = gl.program_id(1)
+    split order and finishes the tile. FRAG_KB > 0: the rows stored in fragment_order for GEMM2 steps
+    of 64 FRAG_KB codes. MASKED: the padding slots' x read as 0 (else token 0's; their columns are not stored)."""
+    live, e, pair_x, ok_x = _block(sorted_ptr, bexp_ptr, npp_ptr, num_pairs, BT, gl.SliceLayout(0, B_OP))
+    if live:
         rb = gl.program_id(0)
-        splits = SPLITS
-        sp = gl.program_id(2)
-        k_lo = sp * K_SPLIT
-        k_len = K_SPLIT
-        live = rb >= 0
-    live_m, e, pair_x, ok_x = _block(sorted_ptr, bexp_ptr, npp_ptr, num_pairs, m, BT, gl.SliceLayout(0, B_OP))
-    if live & live_m:
         xk = gl.arange(0, 64 * KB, layout=gl.SliceLayout(1, B_OP))
         tok = gl.where(ok_x, pair_x // TOP_K, 0).to(gl.int64)
         x_ptrs = x_ptr + tok[None, :] * K + xk[:, None]
         x_mask = ok_x[None, :] & (xk[:, None] >= 0)
         w_ptr += e * (2 * I * (K // 8)) + rb * 4 * (2 * K)
         s_ptr += e * (2 * I * K // 128) + rb * 4 * (K // 8)
-        g, u = _k_loop(w_ptr, s_ptr, x_ptrs, x_mask, K, k_lo, k_len, (I // 16) * (2 * K), (I // 16) * (K // 8), KB,
-                       True, False, MASKED)
+        g, u = _k_loop(w_ptr, s_ptr, x_ptrs, x_mask, K, gl.program_id(2) * K_SPLIT, K_SPLIT, (I // 16) * (2 * K),
+                       (I // 16) * (K // 8), KB, True, False, MASKED)
         rows = rb * 64 + gl.arange(0, 64, layout=ROWS)
         pair = gl.convert_layout(pair_x, COLS)
         ok = pair < num_pairs
         tile_mask = ok[None, :] & (rows[:, None] >= 0)
         if SPLITS > 1:
-            _split_sum(g, u, e, sp, SPLITS, rows, pair, tile_mask, part_ptr, cnt_ptr + m * gl.num_programs(0) + rb,
-                       num_pairs, b_ptr, inter_ptr, I, p0, p1, ACT, HAS_LIMIT, HAS_LINEAR, HAS_BIAS, FRAG_KB)
-        elif TAIL > 1:
-            if splits > 1:
-                _split_sum(g, u, e, sp, splits, rows, pair, tile_mask, part_ptr, cnt_ptr + slot, num_pairs, b_ptr,
-                           inter_ptr, I, p0, p1, ACT, HAS_LIMIT, HAS_LINEAR, HAS_BIAS, FRAG_KB)
-            else:
+            part = part_ptr + pair[None, :].to(gl.int64) * (2 * I) + rows[:, None]
+            split_stride = num_pairs.to(gl.int64) * (2 * I)
+            gl.store(part + gl.program_id(2) * split_stride, g, mask=tile_mask)
+            gl.store(part + gl.program_id(2) * split_stride + I, u, mask=tile_mask)
+            _barrier()
+            if _arrive(cnt_ptr + gl.program_id(1) * gl.num_programs(0) + rb, SPLITS):
+                _barrier()
+                g = gl.zeros(g.shape, gl.float32, layout=MMA)
+                u = gl.zeros(u.shape, gl.float32, layout=MMA)
+                for sp in range(SPLITS):
+                    g += gl.load(part + sp * split_stride, mask=tile_mask, other=0.0)
+                    u += gl.load(part + sp * split_stride + I, mask=tile_mask, other=0.0)
                 _gemm1_tile_tail(g, u, e, rows, pair, tile_mask, b_ptr, inter_ptr, I, p0, p1, ACT, HAS_LIMIT,
                                  HAS_LINEAR, HAS_BIAS, FRAG_KB)
         else:
             _gemm1_tile_tail(g, u, e, rows, pair, tile_mask, b_ptr, inter_ptr, I, p0, p1, ACT, HAS_LIMIT, HAS_LINEAR,
                              HAS_BIAS, FRAG_KB)
-
-
-@gluon.jit
-def _split_sum(g, u, e, sp, splits, rows, pair, tile_mask, part_ptr, cnt, num_pairs, b_ptr, inter_ptr, I, p0, p1,
-               ACT: gl.constexpr, HAS_LIMIT: gl.constexpr, HAS_LINEAR: gl.constexpr, HAS_BIAS: gl.constexpr,
-               FRAG_KB: gl.constexpr):
-    """Split sp's fp32 partials of a tile at part[sp, pair, gate / up], counted at the tile's counter cnt;
-    the last of its splits to arrive sums them in split order and finishes the tile."""
-    part = part_ptr + pair[None, :].to(gl.int64) * (2 * I) + rows[:, None]
-    split_stride = num_pairs.to(gl.int64) * (2 * I)
-    gl.store(part + sp * split_stride, g, mask=tile_mask)
-    gl.store(part + sp * split_stride + I, u, mask=tile_mask)
-    _barrier()
-    if _arrive(cnt, splits):
-        _barrier()
-        g = gl.zeros(g.shape, gl.float32, layout=MMA)
-        u = gl.zeros(u.shape, gl.float32, layout=MMA)
-        for s in range(splits):
-            g += gl.load(part + s * split_stride, mask=tile_mask, other=0.0)
-            u += gl.load(part + s * split_stride + I, mask=tile_mask, other=0.0)
-        _gemm1_tile_tail(g, u, e, rows, pair, tile_mask, b_ptr, inter_ptr, I, p0, p1, ACT, HAS_LIMIT, HAS_LINEAR,
-                         HAS_BIAS, FRAG_KB)
 
 
 @gluon.jit
@@ -172,8 +116,7 @@ def grp_gemm2(w_ptr, s_ptr, inter_ptr, sorted_ptr, bexp_ptr, npp_ptr, b_ptr, tw_
     BLOCKS 64-row blocks a program (more than one: in one loop, the next block's first words loaded
     during the last step of this one), in pair_out's dtype. FRAG: inter's rows in fragment_order. MASKED: the
     padding slots' B operand read as 0 (else from pair 0's row; their columns are not stored)."""
-    live, e, pair_x, ok_x = _block(sorted_ptr, bexp_ptr, npp_ptr, num_pairs, gl.program_id(1), BT,
-                                   gl.SliceLayout(0, B_OP))
+    live, e, pair_x, ok_x = _block(sorted_ptr, bexp_ptr, npp_ptr, num_pairs, BT, gl.SliceLayout(0, B_OP))
     if live:
         rb = gl.program_id(0) * BLOCKS
         if FRAG:
@@ -225,74 +168,34 @@ def _gemm2_tile_tail(y, e, rb, pair_x, num_pairs, b_ptr, tw_ptr, pair_out_ptr, N
 
 def forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias, act, align, k_sum, *,
             k1: int, k2: int, block_t: int, splits1: int = 1, blocks2: int = 1, frag: bool = False,
-            masks: int = 1, tail: int = 1) -> torch.Tensor:
+            masks: int = 1) -> torch.Tensor:
     """The layer for x [T, H] bf16 (contiguous hopper_mma_rot tensors, scales <= 2): align the pairs
-    with align(block_t, zeros) -> (sorted_ids, block_expert, num_post_pad, max_blocks) (zeros: None or
-    int32 counters to zero on the way), run both GEMMs (GEMM1
-    in splits1 K splits, dividing H into whole steps of k1, or with tail > 1 and splits1 1 its last
-    partial wave's tiles in up to tail K splits; GEMM2 in programs of blocks2 64-row blocks, dividing
-    H / 64), and return k_sum(pair_out [1, T k, H]), the caller's sum over k. frag: the intermediate
-    rows in fragment_order, GEMM2's B operand loaded in 16-byte words. masks: bit 1 GEMM1's x operand
+    with align(block_t) -> (sorted_ids, block_expert, num_post_pad, max_blocks), run both GEMMs (GEMM1
+    in splits1 K splits, dividing H into whole steps of k1; GEMM2 in programs of blocks2 64-row blocks,
+    dividing H / 64), and return k_sum(pair_out [1, T k, H]), the caller's sum over k. frag: the
+    intermediate rows in fragment_order, GEMM2's B operand loaded in 16-byte words. masks: bit 1 GEMM1's x operand
     masked, bit 2 GEMM2's (unmasked, a padding slot reads row 0 into a column that is never stored)."""
     E, two_i, _ = w13.shape
     T, H = x.shape
     I = two_i // 2
     k = topk_ids.shape[1]
     pairs = T * k
-    tail = tail if splits1 == 1 else 1
-    kw = dict(KB=k1 // 64, BT=block_t, ACT=act["ACT"], HAS_LIMIT=act["HAS_LIMIT"], HAS_LINEAR=act["HAS_LINEAR"],
-              HAS_BIAS=w13_bias is not None, SPLITS=splits1, FRAG_KB=k2 // 64 if frag else 0, MASKED=bool(masks & 1),
-              TAIL=tail, num_warps=4)
+    sorted_ids, block_expert, num_post_pad, max_blocks = align(block_t)
     inter = torch.empty(pairs, I, dtype=torch.bfloat16, device=x.device)
-    bias1 = w13_bias if w13_bias is not None else inter
-
-    def ints():  # stand-ins for align's outputs, to compile GEMM1 before align runs
-        return torch.empty(16, dtype=torch.int32, device=x.device)
-
-    def args(sorted_ids, block_expert, num_post_pad, part, cnt, max_blocks):
-        return (_words(w13), _words(w13_scale), x, sorted_ids, block_expert, num_post_pad, bias1, inter, part, cnt,
-                pairs, k, H, I, H // splits1, act["p0"], act["p1"], max_blocks)
-
-    slots, extra, cnt = 1, 0, None
-    if tail > 1:  # counters of the tail tiles (at most a wave), zeroed by the align kernels
-        part = torch.empty(tail, pairs, 2, I, dtype=torch.float32, device=x.device)
-        slots = _wave_slots(grp_gemm1, args(ints(), ints(), ints(), part, ints(), 0) + (1,), kw, x.device)
-        extra = -(-slots // (I // 64))  # pair blocks' worth of programs for the tail tiles' other splits
-        cnt = torch.empty(slots, dtype=torch.int32, device=x.device)
-    sorted_ids, block_expert, num_post_pad, max_blocks = align(block_t, cnt)
     pair_out = torch.empty(1, pairs, H, dtype=x.dtype, device=x.device)
     tw = topk_weights.reshape(-1)
+    part, cnt = inter, sorted_ids  # (unread without splits)
     if splits1 > 1:
         part = torch.empty(splits1, pairs, 2, I, dtype=torch.float32, device=x.device)
         cnt = torch.zeros(max_blocks * (I // 64), dtype=torch.int32, device=x.device)
-    elif tail == 1:
-        part, cnt = inter, sorted_ids  # (unread without splits)
-    grp_gemm1[(I // 64, max_blocks + extra, splits1)](
-        *args(sorted_ids, block_expert, num_post_pad, part, cnt, max_blocks), slots, **kw)
+    grp_gemm1[(I // 64, max_blocks, splits1)](
+        _words(w13), _words(w13_scale), x, sorted_ids, block_expert, num_post_pad,
+        w13_bias if w13_bias is not None else inter, inter, part, cnt, pairs, k, H, I, H // splits1, act["p0"],
+        act["p1"], KB=k1 // 64, BT=block_t, ACT=act["ACT"], HAS_LIMIT=act["HAS_LIMIT"], HAS_LINEAR=act["HAS_LINEAR"],
+        HAS_BIAS=w13_bias is not None, SPLITS=splits1, FRAG_KB=k2 // 64 if frag else 0, MASKED=bool(masks & 1),
+        num_warps=4)
     grp_gemm2[(H // 64 // blocks2, max_blocks)](
         _words(w2), _words(w2_scale), inter, sorted_ids, block_expert, num_post_pad,
         w2_bias if w2_bias is not None else pair_out, tw, pair_out, pairs, I, H, KB=k2 // 64, BT=block_t,
         HAS_BIAS=w2_bias is not None, BLOCKS=blocks2, FRAG=frag, MASKED=bool(masks & 2), num_warps=4)
     return k_sum(pair_out)
-
-
-_SLOTS: dict = {}
-
-
-def _wave_slots(kernel, args, kw, device) -> int:
-    """Programs of kernel (compiled for args / kw) the GPU runs at once: its occupancy per SM from its
-    registers (allocated per warp in 256s), threads and shared memory, times the SMs."""
-    key = (device.index, tuple(sorted(kw.items())))
-    if key not in _SLOTS:
-        compiled = kernel.warmup(*args, grid=(1,), **kw)
-        compiled._init_handles()
-        props = torch.cuda.get_device_properties(device)
-        warps = kw["num_warps"]
-        regs = -(-compiled.n_regs * 32 // 256) * 256 * warps
-        per_sm = min(getattr(props, "regs_per_multiprocessor", 65536) // max(regs, 1),
-                     getattr(props, "max_threads_per_multi_processor", 2048) // (32 * warps), 32)
-        shared = compiled.metadata.shared
-        if shared:
-            per_sm = min(per_sm, getattr(props, "shared_memory_per_multiprocessor", 228 * 1024) // shared)
-        _SLOTS[key] = max(1, per_sm) * props.multi_processor_count
-    return _SLOTS[key]

@@ -155,7 +155,6 @@ class MoEConfig:
     # 74 registers from 84 (6 programs an SM, not 5), which moves the last partial wave: K3-like T = 16 / 64 / 224
     # 0.957 / 0.990 / 0.986, but T = 10 / 12 / 24 1.048 / 1.038 / 1.017, so it stays masked
     gluon_xmask: int = 1
-    gluon_tail: int = 1
 
 
 def layout_of(layout: Mapping[str, str]) -> str | None:
@@ -360,11 +359,9 @@ def _sum_launch(pair_out, ids, out, H, top_k, E, splits):
 ALIGN_GRID_PAIRS = 2048
 
 
-def moe_align(topk_ids: torch.Tensor, num_experts: int, block_t: int, grid: int = -1,
-              zeros: torch.Tensor | None = None):
-    """(sorted_ids, block_expert, num_post_pad, max_blocks) for the GEMM kernels; ids < 0 are skipped.
-    ``grid``: 1 many programs, 0 one program, -1 by ALIGN_GRID_PAIRS. ``zeros``: an int32 tensor
-    the align kernels zero on the way (a later kernel's arrival counters: no memset launch)."""
+def moe_align(topk_ids: torch.Tensor, num_experts: int, block_t: int, grid: int = -1):
+    """(sorted_ids, block_expert, num_post_pad) for the GEMM kernels; ids < 0 are skipped.
+    ``grid``: 1 many programs, 0 one program, -1 by ALIGN_GRID_PAIRS."""
     ids = topk_ids.reshape(-1)
     if not ids.is_contiguous():
         ids = ids.contiguous()
@@ -374,17 +371,15 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_t: int, grid: int 
     sorted_ids = torch.empty(max_blocks * block_t, dtype=torch.int32, device=dev)
     block_expert = torch.empty(max_blocks, dtype=torch.int32, device=dev)
     e2 = triton.next_power_of_2(num_experts)
-    zero_n = 0 if zeros is None else zeros.numel()
-    zeros = block_expert if zeros is None else zeros  # (unwritten without zeros)
     if grid == 1 or (grid < 0 and num_pairs >= ALIGN_GRID_PAIRS):
         scratch = torch.zeros(2 * num_experts + 2, dtype=torch.int32, device=dev)  # counts, arrivals | cursors, end
         counts, arrive = scratch[:num_experts], scratch[num_experts:num_experts + 1]
         cursor, num_post_pad = scratch[num_experts + 1:2 * num_experts + 1], scratch[2 * num_experts + 1:]
         chunk = 1024
         fill = max_blocks * block_t
-        K.moe_align_count_kernel[(triton.cdiv(max(fill, num_pairs, zero_n), chunk),)](
+        K.moe_align_count_kernel[(triton.cdiv(max(fill, num_pairs), chunk),)](
             ids, sorted_ids, block_expert, num_post_pad, counts, cursor, arrive, num_pairs, num_experts, max_blocks,
-            fill, zeros, zero_n, BLOCK_T=block_t, CHUNK=chunk, E_POW2=e2, num_warps=4,
+            fill, BLOCK_T=block_t, CHUNK=chunk, E_POW2=e2, num_warps=4,
         )
         K.moe_align_scatter_kernel[(triton.cdiv(num_pairs, chunk),)](
             ids, sorted_ids, cursor, num_pairs, num_experts, CHUNK=chunk, num_warps=4)
@@ -393,7 +388,7 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_t: int, grid: int 
     num_post_pad = scratch[2 * num_experts:]
     K.moe_align_kernel[(1,)](
         ids, sorted_ids, block_expert, num_post_pad, scratch[:num_experts], scratch[num_experts:2 * num_experts],
-        num_pairs, num_experts, max_blocks, zeros, zero_n,
+        num_pairs, num_experts, max_blocks,
         BLOCK_T=block_t, CHUNK=1024, E_POW2=e2, num_warps=8,
     )
     return sorted_ids, block_expert, num_post_pad, max_blocks
@@ -741,8 +736,6 @@ def _check_gluon_knobs(cfg: MoEConfig) -> None:
             raise RuntimeInputError(f"fused_moe_triton: {name} must be 64 or 128, got {k}.")
     if cfg.gluon_frag not in (0, 1):
         raise RuntimeInputError(f"fused_moe_triton: gluon_frag must be 0 or 1, got {cfg.gluon_frag}.")
-    if cfg.gluon_tail < 1:
-        raise RuntimeInputError(f"fused_moe_triton: gluon_tail must be 1 or more, got {cfg.gluon_tail}.")
     if cfg.gluon_xmask not in (0, 1, 2, 3):
         raise RuntimeInputError(f"fused_moe_triton: gluon_xmask must be 0, 1, 2 or 3, got {cfg.gluon_xmask}.")
     if cfg.gluon_sum2 not in (-1, 0, 1):
@@ -867,9 +860,9 @@ def _gluon_grouped_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_i
 
     tensors = _contiguous(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias)
     return _compiled_or_none(lambda: _gluon_grouped_module().forward(
-        *tensors, act, lambda bt, zeros=None: moe_align(topk_ids, E, bt, cfg.align, zeros), k_sum, k1=k1, k2=k2,
+        *tensors, act, lambda bt: moe_align(topk_ids, E, bt, cfg.align), k_sum, k1=k1, k2=k2,
         block_t=cfg.gluon_block_t, splits1=splits1, blocks2=blocks2, frag=cfg.gluon_frag == 1,
-        masks=cfg.gluon_xmask, tail=cfg.gluon_tail), cfg.gluon_grouped == 1 and cfg.gluon == 1)
+        masks=cfg.gluon_xmask), cfg.gluon_grouped == 1 and cfg.gluon == 1)
 
 
 def _contiguous(*tensors):

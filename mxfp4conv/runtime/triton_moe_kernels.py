@@ -198,11 +198,10 @@ def gemm2_finish(acc, pair, tmask, e, offs_n, nmask, b_ptr, tw_ptr, out_ptr, str
 @triton.jit
 def moe_align_kernel(
     topk_ids_ptr, sorted_ids_ptr, block_expert_ptr, num_post_pad_ptr, counts_ptr, cursor_ptr,
-    num_pairs, num_experts, max_blocks, zero_ptr, zero_n,
+    num_pairs, num_experts, max_blocks,
     BLOCK_T: tl.constexpr, CHUNK: tl.constexpr, E_POW2: tl.constexpr,
 ):
-    """One program: sort (token, k) pairs by expert into blocks of BLOCK_T, padding each expert
-    (and zero zero_n int32 at zero_ptr: a later kernel's counters, without a memset launch).
+    """One program: sort (token, k) pairs by expert into blocks of BLOCK_T, padding each expert.
 
     sorted_ids[i] = pair index (t * top_k + j) or num_pairs for padding; block_expert[b] =
     expert of block b or -1 past the end; num_post_pad = used length. The order of pairs inside
@@ -211,9 +210,6 @@ def moe_align_kernel(
     offs_e = tl.arange(0, E_POW2)
     emask = offs_e < num_experts
     tl.store(counts_ptr + offs_e, tl.zeros([E_POW2], tl.int32), mask=emask)
-    for b in range(0, zero_n, CHUNK):
-        offs = b + tl.arange(0, CHUNK)
-        tl.store(zero_ptr + offs, tl.zeros([CHUNK], tl.int32), mask=offs < zero_n)
     tl.debug_barrier()
     for c in range(0, num_pairs, CHUNK):
         offs = c + tl.arange(0, CHUNK)
@@ -411,13 +407,13 @@ def moe_act_kernel(
 @triton.jit
 def moe_align_count_kernel(
     topk_ids_ptr, sorted_ids_ptr, block_expert_ptr, num_post_pad_ptr, counts_ptr, cursor_ptr, arrive_ptr,
-    num_pairs, num_experts, max_blocks, fill_len, zero_ptr, zero_n,
+    num_pairs, num_experts, max_blocks, fill_len,
     BLOCK_T: tl.constexpr, CHUNK: tl.constexpr, E_POW2: tl.constexpr,
 ):
     """``moe_align_kernel`` over many programs, first half (counts and arrival counter zeroed by
     the caller): each program counts its CHUNK of pairs per expert and fills its share of
-    sorted_ids (padding), block_expert (-1) and zero_ptr's zero_n counters (0); the last program
-    to arrive turns the counts into block starts (cursor = first slot of each expert) and writes block_expert, num_post_pad.
+    sorted_ids (padding) and block_expert (-1); the last program to arrive turns the counts into
+    block starts (cursor = first slot of each expert) and writes block_expert, num_post_pad.
     ``moe_align_scatter_kernel`` then places the pairs."""
     pid = tl.program_id(0)
     offs = pid * CHUNK + tl.arange(0, CHUNK)
@@ -426,7 +422,6 @@ def moe_align_count_kernel(
     tl.atomic_add(counts_ptr + ids, tl.full([CHUNK], 1, tl.int32), mask=ok, sem="relaxed")
     tl.store(sorted_ids_ptr + offs, tl.full([CHUNK], 0, tl.int32) + num_pairs, mask=offs < fill_len)
     tl.store(block_expert_ptr + offs, tl.full([CHUNK], -1, tl.int32), mask=offs < max_blocks)
-    tl.store(zero_ptr + offs, tl.zeros([CHUNK], tl.int32), mask=offs < zero_n)
     tl.debug_barrier()
     old = tl.atomic_add(arrive_ptr, 1, sem="acq_rel", scope="gpu")
     if old == tl.num_programs(0) - 1:
