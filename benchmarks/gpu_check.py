@@ -29,8 +29,8 @@ import torch
 from mxfp4conv.codec import dequantize_mxfp4
 
 from mxfp4conv.runtime.triton_moe import (ALIGN_GRID_PAIRS, HOPPER_SETS, LAYOUT_SETS, fused_moe_triton, gluon_plan,
-                                          gluon_tiles, grouped_plan, grouped_takes, hopper_options, pairs_take,
-                                          select_config, sum2_by_kernel, uses_gemv)
+                                          gluon_tiles, grouped_masks, grouped_plan, grouped_takes, hopper_options,
+                                          pairs_take, select_config, sum2_by_kernel, uses_gemv)
 from mxfp4conv.shuffle import get_layout
 
 
@@ -218,9 +218,9 @@ def hopper_variants(T, H, I, k, E):
                                                    gluon_blocks2=7)))
         # the intermediate rows in the other order (fragment order, or plain)
         out.append(("grouped", dataclasses.replace(default, gluon=1, gluon_grouped=1, gluon_frag=1 - default.gluon_frag)))
-        # both GEMMs' x operands masked the other way from the default's
+        # both GEMMs' x operands masked (where the default leaves GEMM1's unmasked) or neither (where it masks it)
         out.append(("grouped", dataclasses.replace(default, gluon=1, gluon_grouped=1,
-                                                   gluon_xmask=0 if default.gluon_xmask else 3)))
+                                                   gluon_xmask=3 if grouped_masks(default, I) == 0 else 0)))
         if T <= 16:  # and the per-pair ones on more tokens than they take by default
             out.append(("gluon", dataclasses.replace(default, gluon=1, gluon_max_tokens=16, gluon_pair_share=1e9)))
     return out
@@ -275,7 +275,7 @@ def main() -> int:
             blocks = grouped_plan(cfg, xin, weights, k, layout, E) if layout in HOPPER_SETS else None
             if blocks:
                 path = (f"gluon grouped bt{cfg.gluon_block_t} k{blocks[0]}/{blocks[1]} s{blocks[2]} b{blocks[3]}"
-                        f"{'' if cfg.gluon_frag else ' plainrows'} xmask{cfg.gluon_xmask}")
+                        f"{'' if cfg.gluon_frag else ' plainrows'} xmask{grouped_masks(cfg, I)}")
             elif plan:
                 path = (f"gluon k{plan[0]}/{plan[1]} s{plan[2]}/{plan[3]}{f' pdl{cfg.gluon_pdl}' if cfg.gluon_pdl else ''}"
                         f"{' ksum' if sum2_by_kernel(cfg, I, plan) else ''}{'' if cfg.gluon_frag else ' plainrows'}")

@@ -18,8 +18,8 @@ from hypothesis import given, strategies as st
 
 from mxfp4conv.errors import RuntimeInputError
 from mxfp4conv.runtime import triton_moe
-from mxfp4conv.runtime.triton_moe import (MoEConfig, fused_moe_triton, gluon_plan, gluon_tiles, grouped_takes,
-                                          grouped_tiles, pairs_take, select_config, sum2_by_kernel)
+from mxfp4conv.runtime.triton_moe import (MoEConfig, fused_moe_triton, gluon_plan, gluon_tiles, grouped_masks,
+                                          grouped_takes, grouped_tiles, pairs_take, select_config, sum2_by_kernel)
 
 
 def test_tiles_of_the_measured_layers():
@@ -75,8 +75,19 @@ def test_bad_gluon_frag_is_a_clear_error():
 
 
 def test_bad_gluon_xmask_is_a_clear_error():
-    with pytest.raises(RuntimeInputError, match="gluon_xmask must be 0, 1, 2 or 3"):
+    with pytest.raises(RuntimeInputError, match="gluon_xmask must be -1, 0, 1, 2 or 3"):
         gluon_tiles(MoEConfig(gluon_xmask=4), 7168, 2048, 8)
+
+
+def test_expert_blocks_x_masks_where_measured_faster():
+    # automatic: GEMM2 unmasked; GEMM1 unmasked where a pair block's rows make >= 16 64-row blocks (DSV3-like I =
+    # 2048: 32), masked below (K3-like I = 384: 6); an explicit value as given
+    assert grouped_masks(MoEConfig(), 2048) == 0
+    assert grouped_masks(MoEConfig(), 1024) == 0
+    assert grouped_masks(MoEConfig(), 960) == 1
+    assert grouped_masks(MoEConfig(), 384) == 1
+    assert grouped_masks(MoEConfig(gluon_xmask=3), 2048) == 3
+    assert grouped_masks(MoEConfig(gluon_xmask=0), 384) == 0
 
 
 def test_sum_over_k_in_the_k_sum_kernel_where_measured_faster():
@@ -249,9 +260,9 @@ KB_STEPS = {1: 4, 2: 8}  # m16n8k16 MMAs a warp's 16-row slab takes for a 64 KB-
 
 
 # the expert-block kernels: pairs a block, KB, GEMM1's K splits, GEMM2's 64-row blocks a program, rows in fragment
-# order, GEMM2's x operand masked (the default reads the padding slots' row 0 and never stores them)
-GROUPED = [(8, 2, 1, 1, True, False), (8, 2, 2, 4, True, False), (8, 1, 1, 1, False, False), (8, 1, 4, 2, True, True),
-           (16, 2, 1, 7, True, False), (8, 2, 1, 4, False, True), (8, 2, 1, 4, False, False)]
+# order, x operands masked (bit 1 GEMM1, bit 2 GEMM2; unmasked, a padding slot reads row 0 and is never stored)
+GROUPED = [(8, 2, 1, 1, True, 1), (8, 2, 2, 4, True, 1), (8, 1, 1, 1, False, 0), (8, 1, 4, 2, True, 3),
+           (16, 2, 1, 7, True, 0), (8, 2, 1, 4, False, 2), (8, 2, 1, 4, True, 0)]
 
 
 @pytest.fixture(scope="module")
@@ -266,10 +277,11 @@ def compiled():
         jobs.append(("few_gemm2", dict(KB=kb, HAS_BIAS=bias, SPLITS=splits, PDL=bool(pdl), SUM=sum2, FRAG=frag)))
         keys += [(variant, "few_gemm1"), (variant, "few_gemm2")]
     for key in GROUPED:
-        bt, kb, splits, blocks, frag, masked = key
+        bt, kb, splits, blocks, frag, masks = key
         jobs.append(("grp_gemm1", dict(KB=kb, BT=bt, ACT=ACTS["situ"][0], HAS_LIMIT=False, HAS_LINEAR=True,
-                                       HAS_BIAS=True, SPLITS=splits, FRAG_KB=kb if frag else 0)))
-        jobs.append(("grp_gemm2", dict(KB=kb, BT=bt, HAS_BIAS=True, BLOCKS=blocks, FRAG=frag, MASKED=masked)))
+                                       HAS_BIAS=True, SPLITS=splits, FRAG_KB=kb if frag else 0,
+                                       MASKED=bool(masks & 1))))
+        jobs.append(("grp_gemm2", dict(KB=kb, BT=bt, HAS_BIAS=True, BLOCKS=blocks, FRAG=frag, MASKED=bool(masks & 2))))
         keys += [(key, "grp_gemm1"), (key, "grp_gemm2")]
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
@@ -304,10 +316,10 @@ def test_kernels_compile_for_sm90_without_spills(compiled, variant):
 
 
 @pytest.mark.skipif(not _tools_available(), reason="this Triton has no Gluon or ships no NVIDIA tools")
-@pytest.mark.parametrize("bt, kb, splits, blocks, frag, masked", GROUPED)
-def test_expert_block_kernels_compile_for_sm90_without_spills(compiled, bt, kb, splits, blocks, frag, masked):
+@pytest.mark.parametrize("bt, kb, splits, blocks, frag, masks", GROUPED)
+def test_expert_block_kernels_compile_for_sm90_without_spills(compiled, bt, kb, splits, blocks, frag, masks):
     # a warp's slab: (64 KB / 16) m16n8k16 MMAs a K step for each 8 of the block's pairs, gate and up in GEMM1
-    key = (bt, kb, splits, blocks, frag, masked)
+    key = (bt, kb, splits, blocks, frag, masks)
     for kernel, matrices in (("grp_gemm1", 2), ("grp_gemm2", 1)):
         sass, res = compiled[(key, kernel)]
         assert re.search(r"STACK:0\b", res), f"{kernel}: {res}"  # nothing spilled to local memory
@@ -315,10 +327,13 @@ def test_expert_block_kernels_compile_for_sm90_without_spills(compiled, bt, kb, 
         assert len(re.findall(r"HMMA\.16816\.F32\.BF16", sass)) >= matrices * KB_STEPS[kb] * (bt // 8), kernel
     # GEMM1's K splits: the last split of a tile counts its arrival with one atomic add
     assert ("ATOMG.E.ADD" in compiled[(key, "grp_gemm1")][0]) == (splits > 1)
+    # unsplit, GEMM1's only predicated loads are its masked x operand's
+    if splits == 1:
+        assert bool(re.findall(r"@!?P\d+ LDG", compiled[(key, "grp_gemm1")][0])) == bool(masks & 1)
     # GEMM2's B operand from rows in fragment order: in 16-byte loads, no shuffle through shared memory
     sass = compiled[(key, "grp_gemm2")][0]
     assert (len(re.findall(r"LDG\.E\.128", sass)) >= 4 * kb) == frag
     assert "STS" not in sass and "LDS" not in sass
     # its x loads predicated only with the masks: unmasked, the one predicated loads are a lane's routing weights
     # (two for each 8 of the block's pairs)
-    assert (len(re.findall(r"@!?P\d+ LDG", sass)) > bt // 4) == masked
+    assert (len(re.findall(r"@!?P\d+ LDG", sass)) > bt // 4) == bool(masks & 2)

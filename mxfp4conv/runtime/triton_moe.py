@@ -149,12 +149,14 @@ class MoEConfig:
     # and their GEMM2 in programs of gluon_blocks2 64-row blocks (0: automatic, grouped_tiles; lowered to a divisor
     # of H / 64)
     gluon_blocks2: int = 0
-    # and which of their GEMMs mask the x operand's padding slots to 0 (bit 1 GEMM1, bit 2 GEMM2); unmasked, a padding
-    # slot reads row 0, whose column is never stored: bit-equal outputs. On an H200, GEMM2 unmasked (1 against 3):
-    # K3-like T = 10-256 0.991-1.002 (median 0.996), DSV3-like T = 8 / 12 0.998 / 0.997. GEMM1 unmasked drops it to
-    # 74 registers from 84 (6 programs an SM, not 5), which moves the last partial wave: K3-like T = 16 / 64 / 224
-    # 0.957 / 0.990 / 0.986, but T = 10 / 12 / 24 1.048 / 1.038 / 1.017, so it stays masked
-    gluon_xmask: int = 1
+    # and which of their GEMMs mask the x operand's padding slots to 0 (bit 1 GEMM1, bit 2 GEMM2; -1 automatic,
+    # grouped_masks); unmasked, a padding slot reads row 0, whose column is never stored: bit-equal outputs. On an
+    # H200, GEMM2 unmasked (1 against 3): K3-like T = 10-256 0.991-1.002 (median 0.996), DSV3-like T = 8 / 12 0.998 /
+    # 0.997. GEMM1 unmasked too (0 against 1) drops it to 74 registers from 84 (6 programs an SM, not 5), which moves
+    # the last partial wave: DSV3-like (32 row blocks a pair block) T = 8-64 0.958-1.002 (two runs; T = 12 / 24 / 32
+    # 0.986 / 0.986 / 0.975); K3-like (6) T = 16 / 64 / 224 0.957 / 0.983-0.992 / 0.986-1.003 but T = 10 / 12 / 24
+    # 1.048 / 1.033-1.038 / 1.010-1.017
+    gluon_xmask: int = -1
 
 
 def layout_of(layout: Mapping[str, str]) -> str | None:
@@ -689,6 +691,10 @@ _GLUON_PROGRAMS1_T = 768
 _GROUPED_BLOCKS2 = 4
 _GROUPED_SHORT_STEPS = 4
 _GROUPED_PROGRAMS2 = 4096
+# Their GEMM1 reads x unmasked (74 registers, 6 programs an SM) where a pair block's rows make this many 64-row
+# blocks or more (DSV3-like 32: its tiles fill many waves), masked (84, 5 an SM) below (K3-like 6, where the last
+# wave's fill decides, and most often for the masked kernel); see MoEConfig.gluon_xmask
+_GROUPED_UNMASKED_ROWS = 16
 
 
 def gluon_tiles(cfg: MoEConfig, H: int, i_pad: int, pairs: int, tokens: int = 1) -> tuple[int, int, int, int]:
@@ -736,8 +742,8 @@ def _check_gluon_knobs(cfg: MoEConfig) -> None:
             raise RuntimeInputError(f"fused_moe_triton: {name} must be 64 or 128, got {k}.")
     if cfg.gluon_frag not in (0, 1):
         raise RuntimeInputError(f"fused_moe_triton: gluon_frag must be 0 or 1, got {cfg.gluon_frag}.")
-    if cfg.gluon_xmask not in (0, 1, 2, 3):
-        raise RuntimeInputError(f"fused_moe_triton: gluon_xmask must be 0, 1, 2 or 3, got {cfg.gluon_xmask}.")
+    if cfg.gluon_xmask not in (-1, 0, 1, 2, 3):
+        raise RuntimeInputError(f"fused_moe_triton: gluon_xmask must be -1, 0, 1, 2 or 3, got {cfg.gluon_xmask}.")
     if cfg.gluon_sum2 not in (-1, 0, 1):
         raise RuntimeInputError(f"fused_moe_triton: gluon_sum2 must be -1, 0 or 1, got {cfg.gluon_sum2}.")
     if cfg.gluon_block_t not in (8, 16):
@@ -777,6 +783,16 @@ def grouped_tiles(cfg: MoEConfig, H: int, i_pad: int, pairs: int, E: int) -> tup
                                   or min(E, pairs) * (H // 64 // b2) < _GROUPED_PROGRAMS2):
         b2 = 1
     return k1, k2, _divisor_splits(cfg.gluon_split1 or 1, H // k1), b2
+
+
+def grouped_masks(cfg: MoEConfig, i_pad: int) -> int:
+    """The expert-block GEMMs' x masks (bit 1 GEMM1, bit 2 GEMM2): cfg.gluon_xmask, or automatically GEMM2
+    unmasked, and GEMM1 too where a pair block's rows make at least _GROUPED_UNMASKED_ROWS 64-row blocks (its
+    tiles then fill enough waves for the sixth program an SM to win over the last wave's fill)."""
+    _check_gluon_knobs(cfg)
+    if cfg.gluon_xmask >= 0:
+        return cfg.gluon_xmask
+    return 0 if i_pad // 64 >= _GROUPED_UNMASKED_ROWS else 1
 
 
 def gluon_plan(cfg: MoEConfig, x: torch.Tensor, weights, top_k: int, layout: str) -> tuple[int, int, int, int] | None:
@@ -862,7 +878,7 @@ def _gluon_grouped_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_i
     return _compiled_or_none(lambda: _gluon_grouped_module().forward(
         *tensors, act, lambda bt: moe_align(topk_ids, E, bt, cfg.align), k_sum, k1=k1, k2=k2,
         block_t=cfg.gluon_block_t, splits1=splits1, blocks2=blocks2, frag=cfg.gluon_frag == 1,
-        masks=cfg.gluon_xmask), cfg.gluon_grouped == 1 and cfg.gluon == 1)
+        masks=grouped_masks(cfg, w13.shape[1] // 2)), cfg.gluon_grouped == 1 and cfg.gluon == 1)
 
 
 def _contiguous(*tensors):
