@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import collections
 import dataclasses
+import functools
 import json
 import os
 import sys
@@ -74,12 +75,13 @@ def main() -> int:
             ids, tw = routing(T, E, k, gen)
             x = torch.randn(T, H, device="cuda", generator=gen).to(torch.bfloat16)
             base = select_config(T * k, E, H, I, "hopper_mma_rot")
-            runs = {}
-            for v in [{}] + variants:
-                label = " ".join(["ours"] + [f"{key}={val}" for key, val in v.items()])
-                runs[label] = (lambda cfg: lambda: fused_moe_triton(
-                    x, *w, tw, ids, activation="situ", activation_params=SITU, layout="hopper_mma_rot",
-                    config=cfg))(dataclasses.replace(base, **v))
+
+            def ours(cfg):
+                return fused_moe_triton(x, *w, tw, ids, activation="situ", activation_params=SITU,
+                                        layout="hopper_mma_rot", config=cfg)
+
+            runs = {" ".join(["ours"] + [f"{key}={val}" for key, val in v.items()]):
+                    functools.partial(ours, dataclasses.replace(base, **v)) for v in [{}] + variants}
             if tkm is not None:
                 runs["triton_kernels"] = lambda: tkm(x, ids, tw)
             for label, fn in runs.items():
