@@ -499,6 +499,34 @@ def test_hopper_small_tiles_for_partly_filled_blocks(split, tail2):
                                         layout=HOP)
 
 
+@pytest.mark.parametrize("absorb,split", [(3, 1), (1, 2), (2, 1)], ids=["both", "gemm1-split-k", "gemm2"])
+def test_hopper_last_small_block_in_the_program_before(absorb, split):
+    # absorb: an expert's last block of at most tail_t pairs runs as a second tile in the program of
+    # the expert's block before it. 32-pair blocks, tail_t 16. Expert 1 has 70 pairs (two full blocks,
+    # then 6: the second full block takes them, the first does not), expert 0 40 (full, then 8),
+    # expert 4 48 (full, then exactly 16), expert 5 50 (full, then 18: a block of its own), expert 2
+    # 20 and expert 3 5 (one block each, nothing before them of their expert); skipped slots too.
+    T, k, E, H, I = 70, 4, 6, 320, 128
+    ids = torch.full((T, k), -1, dtype=torch.int64)
+    ids[:, 0] = 1
+    ids[:40, 1] = 0
+    ids[40:60, 1] = 2
+    ids[60:65, 1] = 3
+    ids[:48, 2] = 4
+    ids[:50, 3] = 5
+    x, w13, s13, w2, s2, tw, ids, b13, b2 = make_problem(13, T, H, I, E, k, bias=True, ids=ids)
+    ref = reference(x, w13, s13, w2, s2, tw, ids, "silu", {}, b13, b2)
+    cfg = triton_moe.MoEConfig(block_t=32, block_n1=64, block_n2=64, block_k=64, split_k1=split, split_k2=1,
+                               tail_t=16, absorb=absorb)
+    hop = _hopper(w13, s13, w2, s2)
+    out = triton_moe.fused_moe_triton(x, *hop, tw, ids, activation="silu", activation_params={}, w13_bias=b13,
+                                      w2_bias=b2, config=cfg, layout=HOP)
+    apart = triton_moe.fused_moe_triton(x, *hop, tw, ids, activation="silu", activation_params={}, w13_bias=b13,
+                                        w2_bias=b2, config=dataclasses.replace(cfg, absorb=0), layout=HOP)
+    assert torch.all(out[65:] == apart[65:]) and not torch.all(out == 0)
+    assert rel_err(out, ref) < 1e-5 and rel_err(out, apart) < 1e-6
+
+
 def test_hopper_two_tiles_for_blocks_up_to_one_and_a_half_tails():
     # dual: a block of more than tail_t but at most 1.5 tail_t pairs runs [rows, tail_t] and
     # [rows, tail_t / 2] tiles on the same decoded weights. 64-pair blocks, tail_t 32: expert 0 has

@@ -378,6 +378,94 @@ def _slot_pairs(sorted_ids_ptr, rows_ptr, slot0, num_pairs, per_row, stride_row,
 
 
 @triton.jit
+def _hgemm1_block(sorted_ids_ptr, x_ptr, pid_m, n, xt, wg, sg, wu, su, o_nb, o_b, pair, tmask, e, offs_n, nmask, offs_k,
+                  b_ptr, out_ptr, part_ptr, num_pairs, top_k, K, I_pad, K_SPLIT, k_lo, stride_xt, stride_be, stride_ot,
+                  p0, p1, ACT: tl.constexpr, HAS_LIMIT: tl.constexpr, HAS_LINEAR: tl.constexpr,
+                  HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr,
+                  DTYPE: tl.constexpr, SPLIT: tl.constexpr, ASM: tl.constexpr, FACT: tl.constexpr,
+                  TAIL_T: tl.constexpr, DUAL: tl.constexpr, EVEN: tl.constexpr, ROT: tl.constexpr):
+    """GEMM1 of a sorted block of n pairs with TAIL_T: [rows, TAIL_T] tiles up to TAIL_T pairs, with DUAL
+    [rows, TAIL_T] and [rows, TAIL_T / 2] ones up to 1.5 TAIL_T, else the [rows, BLOCK_T] tile."""
+    if n <= TAIL_T:
+        pa, ma, ra = _slot_pairs(sorted_ids_ptr, x_ptr, pid_m * BLOCK_T, num_pairs, top_k, stride_xt, offs_k, k_lo,
+                                 TAIL_T)
+        _hgemm1_tile(ra, ra, wg, sg, wu, su, o_nb, o_b, pa, ma, pa, ma, e, offs_n, nmask, b_ptr, out_ptr, part_ptr,
+                     num_pairs, K, I_pad, K_SPLIT, k_lo, stride_be, stride_ot, p0, p1, ACT, HAS_LIMIT, HAS_LINEAR,
+                     HAS_BIAS, BLOCK_N, TAIL_T, BLOCK_K, DTYPE, SPLIT, ASM, FACT, EVEN=EVEN, ROT=ROT)
+    else:
+        if DUAL:  # up to 1.5 TAIL_T pairs: [rows, TAIL_T] and [rows, TAIL_T / 2] tiles
+            if n <= TAIL_T + TAIL_T // 2:
+                pa, ma, ra = _slot_pairs(sorted_ids_ptr, x_ptr, pid_m * BLOCK_T, num_pairs, top_k, stride_xt,
+                                         offs_k, k_lo, TAIL_T)
+                pb, mb, rb = _slot_pairs(sorted_ids_ptr, x_ptr, pid_m * BLOCK_T + TAIL_T, num_pairs, top_k,
+                                         stride_xt, offs_k, k_lo, TAIL_T // 2)
+                _hgemm1_tile(ra, rb, wg, sg, wu, su, o_nb, o_b, pa, ma, pb, mb, e, offs_n, nmask, b_ptr, out_ptr,
+                             part_ptr, num_pairs, K, I_pad, K_SPLIT, k_lo, stride_be, stride_ot, p0, p1, ACT,
+                             HAS_LIMIT, HAS_LINEAR, HAS_BIAS, BLOCK_N, TAIL_T, BLOCK_K, DTYPE, SPLIT, ASM, FACT,
+                             TAIL_T // 2, EVEN=EVEN, ROT=ROT)
+            else:
+                _hgemm1_tile(xt, xt, wg, sg, wu, su, o_nb, o_b, pair, tmask, pair, tmask, e, offs_n, nmask, b_ptr,
+                             out_ptr, part_ptr, num_pairs, K, I_pad, K_SPLIT, k_lo, stride_be, stride_ot, p0, p1,
+                             ACT, HAS_LIMIT, HAS_LINEAR, HAS_BIAS, BLOCK_N, BLOCK_T, BLOCK_K, DTYPE, SPLIT, ASM,
+                             FACT, EVEN=EVEN, ROT=ROT)
+        else:
+            _hgemm1_tile(xt, xt, wg, sg, wu, su, o_nb, o_b, pair, tmask, pair, tmask, e, offs_n, nmask, b_ptr,
+                         out_ptr, part_ptr, num_pairs, K, I_pad, K_SPLIT, k_lo, stride_be, stride_ot, p0, p1, ACT,
+                         HAS_LIMIT, HAS_LINEAR, HAS_BIAS, BLOCK_N, BLOCK_T, BLOCK_K, DTYPE, SPLIT, ASM, FACT,
+                         EVEN=EVEN, ROT=ROT)
+
+
+@triton.jit
+def _hgemm2_block(sorted_ids_ptr, a_ptr, pid_m, n, at, wp, sp, o_nb, o_b, pair, tmask, e, offs_n, nmask, offs_k, b_ptr,
+                  tw_ptr, out_ptr, num_pairs, K, N, K_SPLIT, k_lo, stride_at, stride_be, stride_ot, stride_os,
+                  HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr,
+                  DTYPE: tl.constexpr, ASM: tl.constexpr, FACT: tl.constexpr, TAIL_T: tl.constexpr,
+                  DUAL: tl.constexpr, EVEN: tl.constexpr, ROT: tl.constexpr):
+    """GEMM2 of a sorted block of n pairs with TAIL_T, one row tile: the tiles of ``_hgemm1_block``."""
+    if n <= TAIL_T:
+        pa, ma, ra = _slot_pairs(sorted_ids_ptr, a_ptr, pid_m * BLOCK_T, num_pairs, 1, stride_at, offs_k, k_lo,
+                                 TAIL_T)
+        _hgemm2_tile(ra, ra, wp, sp, o_nb, o_b, pa, ma, pa, ma, e, offs_n, nmask, b_ptr, tw_ptr, out_ptr, K, N,
+                     K_SPLIT, k_lo, stride_be, stride_ot, stride_os, HAS_BIAS, BLOCK_N, TAIL_T, BLOCK_K, DTYPE,
+                     ASM, FACT, EVEN=EVEN, ROT=ROT)
+    else:
+        if DUAL:  # up to 1.5 TAIL_T pairs: [rows, TAIL_T] and [rows, TAIL_T / 2] tiles
+            if n <= TAIL_T + TAIL_T // 2:
+                pa, ma, ra = _slot_pairs(sorted_ids_ptr, a_ptr, pid_m * BLOCK_T, num_pairs, 1, stride_at,
+                                         offs_k, k_lo, TAIL_T)
+                pb, mb, rb = _slot_pairs(sorted_ids_ptr, a_ptr, pid_m * BLOCK_T + TAIL_T, num_pairs, 1,
+                                         stride_at, offs_k, k_lo, TAIL_T // 2)
+                _hgemm2_tile(ra, rb, wp, sp, o_nb, o_b, pa, ma, pb, mb, e, offs_n, nmask, b_ptr, tw_ptr,
+                             out_ptr, K, N, K_SPLIT, k_lo, stride_be, stride_ot, stride_os, HAS_BIAS, BLOCK_N,
+                             TAIL_T, BLOCK_K, DTYPE, ASM, FACT, TAIL_T // 2, EVEN=EVEN, ROT=ROT)
+            else:
+                _hgemm2_tile(at, at, wp, sp, o_nb, o_b, pair, tmask, pair, tmask, e, offs_n, nmask, b_ptr,
+                             tw_ptr, out_ptr, K, N, K_SPLIT, k_lo, stride_be, stride_ot, stride_os, HAS_BIAS,
+                             BLOCK_N, BLOCK_T, BLOCK_K, DTYPE, ASM, FACT, EVEN=EVEN, ROT=ROT)
+        else:
+            _hgemm2_tile(at, at, wp, sp, o_nb, o_b, pair, tmask, pair, tmask, e, offs_n, nmask, b_ptr, tw_ptr,
+                         out_ptr, K, N, K_SPLIT, k_lo, stride_be, stride_ot, stride_os, HAS_BIAS, BLOCK_N,
+                         BLOCK_T, BLOCK_K, DTYPE, ASM, FACT, EVEN=EVEN, ROT=ROT)
+
+
+@triton.jit
+def _absorbs(block_expert_ptr, sorted_ids_ptr, num_post_pad_ptr, pid_m, e, n, num_pairs, BLOCK_T: tl.constexpr,
+             TAIL_T: tl.constexpr):
+    """ABSORB: (this block is its expert's last and holds at most TAIL_T pairs, so the program of the
+    block before it runs it; the next block is such a block of the same expert, so this program runs
+    it too, on the weights it decodes anyway). Pairs fill a block's first slots and an expert's
+    blocks are consecutive (moe_align), so at most the next block's first TAIL_T slots hold pairs."""
+    prev = tl.load(block_expert_ptr + tl.maximum(pid_m - 1, 0))
+    absorbed = (pid_m > 0) & (prev == e) & (n <= TAIL_T)
+    nxt = pid_m + 1
+    live = nxt * BLOCK_T < tl.load(num_post_pad_ptr)
+    e_next = tl.load(block_expert_ptr + nxt, mask=live, other=-1)
+    past = tl.load(sorted_ids_ptr + nxt * BLOCK_T + TAIL_T, mask=live, other=0)
+    takes = live & (e_next == e) & (past >= num_pairs)
+    return absorbed, takes
+
+
+@triton.jit
 def moe_hgemm1_kernel(
     x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, part_ptr,
     sorted_ids_ptr, block_expert_ptr, num_post_pad_ptr,
@@ -389,13 +477,15 @@ def moe_hgemm1_kernel(
     SPLIT: tl.constexpr, ASM: tl.constexpr, FACT: tl.constexpr,
     DIRECT: tl.constexpr = False, FUSED: tl.constexpr = False, PDL: tl.constexpr = False,
     ROWS_FIRST: tl.constexpr = False, TAIL_T: tl.constexpr = 0, DUAL: tl.constexpr = False,
-    EVEN: tl.constexpr = False, ROT: tl.constexpr = False,
+    EVEN: tl.constexpr = False, ROT: tl.constexpr = False, ABSORB: tl.constexpr = False,
 ):
     """``moe_gemm1_kernel`` over the Hopper layouts: inter[pair, j] = act(gate_j . x, up_j . x).
     With SPLIT and FUSED, the last K split of each tile finishes it (module docstring).
     ROWS_FIRST (not with FUSED): grid axis 0 is the row tile, axis 1 the pair block.
     EVEN (the caller checks it): every K step is full and every row tile real, so the loads carry
-    only the pairs' mask (both GEMMs). ROT: the weight words' bits are in the ``BITS_ROT`` order."""
+    only the pairs' mask (both GEMMs). ROT: the weight words' bits are in the ``BITS_ROT`` order.
+    ABSORB (with TAIL_T, not FUSED): an expert's last block of at most TAIL_T pairs runs as a second
+    [BLOCK_N, TAIL_T] tile in the program of the expert's block before it (``_absorbs``; both GEMMs)."""
     if PDL:
         _gdc_launch()  # let GEMM2's programs launch while the last of these run
     pid_m, pid_n = _block_and_tile(ROWS_FIRST)
@@ -422,33 +512,26 @@ def moe_hgemm1_kernel(
     if TAIL_T > 0 and not DIRECT:
         # a block's pairs fill its first slots (moe_align): with n of them, the first n tile columns
         n = tl.sum(tmask.to(tl.int32), axis=0)
-        if n <= TAIL_T:
-            pa, ma, ra = _slot_pairs(sorted_ids_ptr, x_ptr, pid_m * BLOCK_T, num_pairs, top_k, stride_xt, offs_k, k_lo,
-                                     TAIL_T)
-            _hgemm1_tile(ra, ra, wg, sg, wu, su, o_nb, o_b, pa, ma, pa, ma, e, offs_n, nmask, b_ptr, out_ptr, part_ptr,
-                         num_pairs, K, I_pad, K_SPLIT, k_lo, stride_be, stride_ot, p0, p1, ACT, HAS_LIMIT, HAS_LINEAR,
-                         HAS_BIAS, BLOCK_N, TAIL_T, BLOCK_K, DTYPE, SPLIT, ASM, FACT, EVEN=EVEN, ROT=ROT)
-        else:
-            if DUAL:  # up to 1.5 TAIL_T pairs: [rows, TAIL_T] and [rows, TAIL_T / 2] tiles
-                if n <= TAIL_T + TAIL_T // 2:
-                    pa, ma, ra = _slot_pairs(sorted_ids_ptr, x_ptr, pid_m * BLOCK_T, num_pairs, top_k, stride_xt,
-                                             offs_k, k_lo, TAIL_T)
-                    pb, mb, rb = _slot_pairs(sorted_ids_ptr, x_ptr, pid_m * BLOCK_T + TAIL_T, num_pairs, top_k,
-                                             stride_xt, offs_k, k_lo, TAIL_T // 2)
-                    _hgemm1_tile(ra, rb, wg, sg, wu, su, o_nb, o_b, pa, ma, pb, mb, e, offs_n, nmask, b_ptr, out_ptr,
-                                 part_ptr, num_pairs, K, I_pad, K_SPLIT, k_lo, stride_be, stride_ot, p0, p1, ACT,
-                                 HAS_LIMIT, HAS_LINEAR, HAS_BIAS, BLOCK_N, TAIL_T, BLOCK_K, DTYPE, SPLIT, ASM, FACT,
-                                 TAIL_T // 2, EVEN=EVEN, ROT=ROT)
-                else:
-                    _hgemm1_tile(xt, xt, wg, sg, wu, su, o_nb, o_b, pair, tmask, pair, tmask, e, offs_n, nmask, b_ptr,
-                                 out_ptr, part_ptr, num_pairs, K, I_pad, K_SPLIT, k_lo, stride_be, stride_ot, p0, p1,
-                                 ACT, HAS_LIMIT, HAS_LINEAR, HAS_BIAS, BLOCK_N, BLOCK_T, BLOCK_K, DTYPE, SPLIT, ASM,
-                                 FACT, EVEN=EVEN, ROT=ROT)
-            else:
-                _hgemm1_tile(xt, xt, wg, sg, wu, su, o_nb, o_b, pair, tmask, pair, tmask, e, offs_n, nmask, b_ptr,
-                             out_ptr, part_ptr, num_pairs, K, I_pad, K_SPLIT, k_lo, stride_be, stride_ot, p0, p1, ACT,
+        if ABSORB:
+            absorbed, takes = _absorbs(block_expert_ptr, sorted_ids_ptr, num_post_pad_ptr, pid_m, e, n, num_pairs,
+                                       BLOCK_T, TAIL_T)
+            if takes:
+                pb, mb, rb = _slot_pairs(sorted_ids_ptr, x_ptr, (pid_m + 1) * BLOCK_T, num_pairs, top_k, stride_xt,
+                                         offs_k, k_lo, TAIL_T)
+                _hgemm1_tile(xt, rb, wg, sg, wu, su, o_nb, o_b, pair, tmask, pb, mb, e, offs_n, nmask, b_ptr, out_ptr,
+                             part_ptr, num_pairs, K, I_pad, K_SPLIT, k_lo, stride_be, stride_ot, p0, p1, ACT,
                              HAS_LIMIT, HAS_LINEAR, HAS_BIAS, BLOCK_N, BLOCK_T, BLOCK_K, DTYPE, SPLIT, ASM, FACT,
-                             EVEN=EVEN, ROT=ROT)
+                             TAIL_T, EVEN=EVEN, ROT=ROT)
+            elif not absorbed:
+                _hgemm1_block(sorted_ids_ptr, x_ptr, pid_m, n, xt, wg, sg, wu, su, o_nb, o_b, pair, tmask, e, offs_n,
+                              nmask, offs_k, b_ptr, out_ptr, part_ptr, num_pairs, top_k, K, I_pad, K_SPLIT, k_lo,
+                              stride_xt, stride_be, stride_ot, p0, p1, ACT, HAS_LIMIT, HAS_LINEAR, HAS_BIAS, BLOCK_N,
+                              BLOCK_T, BLOCK_K, DTYPE, SPLIT, ASM, FACT, TAIL_T, DUAL, EVEN, ROT)
+        else:
+            _hgemm1_block(sorted_ids_ptr, x_ptr, pid_m, n, xt, wg, sg, wu, su, o_nb, o_b, pair, tmask, e, offs_n,
+                          nmask, offs_k, b_ptr, out_ptr, part_ptr, num_pairs, top_k, K, I_pad, K_SPLIT, k_lo,
+                          stride_xt, stride_be, stride_ot, p0, p1, ACT, HAS_LIMIT, HAS_LINEAR, HAS_BIAS, BLOCK_N,
+                          BLOCK_T, BLOCK_K, DTYPE, SPLIT, ASM, FACT, TAIL_T, DUAL, EVEN, ROT)
     else:
         _hgemm1_tile(xt, xt, wg, sg, wu, su, o_nb, o_b, pair, tmask, pair, tmask, e, offs_n, nmask, b_ptr, out_ptr,
                      part_ptr, num_pairs, K, I_pad, K_SPLIT, k_lo, stride_be, stride_ot, p0, p1, ACT, HAS_LIMIT,
@@ -475,6 +558,7 @@ def moe_hgemm2_kernel(
     DIRECT: tl.constexpr = False, FUSED: tl.constexpr = False, PDL: tl.constexpr = False,
     K_POW2: tl.constexpr = 1, ROW_TILES: tl.constexpr = 1, ROWS_FIRST: tl.constexpr = False,
     TAIL_T: tl.constexpr = 0, DUAL: tl.constexpr = False, EVEN: tl.constexpr = False, ROT: tl.constexpr = False,
+    ABSORB: tl.constexpr = False,
 ):
     """``moe_gemm2_kernel`` over the Hopper layouts:
     pair_out[split, pair, n] = w_pair * (w2[e, n, split's K range] . inter[pair] (+ b2[e, n] in split 0)).
@@ -510,30 +594,25 @@ def moe_hgemm2_kernel(
         if TAIL_T > 0 and not DIRECT:
             # a block's pairs fill its first slots (moe_align): with n of them, the first n tile columns
             n = tl.sum(tmask.to(tl.int32), axis=0)
-            if n <= TAIL_T:
-                pa, ma, ra = _slot_pairs(sorted_ids_ptr, a_ptr, pid_m * BLOCK_T, num_pairs, 1, stride_at, offs_k, k_lo,
-                                         TAIL_T)
-                _hgemm2_tile(ra, ra, wp, sp, o_nb, o_b, pa, ma, pa, ma, e, offs_n, nmask, b_ptr, tw_ptr, out_ptr, K, N,
-                             K_SPLIT, k_lo, stride_be, stride_ot, stride_os, HAS_BIAS, BLOCK_N, TAIL_T, BLOCK_K, DTYPE,
-                             ASM, FACT, EVEN=EVEN, ROT=ROT)
-            else:
-                if DUAL:  # up to 1.5 TAIL_T pairs: [rows, TAIL_T] and [rows, TAIL_T / 2] tiles
-                    if n <= TAIL_T + TAIL_T // 2:
-                        pa, ma, ra = _slot_pairs(sorted_ids_ptr, a_ptr, pid_m * BLOCK_T, num_pairs, 1, stride_at,
-                                                 offs_k, k_lo, TAIL_T)
-                        pb, mb, rb = _slot_pairs(sorted_ids_ptr, a_ptr, pid_m * BLOCK_T + TAIL_T, num_pairs, 1,
-                                                 stride_at, offs_k, k_lo, TAIL_T // 2)
-                        _hgemm2_tile(ra, rb, wp, sp, o_nb, o_b, pa, ma, pb, mb, e, offs_n, nmask, b_ptr, tw_ptr,
-                                     out_ptr, K, N, K_SPLIT, k_lo, stride_be, stride_ot, stride_os, HAS_BIAS, BLOCK_N,
-                                     TAIL_T, BLOCK_K, DTYPE, ASM, FACT, TAIL_T // 2, EVEN=EVEN, ROT=ROT)
-                    else:
-                        _hgemm2_tile(at, at, wp, sp, o_nb, o_b, pair, tmask, pair, tmask, e, offs_n, nmask, b_ptr,
-                                     tw_ptr, out_ptr, K, N, K_SPLIT, k_lo, stride_be, stride_ot, stride_os, HAS_BIAS,
-                                     BLOCK_N, BLOCK_T, BLOCK_K, DTYPE, ASM, FACT, EVEN=EVEN, ROT=ROT)
-                else:
-                    _hgemm2_tile(at, at, wp, sp, o_nb, o_b, pair, tmask, pair, tmask, e, offs_n, nmask, b_ptr, tw_ptr,
+            if ABSORB:
+                absorbed, takes = _absorbs(block_expert_ptr, sorted_ids_ptr, num_post_pad_ptr, pid_m, e, n, num_pairs,
+                                           BLOCK_T, TAIL_T)
+                if takes:
+                    pb, mb, rb = _slot_pairs(sorted_ids_ptr, a_ptr, (pid_m + 1) * BLOCK_T, num_pairs, 1, stride_at,
+                                             offs_k, k_lo, TAIL_T)
+                    _hgemm2_tile(at, rb, wp, sp, o_nb, o_b, pair, tmask, pb, mb, e, offs_n, nmask, b_ptr, tw_ptr,
                                  out_ptr, K, N, K_SPLIT, k_lo, stride_be, stride_ot, stride_os, HAS_BIAS, BLOCK_N,
-                                 BLOCK_T, BLOCK_K, DTYPE, ASM, FACT, EVEN=EVEN, ROT=ROT)
+                                 BLOCK_T, BLOCK_K, DTYPE, ASM, FACT, TAIL_T, EVEN=EVEN, ROT=ROT)
+                elif not absorbed:
+                    _hgemm2_block(sorted_ids_ptr, a_ptr, pid_m, n, at, wp, sp, o_nb, o_b, pair, tmask, e, offs_n, nmask,
+                                  offs_k, b_ptr, tw_ptr, out_ptr, num_pairs, K, N, K_SPLIT, k_lo, stride_at, stride_be,
+                                  stride_ot, stride_os, HAS_BIAS, BLOCK_N, BLOCK_T, BLOCK_K, DTYPE, ASM, FACT, TAIL_T,
+                                  DUAL, EVEN, ROT)
+            else:
+                _hgemm2_block(sorted_ids_ptr, a_ptr, pid_m, n, at, wp, sp, o_nb, o_b, pair, tmask, e, offs_n, nmask,
+                              offs_k, b_ptr, tw_ptr, out_ptr, num_pairs, K, N, K_SPLIT, k_lo, stride_at, stride_be,
+                              stride_ot, stride_os, HAS_BIAS, BLOCK_N, BLOCK_T, BLOCK_K, DTYPE, ASM, FACT, TAIL_T, DUAL,
+                              EVEN, ROT)
         else:
             _hgemm2_tile(at, at, wp, sp, o_nb, o_b, pair, tmask, pair, tmask, e, offs_n, nmask, b_ptr, tw_ptr, out_ptr,
                          K, N, K_SPLIT, k_lo, stride_be, stride_ot, stride_os, HAS_BIAS, BLOCK_N, BLOCK_T, BLOCK_K,

@@ -98,6 +98,9 @@ class MoEConfig:
     # on the same decoded weights (1 on, 0 off; needs tail_t >= 32)
     dual: int = 0
     tail_t2: int = -1  # GEMM2's tail_t where it differs (-1: tail_t; 0: none)
+    # with tail_t: an expert's last block of at most tail_t pairs (tail_t2 in GEMM2) run as a second tile in the
+    # program of the expert's block before it, on the weights that program decodes anyway (bit 1 GEMM1, bit 2 GEMM2)
+    absorb: int = 0
     # hopper_mma decode: the e8m0 factors of scales <= 2 two to a word (1: a byte permute and a
     # multiply-add per two) or one at a time (0: the v13 instructions)
     factor_pairs: int = 1
@@ -909,9 +912,10 @@ def hopper_constants(cfg: MoEConfig, T: int, top_k: int, H: int, i_pad: int, dty
     common = dict(BLOCK_T=cfg.block_t, BLOCK_K=cfg.block_k, DTYPE=dtype, ASM=asm, FACT=fact, DIRECT=direct,
                   FUSED=fused, PDL=pdl, ROT=rot)
     c1 = dict(common, **acts, HAS_BIAS=bias13, BLOCK_N=cfg.block_n1, TAIL_T=tail, DUAL=bool(tail and cfg.dual),
-              EVEN=H % cfg.block_k == 0 and i_pad % cfg.block_n1 == 0)
+              EVEN=H % cfg.block_k == 0 and i_pad % cfg.block_n1 == 0, ABSORB=bool(tail and cfg.absorb & 1))
     c2 = dict(common, HAS_BIAS=bias2, BLOCK_N=cfg.block_n2, K_POW2=triton.next_power_of_2(top_k), ROW_TILES=rows2,
-              TAIL_T=tail2, DUAL=bool(tail2 and cfg.dual), EVEN=i_pad % cfg.block_k == 0 and H % cfg.block_n2 == 0)
+              TAIL_T=tail2, DUAL=bool(tail2 and cfg.dual), EVEN=i_pad % cfg.block_k == 0 and H % cfg.block_n2 == 0,
+              ABSORB=bool(tail2 and cfg.absorb & 2))
     return c1, c2, (direct, fused, rows2)
 
 
