@@ -499,8 +499,9 @@ def test_hopper_small_tiles_for_partly_filled_blocks(split, tail2):
                                         layout=HOP)
 
 
-@pytest.mark.parametrize("absorb,split", [(3, 1), (1, 2), (2, 1)], ids=["both", "gemm1-split-k", "gemm2"])
-def test_hopper_last_small_block_in_the_program_before(absorb, split):
+@pytest.mark.parametrize("absorb,absorb2,split", [(16, 16, 1), (16, 0, 2), (0, 16, 1)],
+                         ids=["both", "gemm1-split-k", "gemm2"])
+def test_hopper_last_small_block_in_the_program_before(absorb, absorb2, split):
     # absorb: an expert's last block of at most tail_t pairs runs as a second tile in the program of
     # the expert's block before it. 32-pair blocks, tail_t 16. Expert 1 has 70 pairs (two full blocks,
     # then 6: the second full block takes them, the first does not), expert 0 40 (full, then 8),
@@ -517,14 +518,18 @@ def test_hopper_last_small_block_in_the_program_before(absorb, split):
     x, w13, s13, w2, s2, tw, ids, b13, b2 = make_problem(13, T, H, I, E, k, bias=True, ids=ids)
     ref = reference(x, w13, s13, w2, s2, tw, ids, "silu", {}, b13, b2)
     cfg = triton_moe.MoEConfig(block_t=32, block_n1=64, block_n2=64, block_k=64, split_k1=split, split_k2=1,
-                               tail_t=16, absorb=absorb)
+                               tail_t=16, absorb=absorb, absorb2=absorb2)
     hop = _hopper(w13, s13, w2, s2)
     out = triton_moe.fused_moe_triton(x, *hop, tw, ids, activation="silu", activation_params={}, w13_bias=b13,
                                       w2_bias=b2, config=cfg, layout=HOP)
     apart = triton_moe.fused_moe_triton(x, *hop, tw, ids, activation="silu", activation_params={}, w13_bias=b13,
-                                        w2_bias=b2, config=dataclasses.replace(cfg, absorb=0), layout=HOP)
+                                        w2_bias=b2, config=dataclasses.replace(cfg, absorb=0, absorb2=0), layout=HOP)
     assert torch.all(out[65:] == apart[65:]) and not torch.all(out == 0)
     assert rel_err(out, ref) < 1e-5 and rel_err(out, apart) < 1e-6
+    for bad in ({"absorb": 8}, {"absorb": 24}, {"absorb2": 32}):
+        with pytest.raises(RuntimeInputError, match="absorb"):
+            triton_moe.fused_moe_triton(x, *hop, tw, ids, activation="silu", activation_params={},
+                                        config=dataclasses.replace(cfg, **bad), layout=HOP)
 
 
 def test_hopper_two_tiles_for_blocks_up_to_one_and_a_half_tails():

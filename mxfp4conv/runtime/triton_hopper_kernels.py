@@ -450,17 +450,17 @@ def _hgemm2_block(sorted_ids_ptr, a_ptr, pid_m, n, at, wp, sp, o_nb, o_b, pair, 
 
 @triton.jit
 def _absorbs(block_expert_ptr, sorted_ids_ptr, num_post_pad_ptr, pid_m, e, n, num_pairs, BLOCK_T: tl.constexpr,
-             TAIL_T: tl.constexpr):
-    """ABSORB: (this block is its expert's last and holds at most TAIL_T pairs, so the program of the
-    block before it runs it; the next block is such a block of the same expert, so this program runs
-    it too, on the weights it decodes anyway). Pairs fill a block's first slots and an expert's
-    blocks are consecutive (moe_align), so at most the next block's first TAIL_T slots hold pairs."""
+             ABSORB: tl.constexpr):
+    """(this block is its expert's last and holds at most ABSORB pairs, so the program of the block
+    before it runs it; the next block is such a block of the same expert, so this program runs it
+    too, on the weights it decodes anyway). Pairs fill a block's first slots and an expert's blocks
+    are consecutive (moe_align), so at most the next block's first ABSORB slots hold pairs."""
     prev = tl.load(block_expert_ptr + tl.maximum(pid_m - 1, 0))
-    absorbed = (pid_m > 0) & (prev == e) & (n <= TAIL_T)
+    absorbed = (pid_m > 0) & (prev == e) & (n <= ABSORB)
     nxt = pid_m + 1
     live = nxt * BLOCK_T < tl.load(num_post_pad_ptr)
     e_next = tl.load(block_expert_ptr + nxt, mask=live, other=-1)
-    past = tl.load(sorted_ids_ptr + nxt * BLOCK_T + TAIL_T, mask=live, other=0)
+    past = tl.load(sorted_ids_ptr + nxt * BLOCK_T + ABSORB, mask=live, other=0)
     takes = live & (e_next == e) & (past >= num_pairs)
     return absorbed, takes
 
@@ -477,15 +477,16 @@ def moe_hgemm1_kernel(
     SPLIT: tl.constexpr, ASM: tl.constexpr, FACT: tl.constexpr,
     DIRECT: tl.constexpr = False, FUSED: tl.constexpr = False, PDL: tl.constexpr = False,
     ROWS_FIRST: tl.constexpr = False, TAIL_T: tl.constexpr = 0, DUAL: tl.constexpr = False,
-    EVEN: tl.constexpr = False, ROT: tl.constexpr = False, ABSORB: tl.constexpr = False,
+    EVEN: tl.constexpr = False, ROT: tl.constexpr = False, ABSORB: tl.constexpr = 0,
 ):
     """``moe_gemm1_kernel`` over the Hopper layouts: inter[pair, j] = act(gate_j . x, up_j . x).
     With SPLIT and FUSED, the last K split of each tile finishes it (module docstring).
     ROWS_FIRST (not with FUSED): grid axis 0 is the row tile, axis 1 the pair block.
     EVEN (the caller checks it): every K step is full and every row tile real, so the loads carry
     only the pairs' mask (both GEMMs). ROT: the weight words' bits are in the ``BITS_ROT`` order.
-    ABSORB (with TAIL_T, not FUSED): an expert's last block of at most TAIL_T pairs runs as a second
-    [BLOCK_N, TAIL_T] tile in the program of the expert's block before it (``_absorbs``; both GEMMs)."""
+    ABSORB (with TAIL_T, not FUSED; a power of two up to TAIL_T, 0 off): an expert's last block of at
+    most ABSORB pairs runs as a second [BLOCK_N, ABSORB] tile in the program of the expert's block
+    before it (``_absorbs``; both GEMMs)."""
     if PDL:
         _gdc_launch()  # let GEMM2's programs launch while the last of these run
     pid_m, pid_n = _block_and_tile(ROWS_FIRST)
@@ -512,16 +513,16 @@ def moe_hgemm1_kernel(
     if TAIL_T > 0 and not DIRECT:
         # a block's pairs fill its first slots (moe_align): with n of them, the first n tile columns
         n = tl.sum(tmask.to(tl.int32), axis=0)
-        if ABSORB:
+        if ABSORB > 0:
             absorbed, takes = _absorbs(block_expert_ptr, sorted_ids_ptr, num_post_pad_ptr, pid_m, e, n, num_pairs,
-                                       BLOCK_T, TAIL_T)
+                                       BLOCK_T, ABSORB)
             if takes:
                 pb, mb, rb = _slot_pairs(sorted_ids_ptr, x_ptr, (pid_m + 1) * BLOCK_T, num_pairs, top_k, stride_xt,
-                                         offs_k, k_lo, TAIL_T)
+                                         offs_k, k_lo, ABSORB)
                 _hgemm1_tile(xt, rb, wg, sg, wu, su, o_nb, o_b, pair, tmask, pb, mb, e, offs_n, nmask, b_ptr, out_ptr,
                              part_ptr, num_pairs, K, I_pad, K_SPLIT, k_lo, stride_be, stride_ot, p0, p1, ACT,
                              HAS_LIMIT, HAS_LINEAR, HAS_BIAS, BLOCK_N, BLOCK_T, BLOCK_K, DTYPE, SPLIT, ASM, FACT,
-                             TAIL_T, EVEN=EVEN, ROT=ROT)
+                             ABSORB, EVEN=EVEN, ROT=ROT)
             elif not absorbed:
                 _hgemm1_block(sorted_ids_ptr, x_ptr, pid_m, n, xt, wg, sg, wu, su, o_nb, o_b, pair, tmask, e, offs_n,
                               nmask, offs_k, b_ptr, out_ptr, part_ptr, num_pairs, top_k, K, I_pad, K_SPLIT, k_lo,
@@ -558,7 +559,7 @@ def moe_hgemm2_kernel(
     DIRECT: tl.constexpr = False, FUSED: tl.constexpr = False, PDL: tl.constexpr = False,
     K_POW2: tl.constexpr = 1, ROW_TILES: tl.constexpr = 1, ROWS_FIRST: tl.constexpr = False,
     TAIL_T: tl.constexpr = 0, DUAL: tl.constexpr = False, EVEN: tl.constexpr = False, ROT: tl.constexpr = False,
-    ABSORB: tl.constexpr = False,
+    ABSORB: tl.constexpr = 0,
 ):
     """``moe_gemm2_kernel`` over the Hopper layouts:
     pair_out[split, pair, n] = w_pair * (w2[e, n, split's K range] . inter[pair] (+ b2[e, n] in split 0)).
@@ -594,15 +595,15 @@ def moe_hgemm2_kernel(
         if TAIL_T > 0 and not DIRECT:
             # a block's pairs fill its first slots (moe_align): with n of them, the first n tile columns
             n = tl.sum(tmask.to(tl.int32), axis=0)
-            if ABSORB:
+            if ABSORB > 0:
                 absorbed, takes = _absorbs(block_expert_ptr, sorted_ids_ptr, num_post_pad_ptr, pid_m, e, n, num_pairs,
-                                           BLOCK_T, TAIL_T)
+                                           BLOCK_T, ABSORB)
                 if takes:
                     pb, mb, rb = _slot_pairs(sorted_ids_ptr, a_ptr, (pid_m + 1) * BLOCK_T, num_pairs, 1, stride_at,
-                                             offs_k, k_lo, TAIL_T)
+                                             offs_k, k_lo, ABSORB)
                     _hgemm2_tile(at, rb, wp, sp, o_nb, o_b, pair, tmask, pb, mb, e, offs_n, nmask, b_ptr, tw_ptr,
                                  out_ptr, K, N, K_SPLIT, k_lo, stride_be, stride_ot, stride_os, HAS_BIAS, BLOCK_N,
-                                 BLOCK_T, BLOCK_K, DTYPE, ASM, FACT, TAIL_T, EVEN=EVEN, ROT=ROT)
+                                 BLOCK_T, BLOCK_K, DTYPE, ASM, FACT, ABSORB, EVEN=EVEN, ROT=ROT)
                 elif not absorbed:
                     _hgemm2_block(sorted_ids_ptr, a_ptr, pid_m, n, at, wp, sp, o_nb, o_b, pair, tmask, e, offs_n, nmask,
                                   offs_k, b_ptr, tw_ptr, out_ptr, num_pairs, K, N, K_SPLIT, k_lo, stride_at, stride_be,

@@ -98,9 +98,11 @@ class MoEConfig:
     # on the same decoded weights (1 on, 0 off; needs tail_t >= 32)
     dual: int = 0
     tail_t2: int = -1  # GEMM2's tail_t where it differs (-1: tail_t; 0: none)
-    # with tail_t: an expert's last block of at most tail_t pairs (tail_t2 in GEMM2) run as a second tile in the
-    # program of the expert's block before it, on the weights that program decodes anyway (bit 1 GEMM1, bit 2 GEMM2)
+    # with tail_t: an expert's last block of at most absorb pairs (absorb2 in GEMM2) run as a second [rows, absorb]
+    # tile in the program of the expert's block before it, on the weights that program decodes anyway (0 off, else a
+    # power of two from 16 up to that GEMM's tail_t)
     absorb: int = 0
+    absorb2: int = 0
     # hopper_mma decode: the e8m0 factors of scales <= 2 two to a word (1: a byte permute and a
     # multiply-add per two) or one at a time (0: the v13 instructions)
     factor_pairs: int = 1
@@ -196,9 +198,14 @@ def select_config(num_pairs: int, num_experts: int, hidden: int, inter: int, lay
             tail = 32 if per_expert > 96 else 64
             # the e8m0 factors two to a word measured 1.02x faster at 64 pairs an expert (DSV3 T = 2048) and
             # within the run's spread past it (DSV3 / K3 T = 4096): there the v13 instructions stay
+            # past 96 pairs an expert, an expert's last block of at most 32 pairs in the program of its block
+            # before (GEMM1; GEMM2 too up to 16 where its rows are short): DSV3-like T = 3584 / 4096 / 4608 0.993 /
+            # 0.931-0.962 / 0.914, T = 6144 / 8192 1.008 / 1.000; K3-like T = 6144 / 8192 0.964 / 0.964. DSV3-like
+            # GEMM2 in 256-row tiles has no registers for a second tile (it spills at 32, and at 16 it was slower)
+            absorb = dict(absorb=32, absorb2=16 if short else 0) if tail == 32 else {}
             return MoEConfig(block_t=128, block_n1=128, block_k=128, num_warps=8, num_stages=3, rows_first1=1,
                              rows_first2=1, tail_t=tail, dual=int(tail == 64), factor_pairs=int(per_expert <= 64),
-                             **gemm2)
+                             **gemm2, **absorb)
         bt = 16 if per_expert <= 12 else 32 if per_expert <= 24 else 64
         if num_pairs <= 16:  # one token (T = 1: one block per pair, fused reductions): 64-row GEMM2 tiles,
             # and no GEMM2 K split once those tiles alone give enough programs; GEMM1's K splits at least
@@ -912,10 +919,10 @@ def hopper_constants(cfg: MoEConfig, T: int, top_k: int, H: int, i_pad: int, dty
     common = dict(BLOCK_T=cfg.block_t, BLOCK_K=cfg.block_k, DTYPE=dtype, ASM=asm, FACT=fact, DIRECT=direct,
                   FUSED=fused, PDL=pdl, ROT=rot)
     c1 = dict(common, **acts, HAS_BIAS=bias13, BLOCK_N=cfg.block_n1, TAIL_T=tail, DUAL=bool(tail and cfg.dual),
-              EVEN=H % cfg.block_k == 0 and i_pad % cfg.block_n1 == 0, ABSORB=bool(tail and cfg.absorb & 1))
+              EVEN=H % cfg.block_k == 0 and i_pad % cfg.block_n1 == 0, ABSORB=cfg.absorb if tail else 0)
     c2 = dict(common, HAS_BIAS=bias2, BLOCK_N=cfg.block_n2, K_POW2=triton.next_power_of_2(top_k), ROW_TILES=rows2,
               TAIL_T=tail2, DUAL=bool(tail2 and cfg.dual), EVEN=i_pad % cfg.block_k == 0 and H % cfg.block_n2 == 0,
-              ABSORB=bool(tail2 and cfg.absorb & 2))
+              ABSORB=cfg.absorb2 if tail2 else 0)
     return c1, c2, (direct, fused, rows2)
 
 
@@ -943,6 +950,11 @@ def _hopper_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13
                 f"got {t}.")
         if cfg.dual and t and t < 32:
             raise RuntimeInputError(f"fused_moe_triton: dual needs {name} of 32 or more, got {t}.")
+    for name, a, t in (("absorb", cfg.absorb, tails[0][1]), ("absorb2", cfg.absorb2, tails[1][1])):
+        if a and (a < 16 or a & (a - 1) or a > t):
+            raise RuntimeInputError(
+                f"fused_moe_triton: {name} must be 0 or a power of two from 16 up to that GEMM's tail_t ({t}), "
+                f"got {a}.")
     x = x.contiguous()
     w13, w13_scale, w2, w2_scale = (t.contiguous() for t in (w13, w13_scale, w2, w2_scale))
     acts = dict(ACT=act["ACT"], HAS_LIMIT=act["HAS_LIMIT"], HAS_LINEAR=act["HAS_LINEAR"])
