@@ -128,6 +128,8 @@ CASES = [
     ("dsv3 T4 swigluoai bias edge", 4, 7168, 2048, 256, 8, "swigluoai", {"alpha": 1.702, "limit": 7.0}, True, torch.bfloat16, "edge"),
     # a few tokens whose pairs share enough experts for the expert blocks (pairs_take), biases
     ("dsv3 T8 swigluoai bias", 8, 7168, 2048, 256, 8, "swigluoai", {"alpha": 1.702, "limit": 7.0}, True, torch.bfloat16, "uniform"),
+    # prefill past 96 pairs an expert: experts' last small blocks in the programs before them (absorb), biases
+    ("dsv3 T4096 swigluoai bias", 4096, 7168, 2048, 256, 8, "swigluoai", {"alpha": 1.702, "limit": 7.0}, True, torch.bfloat16, "uniform"),
 ]
 
 
@@ -187,6 +189,10 @@ def hopper_variants(T, H, I, k, E):
         on = not (default.dual and default.tail_t >= 32)
         out.append(("dual", dataclasses.replace(default, block_t=bt, tail_t=default.tail_t or bt // 2,
                                                 dual=int(on), rows2=1) if on else dataclasses.replace(default, dual=0)))
+    if not hopper_options(default, T, T * k, True)[1] and default.tail_t >= 16:  # an expert's last small block in
+        # the program of its block before (absorb), switched the other way
+        on = int(not (default.absorb or default.absorb2)) * 16
+        out.append(("absorb", dataclasses.replace(default, absorb=on, absorb2=on)))
     # the e8m0 factors of the decode computed the other way (two to a word or one at a time)
     out.append(("factors", dataclasses.replace(default, factor_pairs=1 - default.factor_pairs)))
     if T > 1:  # the other align (many programs below ALIGN_GRID_PAIRS, one program from it)
@@ -231,6 +237,7 @@ def path_name(cfg, T, k, E, dtype, layout="identity"):
         direct, fused, pdl = hopper_options(cfg, T, T * k, True)
         flags = "".join(f" {n}" for n, on in (("direct", direct), ("fused", fused), ("pdl", pdl)) if on)
         order = " rowsfirst" if (cfg.rows_first1 or cfg.rows_first2) and not fused else ""
+        order += f" absorb{cfg.absorb}/{cfg.absorb2}" if (cfg.absorb or cfg.absorb2) and not fused else ""
         return f"{layout} bt{cfg.block_t}{flags}{f' rows{cfg.rows2}' if cfg.rows2 > 1 and not fused else ''}{order}"
     if uses_gemv(cfg, T * k, E):
         return "gemv"

@@ -951,7 +951,7 @@ def _hopper_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13
         if cfg.dual and t and t < 32:
             raise RuntimeInputError(f"fused_moe_triton: dual needs {name} of 32 or more, got {t}.")
     for name, a, t in (("absorb", cfg.absorb, tails[0][1]), ("absorb2", cfg.absorb2, tails[1][1])):
-        if a and (a < 16 or a & (a - 1) or a > t):
+        if a and t and (a < 16 or a & (a - 1) or a > t):
             raise RuntimeInputError(
                 f"fused_moe_triton: {name} must be 0 or a power of two from 16 up to that GEMM's tail_t ({t}), "
                 f"got {a}.")
