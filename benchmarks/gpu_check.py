@@ -237,7 +237,7 @@ def path_name(cfg, T, k, E, dtype, layout="identity"):
         direct, fused, pdl = hopper_options(cfg, T, T * k, True)
         flags = "".join(f" {n}" for n, on in (("direct", direct), ("fused", fused), ("pdl", pdl)) if on)
         order = " rowsfirst" if (cfg.rows_first1 or cfg.rows_first2) and not fused else ""
-        order += f" absorb{cfg.absorb}/{cfg.absorb2}" if (cfg.absorb or cfg.absorb2) and not fused else ""
+        order += f" absorb{cfg.absorb}/{cfg.absorb2}" if (cfg.absorb or cfg.absorb2) and cfg.tail_t and not fused else ""
         return f"{layout} bt{cfg.block_t}{flags}{f' rows{cfg.rows2}' if cfg.rows2 > 1 and not fused else ''}{order}"
     if uses_gemv(cfg, T * k, E):
         return "gemv"
