@@ -532,6 +532,20 @@ def test_hopper_last_small_block_in_the_program_before(absorb, absorb2, split):
                                         config=dataclasses.replace(cfg, **bad), layout=HOP)
 
 
+def test_absorb_where_measured():
+    # past 96 pairs an expert (32-pair last-block tiles) GEMM1 absorbs up to 32 pairs, GEMM2 up to 16 where its rows
+    # are short; below, off (the measured points, docs/performance.md)
+    pick = lambda T, shape: triton_moe.select_config(T * shape[3], shape[2], shape[0], shape[1], HOP)  # noqa: E731
+    dsv3, k3 = (7168, 2048, 256, 8), (3584, 384, 896, 16)
+    assert [(pick(T, dsv3).absorb, pick(T, dsv3).absorb2) for T in (2048, 3072, 3584, 4096, 8192)] == [
+        (0, 0), (0, 0), (32, 0), (32, 0), (32, 0)]
+    assert [(pick(T, k3).absorb, pick(T, k3).absorb2) for T in (1024, 4096, 6144, 8192)] == [
+        (0, 0), (0, 0), (32, 16), (32, 16)]
+    for T, shape in ((4096, dsv3), (8192, k3)):  # the widths fit the tails they absorb into
+        cfg = pick(T, shape)
+        assert cfg.absorb <= cfg.tail_t and cfg.absorb2 <= (cfg.tail_t if cfg.tail_t2 < 0 else cfg.tail_t2)
+
+
 def test_hopper_two_tiles_for_blocks_up_to_one_and_a_half_tails():
     # dual: a block of more than tail_t but at most 1.5 tail_t pairs runs [rows, tail_t] and
     # [rows, tail_t / 2] tiles on the same decoded weights. 64-pair blocks, tail_t 32: expert 0 has
