@@ -196,13 +196,14 @@ def select_config(num_pairs: int, num_experts: int, hidden: int, inter: int, lay
             # partly filled blocks in smaller tiles: past 96 pairs an expert, most experts' second block
             # holds <= 32 pairs; below, most blocks fit 64 or 64 + 32 (dual)
             tail = 32 if per_expert > 96 else 64
-            # the e8m0 factors two to a word measured 1.02x faster at 64 pairs an expert (DSV3 T = 2048) and
-            # within the run's spread past it (DSV3 / K3 T = 4096): there the v13 instructions stay
             # past 96 pairs an expert, an expert's last block of at most 32 pairs in the program of its block
             # before (GEMM1; GEMM2 too up to 16 where its rows are short): DSV3-like T = 3584 / 4096 / 4608 0.993 /
             # 0.931-0.962 / 0.914, T = 6144 / 8192 1.008 / 1.000; K3-like T = 6144 / 8192 0.964 / 0.964. DSV3-like
-            # GEMM2 in 256-row tiles has no registers for a second tile (it spills at 32, and at 16 it was slower)
+            # GEMM2 in 256-row tiles spills with a 32-wide second tile, and at 16 it was inside the spread (0.992 /
+            # 1.028 in two runs)
             absorb = dict(absorb=32, absorb2=16 if short else 0) if tail == 32 else {}
+            # the e8m0 factors two to a word measured 1.02x faster at 64 pairs an expert (DSV3 T = 2048) and
+            # within the run's spread past it (DSV3 / K3 T = 4096): there the v13 instructions stay
             return MoEConfig(block_t=128, block_n1=128, block_k=128, num_warps=8, num_stages=3, rows_first1=1,
                              rows_first2=1, tail_t=tail, dual=int(tail == 64), factor_pairs=int(per_expert <= 64),
                              **gemm2, **absorb)
