@@ -513,6 +513,8 @@ def moe_hgemm1_kernel(
     if TAIL_T > 0 and not DIRECT:
         # a block's pairs fill its first slots (moe_align): with n of them, the first n tile columns
         n = tl.sum(tmask.to(tl.int32), axis=0)
+        # _hgemm1_block is called in both branches: flags defaulted to False outside `if ABSORB` become runtime
+        # values, and the merged path would then be compiled into every kernel (more shared memory, other SASS)
         if ABSORB > 0:
             absorbed, takes = _absorbs(block_expert_ptr, sorted_ids_ptr, num_post_pad_ptr, pid_m, e, n, num_pairs,
                                        BLOCK_T, ABSORB)
