@@ -216,13 +216,16 @@ def select_config(num_pairs: int, num_experts: int, hidden: int, inter: int, lay
             auto1, _ = _splits(0, num_pairs * triton.cdiv(inter, 64), hidden, 128)
             return MoEConfig(block_t=16, block_n1=64, block_n2=64, block_k=128, num_warps=4, num_stages=3,
                              split_k1=max(1, min(auto1, hidden // 128 // 6)), split_k2=split2)
-        # short GEMM2 rows: GEMM1 capped at 128 registers (a fourth program per SM) while experts see
-        # few pairs, past one pair per expert four GEMM2 row tiles per program in one flat loop
+        # short GEMM2 rows: past one pair per expert four GEMM2 row tiles per program in one flat loop
         # (uncapped), at most one pair per expert three once one-tile programs would number three
         # times _TARGET_PROGRAMS (K3-like T = 8-32: 0.951-0.985 of one tile a program; T = 2 and 4,
         # fewer programs, 1.003-1.073); with 64-pair blocks row tiles first in both grids (long rows
         # too: DSV3-like T = 1024 0.934 of pair blocks first)
-        maxnreg = 128 if short and per_expert <= 12 else 0
+        # register caps on 16 / 32-pair blocks (both GEMMs where GEMM2 runs one row tile a program): under
+        # them ptxas schedules GEMM1 in 54 / 78 registers, not 116 / 138, with the same instructions and
+        # nothing spilled, so 7 / 5 programs share an SM, not 4 / 3 (DSV3-like T = 160-768 0.96-1.03 of
+        # uncapped in runs spread by the power cap, K3-like T = 384 / 512 0.972-0.987 / 0.962-0.978)
+        maxnreg = 96 if bt == 16 else 112 if bt == 32 else 0
         # blocks of 32 / 64 pairs: those holding at most half that in half-width tiles, 64-pair ones up
         # to 48 in 32 + 16 (GEMM2's too where it runs one row tile a program: the multi-tile loop has
         # no small tiles)
