@@ -1,6 +1,6 @@
 """The register caps select_config gives the hopper_mma kernels on 16- and 32-pair blocks, compiled for
 sm_90a with this Triton (its ptxas) without a GPU: ptxas fits both GEMMs under them with nothing spilled
-(docs/performance.md, "Register caps on 16- and 32-pair blocks")."""
+(docs/performance.md, "The power limit; register caps on 16- and 32-pair blocks")."""
 
 from __future__ import annotations
 

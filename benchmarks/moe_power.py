@@ -1,0 +1,143 @@
+"""Sustained power, SM clock and energy per call of the Triton MoE layer (and of a 4 GiB device copy).
+
+moe_bench.py times short bursts of CUDA-graph replays. This runs each configuration alone for --secs
+seconds of back-to-back replays and reads power draw and clocks from nvidia-smi, sampled every 100 ms
+meanwhile. It shows whether a configuration runs into the board's power limit, at what SM clock, and
+what one call costs in energy (power x time). Under that limit, a configuration that spends less
+energy per call runs at a higher clock.
+
+    python benchmarks/moe_power.py [--points JSON] [--secs 3] [--out DIR]
+
+--points: [[shape, T, {config overrides}], ...], shapes dsv3 (7168, 2048, 256 experts, top-8) and k3
+(3584, 384, 896, top-16), weights random bytes in hopper_mma_rot. Needs a CUDA GPU and nvidia-smi.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import datetime
+import io
+import json
+import os
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import torch  # noqa: E402
+
+from mxfp4conv.runtime import triton_moe as M  # noqa: E402
+
+SHAPES = {"dsv3": (7168, 2048, 256, 8), "k3": (3584, 384, 896, 16)}
+QUERY = "timestamp,clocks.sm,power.draw,clocks.mem,temperature.memory,power.limit"
+DEFAULT_POINTS = [["dsv3", 8, {}], ["dsv3", 64, {}], ["dsv3", 256, {}], ["dsv3", 1024, {}], ["dsv3", 4096, {}],
+                  ["k3", 8, {}], ["k3", 256, {}], ["k3", 1024, {}]]
+
+
+def sustained(fn, secs: float) -> tuple[float, float, float]:
+    """(wall-clock start, end, microseconds a call) of back-to-back CUDA-graph replays of fn for secs seconds."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    time.sleep(1.5)  # let the board settle between configurations
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    t0, calls = time.time(), 0
+    e0.record()
+    while time.time() - t0 < secs:
+        for _ in range(5):
+            graph.replay()
+        calls += 5
+        torch.cuda.synchronize()
+    e1.record()
+    e1.synchronize()
+    return t0, time.time(), e0.elapsed_time(e1) * 1e3 / calls
+
+
+def layer(shape: str, T: int, overrides: dict, gen, cache: dict):
+    H, I, E, k = SHAPES[shape]
+    if shape not in cache:
+        cache.clear()
+        torch.cuda.empty_cache()
+        cache[shape] = tuple(torch.randint(lo, hi, size, dtype=torch.uint8, device="cuda", generator=gen)
+                             for lo, hi, size in ((0, 256, (E, 2 * I, H // 2)), (118, 122, (E, 2 * I, H // 32)),
+                                                  (0, 256, (E, H, I // 2)), (118, 122, (E, H, I // 32))))
+    w13, s13, w2, s2 = cache[shape]
+    x = torch.randn(T, H, device="cuda", generator=gen).to(torch.bfloat16)
+    ids = torch.rand(T, E, device="cuda", generator=gen).topk(k, dim=1).indices.to(torch.int32)
+    tw = torch.rand(T, k, device="cuda", generator=gen)
+    cfg = dataclasses.replace(M.select_config(T * k, E, H, I, "hopper_mma_rot"), **overrides)
+    return lambda: M.fused_moe_triton(x, w13, s13, w2, s2, tw, ids, activation="silu", activation_params={},
+                                      layout="hopper_mma_rot", config=cfg)
+
+
+def samples(text: str) -> list[tuple[float, ...]]:
+    """(unix time, SM MHz, W, memory MHz, HBM C, power limit W) rows of nvidia-smi's CSV."""
+    rows = []
+    for r in csv.reader(io.StringIO(text)):
+        try:
+            ts = datetime.datetime.strptime(r[0].strip(), "%Y/%m/%d %H:%M:%S.%f").timestamp()
+            rows.append((ts, *(float(v.split()[0]) if v.split()[0][0].isdigit() else float("nan") for v in r[1:])))
+        except (ValueError, IndexError):
+            pass
+    return rows
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--points", default=json.dumps(DEFAULT_POINTS))
+    ap.add_argument("--secs", type=float, default=3.0)
+    ap.add_argument("--out", default=None, help="directory for the table and nvidia-smi's samples")
+    args = ap.parse_args()
+    smi = subprocess.Popen(["nvidia-smi", f"--query-gpu={QUERY}", "--format=csv,noheader", "-lms", "100"],
+                           stdout=subprocess.PIPE, text=True)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    cache: dict = {}
+    windows = []
+    for shape, T, overrides in json.loads(args.points):
+        t0, t1, us = sustained(layer(shape, T, overrides, gen, cache), args.secs)
+        windows.append((f"{shape} T={T} {json.dumps(overrides) if overrides else 'default'}", t0 + 0.7, t1, us))
+    cache.clear()
+    torch.cuda.empty_cache()
+    a = torch.empty(4 << 30, dtype=torch.uint8, device="cuda").random_()
+    b = torch.empty_like(a)
+    t0, t1, us = sustained(lambda: b.copy_(a), args.secs)
+    windows.append(("copy 4 GiB (read + write 8 GiB)", t0 + 0.7, t1, us))
+    time.sleep(0.5)
+    smi.terminate()
+    text = smi.communicate()[0]
+    rows = samples(text)
+    lines = [f"{torch.cuda.get_device_name()}; torch {torch.__version__}; sustained {args.secs:.0f} s a configuration",
+             f"{'configuration':58} {'us/call':>9} {'W':>5} {'SM MHz':>6} {'mJ/call':>8} {'mem MHz':>7} {'HBM C':>5}"]
+    for name, a0, a1, us in windows:
+        sel = [r for r in rows if a0 <= r[0] <= a1]
+        if not sel:
+            lines.append(f"{name:58} {us:9.1f}  (no nvidia-smi samples)")
+            continue
+        mean = [sum(r[i] for r in sel) / len(sel) for i in range(1, 4)]
+        lines.append(f"{name:58} {us:9.1f} {mean[1]:5.0f} {mean[0]:6.0f} {mean[1] * us * 1e-3:8.1f} {mean[2]:7.0f} "
+                     f"{max(r[4] for r in sel):5.0f}")
+    if rows:
+        lines.append(f"power limit {rows[-1][5]:.0f} W")
+    print("\n".join(lines))
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "moe_power.txt"), "w") as f:
+            f.write("\n".join(lines) + "\n")
+        with open(os.path.join(args.out, "nvidia_smi.csv"), "w") as f:
+            f.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
