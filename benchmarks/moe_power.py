@@ -1,10 +1,10 @@
-"""Sustained power, SM clock and energy per call of the Triton MoE layer (and of a 4 GiB device copy).
+"""Sustained power, SM clock and energy per call of the Triton MoE layer, beside a device copy and a read.
 
 moe_bench.py times short bursts of CUDA-graph replays. This runs each configuration alone for --secs
 seconds of back-to-back replays and reads power draw and clocks from nvidia-smi, sampled every 100 ms
-meanwhile. It shows whether a configuration runs into the board's power limit, at what SM clock, and
-what one call costs in energy (power x time). Under that limit, a configuration that spends less
-energy per call runs at a higher clock.
+meanwhile; then the same for a 4 GiB device copy and a 4 GiB read. It shows whether a configuration
+runs into the board's power limit, at what SM clock, and what one call costs in energy (power x
+time). Under that limit, a configuration that spends less energy per call runs at a higher clock.
 
     python benchmarks/moe_power.py [--points JSON] [--secs 3] [--out DIR]
 
@@ -113,6 +113,9 @@ def main() -> int:
     b = torch.empty_like(a)
     t0, t1, us = sustained(lambda: b.copy_(a), args.secs)
     windows.append(("copy 4 GiB (read + write 8 GiB)", t0 + 0.7, t1, us))
+    words, total = a.view(torch.float32), torch.empty((), device="cuda")
+    t0, t1, us = sustained(lambda: torch.sum(words, out=total), args.secs)
+    windows.append(("read 4 GiB (a float32 sum over it)", t0 + 0.7, t1, us))
     time.sleep(0.5)
     smi.terminate()
     text = smi.communicate()[0]
