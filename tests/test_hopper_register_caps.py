@@ -1,6 +1,7 @@
-"""The register caps select_config gives the hopper_mma kernels on 16- and 32-pair blocks, compiled for
-sm_90a with this Triton (its ptxas) without a GPU: ptxas fits both GEMMs under them with nothing spilled
-(docs/performance.md, "The power limit; register caps on 16- and 32-pair blocks")."""
+"""The register caps select_config gives the hopper_mma kernels on 16-pair blocks (and on 32-pair blocks where
+GEMM2's rows are short), compiled for sm_90a with this Triton (its ptxas) without a GPU: ptxas fits both GEMMs
+under them with nothing spilled (docs/performance.md, "The power limit; register caps on 16- and 32-pair
+blocks")."""
 
 from __future__ import annotations
 
@@ -32,8 +33,8 @@ for shape, T in json.loads(sys.argv[1]):
 print("RESULT" + json.dumps(out))
 """
 
-# 16-pair blocks (DSV3-like T = 256, K3-like T = 512) and 32-pair blocks (DSV3-like T = 512, K3-like T = 1024)
-POINTS = [("dsv3", 256), ("k3", 512), ("dsv3", 512), ("k3", 1024)]
+# 16-pair blocks (DSV3-like T = 256, K3-like T = 512) and 32-pair blocks with short GEMM2 rows (K3-like T = 1024)
+POINTS = [("dsv3", 256), ("k3", 512), ("k3", 1024)]
 
 
 def _tools_available() -> bool:
@@ -42,7 +43,7 @@ def _tools_available() -> bool:
 
 def test_caps_where_measured():
     for shape, T, block_t, cap in (("dsv3", 160, 16, 96), ("dsv3", 384, 16, 96), ("k3", 512, 16, 96),
-                                   ("dsv3", 512, 32, 112), ("k3", 1024, 32, 112), ("dsv3", 1024, 64, 0),
+                                   ("dsv3", 512, 32, 0), ("k3", 1024, 32, 112), ("dsv3", 1024, 64, 0),
                                    ("k3", 4096, 128, 0)):
         H, I, E, k = SHAPES[shape]
         cfg = triton_moe.select_config(T * k, E, H, I, "hopper_mma_rot")
@@ -66,4 +67,4 @@ def test_capped_kernels_compile_for_sm90_without_spills():
             capped += 1
             assert regs <= cap, (shape, T, second, usage)
     # GEMM1 capped at every point; GEMM2 too where it runs one row tile a program (DSV3-like)
-    assert capped == len(POINTS) + 2
+    assert capped == len(POINTS) + 1
