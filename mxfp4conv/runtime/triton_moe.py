@@ -224,8 +224,8 @@ def select_config(num_pairs: int, num_experts: int, hidden: int, inter: int, lay
         # register caps on 16-pair blocks, and on 32-pair ones where GEMM2's rows are short (both GEMMs where
         # GEMM2 runs one row tile a program): under them ptxas schedules GEMM1 in 54 / 78 registers, not 116 /
         # 138, with the same instructions and nothing spilled, so 7 / 5 programs share an SM, not 4 / 3
-        # (time capped / uncapped, four runs: DSV3-like T = 160-384 0.948-1.014, median 0.975; K3-like T = 384 /
-        # 512 0.972-0.987 / 0.962-0.983, T = 1024 0.965-1.010; DSV3-like 32-pair blocks 0.969-1.019, left uncapped)
+        # (time capped / uncapped, five runs: DSV3-like T = 160-384 0.948-1.016, median 0.975; K3-like T = 384 /
+        # 512 0.972-0.995 / 0.962-0.983, T = 1024 0.965-1.010; DSV3-like 32-pair blocks 0.969-1.019, left uncapped)
         maxnreg = 96 if bt == 16 else 112 if bt == 32 and short else 0
         # blocks of 32 / 64 pairs: those holding at most half that in half-width tiles, 64-pair ones up
         # to 48 in 32 + 16 (GEMM2's too where it runs one row tile a program: the multi-tile loop has
