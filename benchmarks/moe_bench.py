@@ -101,8 +101,8 @@ def copy_bandwidth() -> float:
     return 2 * n / (ms * 1e-3)
 
 
-def graph_time_us(fns, replays=10) -> float:
-    """Median time of one call, from CUDA-graph replays of all fns in turn."""
+def captured(fns) -> torch.cuda.CUDAGraph:
+    """A CUDA graph of all fns in turn, warmed on a side stream, captured and replayed once."""
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
@@ -116,6 +116,12 @@ def graph_time_us(fns, replays=10) -> float:
             f()
     g.replay()
     torch.cuda.synchronize()
+    return g
+
+
+def graph_time_us(fns, replays=10) -> float:
+    """Median time of one call, from CUDA-graph replays of all fns in turn."""
+    g = captured(fns)
     times = []
     for _ in range(replays):
         e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

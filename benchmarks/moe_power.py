@@ -30,8 +30,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import torch  # noqa: E402
 
 from mxfp4conv.runtime import triton_moe as M  # noqa: E402
+from moe_bench import SHAPES, captured, make_weights, routing  # noqa: E402
 
-SHAPES = {"dsv3": (7168, 2048, 256, 8), "k3": (3584, 384, 896, 16)}
 QUERY = "timestamp,clocks.sm,power.draw,clocks.mem,temperature.memory,power.limit"
 DEFAULT_POINTS = [["dsv3", 8, {}], ["dsv3", 64, {}], ["dsv3", 256, {}], ["dsv3", 1024, {}], ["dsv3", 4096, {}],
                   ["k3", 8, {}], ["k3", 256, {}], ["k3", 1024, {}]]
@@ -39,17 +39,7 @@ DEFAULT_POINTS = [["dsv3", 8, {}], ["dsv3", 64, {}], ["dsv3", 256, {}], ["dsv3",
 
 def sustained(fn, secs: float) -> tuple[float, float, float]:
     """(wall-clock start, end, microseconds a call) of back-to-back CUDA-graph replays of fn for secs seconds."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    graph.replay()
-    torch.cuda.synchronize()
+    graph = captured([fn])
     time.sleep(1.5)  # let the board settle between configurations
     e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     t0, calls = time.time(), 0
@@ -65,17 +55,15 @@ def sustained(fn, secs: float) -> tuple[float, float, float]:
 
 
 def layer(shape: str, T: int, overrides: dict, gen, cache: dict):
+    """One call of the layer (moe_bench.py's weights and routing) as a closure; the weights kept per shape."""
     H, I, E, k = SHAPES[shape]
     if shape not in cache:
         cache.clear()
         torch.cuda.empty_cache()
-        cache[shape] = tuple(torch.randint(lo, hi, size, dtype=torch.uint8, device="cuda", generator=gen)
-                             for lo, hi, size in ((0, 256, (E, 2 * I, H // 2)), (118, 122, (E, 2 * I, H // 32)),
-                                                  (0, 256, (E, H, I // 2)), (118, 122, (E, H, I // 32))))
+        cache[shape] = make_weights(H, I, E, gen)
     w13, s13, w2, s2 = cache[shape]
     x = torch.randn(T, H, device="cuda", generator=gen).to(torch.bfloat16)
-    ids = torch.rand(T, E, device="cuda", generator=gen).topk(k, dim=1).indices.to(torch.int32)
-    tw = torch.rand(T, k, device="cuda", generator=gen)
+    ids, tw = routing(T, E, k, gen)
     cfg = dataclasses.replace(M.select_config(T * k, E, H, I, "hopper_mma_rot"), **overrides)
     return lambda: M.fused_moe_triton(x, w13, s13, w2, s2, tw, ids, activation="silu", activation_params={},
                                       layout="hopper_mma_rot", config=cfg)
