@@ -74,6 +74,11 @@ def test_bad_gluon_frag_is_a_clear_error():
         gluon_tiles(MoEConfig(gluon_frag=2), 7168, 2048, 8)
 
 
+def test_bad_gluon_xshare_is_a_clear_error():
+    with pytest.raises(RuntimeInputError, match="gluon_xshare must be 0 or 1"):
+        gluon_tiles(MoEConfig(gluon_xshare=2), 7168, 2048, 8)
+
+
 def test_bad_gluon_xmask_is_a_clear_error():
     with pytest.raises(RuntimeInputError, match="gluon_xmask must be -1, 0, 1, 2 or 3"):
         gluon_tiles(MoEConfig(gluon_xmask=4), 7168, 2048, 8)
@@ -260,9 +265,11 @@ KB_STEPS = {1: 4, 2: 8}  # m16n8k16 MMAs a warp's 16-row slab takes for a 64 KB-
 
 
 # the expert-block kernels: pairs a block, KB, GEMM1's K splits, GEMM2's 64-row blocks a program, rows in fragment
-# order, x operands masked (bit 1 GEMM1, bit 2 GEMM2; unmasked, a padding slot reads row 0 and is never stored)
-GROUPED = [(8, 2, 1, 1, True, 1), (8, 2, 2, 4, True, 1), (8, 1, 1, 1, False, 0), (8, 1, 4, 2, True, 3),
-           (16, 2, 1, 7, True, 0), (8, 2, 1, 4, False, 2), (8, 2, 1, 4, True, 0)]
+# order, x operands masked (bit 1 GEMM1, bit 2 GEMM2; unmasked, a padding slot reads row 0 and is never stored),
+# GEMM1's x tile shared by its warps through shared memory
+GROUPED = [(8, 2, 1, 1, True, 1, False), (8, 2, 2, 4, True, 1, True), (8, 1, 1, 1, False, 0, False),
+           (8, 1, 4, 2, True, 3, True), (16, 2, 1, 7, True, 0, False), (8, 2, 1, 4, False, 2, False),
+           (8, 2, 1, 4, True, 0, True), (16, 2, 1, 4, True, 1, True)]
 
 
 @pytest.fixture(scope="module")
@@ -277,10 +284,10 @@ def compiled():
         jobs.append(("few_gemm2", dict(KB=kb, HAS_BIAS=bias, SPLITS=splits, PDL=bool(pdl), SUM=sum2, FRAG=frag)))
         keys += [(variant, "few_gemm1"), (variant, "few_gemm2")]
     for key in GROUPED:
-        bt, kb, splits, blocks, frag, masks = key
+        bt, kb, splits, blocks, frag, masks, shared = key
         jobs.append(("grp_gemm1", dict(KB=kb, BT=bt, ACT=ACTS["situ"][0], HAS_LIMIT=False, HAS_LINEAR=True,
                                        HAS_BIAS=True, SPLITS=splits, FRAG_KB=kb if frag else 0,
-                                       MASKED=bool(masks & 1))))
+                                       MASKED=bool(masks & 1), SHARED=shared)))
         jobs.append(("grp_gemm2", dict(KB=kb, BT=bt, HAS_BIAS=True, BLOCKS=blocks, FRAG=frag, MASKED=bool(masks & 2))))
         keys += [(key, "grp_gemm1"), (key, "grp_gemm2")]
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
@@ -316,10 +323,10 @@ def test_kernels_compile_for_sm90_without_spills(compiled, variant):
 
 
 @pytest.mark.skipif(not _tools_available(), reason="this Triton has no Gluon or ships no NVIDIA tools")
-@pytest.mark.parametrize("bt, kb, splits, blocks, frag, masks", GROUPED)
-def test_expert_block_kernels_compile_for_sm90_without_spills(compiled, bt, kb, splits, blocks, frag, masks):
+@pytest.mark.parametrize("bt, kb, splits, blocks, frag, masks, shared", GROUPED)
+def test_expert_block_kernels_compile_for_sm90_without_spills(compiled, bt, kb, splits, blocks, frag, masks, shared):
     # a warp's slab: (64 KB / 16) m16n8k16 MMAs a K step for each 8 of the block's pairs, gate and up in GEMM1
-    key = (bt, kb, splits, blocks, frag, masks)
+    key = (bt, kb, splits, blocks, frag, masks, shared)
     for kernel, matrices in (("grp_gemm1", 2), ("grp_gemm2", 1)):
         sass, res = compiled[(key, kernel)]
         assert re.search(r"STACK:0\b", res), f"{kernel}: {res}"  # nothing spilled to local memory
@@ -330,6 +337,14 @@ def test_expert_block_kernels_compile_for_sm90_without_spills(compiled, bt, kb, 
     # unsplit, GEMM1's only predicated loads are its masked x operand's
     if splits == 1:
         assert bool(re.findall(r"@!?P\d+ LDG", compiled[(key, "grp_gemm1")][0])) == bool(masks & 1)
+    # the shared x tile: a lane's 4 KB codes of a column in one load (16 / 8 bytes), stored once and read by the
+    # warps as MMA fragments (ldmatrix); without it, no shared memory at all
+    sass1 = compiled[(key, "grp_gemm1")][0]
+    assert ("LDSM" in sass1 and "STS" in sass1) == shared
+    if shared:
+        assert re.search(r"LDG\.E\.%s" % ("128" if kb == 2 else "64"), sass1)
+    elif splits == 1:
+        assert "LDS" not in sass1 and "STS" not in sass1
     # GEMM2's B operand from rows in fragment order: in 16-byte loads, no shuffle through shared memory
     sass = compiled[(key, "grp_gemm2")][0]
     assert (len(re.findall(r"LDG\.E\.128", sass)) >= 4 * kb) == frag

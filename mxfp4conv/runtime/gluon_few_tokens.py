@@ -151,16 +151,32 @@ def _fragments(ptrs, mask, KB: gl.constexpr, MASKED: gl.constexpr):
     return gl.convert_layout(v.reshape(N, 4, 4 * KB, 2, 2).permute(2, 3, 1, 4, 0).reshape(64 * KB, N), B_OP)
 
 
+@gluon.constexpr_function
+def shared_x_layout(KB):
+    """[64 KB, N] B operand (K contiguous) loaded once by the CTA: a lane's 4 KB codes of one column in one load,
+    the 4 warps a quarter of the codes each."""
+    return gl.BlockedLayout([4 * KB, 1], [4, 8], [4, 1], [0, 1])
+
+
+@gluon.jit
+def _x_load(ptrs, mask, MASKED: gl.constexpr):
+    if MASKED:
+        return gl.load(ptrs, mask=mask, other=0.0)
+    return gl.load(ptrs)
+
+
 @gluon.jit
 def _k_loop(w_ptr, s_ptr, x_ptr, x_mask, K, k_lo, K_SPLIT, up_w, up_s, KB: gl.constexpr, GATE_UP: gl.constexpr,
-            WAIT: gl.constexpr, MASKED: gl.constexpr, FRAG: gl.constexpr = False):
+            WAIT: gl.constexpr, MASKED: gl.constexpr, FRAG: gl.constexpr = False, SHARED: gl.constexpr = False):
     """acc (and with GATE_UP the up rows' acc) [64, N] of 64 rows (4 slabs from w_ptr / s_ptr) times
     x over codes [k_lo, k_lo + K_SPLIT): x_ptr the [64 KB, N] B operand's pointers at code 0 (with
     MASKED, its columns x_mask, the others read as 0), the next step's words loaded before this
     step's decode (the last step loads its own again: nothing past the split is read). WAIT: x is
     the output of the kernel this one depends on programmatically; it is waited for after the first
     step's weight loads are issued. FRAG: x is stored in fragment_order and x_ptr holds its
-    _fragment_ptrs (x_mask [N, 1, 1] with MASKED)."""
+    _fragment_ptrs (x_mask [N, 1, 1] with MASKED). SHARED: x_ptr in shared_x_layout, each warp loading a
+    quarter of the step's B operand (the next step's before this step's decode), which the four warps then
+    read through shared memory (convert_layout), not each from L1 / L2."""
     w_off, s_off = _offsets(K, 4, KB)
     N: gl.constexpr = x_ptr.shape[0] if FRAG else x_ptr.shape[1]
     acc_g = gl.zeros([64, N], gl.float32, layout=MMA)
@@ -175,11 +191,17 @@ def _k_loop(w_ptr, s_ptr, x_ptr, x_mask, K, k_lo, K_SPLIT, up_w, up_s, KB: gl.co
     if WAIT:
         _gdc_wait()
     last = k_lo + K_SPLIT - 64 * KB
+    if SHARED:
+        xs = _x_load(x_ptr + k_lo, x_mask, MASKED)
     for k0 in range(k_lo, k_lo + K_SPLIT, 64 * KB):
         k1 = gl.minimum(k0 + 64 * KB, last)
         wg_n = gl.load(w_ptr + w_off + k1 * 2)
         sg_n = gl.load(s_ptr + s_off + k1 // 8)
-        if FRAG:
+        if SHARED:
+            xs_n = _x_load(x_ptr + k1, x_mask, MASKED)
+            x = gl.convert_layout(xs, B_OP)
+            xs = xs_n
+        elif FRAG:
             x = _fragments(x_ptr + k0, x_mask, KB, MASKED)
         elif MASKED:
             x = gl.load(x_ptr + k0, mask=x_mask, other=0.0)

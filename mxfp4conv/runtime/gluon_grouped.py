@@ -16,7 +16,7 @@ from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
 from mxfp4conv.runtime.gluon_few_tokens import (_FPTX, _WPTX, A_OP, B_OP, MMA, ROWS, _barrier, _decode, _frag_cols,
                                                 _fragment_ptrs, _fragments, _k_loop, _offsets, _words,
-                                                fragment_order)
+                                                fragment_order, shared_x_layout)
 from mxfp4conv.runtime.triton_hopper_kernels import _arrive
 from mxfp4conv.runtime.triton_moe_kernels import _activate
 
@@ -38,23 +38,25 @@ def _block(sorted_ptr, bexp_ptr, npp_ptr, num_pairs, BT: gl.constexpr, LAYOUT: g
 def grp_gemm1(w_ptr, s_ptr, x_ptr, sorted_ptr, bexp_ptr, npp_ptr, b_ptr, inter_ptr, part_ptr, cnt_ptr, num_pairs,
               TOP_K, K, I, K_SPLIT, p0, p1, KB: gl.constexpr, BT: gl.constexpr, ACT: gl.constexpr,
               HAS_LIMIT: gl.constexpr, HAS_LINEAR: gl.constexpr, HAS_BIAS: gl.constexpr, SPLITS: gl.constexpr,
-              FRAG_KB: gl.constexpr = 0, MASKED: gl.constexpr = True):
+              FRAG_KB: gl.constexpr = 0, MASKED: gl.constexpr = True, SHARED: gl.constexpr = False):
     """inter[pair, rows] = act(gate . x[pair // TOP_K] + b, up . x + b) for the block's pairs and its
     expert, rows [64 rb, 64 rb + 64). SPLITS > 1: a program per K split (program_id(2)) stores its
     fp32 partials at part[split, pair, gate / up]; the last of a tile's splits to arrive sums them in
     split order and finishes the tile. FRAG_KB > 0: the rows stored in fragment_order for GEMM2 steps
-    of 64 FRAG_KB codes. MASKED: the padding slots' x read as 0 (else token 0's; their columns are not stored)."""
-    live, e, pair_x, ok_x = _block(sorted_ptr, bexp_ptr, npp_ptr, num_pairs, BT, gl.SliceLayout(0, B_OP))
+    of 64 FRAG_KB codes. MASKED: the padding slots' x read as 0 (else token 0's; their columns are not stored).
+    SHARED: each warp loads a quarter of a step's x tile, which the four read through shared memory."""
+    XL: gl.constexpr = shared_x_layout(KB) if SHARED else B_OP
+    live, e, pair_x, ok_x = _block(sorted_ptr, bexp_ptr, npp_ptr, num_pairs, BT, gl.SliceLayout(0, XL))
     if live:
         rb = gl.program_id(0)
-        xk = gl.arange(0, 64 * KB, layout=gl.SliceLayout(1, B_OP))
+        xk = gl.arange(0, 64 * KB, layout=gl.SliceLayout(1, XL))
         tok = gl.where(ok_x, pair_x // TOP_K, 0).to(gl.int64)
         x_ptrs = x_ptr + tok[None, :] * K + xk[:, None]
         x_mask = ok_x[None, :] & (xk[:, None] >= 0)
         w_ptr += e * (2 * I * (K // 8)) + rb * 4 * (2 * K)
         s_ptr += e * (2 * I * K // 128) + rb * 4 * (K // 8)
         g, u = _k_loop(w_ptr, s_ptr, x_ptrs, x_mask, K, gl.program_id(2) * K_SPLIT, K_SPLIT, (I // 16) * (2 * K),
-                       (I // 16) * (K // 8), KB, True, False, MASKED)
+                       (I // 16) * (K // 8), KB, True, False, MASKED, False, SHARED)
         rows = rb * 64 + gl.arange(0, 64, layout=ROWS)
         pair = gl.convert_layout(pair_x, COLS)
         ok = pair < num_pairs
@@ -168,13 +170,14 @@ def _gemm2_tile_tail(y, e, rb, pair_x, num_pairs, b_ptr, tw_ptr, pair_out_ptr, N
 
 def forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias, act, align, k_sum, *,
             k1: int, k2: int, block_t: int, splits1: int = 1, blocks2: int = 1, frag: bool = False,
-            masks: int = 1) -> torch.Tensor:
+            masks: int = 1, shared: bool = False) -> torch.Tensor:
     """The layer for x [T, H] bf16 (contiguous hopper_mma_rot tensors, scales <= 2): align the pairs
     with align(block_t) -> (sorted_ids, block_expert, num_post_pad, max_blocks), run both GEMMs (GEMM1
     in splits1 K splits, dividing H into whole steps of k1; GEMM2 in programs of blocks2 64-row blocks,
     dividing H / 64), and return k_sum(pair_out [1, T k, H]), the caller's sum over k. frag: the
     intermediate rows in fragment_order, GEMM2's B operand loaded in 16-byte words. masks: bit 1 GEMM1's x operand
-    masked, bit 2 GEMM2's (unmasked, a padding slot reads row 0 into a column that is never stored)."""
+    masked, bit 2 GEMM2's (unmasked, a padding slot reads row 0 into a column that is never stored). shared: GEMM1's
+    x tile loaded once a program and read by its warps through shared memory."""
     E, two_i, _ = w13.shape
     T, H = x.shape
     I = two_i // 2
@@ -193,7 +196,7 @@ def forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w
         w13_bias if w13_bias is not None else inter, inter, part, cnt, pairs, k, H, I, H // splits1, act["p0"],
         act["p1"], KB=k1 // 64, BT=block_t, ACT=act["ACT"], HAS_LIMIT=act["HAS_LIMIT"], HAS_LINEAR=act["HAS_LINEAR"],
         HAS_BIAS=w13_bias is not None, SPLITS=splits1, FRAG_KB=k2 // 64 if frag else 0, MASKED=bool(masks & 1),
-        num_warps=4)
+        SHARED=shared, num_warps=4)
     grp_gemm2[(H // 64 // blocks2, max_blocks)](
         _words(w2), _words(w2_scale), inter, sorted_ids, block_expert, num_post_pad,
         w2_bias if w2_bias is not None else pair_out, tw, pair_out, pairs, I, H, KB=k2 // 64, BT=block_t,

@@ -162,6 +162,9 @@ class MoEConfig:
     # 0.986 / 0.986 / 0.975); K3-like (6) T = 16 / 64 / 224 0.957 / 0.983-0.992 / 0.986-1.003 but T = 10 / 12 / 24
     # 1.048 / 1.033-1.038 / 1.010-1.017
     gluon_xmask: int = -1
+    # and their GEMM1's x tile loaded once a program, a quarter by each warp, and read by the four through shared
+    # memory (1), or by each warp from L1 / L2 (0); bit-equal outputs
+    gluon_xshare: int = 0
 
 
 def layout_of(layout: Mapping[str, str]) -> str | None:
@@ -761,6 +764,8 @@ def _check_gluon_knobs(cfg: MoEConfig) -> None:
         raise RuntimeInputError(f"fused_moe_triton: gluon_xmask must be -1, 0, 1, 2 or 3, got {cfg.gluon_xmask}.")
     if cfg.gluon_sum2 not in (-1, 0, 1):
         raise RuntimeInputError(f"fused_moe_triton: gluon_sum2 must be -1, 0 or 1, got {cfg.gluon_sum2}.")
+    if cfg.gluon_xshare not in (0, 1):
+        raise RuntimeInputError(f"fused_moe_triton: gluon_xshare must be 0 or 1, got {cfg.gluon_xshare}.")
     if cfg.gluon_block_t not in (8, 16):
         raise RuntimeInputError(f"fused_moe_triton: gluon_block_t must be 8 or 16, got {cfg.gluon_block_t}.")
 
@@ -893,7 +898,8 @@ def _gluon_grouped_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_i
     return _compiled_or_none(lambda: _gluon_grouped_module().forward(
         *tensors, act, lambda bt: moe_align(topk_ids, E, bt, cfg.align), k_sum, k1=k1, k2=k2,
         block_t=cfg.gluon_block_t, splits1=splits1, blocks2=blocks2, frag=cfg.gluon_frag == 1,
-        masks=grouped_masks(cfg, w13.shape[1] // 2)), cfg.gluon_grouped == 1 and cfg.gluon == 1)
+        masks=grouped_masks(cfg, w13.shape[1] // 2), shared=cfg.gluon_xshare == 1),
+        cfg.gluon_grouped == 1 and cfg.gluon == 1)
 
 
 def _contiguous(*tensors):
