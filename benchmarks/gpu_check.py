@@ -227,6 +227,9 @@ def hopper_variants(T, H, I, k, E):
         # both GEMMs' x operands masked (where the default leaves GEMM1's unmasked) or neither (where it masks it)
         out.append(("grouped", dataclasses.replace(default, gluon=1, gluon_grouped=1,
                                                    gluon_xmask=3 if grouped_masks(default, I) == 0 else 0)))
+        # GEMM1's x tile the other way (shared by the warps through shared memory, or each warp's own)
+        out.append(("grouped", dataclasses.replace(default, gluon=1, gluon_grouped=1,
+                                                   gluon_xshare=1 - default.gluon_xshare)))
         if T <= 16:  # and the per-pair ones on more tokens than they take by default
             out.append(("gluon", dataclasses.replace(default, gluon=1, gluon_max_tokens=16, gluon_pair_share=1e9)))
     return out

@@ -11,7 +11,7 @@ On the Hopper layouts one token takes two kernels and a memset instead: no align
 pair), the split-K activation and the k-sum in the GEMMs' tails (``hopper_options``); and on
 hopper_mma_rot, 1 to 8 bf16 tokens on an sm_90 GPU go to the Gluon kernels of
 ``gluon_few_tokens`` (``gluon_plan``), a program per (token, expert) pair, while their pairs
-number under a fifth of the experts, and past that, at up to 4.6 pairs an expert (gluon_grouped_pairs), to those of
+number under a fifth of the experts, and past that, at up to 5.5 pairs an expert (gluon_grouped_pairs), to those of
 ``gluon_grouped`` (``grouped_plan``) on 8-pair expert blocks.
 Two GEMM implementations: tensor-core MMA (swap-AB, weights decoded into the MMA operand) and,
 for decode batches where each touched expert sees about one pair, a path without tensor cores
@@ -147,9 +147,12 @@ class MoEConfig:
     # blocks K3-like T = 192 (3.4) 0.947 / 0.950, T = 224 / 256 (4 / 4.6) 1.028 / 1.053; 16-pair blocks 1.18-1.47
     # (DSV3-like T = 16-256). With GEMM2's B operand in 16-byte words (gluon_frag), against the hopper_mma kernels:
     # K3-like T = 208 / 224 / 240 / 256 (3.7-4.6) 0.963 / 0.975 / 0.982 / 0.987, DSV3-like T = 128 / 144 (4 / 4.5)
-    # 0.911 / 0.898, past that DSV3-like T = 176 / 208 / 224 / 256 (5.5-8) 1.000 / 1.011 / 1.009 / 1.028
+    # 0.911 / 0.898, past that DSV3-like T = 176 / 208 / 224 / 256 (5.5-8) 1.000 / 1.011 / 1.009 / 1.028. With GEMM1's
+    # x tile shared (gluon_xshare), against them: DSV3-like T = 160 (5) 0.880 / 0.935 (two runs), T = 176 / 192 / 208 /
+    # 224 / 256 (5.5-8) 0.969 / 1.007 / 1.063 / 1.104 / 1.151; K3-like T = 288 / 320 / 352 (5.1 / 5.7 / 6.3) 0.969 /
+    # 0.973 / 1.064
     gluon_grouped: int = -1
-    gluon_grouped_pairs: float = 4.6
+    gluon_grouped_pairs: float = 5.5
     gluon_block_t: int = 8
     # and their GEMM2 in programs of gluon_blocks2 64-row blocks (0: automatic, grouped_tiles; lowered to a divisor
     # of H / 64)
@@ -162,9 +165,12 @@ class MoEConfig:
     # 0.986 / 0.986 / 0.975); K3-like (6) T = 16 / 64 / 224 0.957 / 0.983-0.992 / 0.986-1.003 but T = 10 / 12 / 24
     # 1.048 / 1.033-1.038 / 1.010-1.017
     gluon_xmask: int = -1
-    # and their GEMM1's x tile loaded once a program, a quarter by each warp, and read by the four through shared
-    # memory (1), or by each warp from L1 / L2 (0); bit-equal outputs
-    gluon_xshare: int = 0
+    # and their GEMM1's x tile loaded once a program, a quarter by each warp in 16-byte words, and read by the four
+    # through shared memory (1), or by each warp from L1 / L2 in 4-byte ones (0); bit-equal outputs, about the same
+    # instructions a step (x's 24-40 loads a lane become 9-10 beside 4-8 ldmatrix and a store). On an H200, 1 against
+    # 0: DSV3-like T = 8 / 16 / 32 / 64 / 128 0.995 / 0.984 / 1.001 / 0.948 / 0.948, K3-like T = 10 / 12 / 16 / 24 / 64
+    # / 192 / 224 / 256 0.993 / 0.996 / 0.981 / 0.996 / 0.989 / 0.965 / 0.952 / 0.954
+    gluon_xshare: int = 1
 
 
 def layout_of(layout: Mapping[str, str]) -> str | None:
