@@ -75,8 +75,8 @@ def test_bad_gluon_frag_is_a_clear_error():
 
 
 def test_bad_gluon_xshare_is_a_clear_error():
-    with pytest.raises(RuntimeInputError, match="gluon_xshare must be 0 or 1"):
-        gluon_tiles(MoEConfig(gluon_xshare=2), 7168, 2048, 8)
+    with pytest.raises(RuntimeInputError, match="gluon_xshare must be 0, 1, 2 or 3"):
+        gluon_tiles(MoEConfig(gluon_xshare=4), 7168, 2048, 8)
 
 
 def test_bad_gluon_xmask_is_a_clear_error():
@@ -266,10 +266,11 @@ KB_STEPS = {1: 4, 2: 8}  # m16n8k16 MMAs a warp's 16-row slab takes for a 64 KB-
 
 # the expert-block kernels: pairs a block, KB, GEMM1's K splits, GEMM2's 64-row blocks a program, rows in fragment
 # order, x operands masked (bit 1 GEMM1, bit 2 GEMM2; unmasked, a padding slot reads row 0 and is never stored),
-# GEMM1's x tile shared by its warps through shared memory
+# GEMM1's x tile shared by its warps through shared memory (GEMM2's too where its rows are in plain order)
 GROUPED = [(8, 2, 1, 1, True, 1, False), (8, 2, 2, 4, True, 1, True), (8, 1, 1, 1, False, 0, False),
            (8, 1, 4, 2, True, 3, True), (16, 2, 1, 7, True, 0, False), (8, 2, 1, 4, False, 2, False),
-           (8, 2, 1, 4, True, 0, True), (16, 2, 1, 4, True, 1, True)]
+           (8, 2, 1, 4, True, 0, True), (16, 2, 1, 4, True, 1, True), (8, 2, 1, 4, False, 2, True),
+           (8, 1, 1, 1, False, 0, True)]
 
 
 @pytest.fixture(scope="module")
@@ -288,7 +289,8 @@ def compiled():
         jobs.append(("grp_gemm1", dict(KB=kb, BT=bt, ACT=ACTS["situ"][0], HAS_LIMIT=False, HAS_LINEAR=True,
                                        HAS_BIAS=True, SPLITS=splits, FRAG_KB=kb if frag else 0,
                                        MASKED=bool(masks & 1), SHARED=shared)))
-        jobs.append(("grp_gemm2", dict(KB=kb, BT=bt, HAS_BIAS=True, BLOCKS=blocks, FRAG=frag, MASKED=bool(masks & 2))))
+        jobs.append(("grp_gemm2", dict(KB=kb, BT=bt, HAS_BIAS=True, BLOCKS=blocks, FRAG=frag, MASKED=bool(masks & 2),
+                                       SHARED=shared and not frag)))
         keys += [(key, "grp_gemm1"), (key, "grp_gemm2")]
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
@@ -345,10 +347,13 @@ def test_expert_block_kernels_compile_for_sm90_without_spills(compiled, bt, kb, 
         assert re.search(r"LDG\.E\.%s" % ("128" if kb == 2 else "64"), sass1)
     elif splits == 1:
         assert "LDS" not in sass1 and "STS" not in sass1
-    # GEMM2's B operand from rows in fragment order: in 16-byte loads, no shuffle through shared memory
+    # GEMM2's B operand from rows in fragment order: in 16-byte loads, no shuffle through shared memory; from rows
+    # in plain order shared like GEMM1's
     sass = compiled[(key, "grp_gemm2")][0]
-    assert (len(re.findall(r"LDG\.E\.128", sass)) >= 4 * kb) == frag
-    assert "STS" not in sass and "LDS" not in sass
+    assert ("LDSM" in sass and "STS" in sass) == (shared and not frag)
+    if not (shared and not frag):
+        assert (len(re.findall(r"LDG\.E\.128", sass)) >= 4 * kb) == frag
+        assert "STS" not in sass and "LDS" not in sass
     # its x loads predicated only with the masks: unmasked, the one predicated loads are a lane's routing weights
     # (two for each 8 of the block's pairs)
     assert (len(re.findall(r"@!?P\d+ LDG", sass)) > bt // 4) == bool(masks & 2)

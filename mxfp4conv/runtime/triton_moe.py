@@ -169,7 +169,9 @@ class MoEConfig:
     # through shared memory (1), or by each warp from L1 / L2 in 4-byte ones (0); bit-equal outputs, about the same
     # instructions a step (x's 24-40 loads a lane become 9-10 beside 4-8 ldmatrix and a store). On an H200, 1 against
     # 0: DSV3-like T = 8 / 16 / 32 / 64 / 128 0.995 / 0.984 / 1.001 / 0.948 / 0.948, K3-like T = 10 / 12 / 16 / 24 / 64
-    # / 192 / 224 / 256 0.993 / 0.996 / 0.981 / 0.996 / 0.989 / 0.965 / 0.952 / 0.954
+    # / 192 / 224 / 256 0.993 / 0.996 / 0.981 / 0.996 / 0.989 / 0.965 / 0.952 / 0.954. Bit 2: GEMM2's B operand the
+    # same way (from rows in plain order: with gluon_frag 0); 3 with gluon_frag 0 against the default: DSV3-like T = 8-160
+    # 1.014-1.088, K3-like T = 12-288 0.992-1.012
     gluon_xshare: int = 1
 
 
@@ -770,8 +772,8 @@ def _check_gluon_knobs(cfg: MoEConfig) -> None:
         raise RuntimeInputError(f"fused_moe_triton: gluon_xmask must be -1, 0, 1, 2 or 3, got {cfg.gluon_xmask}.")
     if cfg.gluon_sum2 not in (-1, 0, 1):
         raise RuntimeInputError(f"fused_moe_triton: gluon_sum2 must be -1, 0 or 1, got {cfg.gluon_sum2}.")
-    if cfg.gluon_xshare not in (0, 1):
-        raise RuntimeInputError(f"fused_moe_triton: gluon_xshare must be 0 or 1, got {cfg.gluon_xshare}.")
+    if cfg.gluon_xshare not in (0, 1, 2, 3):
+        raise RuntimeInputError(f"fused_moe_triton: gluon_xshare must be 0, 1, 2 or 3, got {cfg.gluon_xshare}.")
     if cfg.gluon_block_t not in (8, 16):
         raise RuntimeInputError(f"fused_moe_triton: gluon_block_t must be 8 or 16, got {cfg.gluon_block_t}.")
 
@@ -904,7 +906,8 @@ def _gluon_grouped_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_i
     return _compiled_or_none(lambda: _gluon_grouped_module().forward(
         *tensors, act, lambda bt: moe_align(topk_ids, E, bt, cfg.align), k_sum, k1=k1, k2=k2,
         block_t=cfg.gluon_block_t, splits1=splits1, blocks2=blocks2, frag=cfg.gluon_frag == 1,
-        masks=grouped_masks(cfg, w13.shape[1] // 2), shared=cfg.gluon_xshare == 1),
+        masks=grouped_masks(cfg, w13.shape[1] // 2), shared=bool(cfg.gluon_xshare & 1),
+        shared2=bool(cfg.gluon_xshare & 2)),
         cfg.gluon_grouped == 1 and cfg.gluon == 1)
 
 
