@@ -15,7 +15,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
 from mxfp4conv.runtime.gluon_few_tokens import (_FPTX, _WPTX, A_OP, B_OP, MMA, ROWS, _barrier, _decode, _frag_cols,
-                                                _fragment_ptrs, _fragments, _k_loop, _offsets, _words,
+                                                _fragment_ptrs, _fragments, _k_loop, _offsets, _words, _x_load,
                                                 fragment_order, shared_x_layout)
 from mxfp4conv.runtime.triton_hopper_kernels import _arrive
 from mxfp4conv.runtime.triton_moe_kernels import _activate
@@ -141,14 +141,14 @@ def grp_gemm2(w_ptr, s_ptr, inter_ptr, sorted_ptr, bexp_ptr, npp_ptr, b_ptr, tw_
             w_off, s_off = _offsets(K, 4, KB)
             w, s = _block_loads(w_ptr, s_ptr, w_off, s_off, 0, 0, K)
             if SHARED:
-                xs = gl.load(x_ptrs, mask=x_mask, other=0.0) if MASKED else gl.load(x_ptrs)
+                xs = _x_load(x_ptrs, x_mask, MASKED)
             for r in range(BLOCKS):
                 acc = gl.zeros([64, BT], gl.float32, layout=MMA)
                 for kk in range(steps):
                     r_n, k_n = _next_step(r, kk, steps, BLOCKS, KB)
                     w_n, s_n = _block_loads(w_ptr, s_ptr, w_off, s_off, r_n, k_n, K)
                     if SHARED:  # the next step's tile (k_n: the next block's first at the last step)
-                        xs_n = gl.load(x_ptrs + k_n, mask=x_mask, other=0.0) if MASKED else gl.load(x_ptrs + k_n)
+                        xs_n = _x_load(x_ptrs + k_n, x_mask, MASKED)
                         x = gl.convert_layout(xs, B_OP)
                         xs = xs_n
                     elif FRAG:
