@@ -229,7 +229,7 @@ def hopper_variants(T, H, I, k, E):
                                                    gluon_xmask=3 if grouped_masks(default, I) == 0 else 0)))
         # GEMM1's x tile the other way (shared by the warps through shared memory, or each warp's own)
         out.append(("grouped", dataclasses.replace(default, gluon=1, gluon_grouped=1,
-                                                   gluon_xshare=1 - default.gluon_xshare)))
+                                                   gluon_xshare=default.gluon_xshare ^ 1)))
         if T <= 16:  # and the per-pair ones on more tokens than they take by default
             out.append(("gluon", dataclasses.replace(default, gluon=1, gluon_max_tokens=16, gluon_pair_share=1e9)))
     return out

@@ -140,13 +140,18 @@ def _frag_cols(KB):
 
 
 @gluon.jit
+def _x_load(ptrs, mask, MASKED: gl.constexpr):
+    """ptrs' values (MASKED: where mask holds, 0 elsewhere)."""
+    if MASKED:
+        return gl.load(ptrs, mask=mask, other=0.0)
+    return gl.load(ptrs)
+
+
+@gluon.jit
 def _fragments(ptrs, mask, KB: gl.constexpr, MASKED: gl.constexpr):
     """One step's [64 KB, N] B operand (B_OP) from _fragment_ptrs' [N, 4, 16 KB] pointers (MASKED: columns
     mask [N, 1, 1], the others read as 0)."""
-    if MASKED:
-        v = gl.load(ptrs, mask=mask, other=0.0)
-    else:
-        v = gl.load(ptrs)
+    v = _x_load(ptrs, mask, MASKED)
     N: gl.constexpr = ptrs.shape[0]
     return gl.convert_layout(v.reshape(N, 4, 4 * KB, 2, 2).permute(2, 3, 1, 4, 0).reshape(64 * KB, N), B_OP)
 
@@ -156,13 +161,6 @@ def shared_x_layout(KB):
     """[64 KB, N] B operand (K contiguous) loaded once by the CTA: a lane's 4 KB codes of one column in one load,
     the 4 warps a quarter of the codes each."""
     return gl.BlockedLayout([4 * KB, 1], [4, 8], [4, 1], [0, 1])
-
-
-@gluon.jit
-def _x_load(ptrs, mask, MASKED: gl.constexpr):
-    if MASKED:
-        return gl.load(ptrs, mask=mask, other=0.0)
-    return gl.load(ptrs)
 
 
 @gluon.jit
@@ -203,10 +201,8 @@ def _k_loop(w_ptr, s_ptr, x_ptr, x_mask, K, k_lo, K_SPLIT, up_w, up_s, KB: gl.co
             xs = xs_n
         elif FRAG:
             x = _fragments(x_ptr + k0, x_mask, KB, MASKED)
-        elif MASKED:
-            x = gl.load(x_ptr + k0, mask=x_mask, other=0.0)
         else:
-            x = gl.load(x_ptr + k0)
+            x = _x_load(x_ptr + k0, x_mask, MASKED)
         acc_g = mma_v2(gl.convert_layout(_decode(wg, sg, 4, KB, _WPTX, _FPTX), A_OP), x, acc_g)
         if GATE_UP:
             wu_n = gl.load(w_ptr + up_w + w_off + k1 * 2)

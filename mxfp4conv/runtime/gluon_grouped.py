@@ -153,10 +153,8 @@ def grp_gemm2(w_ptr, s_ptr, inter_ptr, sorted_ptr, bexp_ptr, npp_ptr, b_ptr, tw_
                         xs = xs_n
                     elif FRAG:
                         x = _fragments(x_ptrs + kk * (64 * KB), x_mask, KB, MASKED)
-                    elif MASKED:
-                        x = gl.load(x_ptrs + kk * (64 * KB), mask=x_mask, other=0.0)
                     else:
-                        x = gl.load(x_ptrs + kk * (64 * KB))
+                        x = _x_load(x_ptrs + kk * (64 * KB), x_mask, MASKED)
                     acc = mma_v2(gl.convert_layout(_decode(w, s, 4, KB, _WPTX, _FPTX), A_OP), x, acc)
                     w = w_n
                     s = s_n
