@@ -210,6 +210,10 @@ def hopper_variants(T, H, I, k, E):
         out.append(("sum2", dataclasses.replace(default, gluon=1, gluon_sum2=int(by_kernel))))
         out.append(("sum2", dataclasses.replace(default, gluon=1, gluon_sum2=0, gluon_split2=2)))
         out.append(("frag", dataclasses.replace(default, gluon=1, gluon_frag=1 - default.gluon_frag)))
+        # GEMM2 in programs of the other row count (64 or 128), with the sum in GEMM2 and in the k-sum kernel
+        rows2 = 192 - default.gluon_rows2
+        out.append(("rows2", dataclasses.replace(default, gluon=1, gluon_rows2=rows2, gluon_sum2=1)))
+        out.append(("rows2", dataclasses.replace(default, gluon=1, gluon_rows2=rows2, gluon_sum2=0)))
     else:  # the Gluon kernels on expert blocks: where the default takes them, the variants above on the hopper_mma
         # kernels; and 16-pair blocks, 8-pair ones of 64-code steps, and 4 K splits of GEMM1, forced on
         if grouped_takes(default, T, T * k, E):
@@ -230,6 +234,9 @@ def hopper_variants(T, H, I, k, E):
         # GEMM1's x tile the other way (shared by the warps through shared memory, or each warp's own)
         out.append(("grouped", dataclasses.replace(default, gluon=1, gluon_grouped=1,
                                                    gluon_xshare=default.gluon_xshare ^ 1)))
+        # GEMM2 over one row block a program of the other row count (64 or 128)
+        out.append(("grouped", dataclasses.replace(default, gluon=1, gluon_grouped=1, gluon_blocks2=1,
+                                                   gluon_rows2=192 - default.gluon_rows2)))
         if T <= 16:  # and the per-pair ones on more tokens than they take by default
             out.append(("gluon", dataclasses.replace(default, gluon=1, gluon_max_tokens=16, gluon_pair_share=1e9)))
     return out

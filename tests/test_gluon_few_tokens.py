@@ -271,6 +271,10 @@ GROUPED = [(8, 2, 1, 1, True, 1, False), (8, 2, 2, 4, True, 1, True), (8, 1, 1, 
            (8, 1, 4, 2, True, 3, True), (16, 2, 1, 7, True, 0, False), (8, 2, 1, 4, False, 2, False),
            (8, 2, 1, 4, True, 0, True), (16, 2, 1, 4, True, 1, True), (8, 2, 1, 4, False, 2, True),
            (8, 1, 1, 1, False, 0, True)]
+# GEMM2 in 64- and 128-row programs (NB 4 / 8 slabs): per pair (KB, fragment order, sum in GEMM2) and on 8-pair blocks
+ROWS2 = [("few_gemm2", dict(KB=2, HAS_BIAS=True, SPLITS=1, PDL=True, SUM=False, FRAG=True)),
+         ("few_gemm2", dict(KB=1, HAS_BIAS=False, SPLITS=2, PDL=False, SUM=True, FRAG=False)),
+         ("grp_gemm2", dict(KB=2, BT=8, HAS_BIAS=True, BLOCKS=1, FRAG=True, MASKED=True))]
 
 
 @pytest.fixture(scope="module")
@@ -292,6 +296,10 @@ def compiled():
         jobs.append(("grp_gemm2", dict(KB=kb, BT=bt, HAS_BIAS=True, BLOCKS=blocks, FRAG=frag, MASKED=bool(masks & 2),
                                        SHARED=shared and not frag)))
         keys += [(key, "grp_gemm1"), (key, "grp_gemm2")]
+    for i, (name, consts) in enumerate(ROWS2):
+        for nb in (4, 8):
+            jobs.append((name, dict(consts, NB=nb)))
+            keys.append((("rows2", i, nb), name))
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                          env.get("PYTHONPATH", "")])
@@ -357,3 +365,19 @@ def test_expert_block_kernels_compile_for_sm90_without_spills(compiled, bt, kb, 
     # its x loads predicated only with the masks: unmasked, the one predicated loads are a lane's routing weights
     # (two for each 8 of the block's pairs)
     assert (len(re.findall(r"@!?P\d+ LDG", sass)) > bt // 4) == bool(masks & 2)
+
+
+@pytest.mark.skipif(not _tools_available(), reason="this Triton has no Gluon or ships no NVIDIA tools")
+@pytest.mark.parametrize("i", range(len(ROWS2)))
+def test_gemm2_in_128_row_programs_shares_a_steps_b_operand(compiled, i):
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+    import hopper_sass
+    name, consts = ROWS2[i]
+    (sass4, _), (sass8, res8) = (compiled[(("rows2", i, nb), name)] for nb in (4, 8))
+    assert re.search(r"STACK:0\b", res8) and "LDL" not in sass8 and "STL" not in sass8
+    (_, loop4), (_, loop8) = (hopper_sass.loops(s, 50)[0] for s in (sass4, sass8))
+    # each warp's two slabs: twice the MMAs a K step, each slab's weight and scale words (KB 16-byte and KB 4-byte
+    # loads a lane), and the step's B operand loaded once for both
+    kb = consts["KB"]
+    assert loop4["HMMA"] == KB_STEPS[kb] and loop8["HMMA"] == 2 * KB_STEPS[kb]
+    assert loop8["LDG"] == loop4["LDG"] + 2 * kb

@@ -165,8 +165,10 @@ def shared_x_layout(KB):
 
 @gluon.jit
 def _k_loop(w_ptr, s_ptr, x_ptr, x_mask, K, k_lo, K_SPLIT, up_w, up_s, KB: gl.constexpr, GATE_UP: gl.constexpr,
-            WAIT: gl.constexpr, MASKED: gl.constexpr, FRAG: gl.constexpr = False, SHARED: gl.constexpr = False):
-    """acc (and with GATE_UP the up rows' acc) [64, N] of 64 rows (4 slabs from w_ptr / s_ptr) times
+            WAIT: gl.constexpr, MASKED: gl.constexpr, FRAG: gl.constexpr = False, SHARED: gl.constexpr = False,
+            NB: gl.constexpr = 4):
+    """acc (and with GATE_UP the up rows' acc) [16 NB, N] of 16 NB rows (NB slabs from w_ptr / s_ptr, a warp's
+    NB / 4 of them slabs w, w + 4, ...) times
     x over codes [k_lo, k_lo + K_SPLIT): x_ptr the [64 KB, N] B operand's pointers at code 0 (with
     MASKED, its columns x_mask, the others read as 0), the next step's words loaded before this
     step's decode (the last step loads its own again: nothing past the split is read). WAIT: x is
@@ -175,10 +177,10 @@ def _k_loop(w_ptr, s_ptr, x_ptr, x_mask, K, k_lo, K_SPLIT, up_w, up_s, KB: gl.co
     _fragment_ptrs (x_mask [N, 1, 1] with MASKED). SHARED: x_ptr in shared_x_layout, each warp loading a
     quarter of the step's B operand (the next step's before this step's decode), which the four warps then
     read through shared memory (convert_layout), not each from L1 / L2."""
-    w_off, s_off = _offsets(K, 4, KB)
+    w_off, s_off = _offsets(K, NB, KB)
     N: gl.constexpr = x_ptr.shape[0] if FRAG else x_ptr.shape[1]
-    acc_g = gl.zeros([64, N], gl.float32, layout=MMA)
-    acc_u = gl.zeros([64, N], gl.float32, layout=MMA)
+    acc_g = gl.zeros([16 * NB, N], gl.float32, layout=MMA)
+    acc_u = gl.zeros([16 * NB, N], gl.float32, layout=MMA)
     wg = gl.load(w_ptr + w_off + k_lo * 2)
     sg = gl.load(s_ptr + s_off + k_lo // 8)
     wu = wg
@@ -203,11 +205,11 @@ def _k_loop(w_ptr, s_ptr, x_ptr, x_mask, K, k_lo, K_SPLIT, up_w, up_s, KB: gl.co
             x = _fragments(x_ptr + k0, x_mask, KB, MASKED)
         else:
             x = _x_load(x_ptr + k0, x_mask, MASKED)
-        acc_g = mma_v2(gl.convert_layout(_decode(wg, sg, 4, KB, _WPTX, _FPTX), A_OP), x, acc_g)
+        acc_g = mma_v2(gl.convert_layout(_decode(wg, sg, NB, KB, _WPTX, _FPTX), A_OP), x, acc_g)
         if GATE_UP:
             wu_n = gl.load(w_ptr + up_w + w_off + k1 * 2)
             su_n = gl.load(s_ptr + up_s + s_off + k1 // 8)
-            acc_u = mma_v2(gl.convert_layout(_decode(wu, su, 4, KB, _WPTX, _FPTX), A_OP), x, acc_u)
+            acc_u = mma_v2(gl.convert_layout(_decode(wu, su, NB, KB, _WPTX, _FPTX), A_OP), x, acc_u)
             wu = wu_n
             su = su_n
         wg = wg_n
@@ -216,20 +218,20 @@ def _k_loop(w_ptr, s_ptr, x_ptr, x_mask, K, k_lo, K_SPLIT, up_w, up_s, KB: gl.co
 
 
 @gluon.jit
-def _program(w_ptr, s_ptr, ids_ptr, NROWS, K):
+def _program(w_ptr, s_ptr, ids_ptr, NROWS, K, NB: gl.constexpr = 4):
     """(row block, pair, split) of this program, pair j's expert and the word / scale-word pointers
-    of the program's 4 slabs in it (NROWS rows a matrix of K codes)."""
+    of the program's NB slabs in it (NROWS rows a matrix of K codes)."""
     rb = gl.program_id(0)
     j = gl.program_id(1)
     e = gl.load(ids_ptr + j).to(gl.int64)
-    w_ptr += e * (NROWS * (K // 8)) + rb * 4 * (2 * K)
-    s_ptr += e * (NROWS * K // 128) + rb * 4 * (K // 8)  # (NROWS K / 32 bytes: K need not divide by 128)
+    w_ptr += e * (NROWS * (K // 8)) + rb * NB * (2 * K)
+    s_ptr += e * (NROWS * K // 128) + rb * NB * (K // 8)  # (NROWS K / 32 bytes: K need not divide by 128)
     return rb, j, gl.program_id(2), e, w_ptr, s_ptr
 
 
 @gluon.jit
 def _column0(acc):
-    """Column 0 of a [64, 8] MMA accumulator (every column holds the same token's sums)."""
+    """Column 0 of a [rows, 8] MMA accumulator (every column holds the same token's sums)."""
     on = gl.arange(0, 8, layout=gl.SliceLayout(0, MMA))
     return gl.sum(gl.where(on[None, :] == 0, acc, 0.0), axis=1)
 
@@ -287,22 +289,22 @@ def few_gemm1(w_ptr, s_ptr, x_ptr, ids_ptr, b_ptr, inter_ptr, part_ptr, cnt_ptr,
 @gluon.jit
 def few_gemm2(w_ptr, s_ptr, inter_ptr, ids_ptr, b_ptr, tw_ptr, part_ptr, cnt_ptr, out_ptr, K, N, K_SPLIT, TOP_K,
               KB: gl.constexpr, HAS_BIAS: gl.constexpr, SPLITS: gl.constexpr, PDL: gl.constexpr,
-              SUM: gl.constexpr, FRAG: gl.constexpr = False):
+              SUM: gl.constexpr, FRAG: gl.constexpr = False, NB: gl.constexpr = 4):
     """out[t, rows] = sum over token t's pairs j of tw[j] * (w2[e_j] rows . inter[j] + b2[e_j] rows),
-    rows [64 rb, 64 rb + 64): with SUM the last of the TOP_K x SPLITS programs of a token's row block
-    sums their partials, pairs then splits in index order (the bias in split 0's); without, each
+    rows [16 NB rb, 16 NB rb + 16 NB) (NB 4 or 8 slabs a program): with SUM the last of the TOP_K x SPLITS
+    programs of a token's row block sums their partials, pairs then splits in index order (the bias in split 0's); without, each
     program only stores its partial (the caller sums them). PDL: launched as a programmatic
     dependent of GEMM1, whose output is waited for after the first weight loads."""
-    rb, j, sp, e, w_ptr, s_ptr = _program(w_ptr, s_ptr, ids_ptr, N, K)
+    rb, j, sp, e, w_ptr, s_ptr = _program(w_ptr, s_ptr, ids_ptr, N, K, NB)
     npair = gl.num_programs(1)
-    rows = rb * 64 + gl.arange(0, 64, layout=ROWS)
-    v = gl.zeros([64], gl.float32, layout=ROWS)
+    rows = rb * (16 * NB) + gl.arange(0, 16 * NB, layout=ROWS)
+    v = gl.zeros([16 * NB], gl.float32, layout=ROWS)
     if e >= 0:
         if FRAG:
             x_ptrs = _fragment_ptrs(inter_ptr + j * K + gl.zeros([8], gl.int32, layout=_frag_cols(KB)), KB)  # 8 x row j
         else:
             x_ptrs = _x_operand_ptrs(inter_ptr + j * K, KB)
-        acc, _ = _k_loop(w_ptr, s_ptr, x_ptrs, 0, K, sp * K_SPLIT, K_SPLIT, 0, 0, KB, False, PDL, False, FRAG)
+        acc, _ = _k_loop(w_ptr, s_ptr, x_ptrs, 0, K, sp * K_SPLIT, K_SPLIT, 0, 0, KB, False, PDL, False, FRAG, False, NB)
         v = _column0(acc)
         if HAS_BIAS:
             if sp == 0:
@@ -321,7 +323,7 @@ def _k_sum(part_ptr, cnt_ptr, out_ptr, j, rb, rows, npair, N, TOP_K, SPLITS: gl.
     t = j // TOP_K
     if _arrive(cnt_ptr + t * gl.num_programs(0) + rb, TOP_K * SPLITS):
         _barrier()
-        total = gl.zeros([64], gl.float32, layout=ROWS)
+        total = gl.zeros(rows.shape, gl.float32, layout=ROWS)
         for p in range(t * TOP_K, t * TOP_K + TOP_K):
             for s in range(SPLITS):
                 total += gl.load(part_ptr + (s * npair + p) * N + rows)
@@ -334,14 +336,15 @@ def _words(t: torch.Tensor) -> torch.Tensor:
 
 
 def forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias, act, out, *,
-            k1: int, k2: int, splits1: int, splits2: int, pdl: int = 0, k_sum=None, frag: bool = False) -> torch.Tensor:
+            k1: int, k2: int, splits1: int, splits2: int, pdl: int = 0, k_sum=None, frag: bool = False,
+            rows2: int = 64) -> torch.Tensor:
     """out [T, H] bf16 = the layer for a few tokens x [T, H] bf16, programs per (token, expert) pair
     (contiguous hopper_mma_rot tensors, scales <= 2; k1 / k2 codes a K step of GEMM1 / GEMM2, 64 or
     128, splits dividing H / I into whole steps; the caller checks these; pdl: 0, or GEMM2 launched as
     a programmatic dependent of GEMM1 from the start (1) or the end of GEMM1's K loops (2), where
     Triton has it; k_sum: None, GEMM2's last program of a token's row block sums it, or a callable
     that sums GEMM2's fp32 partials [splits2, pairs, H] into out; frag: the intermediate rows in
-    fragment_order, GEMM2's B operand loaded in 16-byte words)."""
+    fragment_order, GEMM2's B operand loaded in 16-byte words; rows2: GEMM2's rows a program, 64 or 128 dividing H)."""
     E, two_i, _ = w13.shape
     H, I = x.shape[1], two_i // 2
     T, k = topk_ids.shape
@@ -359,9 +362,10 @@ def forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w
         H, I, H // splits1, k, act["p0"], act["p1"], KB=k1 // 64, ACT=act["ACT"], HAS_LIMIT=act["HAS_LIMIT"],
         HAS_LINEAR=act["HAS_LINEAR"], HAS_BIAS=w13_bias is not None, SPLITS=splits1, PDL=pdl,
         FRAG_KB=k2 // 64 if frag else 0, num_warps=4)
-    few_gemm2[(H // 64, pairs, splits2)](
+    few_gemm2[(H // rows2, pairs, splits2)](
         _words(w2), _words(w2_scale), inter, ids, w2_bias if w2_bias is not None else part2, tw, part2,
         cnt[pairs * (I // 64) * (splits1 > 1):], out, I, H, I // splits2, k, KB=k2 // 64,
-        HAS_BIAS=w2_bias is not None, SPLITS=splits2, PDL=bool(pdl), SUM=k_sum is None, FRAG=frag, num_warps=4,
+        HAS_BIAS=w2_bias is not None, SPLITS=splits2, PDL=bool(pdl), SUM=k_sum is None, FRAG=frag, NB=rows2 // 16,
+        num_warps=4,
         **({"launch_pdl": True} if pdl else {}))
     return out if k_sum is None else k_sum(part2)

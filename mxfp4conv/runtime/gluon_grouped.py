@@ -113,16 +113,17 @@ def _next_step(r, kk, steps, BLOCKS: gl.constexpr, KB: gl.constexpr):
 @gluon.jit
 def grp_gemm2(w_ptr, s_ptr, inter_ptr, sorted_ptr, bexp_ptr, npp_ptr, b_ptr, tw_ptr, pair_out_ptr, num_pairs, K, N,
               KB: gl.constexpr, BT: gl.constexpr, HAS_BIAS: gl.constexpr, BLOCKS: gl.constexpr,
-              FRAG: gl.constexpr = False, MASKED: gl.constexpr = True, SHARED: gl.constexpr = False):
+              FRAG: gl.constexpr = False, MASKED: gl.constexpr = True, SHARED: gl.constexpr = False,
+              NB: gl.constexpr = 4):
     """pair_out[pair, rows] = tw[pair] * (w2[e] rows . inter[pair] + b2[e] rows) for the block's pairs,
-    BLOCKS 64-row blocks a program (more than one: in one loop, the next block's first words loaded
+    BLOCKS 64-row blocks a program (or, with NB 8 and one block, one of 128 rows) (more than one: in one loop, the next block's first words loaded
     during the last step of this one), in pair_out's dtype. FRAG: inter's rows in fragment_order. MASKED: the
     padding slots' B operand read as 0 (else from pair 0's row; their columns are not stored). SHARED (rows in plain
     order): each warp loads a quarter of a step's B operand, which the four read through shared memory."""
     XL: gl.constexpr = shared_x_layout(KB) if SHARED else B_OP
     live, e, pair_x, ok_x = _block(sorted_ptr, bexp_ptr, npp_ptr, num_pairs, BT, gl.SliceLayout(0, XL))
     if live:
-        rb = gl.program_id(0) * BLOCKS
+        rb = gl.program_id(0) * BLOCKS  # (in blocks of 16 NB rows)
         if FRAG:
             pf = gl.convert_layout(pair_x, _frag_cols(KB))
             x_ptrs = _fragment_ptrs(inter_ptr + gl.where(pf < num_pairs, pf, 0).to(gl.int64) * K, KB)
@@ -131,10 +132,10 @@ def grp_gemm2(w_ptr, s_ptr, inter_ptr, sorted_ptr, bexp_ptr, npp_ptr, b_ptr, tw_
             xk = gl.arange(0, 64 * KB, layout=gl.SliceLayout(1, XL))
             x_ptrs = inter_ptr + gl.where(ok_x, pair_x, 0).to(gl.int64)[None, :] * K + xk[:, None]
             x_mask = ok_x[None, :] & (xk[:, None] >= 0)
-        w_ptr += e * (N * (K // 8)) + rb * 4 * (2 * K)
-        s_ptr += e * (N * K // 128) + rb * 4 * (K // 8)
+        w_ptr += e * (N * (K // 8)) + rb * NB * (2 * K)
+        s_ptr += e * (N * K // 128) + rb * NB * (K // 8)
         if BLOCKS == 1:
-            y, _ = _k_loop(w_ptr, s_ptr, x_ptrs, x_mask, K, 0, K, 0, 0, KB, False, False, MASKED, FRAG, SHARED)
+            y, _ = _k_loop(w_ptr, s_ptr, x_ptrs, x_mask, K, 0, K, 0, 0, KB, False, False, MASKED, FRAG, SHARED, NB)
             _gemm2_tile_tail(y, e, rb, pair_x, num_pairs, b_ptr, tw_ptr, pair_out_ptr, N, HAS_BIAS)
         else:
             steps = K // (64 * KB)
@@ -163,8 +164,10 @@ def grp_gemm2(w_ptr, s_ptr, inter_ptr, sorted_ptr, bexp_ptr, npp_ptr, b_ptr, tw_
 
 @gluon.jit
 def _gemm2_tile_tail(y, e, rb, pair_x, num_pairs, b_ptr, tw_ptr, pair_out_ptr, N, HAS_BIAS: gl.constexpr):
-    """Bias and routing weight of row block rb's complete sums, stored at the block's pairs' rows."""
-    rows = rb * 64 + gl.arange(0, 64, layout=ROWS)
+    """Bias and routing weight of row block rb's complete sums (y [R, pairs]: rows [R rb, R rb + R)), stored at the
+    block's pairs' rows."""
+    R: gl.constexpr = y.shape[0]
+    rows = rb * R + gl.arange(0, R, layout=ROWS)
     if HAS_BIAS:
         y += gl.load(b_ptr + e * N + rows).to(gl.float32)[:, None]
     pair = gl.convert_layout(pair_x, COLS)
@@ -176,7 +179,7 @@ def _gemm2_tile_tail(y, e, rb, pair_x, num_pairs, b_ptr, tw_ptr, pair_out_ptr, N
 
 def forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias, act, align, k_sum, *,
             k1: int, k2: int, block_t: int, splits1: int = 1, blocks2: int = 1, frag: bool = False,
-            masks: int = 1, shared: bool = False, shared2: bool = False) -> torch.Tensor:
+            masks: int = 1, shared: bool = False, shared2: bool = False, rows2: int = 64) -> torch.Tensor:
     """The layer for x [T, H] bf16 (contiguous hopper_mma_rot tensors, scales <= 2): align the pairs
     with align(block_t) -> (sorted_ids, block_expert, num_post_pad, max_blocks), run both GEMMs (GEMM1
     in splits1 K splits, dividing H into whole steps of k1; GEMM2 in programs of blocks2 64-row blocks,
@@ -184,7 +187,7 @@ def forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w
     intermediate rows in fragment_order, GEMM2's B operand loaded in 16-byte words. masks: bit 1 GEMM1's x operand
     masked, bit 2 GEMM2's (unmasked, a padding slot reads row 0 into a column that is never stored). shared: GEMM1's
     x tile loaded once a program and read by its warps through shared memory; shared2: GEMM2's too (rows in plain
-    order only: frag off)."""
+    order only: frag off). rows2: with one block a program, GEMM2's rows a program (64 or 128 dividing H)."""
     E, two_i, _ = w13.shape
     T, H = x.shape
     I = two_i // 2
@@ -204,9 +207,10 @@ def forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w
         act["p1"], KB=k1 // 64, BT=block_t, ACT=act["ACT"], HAS_LIMIT=act["HAS_LIMIT"], HAS_LINEAR=act["HAS_LINEAR"],
         HAS_BIAS=w13_bias is not None, SPLITS=splits1, FRAG_KB=k2 // 64 if frag else 0, MASKED=bool(masks & 1),
         SHARED=shared, num_warps=4)
-    grp_gemm2[(H // 64 // blocks2, max_blocks)](
+    rows2 = rows2 if blocks2 == 1 else 64
+    grp_gemm2[(H // rows2 // blocks2, max_blocks)](
         _words(w2), _words(w2_scale), inter, sorted_ids, block_expert, num_post_pad,
         w2_bias if w2_bias is not None else pair_out, tw, pair_out, pairs, I, H, KB=k2 // 64, BT=block_t,
         HAS_BIAS=w2_bias is not None, BLOCKS=blocks2, FRAG=frag, MASKED=bool(masks & 2), SHARED=shared2 and not frag,
-        num_warps=4)
+        NB=rows2 // 16, num_warps=4)
     return k_sum(pair_out)

@@ -173,6 +173,9 @@ class MoEConfig:
     # same way (from rows in plain order: with gluon_frag 0); 3 with gluon_frag 0 against the default: DSV3-like T = 8-160
     # 1.014-1.088, K3-like T = 12-288 0.992-1.012
     gluon_xshare: int = 1
+    # both Gluon paths' GEMM2 in programs of gluon_rows2 rows (64, or 128: each warp two 16-row slabs on the same B
+    # operand; 64 where H is no multiple), the expert blocks' only with one row block a program (gluon_blocks2)
+    gluon_rows2: int = 64
 
 
 def layout_of(layout: Mapping[str, str]) -> str | None:
@@ -450,7 +453,7 @@ def fused_moe_triton(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, *,
         if plan is not None:
             done = _gluon_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias,
                                   act, out, plan, cfg.gluon == 1, cfg.gluon_pdl, sum2_by_kernel(cfg, i_pad, plan),
-                                  cfg.gluon_frag == 1)
+                                  cfg.gluon_frag == 1, gluon_rows2(cfg, H))
             if done is not None:
                 return done
         elif (blocks := grouped_plan(cfg, x, weights, topk_ids.shape[1], layout, E)) is not None:
@@ -762,6 +765,12 @@ def gemm1_splits(programs: int, steps: int, tokens: int) -> int:
     return s
 
 
+def gluon_rows2(cfg: MoEConfig, H: int) -> int:
+    """GEMM2's rows a program in the Gluon kernels: cfg.gluon_rows2 where it divides H, else 64."""
+    _check_gluon_knobs(cfg)
+    return cfg.gluon_rows2 if H % cfg.gluon_rows2 == 0 else 64
+
+
 def _check_gluon_knobs(cfg: MoEConfig) -> None:
     for name, k in (("gluon_k1", cfg.gluon_k1), ("gluon_k2", cfg.gluon_k2)):
         if k not in (64, 128) and not (name == "gluon_k1" and k == 0):
@@ -774,6 +783,8 @@ def _check_gluon_knobs(cfg: MoEConfig) -> None:
         raise RuntimeInputError(f"fused_moe_triton: gluon_sum2 must be -1, 0 or 1, got {cfg.gluon_sum2}.")
     if cfg.gluon_xshare not in (0, 1, 2, 3):
         raise RuntimeInputError(f"fused_moe_triton: gluon_xshare must be 0, 1, 2 or 3, got {cfg.gluon_xshare}.")
+    if cfg.gluon_rows2 not in (64, 128):
+        raise RuntimeInputError(f"fused_moe_triton: gluon_rows2 must be 64 or 128, got {cfg.gluon_rows2}.")
     if cfg.gluon_block_t not in (8, 16):
         raise RuntimeInputError(f"fused_moe_triton: gluon_block_t must be 8 or 16, got {cfg.gluon_block_t}.")
 
@@ -859,11 +870,11 @@ def gluon_runnable(cfg: MoEConfig, x: torch.Tensor, weights, layout: str) -> boo
 
 
 def _gluon_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias, act, out, plan,
-                   required, pdl=0, by_kernel=False, frag=False):
+                   required, pdl=0, by_kernel=False, frag=False, rows2=64):
     """The layer in the few-token Gluon kernels; None (the caller runs the hopper_mma kernels) where
     they fail to compile and were not required: a Triton whose Gluon differs from the one they were
     written for. The failure is warned about once. by_kernel: the sum over k in the k-sum kernel; frag: the
-    intermediate rows in fragment order."""
+    intermediate rows in fragment order; rows2: GEMM2's rows a program."""
     k1, k2, s1, s2 = plan
     tensors = _contiguous(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias)
 
@@ -874,7 +885,7 @@ def _gluon_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_
     return _compiled_or_none(lambda: _gluon_module().forward(*tensors, act, out, k1=k1, k2=k2, splits1=s1, splits2=s2,
                                                              pdl=pdl if HK.HAS_GDC else 0,
                                                              k_sum=k_sum if by_kernel else None,
-                                                             frag=frag), required)
+                                                             frag=frag, rows2=rows2), required)
 
 
 def _compiled_or_none(run, required: bool):
@@ -907,7 +918,7 @@ def _gluon_grouped_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_i
         *tensors, act, lambda bt: moe_align(topk_ids, E, bt, cfg.align), k_sum, k1=k1, k2=k2,
         block_t=cfg.gluon_block_t, splits1=splits1, blocks2=blocks2, frag=cfg.gluon_frag == 1,
         masks=grouped_masks(cfg, w13.shape[1] // 2), shared=bool(cfg.gluon_xshare & 1),
-        shared2=bool(cfg.gluon_xshare & 2)),
+        shared2=bool(cfg.gluon_xshare & 2), rows2=gluon_rows2(cfg, H)),
         cfg.gluon_grouped == 1 and cfg.gluon == 1)
 
 
