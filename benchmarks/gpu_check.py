@@ -29,8 +29,8 @@ import torch
 from mxfp4conv.codec import dequantize_mxfp4
 
 from mxfp4conv.runtime.triton_moe import (ALIGN_GRID_PAIRS, HOPPER_SETS, LAYOUT_SETS, fused_moe_triton, gluon_plan,
-                                          gluon_tiles, grouped_masks, grouped_plan, grouped_takes, hopper_options,
-                                          pairs_take, select_config, sum2_by_kernel, uses_gemv)
+                                          gluon_rows2, gluon_tiles, grouped_masks, grouped_plan, grouped_takes,
+                                          hopper_options, pairs_take, select_config, sum2_by_kernel, uses_gemv)
 from mxfp4conv.shuffle import get_layout
 
 
@@ -211,7 +211,7 @@ def hopper_variants(T, H, I, k, E):
         out.append(("sum2", dataclasses.replace(default, gluon=1, gluon_sum2=0, gluon_split2=2)))
         out.append(("frag", dataclasses.replace(default, gluon=1, gluon_frag=1 - default.gluon_frag)))
         # GEMM2 in programs of the other row count (64 or 128), with the sum in GEMM2 and in the k-sum kernel
-        rows2 = 192 - default.gluon_rows2
+        rows2 = 192 - gluon_rows2(default, H, I, gluon_tiles(default, H, I, T * k, T)[1])
         out.append(("rows2", dataclasses.replace(default, gluon=1, gluon_rows2=rows2, gluon_sum2=1)))
         out.append(("rows2", dataclasses.replace(default, gluon=1, gluon_rows2=rows2, gluon_sum2=0)))
     else:  # the Gluon kernels on expert blocks: where the default takes them, the variants above on the hopper_mma
@@ -236,7 +236,8 @@ def hopper_variants(T, H, I, k, E):
                                                    gluon_xshare=default.gluon_xshare ^ 1)))
         # GEMM2 over one row block a program of the other row count (64 or 128)
         out.append(("grouped", dataclasses.replace(default, gluon=1, gluon_grouped=1, gluon_blocks2=1,
-                                                   gluon_rows2=192 - default.gluon_rows2)))
+                                                   gluon_rows2=192 - gluon_rows2(default, H, I, 128))))
+        out.append(("grouped", dataclasses.replace(default, gluon=1, gluon_grouped=1, gluon_blocks2=4, gluon_rows2=64)))
         if T <= 16:  # and the per-pair ones on more tokens than they take by default
             out.append(("gluon", dataclasses.replace(default, gluon=1, gluon_max_tokens=16, gluon_pair_share=1e9)))
     return out
@@ -292,10 +293,12 @@ def main() -> int:
             blocks = grouped_plan(cfg, xin, weights, k, layout, E) if layout in HOPPER_SETS else None
             if blocks:
                 path = (f"gluon grouped bt{cfg.gluon_block_t} k{blocks[0]}/{blocks[1]} s{blocks[2]} b{blocks[3]}"
-                        f"{'' if cfg.gluon_frag else ' plainrows'} xmask{grouped_masks(cfg, I)}")
+                        f"{'' if cfg.gluon_frag else ' plainrows'} xmask{grouped_masks(cfg, I)}"
+                        f" r{gluon_rows2(cfg, H, I, blocks[1]) if blocks[3] == 1 else 64}")
             elif plan:
                 path = (f"gluon k{plan[0]}/{plan[1]} s{plan[2]}/{plan[3]}{f' pdl{cfg.gluon_pdl}' if cfg.gluon_pdl else ''}"
-                        f"{' ksum' if sum2_by_kernel(cfg, I, plan) else ''}{'' if cfg.gluon_frag else ' plainrows'}")
+                        f"{' ksum' if sum2_by_kernel(cfg, I, plan) else ''}{'' if cfg.gluon_frag else ' plainrows'}"
+                        f" r{gluon_rows2(cfg, H, I, plan[1])}")
             else:
                 path = path_name(cfg, T, k, E, dtype, layout)
             label = f"{name} [{path}{' splitK' if vname == 'split' else ''}]"

@@ -18,8 +18,9 @@ from hypothesis import given, strategies as st
 
 from mxfp4conv.errors import RuntimeInputError
 from mxfp4conv.runtime import triton_moe
-from mxfp4conv.runtime.triton_moe import (MoEConfig, fused_moe_triton, gluon_plan, gluon_tiles, grouped_masks,
-                                          grouped_takes, grouped_tiles, pairs_take, select_config, sum2_by_kernel)
+from mxfp4conv.runtime.triton_moe import (MoEConfig, fused_moe_triton, gluon_plan, gluon_rows2, gluon_tiles,
+                                          grouped_masks, grouped_takes, grouped_tiles, pairs_take, select_config,
+                                          sum2_by_kernel)
 
 
 def test_tiles_of_the_measured_layers():
@@ -72,6 +73,19 @@ def test_fragment_order_puts_each_lanes_mma_fragments_side_by_side(kb, steps):
 def test_bad_gluon_frag_is_a_clear_error():
     with pytest.raises(RuntimeInputError, match="gluon_frag must be 0 or 1"):
         gluon_tiles(MoEConfig(gluon_frag=2), 7168, 2048, 8)
+
+
+def test_gemm2_rows_a_program():
+    # automatic: 128 where GEMM2's rows are at most 4 K steps (K3-like: 384 codes, 3 steps of 128), else 64
+    # (DSV3-like: 16 steps; K3-like in 64-code steps: 6); 64 where H is no multiple of the rows
+    assert gluon_rows2(MoEConfig(), 3584, 384, 128) == 128
+    assert gluon_rows2(MoEConfig(), 7168, 2048, 128) == 64
+    assert gluon_rows2(MoEConfig(), 3584, 384, 64) == 64
+    assert gluon_rows2(MoEConfig(), 1088, 192, 64) == 64  # 1088 = 17 x 64
+    assert [gluon_rows2(MoEConfig(gluon_rows2=r), 7168, 2048, 128) for r in (64, 128, 256)] == [64, 128, 256]
+    assert gluon_rows2(MoEConfig(gluon_rows2=256), 3584 + 128, 384, 128) == 64
+    with pytest.raises(RuntimeInputError, match="gluon_rows2 must be 0, 64, 128 or 256"):
+        gluon_rows2(MoEConfig(gluon_rows2=96), 3584, 384, 128)
 
 
 def test_bad_gluon_xshare_is_a_clear_error():
@@ -138,14 +152,17 @@ def test_expert_blocks_automatic_where_measured_faster():
 
 
 def test_expert_block_tiles():
-    # K3-like T = 16: GEMM1 unsplit; GEMM2's rows of 3 steps in programs of 4 row blocks from 4096 such programs over
-    # min(E, pairs) blocks: T = 24 (384 x 14), not T = 16 (256 x 14)
+    # K3-like T = 16: GEMM1 unsplit; GEMM2's rows of 3 steps in 128-row programs, one row block each
     assert grouped_tiles(MoEConfig(), 3584, 384, 256, 896) == (128, 128, 1, 1)
-    assert grouped_tiles(MoEConfig(), 3584, 384, 384, 896) == (128, 128, 1, 4)
+    assert grouped_tiles(MoEConfig(), 3584, 384, 384, 896) == (128, 128, 1, 1)
+    # in 64-row programs, 4 row blocks a program from 4096 such programs over min(E, pairs) blocks: T = 24 (384 x
+    # 14), not T = 16 (256 x 14)
+    assert grouped_tiles(MoEConfig(gluon_rows2=64), 3584, 384, 256, 896) == (128, 128, 1, 1)
+    assert grouped_tiles(MoEConfig(gluon_rows2=64), 3584, 384, 384, 896) == (128, 128, 1, 4)
     # DSV3-like (GEMM2 rows of 16 steps): one row block a program
     assert grouped_tiles(MoEConfig(), 7168, 2048, 4096, 256) == (128, 128, 1, 1)
     # 64-code steps asked for; splits and row blocks lowered to divisors (1088 = 17 steps of 64 / row blocks)
-    assert grouped_tiles(MoEConfig(gluon_k1=64), 3584, 384, 512, 896) == (64, 128, 1, 4)
+    assert grouped_tiles(MoEConfig(gluon_k1=64, gluon_rows2=64), 3584, 384, 512, 896) == (64, 128, 1, 4)
     assert grouped_tiles(MoEConfig(gluon_split1=4), 1088, 192, 64, 8) == (64, 64, 1, 1)
     assert grouped_tiles(MoEConfig(gluon_split1=4), 7168, 2048, 4096, 256)[2] == 4
     assert [grouped_tiles(MoEConfig(gluon_blocks2=b), 3584, 384, 256, 896)[3] for b in (1, 5, 7, 100)] == [1, 4, 7, 56]
@@ -161,8 +178,8 @@ def test_expert_block_tiles_always_divide_their_loops(h, i, pairs, experts, k1, 
     assert t1 == ((k1 or 128) if H % (k1 or 128) == 0 else 64) and t2 == (k2 if I % k2 == 0 else 64)
     assert (H // t1) % splits == 0 and splits <= max(1, s1)
     assert (H // 64) % blocks == 0 and blocks <= (b2 or triton_moe._GROUPED_BLOCKS2)
-    if not b2 and blocks > 1:  # automatic: short GEMM2 rows and programs enough
-        assert I // t2 <= triton_moe._GROUPED_SHORT_STEPS
+    if not b2 and blocks > 1:  # automatic: short GEMM2 rows in 64-row programs and programs enough
+        assert I // t2 <= triton_moe._GROUPED_SHORT_STEPS and gluon_rows2(cfg, H, I, t2) == 64
         assert min(experts, pairs) * (H // 64 // blocks) >= triton_moe._GROUPED_PROGRAMS2
 
 

@@ -116,7 +116,7 @@ def grp_gemm2(w_ptr, s_ptr, inter_ptr, sorted_ptr, bexp_ptr, npp_ptr, b_ptr, tw_
               FRAG: gl.constexpr = False, MASKED: gl.constexpr = True, SHARED: gl.constexpr = False,
               NB: gl.constexpr = 4):
     """pair_out[pair, rows] = tw[pair] * (w2[e] rows . inter[pair] + b2[e] rows) for the block's pairs,
-    BLOCKS 64-row blocks a program (or, with NB 8 and one block, one of 128 rows) (more than one: in one loop, the next block's first words loaded
+    BLOCKS 64-row blocks a program (or, with one block, one of 16 NB rows) (more than one: in one loop, the next block's first words loaded
     during the last step of this one), in pair_out's dtype. FRAG: inter's rows in fragment_order. MASKED: the
     padding slots' B operand read as 0 (else from pair 0's row; their columns are not stored). SHARED (rows in plain
     order): each warp loads a quarter of a step's B operand, which the four read through shared memory."""
@@ -187,7 +187,7 @@ def forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w
     intermediate rows in fragment_order, GEMM2's B operand loaded in 16-byte words. masks: bit 1 GEMM1's x operand
     masked, bit 2 GEMM2's (unmasked, a padding slot reads row 0 into a column that is never stored). shared: GEMM1's
     x tile loaded once a program and read by its warps through shared memory; shared2: GEMM2's too (rows in plain
-    order only: frag off). rows2: with one block a program, GEMM2's rows a program (64 or 128 dividing H)."""
+    order only: frag off). rows2: with one block a program, GEMM2's rows a program (64, 128 or 256 dividing H)."""
     E, two_i, _ = w13.shape
     T, H = x.shape
     I = two_i // 2

@@ -173,9 +173,10 @@ class MoEConfig:
     # same way (from rows in plain order: with gluon_frag 0); 3 with gluon_frag 0 against the default: DSV3-like T = 8-160
     # 1.014-1.088, K3-like T = 12-288 0.992-1.012
     gluon_xshare: int = 1
-    # both Gluon paths' GEMM2 in programs of gluon_rows2 rows (64, or 128: each warp two 16-row slabs on the same B
-    # operand; 64 where H is no multiple), the expert blocks' only with one row block a program (gluon_blocks2)
-    gluon_rows2: int = 64
+    # both Gluon paths' GEMM2 in programs of gluon_rows2 rows (64; 128 / 256: each warp two / four 16-row slabs on
+    # the same B operand; 64 where H is no multiple; 0 automatic, gluon_rows2_of), the expert blocks' with one row
+    # block a program (gluon_blocks2: automatically 1 where the rows are 128)
+    gluon_rows2: int = 0
 
 
 def layout_of(layout: Mapping[str, str]) -> str | None:
@@ -453,7 +454,7 @@ def fused_moe_triton(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, *,
         if plan is not None:
             done = _gluon_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias,
                                   act, out, plan, cfg.gluon == 1, cfg.gluon_pdl, sum2_by_kernel(cfg, i_pad, plan),
-                                  cfg.gluon_frag == 1, gluon_rows2(cfg, H))
+                                  cfg.gluon_frag == 1, gluon_rows2(cfg, H, i_pad, plan[1]))
             if done is not None:
                 return done
         elif (blocks := grouped_plan(cfg, x, weights, topk_ids.shape[1], layout, E)) is not None:
@@ -720,6 +721,12 @@ _GLUON_PROGRAMS1_T = 768
 _GROUPED_BLOCKS2 = 4
 _GROUPED_SHORT_STEPS = 4
 _GROUPED_PROGRAMS2 = 4096
+# Both Gluon GEMM2s in programs of this many rows where the rows are short (each warp two 16-row slabs on one B
+# operand: half the x loads and the fixed code a weight): against 64, K3-like (3 steps) per pair T = 1 / 4 / 6 / 8
+# 0.984 / 0.990 / 0.992 / 0.987 (T = 2 1.002), expert blocks T = 10 / 12 / 16 0.987 / 0.987 / 0.983, and with one
+# row block a program against the 4 of _GROUPED_BLOCKS2 T = 24 / 32 0.976 / 0.983; DSV3-like (16 steps) T = 1 / 8
+# / 16 / 64 1.002 / 1.002 / 1.002 / 0.998, T = 4 0.986
+_GLUON_ROWS2_SHORT = 128
 # Their GEMM1 reads x unmasked (74 registers, 6 programs an SM) where a pair block's rows make this many 64-row
 # blocks or more (DSV3-like 32: its tiles fill many waves), masked (84, 5 an SM) below (K3-like 6, where the last
 # wave's fill decides, and most often for the masked kernel); see MoEConfig.gluon_xmask
@@ -765,10 +772,12 @@ def gemm1_splits(programs: int, steps: int, tokens: int) -> int:
     return s
 
 
-def gluon_rows2(cfg: MoEConfig, H: int) -> int:
-    """GEMM2's rows a program in the Gluon kernels: cfg.gluon_rows2 where it divides H, else 64."""
+def gluon_rows2(cfg: MoEConfig, H: int, i_pad: int, k2: int) -> int:
+    """GEMM2's rows a program in the Gluon kernels (steps of k2 codes): cfg.gluon_rows2, or automatically
+    _GLUON_ROWS2_SHORT where its rows are at most _GROUPED_SHORT_STEPS K steps, else 64; 64 where H is no multiple."""
     _check_gluon_knobs(cfg)
-    return cfg.gluon_rows2 if H % cfg.gluon_rows2 == 0 else 64
+    rows = cfg.gluon_rows2 or (_GLUON_ROWS2_SHORT if i_pad // k2 <= _GROUPED_SHORT_STEPS else 64)
+    return rows if H % rows == 0 else 64
 
 
 def _check_gluon_knobs(cfg: MoEConfig) -> None:
@@ -783,8 +792,8 @@ def _check_gluon_knobs(cfg: MoEConfig) -> None:
         raise RuntimeInputError(f"fused_moe_triton: gluon_sum2 must be -1, 0 or 1, got {cfg.gluon_sum2}.")
     if cfg.gluon_xshare not in (0, 1, 2, 3):
         raise RuntimeInputError(f"fused_moe_triton: gluon_xshare must be 0, 1, 2 or 3, got {cfg.gluon_xshare}.")
-    if cfg.gluon_rows2 not in (64, 128):
-        raise RuntimeInputError(f"fused_moe_triton: gluon_rows2 must be 64 or 128, got {cfg.gluon_rows2}.")
+    if cfg.gluon_rows2 not in (0, 64, 128, 256):
+        raise RuntimeInputError(f"fused_moe_triton: gluon_rows2 must be 0, 64, 128 or 256, got {cfg.gluon_rows2}.")
     if cfg.gluon_block_t not in (8, 16):
         raise RuntimeInputError(f"fused_moe_triton: gluon_block_t must be 8 or 16, got {cfg.gluon_block_t}.")
 
@@ -811,14 +820,15 @@ def grouped_tiles(cfg: MoEConfig, H: int, i_pad: int, pairs: int, E: int) -> tup
     """(k1, k2, splits1, blocks2) of the expert-block kernels: steps of cfg.gluon_k1 (default 128) and
     gluon_k2 codes (64 where K is no multiple); GEMM1's K splits (cfg.gluon_split1, default 1), lowered
     to a divisor of the K steps; and GEMM2's 64-row blocks a program (cfg.gluon_blocks2, or
-    _GROUPED_BLOCKS2 where its rows are at most _GROUPED_SHORT_STEPS K steps long and its programs over
-    min(E, pairs) blocks still number _GROUPED_PROGRAMS2, else 1), lowered to a divisor of H / 64."""
+    _GROUPED_BLOCKS2 where its rows are at most _GROUPED_SHORT_STEPS K steps long, its programs over
+    min(E, pairs) blocks still number _GROUPED_PROGRAMS2 and they are not of more rows (gluon_rows2), else 1),
+    lowered to a divisor of H / 64."""
     _check_gluon_knobs(cfg)
     k1 = cfg.gluon_k1 or 128
     k1 = k1 if H % k1 == 0 else 64
     k2 = cfg.gluon_k2 if i_pad % cfg.gluon_k2 == 0 else 64
     b2 = _divisor_splits(cfg.gluon_blocks2 or _GROUPED_BLOCKS2, H // 64)
-    if not cfg.gluon_blocks2 and (i_pad // k2 > _GROUPED_SHORT_STEPS
+    if not cfg.gluon_blocks2 and (i_pad // k2 > _GROUPED_SHORT_STEPS or gluon_rows2(cfg, H, i_pad, k2) > 64
                                   or min(E, pairs) * (H // 64 // b2) < _GROUPED_PROGRAMS2):
         b2 = 1
     return k1, k2, _divisor_splits(cfg.gluon_split1 or 1, H // k1), b2
@@ -918,7 +928,7 @@ def _gluon_grouped_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_i
         *tensors, act, lambda bt: moe_align(topk_ids, E, bt, cfg.align), k_sum, k1=k1, k2=k2,
         block_t=cfg.gluon_block_t, splits1=splits1, blocks2=blocks2, frag=cfg.gluon_frag == 1,
         masks=grouped_masks(cfg, w13.shape[1] // 2), shared=bool(cfg.gluon_xshare & 1),
-        shared2=bool(cfg.gluon_xshare & 2), rows2=gluon_rows2(cfg, H)),
+        shared2=bool(cfg.gluon_xshare & 2), rows2=gluon_rows2(cfg, H, w13.shape[1] // 2, k2)),
         cfg.gluon_grouped == 1 and cfg.gluon == 1)
 
 
