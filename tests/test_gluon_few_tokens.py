@@ -152,9 +152,10 @@ def test_expert_blocks_automatic_where_measured_faster():
 
 
 def test_expert_block_tiles():
-    # K3-like T = 16: GEMM1 unsplit; GEMM2's rows of 3 steps in 128-row programs, one row block each
-    assert grouped_tiles(MoEConfig(), 3584, 384, 256, 896) == (128, 128, 1, 1)
-    assert grouped_tiles(MoEConfig(), 3584, 384, 384, 896) == (128, 128, 1, 1)
+    # K3-like T = 16 / 24 / 32: GEMM1 unsplit; GEMM2's rows of 3 steps in 128-row programs, one row block each, under
+    # 8192 programs of 4 row blocks (T = 32: 512 x 14); from T = 37 (592 x 14) in 4 64-row blocks a program
+    assert [grouped_tiles(MoEConfig(), 3584, 384, 16 * T, 896) for T in (16, 24, 32, 36)] == [(128, 128, 1, 1)] * 4
+    assert [grouped_tiles(MoEConfig(), 3584, 384, 16 * T, 896)[3] for T in (37, 64, 256)] == [4, 4, 4]
     # in 64-row programs, 4 row blocks a program from 4096 such programs over min(E, pairs) blocks: T = 24 (384 x
     # 14), not T = 16 (256 x 14)
     assert grouped_tiles(MoEConfig(gluon_rows2=64), 3584, 384, 256, 896) == (128, 128, 1, 1)
@@ -178,9 +179,10 @@ def test_expert_block_tiles_always_divide_their_loops(h, i, pairs, experts, k1, 
     assert t1 == ((k1 or 128) if H % (k1 or 128) == 0 else 64) and t2 == (k2 if I % k2 == 0 else 64)
     assert (H // t1) % splits == 0 and splits <= max(1, s1)
     assert (H // 64) % blocks == 0 and blocks <= (b2 or triton_moe._GROUPED_BLOCKS2)
-    if not b2 and blocks > 1:  # automatic: short GEMM2 rows in 64-row programs and programs enough
-        assert I // t2 <= triton_moe._GROUPED_SHORT_STEPS and gluon_rows2(cfg, H, I, t2) == 64
-        assert min(experts, pairs) * (H // 64 // blocks) >= triton_moe._GROUPED_PROGRAMS2
+    if not b2 and blocks > 1:  # automatic: short GEMM2 rows and programs enough (more where the rows a program are)
+        assert I // t2 <= triton_moe._GROUPED_SHORT_STEPS
+        least = triton_moe._GROUPED_PROGRAMS2_WIDE if gluon_rows2(cfg, H, I, t2) > 64 else triton_moe._GROUPED_PROGRAMS2
+        assert min(experts, pairs) * (H // 64 // blocks) >= least
 
 
 def _hopper_rot_case(T=1, dtype=torch.bfloat16, H=128, I=128, E=4, k=2):

@@ -727,6 +727,10 @@ _GROUPED_PROGRAMS2 = 4096
 # row block a program against the 4 of _GROUPED_BLOCKS2 T = 24 / 32 0.976 / 0.983; DSV3-like (16 steps) T = 1 / 8
 # / 16 / 64 1.002 / 1.002 / 1.002 / 0.998, T = 4 0.986
 _GLUON_ROWS2_SHORT = 128
+# where those are more than 64, the expert blocks' GEMM2 runs _GROUPED_BLOCKS2 64-row blocks a program only from this
+# many such programs (K3-like T >= 37; T = 24 / 32, 5376 / 7168 programs, in 128-row ones above; 4 blocks against
+# one of 64 rows T = 64 / 128 0.943 / 0.950, more than the 128 rows gain)
+_GROUPED_PROGRAMS2_WIDE = 8192
 # Their GEMM1 reads x unmasked (74 registers, 6 programs an SM) where a pair block's rows make this many 64-row
 # blocks or more (DSV3-like 32: its tiles fill many waves), masked (84, 5 an SM) below (K3-like 6, where the last
 # wave's fill decides, and most often for the masked kernel); see MoEConfig.gluon_xmask
@@ -820,16 +824,16 @@ def grouped_tiles(cfg: MoEConfig, H: int, i_pad: int, pairs: int, E: int) -> tup
     """(k1, k2, splits1, blocks2) of the expert-block kernels: steps of cfg.gluon_k1 (default 128) and
     gluon_k2 codes (64 where K is no multiple); GEMM1's K splits (cfg.gluon_split1, default 1), lowered
     to a divisor of the K steps; and GEMM2's 64-row blocks a program (cfg.gluon_blocks2, or
-    _GROUPED_BLOCKS2 where its rows are at most _GROUPED_SHORT_STEPS K steps long, its programs over
-    min(E, pairs) blocks still number _GROUPED_PROGRAMS2 and they are not of more rows (gluon_rows2), else 1),
-    lowered to a divisor of H / 64."""
+    _GROUPED_BLOCKS2 where its rows are at most _GROUPED_SHORT_STEPS K steps long and its programs over
+    min(E, pairs) blocks still number _GROUPED_PROGRAMS2, _GROUPED_PROGRAMS2_WIDE where one block a program would
+    be of more rows (gluon_rows2), else 1), lowered to a divisor of H / 64."""
     _check_gluon_knobs(cfg)
     k1 = cfg.gluon_k1 or 128
     k1 = k1 if H % k1 == 0 else 64
     k2 = cfg.gluon_k2 if i_pad % cfg.gluon_k2 == 0 else 64
     b2 = _divisor_splits(cfg.gluon_blocks2 or _GROUPED_BLOCKS2, H // 64)
-    if not cfg.gluon_blocks2 and (i_pad // k2 > _GROUPED_SHORT_STEPS or gluon_rows2(cfg, H, i_pad, k2) > 64
-                                  or min(E, pairs) * (H // 64 // b2) < _GROUPED_PROGRAMS2):
+    least = _GROUPED_PROGRAMS2_WIDE if gluon_rows2(cfg, H, i_pad, k2) > 64 else _GROUPED_PROGRAMS2
+    if not cfg.gluon_blocks2 and (i_pad // k2 > _GROUPED_SHORT_STEPS or min(E, pairs) * (H // 64 // b2) < least):
         b2 = 1
     return k1, k2, _divisor_splits(cfg.gluon_split1 or 1, H // k1), b2
 
