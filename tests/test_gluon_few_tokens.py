@@ -152,10 +152,10 @@ def test_expert_blocks_automatic_where_measured_faster():
 
 
 def test_expert_block_tiles():
-    # K3-like T = 16 / 24 / 32: GEMM1 unsplit; GEMM2's rows of 3 steps in 128-row programs, one row block each, under
-    # 8192 programs of 4 row blocks (T = 32: 512 x 14); from T = 37 (592 x 14) in 4 64-row blocks a program
-    assert [grouped_tiles(MoEConfig(), 3584, 384, 16 * T, 896) for T in (16, 24, 32, 36)] == [(128, 128, 1, 1)] * 4
-    assert [grouped_tiles(MoEConfig(), 3584, 384, 16 * T, 896)[3] for T in (37, 64, 256)] == [4, 4, 4]
+    # K3-like T = 16-54: GEMM1 unsplit; GEMM2's rows of 3 steps in 128-row programs, one row block each, under 12288
+    # programs of 4 row blocks (T = 54: 864 x 14); from T = 55 (880 x 14) in 4 64-row blocks a program
+    assert [grouped_tiles(MoEConfig(), 3584, 384, 16 * T, 896) for T in (16, 24, 40, 54)] == [(128, 128, 1, 1)] * 4
+    assert [grouped_tiles(MoEConfig(), 3584, 384, 16 * T, 896)[3] for T in (55, 64, 256)] == [4, 4, 4]
     # in 64-row programs, 4 row blocks a program from 4096 such programs over min(E, pairs) blocks: T = 24 (384 x
     # 14), not T = 16 (256 x 14)
     assert grouped_tiles(MoEConfig(gluon_rows2=64), 3584, 384, 256, 896) == (128, 128, 1, 1)

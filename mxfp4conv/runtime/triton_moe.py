@@ -728,9 +728,9 @@ _GROUPED_PROGRAMS2 = 4096
 # / 16 / 64 1.002 / 1.002 / 1.002 / 0.998, T = 4 0.986
 _GLUON_ROWS2_SHORT = 128
 # where those are more than 64, the expert blocks' GEMM2 runs _GROUPED_BLOCKS2 64-row blocks a program only from this
-# many such programs (K3-like T >= 37; T = 24 / 32, 5376 / 7168 programs, in 128-row ones above; 4 blocks against
-# one of 64 rows T = 64 / 128 0.943 / 0.950, more than the 128 rows gain)
-_GROUPED_PROGRAMS2_WIDE = 8192
+# many such programs: one 128-row block a program against 4 64-row ones, K3-like T = 24 / 32 / 40 (5376 / 7168 /
+# 8960 programs of 4) 0.976 / 0.983 / 0.992, T = 64 / 128 / 256 (12544) 0.997 / 1.003 / 1.014
+_GROUPED_PROGRAMS2_WIDE = 12288
 # Their GEMM1 reads x unmasked (74 registers, 6 programs an SM) where a pair block's rows make this many 64-row
 # blocks or more (DSV3-like 32: its tiles fill many waves), masked (84, 5 an SM) below (K3-like 6, where the last
 # wave's fill decides, and most often for the masked kernel); see MoEConfig.gluon_xmask
