@@ -236,7 +236,8 @@ def hopper_variants(T, H, I, k, E):
                                                    gluon_xshare=default.gluon_xshare ^ 1)))
         # GEMM2 over one row block a program of the other row count (64 or 128)
         out.append(("grouped", dataclasses.replace(default, gluon=1, gluon_grouped=1, gluon_blocks2=1,
-                                                   gluon_rows2=192 - gluon_rows2(default, H, I, 128))))
+                                                   gluon_rows2=192 - gluon_rows2(default, H, I,
+                                                                                 128 if I % 128 == 0 else 64))))
         out.append(("grouped", dataclasses.replace(default, gluon=1, gluon_grouped=1, gluon_blocks2=4, gluon_rows2=64)))
         if T <= 16:  # and the per-pair ones on more tokens than they take by default
             out.append(("gluon", dataclasses.replace(default, gluon=1, gluon_max_tokens=16, gluon_pair_share=1e9)))

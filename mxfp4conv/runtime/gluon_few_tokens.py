@@ -292,8 +292,8 @@ def few_gemm2(w_ptr, s_ptr, inter_ptr, ids_ptr, b_ptr, tw_ptr, part_ptr, cnt_ptr
               SUM: gl.constexpr, FRAG: gl.constexpr = False, NB: gl.constexpr = 4):
     """out[t, rows] = sum over token t's pairs j of tw[j] * (w2[e_j] rows . inter[j] + b2[e_j] rows),
     rows [16 NB rb, 16 NB rb + 16 NB) (NB 4, 8 or 16 slabs a program): with SUM the last of the TOP_K x SPLITS
-    programs of a token's row block sums their partials, pairs then splits in index order (the bias in split 0's); without, each
-    program only stores its partial (the caller sums them). PDL: launched as a programmatic
+    programs of a token's row block sums their partials, pairs then splits in index order (the bias in split 0's);
+    without, each program only stores its partial (the caller sums them). PDL: launched as a programmatic
     dependent of GEMM1, whose output is waited for after the first weight loads."""
     rb, j, sp, e, w_ptr, s_ptr = _program(w_ptr, s_ptr, ids_ptr, N, K, NB)
     npair = gl.num_programs(1)
@@ -304,7 +304,8 @@ def few_gemm2(w_ptr, s_ptr, inter_ptr, ids_ptr, b_ptr, tw_ptr, part_ptr, cnt_ptr
             x_ptrs = _fragment_ptrs(inter_ptr + j * K + gl.zeros([8], gl.int32, layout=_frag_cols(KB)), KB)  # 8 x row j
         else:
             x_ptrs = _x_operand_ptrs(inter_ptr + j * K, KB)
-        acc, _ = _k_loop(w_ptr, s_ptr, x_ptrs, 0, K, sp * K_SPLIT, K_SPLIT, 0, 0, KB, False, PDL, False, FRAG, False, NB)
+        acc, _ = _k_loop(w_ptr, s_ptr, x_ptrs, 0, K, sp * K_SPLIT, K_SPLIT, 0, 0, KB, False, PDL, False, FRAG,
+                         NB=NB)
         v = _column0(acc)
         if HAS_BIAS:
             if sp == 0:
@@ -344,7 +345,8 @@ def forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w
     a programmatic dependent of GEMM1 from the start (1) or the end of GEMM1's K loops (2), where
     Triton has it; k_sum: None, GEMM2's last program of a token's row block sums it, or a callable
     that sums GEMM2's fp32 partials [splits2, pairs, H] into out; frag: the intermediate rows in
-    fragment_order, GEMM2's B operand loaded in 16-byte words; rows2: GEMM2's rows a program, 64, 128 or 256 dividing H)."""
+    fragment_order, GEMM2's B operand loaded in 16-byte words; rows2: GEMM2's rows a program, 64, 128 or 256
+    dividing H)."""
     E, two_i, _ = w13.shape
     H, I = x.shape[1], two_i // 2
     T, k = topk_ids.shape

@@ -116,10 +116,11 @@ def grp_gemm2(w_ptr, s_ptr, inter_ptr, sorted_ptr, bexp_ptr, npp_ptr, b_ptr, tw_
               FRAG: gl.constexpr = False, MASKED: gl.constexpr = True, SHARED: gl.constexpr = False,
               NB: gl.constexpr = 4):
     """pair_out[pair, rows] = tw[pair] * (w2[e] rows . inter[pair] + b2[e] rows) for the block's pairs,
-    BLOCKS 64-row blocks a program (or, with one block, one of 16 NB rows) (more than one: in one loop, the next block's first words loaded
-    during the last step of this one), in pair_out's dtype. FRAG: inter's rows in fragment_order. MASKED: the
-    padding slots' B operand read as 0 (else from pair 0's row; their columns are not stored). SHARED (rows in plain
-    order): each warp loads a quarter of a step's B operand, which the four read through shared memory."""
+    BLOCKS 64-row blocks a program (more than one: in one loop, the next block's first words loaded during the last
+    step of this one; one: a block of 16 NB rows), in pair_out's dtype. FRAG: inter's rows in fragment_order.
+    MASKED: the padding slots' B operand read as 0 (else from pair 0's row; their columns are not stored). SHARED
+    (rows in plain order): each warp loads a quarter of a step's B operand, which the four read through shared
+    memory."""
     XL: gl.constexpr = shared_x_layout(KB) if SHARED else B_OP
     live, e, pair_x, ok_x = _block(sorted_ptr, bexp_ptr, npp_ptr, num_pairs, BT, gl.SliceLayout(0, XL))
     if live:

@@ -174,8 +174,8 @@ class MoEConfig:
     # 1.014-1.088, K3-like T = 12-288 0.992-1.012
     gluon_xshare: int = 1
     # both Gluon paths' GEMM2 in programs of gluon_rows2 rows (64; 128 / 256: each warp two / four 16-row slabs on
-    # the same B operand; 64 where H is no multiple; 0 automatic, gluon_rows2_of), the expert blocks' with one row
-    # block a program (gluon_blocks2: automatically 1 where the rows are 128)
+    # the same B operand; 64 where H is no multiple; 0 automatic, see gluon_rows2), the expert blocks' only with one
+    # row block a program (gluon_blocks2; automatically, with more than 64 rows, one below _GROUPED_PROGRAMS2_WIDE)
     gluon_rows2: int = 0
 
 
