@@ -211,7 +211,7 @@ def hopper_variants(T, H, I, k, E):
         out.append(("sum2", dataclasses.replace(default, gluon=1, gluon_sum2=0, gluon_split2=2)))
         out.append(("frag", dataclasses.replace(default, gluon=1, gluon_frag=1 - default.gluon_frag)))
         # GEMM2 in programs of the other row count (64 or 128), with the sum in GEMM2 and in the k-sum kernel
-        rows2 = 192 - gluon_rows2(default, H, I, gluon_tiles(default, H, I, T * k, T)[1])
+        rows2 = 64 if gluon_rows2(default, H, I, gluon_tiles(default, H, I, T * k, T)[1]) > 64 else 128
         out.append(("rows2", dataclasses.replace(default, gluon=1, gluon_rows2=rows2, gluon_sum2=1)))
         out.append(("rows2", dataclasses.replace(default, gluon=1, gluon_rows2=rows2, gluon_sum2=0)))
     else:  # the Gluon kernels on expert blocks: where the default takes them, the variants above on the hopper_mma
@@ -236,8 +236,8 @@ def hopper_variants(T, H, I, k, E):
                                                    gluon_xshare=default.gluon_xshare ^ 1)))
         # GEMM2 over one row block a program of the other row count (64 or 128)
         out.append(("grouped", dataclasses.replace(default, gluon=1, gluon_grouped=1, gluon_blocks2=1,
-                                                   gluon_rows2=192 - gluon_rows2(default, H, I,
-                                                                                 128 if I % 128 == 0 else 64))))
+                                                   gluon_rows2=64 if gluon_rows2(default, H, I, 128 if I % 128 == 0
+                                                                                 else 64) > 64 else 128)))
         out.append(("grouped", dataclasses.replace(default, gluon=1, gluon_grouped=1, gluon_blocks2=4, gluon_rows2=64)))
         if T <= 16:  # and the per-pair ones on more tokens than they take by default
             out.append(("gluon", dataclasses.replace(default, gluon=1, gluon_max_tokens=16, gluon_pair_share=1e9)))

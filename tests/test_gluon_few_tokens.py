@@ -22,6 +22,9 @@ from mxfp4conv.runtime.triton_moe import (MoEConfig, fused_moe_triton, gluon_pla
                                           grouped_masks, grouped_takes, grouped_tiles, pairs_take, select_config,
                                           sum2_by_kernel)
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+import hopper_sass  # noqa: E402  (the benchmarks' SASS loop counter)
+
 
 def test_tiles_of_the_measured_layers():
     # the configurations measured fastest on an H200 (docs/gluon_moe_h200_t1.txt)
@@ -389,8 +392,6 @@ def test_expert_block_kernels_compile_for_sm90_without_spills(compiled, bt, kb, 
 @pytest.mark.skipif(not _tools_available(), reason="this Triton has no Gluon or ships no NVIDIA tools")
 @pytest.mark.parametrize("i", range(len(ROWS2)))
 def test_gemm2_in_128_row_programs_shares_a_steps_b_operand(compiled, i):
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
-    import hopper_sass
     name, consts = ROWS2[i]
     (sass4, _), (sass8, res8) = (compiled[(("rows2", i, nb), name)] for nb in (4, 8))
     assert re.search(r"STACK:0\b", res8) and "LDL" not in sass8 and "STL" not in sass8

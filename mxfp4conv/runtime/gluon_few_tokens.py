@@ -355,7 +355,7 @@ def forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w
     inter = torch.empty(pairs, I, dtype=torch.bfloat16, device=dev)
     part1 = torch.empty(splits1, pairs, 2, I, dtype=torch.float32, device=dev)
     part2 = torch.empty(splits2, pairs, H, dtype=torch.float32, device=dev)
-    counters = pairs * (I // 64) * (splits1 > 1) + T * (H // 64) * (k_sum is None)  # arrivals to count
+    counters = pairs * (I // 64) * (splits1 > 1) + T * (H // rows2) * (k_sum is None)  # arrivals to count
     cnt = torch.zeros(counters, dtype=torch.int32, device=dev) if counters else inter  # (unread without counters)
     ids = topk_ids.reshape(-1)
     tw = topk_weights.reshape(-1)
