@@ -30,7 +30,8 @@ from mxfp4conv.codec import dequantize_mxfp4
 
 from mxfp4conv.runtime.triton_moe import (ALIGN_GRID_PAIRS, HOPPER_SETS, LAYOUT_SETS, fused_moe_triton, gluon_plan,
                                           gluon_rows2, gluon_tiles, grouped_masks, grouped_plan, grouped_takes,
-                                          hopper_options, pairs_take, select_config, sum2_by_kernel, uses_gemv)
+                                          hopper_options, loop_tuning, pairs_take, select_config, sum2_by_kernel,
+                                          uses_gemv)
 from mxfp4conv.shuffle import get_layout
 
 
@@ -214,6 +215,8 @@ def hopper_variants(T, H, I, k, E):
         rows2 = 64 if gluon_rows2(default, H, I, gluon_tiles(default, H, I, T * k, T)[1]) > 64 else 128
         out.append(("rows2", dataclasses.replace(default, gluon=1, gluon_rows2=rows2, gluon_sum2=1)))
         out.append(("rows2", dataclasses.replace(default, gluon=1, gluon_rows2=rows2, gluon_sum2=0)))
+        # the K loops the other way (over pairs of steps, or single ones), uncapped
+        out.append(("unroll", dataclasses.replace(default, gluon=1, **_other_loops(default, False, H, I, T * k, T))))
     else:  # the Gluon kernels on expert blocks: where the default takes them, the variants above on the hopper_mma
         # kernels; and 16-pair blocks, 8-pair ones of 64-code steps, and 4 K splits of GEMM1, forced on
         if grouped_takes(default, T, T * k, E):
@@ -239,9 +242,26 @@ def hopper_variants(T, H, I, k, E):
                                                    gluon_rows2=64 if gluon_rows2(default, H, I, 128 if I % 128 == 0
                                                                                  else 64) > 64 else 128)))
         out.append(("grouped", dataclasses.replace(default, gluon=1, gluon_grouped=1, gluon_blocks2=4, gluon_rows2=64)))
+        # and both K loops the other way (GEMM2 over one row block a program, where the loop choice applies), uncapped
+        out.append(("grouped", dataclasses.replace(default, gluon=1, gluon_grouped=1, gluon_blocks2=1,
+                                                   **_other_loops(default, True, H, I, T * k, T))))
         if T <= 16:  # and the per-pair ones on more tokens than they take by default
             out.append(("gluon", dataclasses.replace(default, gluon=1, gluon_max_tokens=16, gluon_pair_share=1e9)))
     return out
+
+
+def _other_loops(cfg, grouped, H, I, pairs, T):
+    """Config overrides running both Gluon GEMMs' K loops the other way from cfg's choice, without register caps."""
+    k1 = 128 if grouped and H % 128 == 0 else gluon_tiles(cfg, H, I, pairs, T)[0]
+    u1, u2 = loop_tuning(cfg, grouped, k1, gluon_rows2(cfg, H, I, 128 if I % 128 == 0 else 64))["unroll"]
+    return dict(gluon_unroll1=3 - u1, gluon_unroll2=3 - u2, gluon_maxnreg1=0, gluon_maxnreg2=0)
+
+
+def _loops(cfg, grouped, k1, rows2):
+    """The Gluon K loops' label: u<GEMM1>/<GEMM2> (1 single steps, 2 pairs), and their register caps."""
+    t = loop_tuning(cfg, grouped, k1, rows2)
+    caps = "/".join(str(m) for m in t["maxnreg"])
+    return f" u{t['unroll'][0]}/{t['unroll'][1]}{'' if caps == '0/0' else ' cap' + caps}"
 
 
 def path_name(cfg, T, k, E, dtype, layout="identity"):
@@ -293,13 +313,15 @@ def main() -> int:
             plan = gluon_plan(cfg, xin, weights, k, layout) if layout in HOPPER_SETS else None
             blocks = grouped_plan(cfg, xin, weights, k, layout, E) if layout in HOPPER_SETS else None
             if blocks:
+                r2 = gluon_rows2(cfg, H, I, blocks[1]) if blocks[3] == 1 else 64
                 path = (f"gluon grouped bt{cfg.gluon_block_t} k{blocks[0]}/{blocks[1]} s{blocks[2]} b{blocks[3]}"
-                        f"{'' if cfg.gluon_frag else ' plainrows'} xmask{grouped_masks(cfg, I)}"
-                        f" r{gluon_rows2(cfg, H, I, blocks[1]) if blocks[3] == 1 else 64}")
+                        f"{'' if cfg.gluon_frag else ' plainrows'} xmask{grouped_masks(cfg, I)} r{r2}"
+                        f"{_loops(cfg, True, blocks[0], r2)}")
             elif plan:
+                r2 = gluon_rows2(cfg, H, I, plan[1])
                 path = (f"gluon k{plan[0]}/{plan[1]} s{plan[2]}/{plan[3]}{f' pdl{cfg.gluon_pdl}' if cfg.gluon_pdl else ''}"
                         f"{' ksum' if sum2_by_kernel(cfg, I, plan) else ''}{'' if cfg.gluon_frag else ' plainrows'}"
-                        f" r{gluon_rows2(cfg, H, I, plan[1])}")
+                        f" r{r2}{_loops(cfg, False, plan[0], r2)}")
             else:
                 path = path_name(cfg, T, k, E, dtype, layout)
             label = f"{name} [{path}{' splitK' if vname == 'split' else ''}]"

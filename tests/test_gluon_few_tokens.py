@@ -19,8 +19,8 @@ from hypothesis import given, strategies as st
 from mxfp4conv.errors import RuntimeInputError
 from mxfp4conv.runtime import triton_moe
 from mxfp4conv.runtime.triton_moe import (MoEConfig, fused_moe_triton, gluon_plan, gluon_rows2, gluon_tiles,
-                                          grouped_masks, grouped_takes, grouped_tiles, pairs_take, select_config,
-                                          sum2_by_kernel)
+                                          grouped_masks, grouped_takes, grouped_tiles, loop_tuning, pairs_take,
+                                          select_config, sum2_by_kernel)
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
 import hopper_sass  # noqa: E402  (the benchmarks' SASS loop counter)
@@ -89,6 +89,34 @@ def test_gemm2_rows_a_program():
     assert gluon_rows2(MoEConfig(gluon_rows2=256), 3584 + 128, 384, 128) == 64
     with pytest.raises(RuntimeInputError, match="gluon_rows2 must be 0, 64, 128 or 256"):
         gluon_rows2(MoEConfig(gluon_rows2=96), 3584, 384, 128)
+
+
+def test_k_loops_over_pairs_of_steps_where_measured_faster():
+    # automatic: the per-pair kernels' GEMMs over pairs of steps, capped at 80 registers where GEMM1 takes 128-code
+    # steps (94 registers uncapped) and where GEMM2 takes 128 rows (95); the expert blocks' GEMM1 over single steps,
+    # their GEMM2 over pairs where it takes 128 rows (capped), single steps at 64 rows
+    auto = MoEConfig()
+    assert loop_tuning(auto, False, 64, 64) == {"unroll": (2, 2), "maxnreg": (0, 0)}  # DSV3-like T = 1
+    assert loop_tuning(auto, False, 128, 64) == {"unroll": (2, 2), "maxnreg": (80, 0)}  # DSV3-like T = 2-6
+    assert loop_tuning(auto, False, 128, 128) == {"unroll": (2, 2), "maxnreg": (80, 80)}  # K3-like T = 2-8
+    assert loop_tuning(auto, True, 128, 128) == {"unroll": (1, 2), "maxnreg": (0, 80)}  # K3-like T = 10-54
+    assert loop_tuning(auto, True, 128, 64) == {"unroll": (1, 1), "maxnreg": (0, 0)}  # DSV3-like expert blocks
+    # a knob set wins; single steps are never capped automatically, nor 256-row programs
+    assert loop_tuning(MoEConfig(gluon_unroll1=1, gluon_unroll2=1), False, 128, 128)["maxnreg"] == (0, 0)
+    assert loop_tuning(MoEConfig(gluon_unroll1=2, gluon_unroll2=2), True, 128, 64)["unroll"] == (2, 2)
+    assert loop_tuning(MoEConfig(gluon_maxnreg1=0, gluon_maxnreg2=72), False, 128, 128)["maxnreg"] == (0, 72)
+    assert loop_tuning(auto, False, 128, 256)["maxnreg"] == (80, 0)
+
+
+@pytest.mark.parametrize("knob, value, message", [("gluon_unroll1", 3, "gluon_unroll1 must be 0, 1 or 2"),
+                                                   ("gluon_unroll2", -1, "gluon_unroll2 must be 0, 1 or 2"),
+                                                   ("gluon_maxnreg1", 16, "gluon_maxnreg1 must be -1, 0 or 24-255"),
+                                                   ("gluon_maxnreg2", 256, "gluon_maxnreg2 must be -1, 0 or 24-255")])
+def test_bad_loop_knob_is_a_clear_error(knob, value, message):
+    with pytest.raises(RuntimeInputError, match=message):
+        gluon_tiles(MoEConfig(**{knob: value}), 7168, 2048, 8)
+    with pytest.raises(RuntimeInputError, match=message):
+        grouped_tiles(MoEConfig(**{knob: value}), 3584, 384, 256, 896)
 
 
 def test_bad_gluon_xshare_is_a_clear_error():
@@ -245,7 +273,7 @@ TYPES = {"x_ptr": "*bf16", "ids_ptr": "*i32", "b_ptr": "*fp32", "inter_ptr": "*b
          "tw_ptr": "*fp32", "out_ptr": "*bf16", "pair_out_ptr": "*bf16", "p0": "fp32", "p1": "fp32"}
 TOOL = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
 out = []
-for name, consts in json.loads(sys.argv[1]):
+for name, consts, *options in json.loads(sys.argv[1]):
     fn = getattr(gluon_few_tokens if name.startswith("few_") else gluon_grouped, name)
     # constexprs left out take their defaults, as at a launch (not runtime arguments)
     consts.update({p.name: p.default for p in fn.params
@@ -256,7 +284,7 @@ for name, consts in json.loads(sys.argv[1]):
     # and whole K splits of them) are multiples of 64
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(sig) if n.endswith("_ptr") or n in SHAPE_ARGS}
     kernel = triton.compile(GluonASTSource(fn, sig, constexprs=consts, attrs=attrs),
-                            target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4))
+                            target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4, **(options or [{}])[0]))
     with tempfile.TemporaryDirectory() as tmp:
         cubin = os.path.join(tmp, "k.cubin")
         with open(cubin, "wb") as f:
@@ -299,6 +327,20 @@ ROWS2 = [("few_gemm2", dict(KB=2, HAS_BIAS=True, SPLITS=1, PDL=True, SUM=False, 
          ("grp_gemm2", dict(KB=2, BT=8, HAS_BIAS=True, BLOCKS=1, FRAG=True, MASKED=True))]
 
 
+# K loops over single steps and pairs of them (with loop_tuning's automatic cap where it sets one): the per-pair GEMM1 in
+# 64- and 128-code steps, GEMM2 in 64- and 128-row programs, the expert blocks' 128-row GEMM2, and their GEMM1 (an odd
+# number of steps is the runtime's concern: the pairs loop skips a last missing step)
+UNROLLED = [("few_gemm1", dict(KB=1, ACT=ACTS["silu+limit"][0], HAS_LIMIT=True, HAS_LINEAR=False, HAS_BIAS=False,
+                               SPLITS=4, PDL=2, FRAG_KB=2), 0),
+            ("few_gemm1", dict(KB=2, ACT=ACTS["situ"][0], HAS_LIMIT=False, HAS_LINEAR=True, HAS_BIAS=True, SPLITS=1,
+                               PDL=2, FRAG_KB=2), 80),
+            ("few_gemm2", dict(KB=2, HAS_BIAS=False, SPLITS=1, PDL=True, SUM=True, FRAG=True, NB=4), 0),
+            ("few_gemm2", dict(KB=2, HAS_BIAS=True, SPLITS=1, PDL=True, SUM=False, FRAG=True, NB=8), 80),
+            ("grp_gemm2", dict(KB=2, BT=8, HAS_BIAS=True, BLOCKS=1, FRAG=True, MASKED=True, NB=8), 80),
+            ("grp_gemm1", dict(KB=2, BT=8, ACT=ACTS["situ"][0], HAS_LIMIT=False, HAS_LINEAR=True, HAS_BIAS=True,
+                               SPLITS=1, FRAG_KB=2, MASKED=True, SHARED=True), 0)]
+
+
 @pytest.fixture(scope="module")
 def compiled():
     """{(variant, kernel): (SASS, resource usage)} of both kernels in every VARIANTS configuration."""
@@ -322,6 +364,10 @@ def compiled():
         for nb in (4, 8):
             jobs.append((name, dict(consts, NB=nb)))
             keys.append((("rows2", i, nb), name))
+    for i, (name, consts, cap) in enumerate(UNROLLED):
+        for unroll in (1, 2):
+            jobs.append((name, dict(consts, UNROLL=unroll), {"maxnreg": cap} if cap and unroll == 2 else {}))
+            keys.append((("unroll", i, unroll), name))
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                          env.get("PYTHONPATH", "")])
@@ -401,3 +447,18 @@ def test_gemm2_in_128_row_programs_shares_a_steps_b_operand(compiled, i):
     kb = consts["KB"]
     assert loop4["HMMA"] == KB_STEPS[kb] and loop8["HMMA"] == 2 * KB_STEPS[kb]
     assert loop8["LDG"] == loop4["LDG"] + 2 * kb
+
+
+@pytest.mark.skipif(not _tools_available(), reason="this Triton has no Gluon or ships no NVIDIA tools")
+@pytest.mark.parametrize("i", range(len(UNROLLED)))
+def test_k_loop_over_pairs_of_steps_copies_no_registers_between_them(compiled, i):
+    name, consts, cap = UNROLLED[i]
+    (sass1, res1), (sass2, res2) = (compiled[(("unroll", i, u), name)] for u in (1, 2))
+    (n1, loop1), (n2, loop2) = (hopper_sass.loops(s, 50)[0] for s in (sass1, sass2))
+    # one loop body holds two steps: twice the MMAs and the loads, and fewer instructions a step (the register copies
+    # of the loaded words, the loop's counter, clamp and branch once a pair)
+    assert loop2["HMMA"] == 2 * loop1["HMMA"] and loop2["LDG"] == 2 * loop1["LDG"]
+    assert n2 < 2 * n1 * 0.97, (n1, n2)
+    assert loop2["IMAD"] < 2 * loop1["IMAD"]  # (IMAD.MOV, the copies, counts as IMAD)
+    regs = int(re.search(r"REG:(\d+)", res2).group(1))
+    assert regs <= cap if cap else re.search(r"STACK:0\b", res2), res2  # uncapped: nothing spilled

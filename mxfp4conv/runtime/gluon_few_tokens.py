@@ -166,12 +166,13 @@ def shared_x_layout(KB):
 @gluon.jit
 def _k_loop(w_ptr, s_ptr, x_ptr, x_mask, K, k_lo, K_SPLIT, up_w, up_s, KB: gl.constexpr, GATE_UP: gl.constexpr,
             WAIT: gl.constexpr, MASKED: gl.constexpr, FRAG: gl.constexpr = False, SHARED: gl.constexpr = False,
-            NB: gl.constexpr = 4):
+            NB: gl.constexpr = 4, UNROLL: gl.constexpr = 1):
     """acc (and with GATE_UP the up rows' acc) [16 NB, N] of 16 NB rows (NB slabs from w_ptr / s_ptr, a warp's
     NB / 4 of them slabs w, w + 4, ...) times
     x over codes [k_lo, k_lo + K_SPLIT): x_ptr the [64 KB, N] B operand's pointers at code 0 (with
     MASKED, its columns x_mask, the others read as 0), the next step's words loaded before this
-    step's decode (the last step loads its own again: nothing past the split is read). WAIT: x is
+    step's decode (the last step loads its own again: nothing past the split is read; UNROLL 2: in a loop over
+    pairs of steps, _k_loop_pairs). WAIT: x is
     the output of the kernel this one depends on programmatically; it is waited for after the first
     step's weight loads are issued. FRAG: x is stored in fragment_order and x_ptr holds its
     _fragment_ptrs (x_mask [N, 1, 1] with MASKED). SHARED: x_ptr in shared_x_layout, each warp loading a
@@ -181,39 +182,107 @@ def _k_loop(w_ptr, s_ptr, x_ptr, x_mask, K, k_lo, K_SPLIT, up_w, up_s, KB: gl.co
     N: gl.constexpr = x_ptr.shape[0] if FRAG else x_ptr.shape[1]
     acc_g = gl.zeros([16 * NB, N], gl.float32, layout=MMA)
     acc_u = gl.zeros([16 * NB, N], gl.float32, layout=MMA)
-    wg = gl.load(w_ptr + w_off + k_lo * 2)
-    sg = gl.load(s_ptr + s_off + k_lo // 8)
+    if UNROLL == 2:
+        acc_g, acc_u = _k_loop_pairs(w_ptr, s_ptr, x_ptr, x_mask, w_off, s_off, acc_g, acc_u, k_lo, K_SPLIT, up_w, up_s,
+                                KB, GATE_UP, WAIT, MASKED, FRAG, SHARED, NB)
+    else:
+        wg = gl.load(w_ptr + w_off + k_lo * 2)
+        sg = gl.load(s_ptr + s_off + k_lo // 8)
+        wu = wg
+        su = sg
+        if GATE_UP:
+            wu = gl.load(w_ptr + up_w + w_off + k_lo * 2)
+            su = gl.load(s_ptr + up_s + s_off + k_lo // 8)
+        if WAIT:
+            _gdc_wait()
+        last = k_lo + K_SPLIT - 64 * KB
+        if SHARED:
+            xs = _x_load(x_ptr + k_lo, x_mask, MASKED)
+        for k0 in range(k_lo, k_lo + K_SPLIT, 64 * KB):
+            k1 = gl.minimum(k0 + 64 * KB, last)
+            wg_n = gl.load(w_ptr + w_off + k1 * 2)
+            sg_n = gl.load(s_ptr + s_off + k1 // 8)
+            if SHARED:
+                xs_n = _x_load(x_ptr + k1, x_mask, MASKED)
+                x = gl.convert_layout(xs, B_OP)
+                xs = xs_n
+            else:
+                x = _x_step(x_ptr, x_mask, k0, KB, MASKED, FRAG)
+            acc_g = mma_v2(gl.convert_layout(_decode(wg, sg, NB, KB, _WPTX, _FPTX), A_OP), x, acc_g)
+            if GATE_UP:
+                wu_n = gl.load(w_ptr + up_w + w_off + k1 * 2)
+                su_n = gl.load(s_ptr + up_s + s_off + k1 // 8)
+                acc_u = mma_v2(gl.convert_layout(_decode(wu, su, NB, KB, _WPTX, _FPTX), A_OP), x, acc_u)
+                wu = wu_n
+                su = su_n
+            wg = wg_n
+            sg = sg_n
+    return acc_g, acc_u
+
+
+@gluon.jit
+def _x_step(x_ptr, x_mask, k, KB: gl.constexpr, MASKED: gl.constexpr, FRAG: gl.constexpr):
+    """The B operand of the step at code k (from fragment_order rows with FRAG)."""
+    if FRAG:
+        x = _fragments(x_ptr + k, x_mask, KB, MASKED)
+    else:
+        x = _x_load(x_ptr + k, x_mask, MASKED)
+    return x
+
+
+@gluon.jit
+def _w_loads(w_ptr, s_ptr, w_off, s_off, up_w, up_s, k, GATE_UP: gl.constexpr):
+    """A lane's weight and scale words of the step at code k (and the up rows' with GATE_UP, else the same again)."""
+    wg = gl.load(w_ptr + w_off + k * 2)
+    sg = gl.load(s_ptr + s_off + k // 8)
     wu = wg
     su = sg
     if GATE_UP:
-        wu = gl.load(w_ptr + up_w + w_off + k_lo * 2)
-        su = gl.load(s_ptr + up_s + s_off + k_lo // 8)
+        wu = gl.load(w_ptr + up_w + w_off + k * 2)
+        su = gl.load(s_ptr + up_s + s_off + k // 8)
+    return wg, sg, wu, su
+
+
+@gluon.jit
+def _mmas(acc_g, acc_u, wg, sg, wu, su, x, NB: gl.constexpr, KB: gl.constexpr, GATE_UP: gl.constexpr):
+    acc_g = mma_v2(gl.convert_layout(_decode(wg, sg, NB, KB, _WPTX, _FPTX), A_OP), x, acc_g)
+    if GATE_UP:
+        acc_u = mma_v2(gl.convert_layout(_decode(wu, su, NB, KB, _WPTX, _FPTX), A_OP), x, acc_u)
+    return acc_g, acc_u
+
+
+@gluon.jit
+def _k_loop_pairs(w_ptr, s_ptr, x_ptr, x_mask, w_off, s_off, acc_g, acc_u, k_lo, K_SPLIT, up_w, up_s, KB: gl.constexpr,
+             GATE_UP: gl.constexpr, WAIT: gl.constexpr, MASKED: gl.constexpr, FRAG: gl.constexpr,
+             SHARED: gl.constexpr, NB: gl.constexpr):
+    """_k_loop over pairs of steps, a and b: b's words loaded before a's decode, the next a's before b's, so that
+    neither register set is copied into the other between steps; an odd split's last b is not run."""
+    S: gl.constexpr = 64 * KB
+    end = k_lo + K_SPLIT
+    last = end - S
+    ga, sa, ua, va = _w_loads(w_ptr, s_ptr, w_off, s_off, up_w, up_s, k_lo, GATE_UP)
     if WAIT:
         _gdc_wait()
-    last = k_lo + K_SPLIT - 64 * KB
     if SHARED:
         xs = _x_load(x_ptr + k_lo, x_mask, MASKED)
-    for k0 in range(k_lo, k_lo + K_SPLIT, 64 * KB):
-        k1 = gl.minimum(k0 + 64 * KB, last)
-        wg_n = gl.load(w_ptr + w_off + k1 * 2)
-        sg_n = gl.load(s_ptr + s_off + k1 // 8)
+    for k0 in range(k_lo, end, 2 * S):
+        kb = gl.minimum(k0 + S, last)
+        gb, sb, ub, vb = _w_loads(w_ptr, s_ptr, w_off, s_off, up_w, up_s, kb, GATE_UP)
         if SHARED:
-            xs_n = _x_load(x_ptr + k1, x_mask, MASKED)
+            xs_b = _x_load(x_ptr + kb, x_mask, MASKED)
             x = gl.convert_layout(xs, B_OP)
-            xs = xs_n
-        elif FRAG:
-            x = _fragments(x_ptr + k0, x_mask, KB, MASKED)
         else:
-            x = _x_load(x_ptr + k0, x_mask, MASKED)
-        acc_g = mma_v2(gl.convert_layout(_decode(wg, sg, NB, KB, _WPTX, _FPTX), A_OP), x, acc_g)
-        if GATE_UP:
-            wu_n = gl.load(w_ptr + up_w + w_off + k1 * 2)
-            su_n = gl.load(s_ptr + up_s + s_off + k1 // 8)
-            acc_u = mma_v2(gl.convert_layout(_decode(wu, su, NB, KB, _WPTX, _FPTX), A_OP), x, acc_u)
-            wu = wu_n
-            su = su_n
-        wg = wg_n
-        sg = sg_n
+            x = _x_step(x_ptr, x_mask, k0, KB, MASKED, FRAG)
+        acc_g, acc_u = _mmas(acc_g, acc_u, ga, sa, ua, va, x, NB, KB, GATE_UP)
+        if k0 + S < end:
+            ka = gl.minimum(k0 + 2 * S, last)
+            ga, sa, ua, va = _w_loads(w_ptr, s_ptr, w_off, s_off, up_w, up_s, ka, GATE_UP)
+            if SHARED:
+                xs = _x_load(x_ptr + ka, x_mask, MASKED)
+                x = gl.convert_layout(xs_b, B_OP)
+            else:
+                x = _x_step(x_ptr, x_mask, kb, KB, MASKED, FRAG)
+            acc_g, acc_u = _mmas(acc_g, acc_u, gb, sb, ub, vb, x, NB, KB, GATE_UP)
     return acc_g, acc_u
 
 
@@ -252,17 +321,19 @@ def _gemm1_tail(g, u, e, j, rows, b_ptr, inter_ptr, I, p0, p1, ACT: gl.constexpr
 @gluon.jit
 def few_gemm1(w_ptr, s_ptr, x_ptr, ids_ptr, b_ptr, inter_ptr, part_ptr, cnt_ptr, K, I, K_SPLIT, TOP_K, p0, p1,
               KB: gl.constexpr, ACT: gl.constexpr, HAS_LIMIT: gl.constexpr, HAS_LINEAR: gl.constexpr,
-              HAS_BIAS: gl.constexpr, SPLITS: gl.constexpr, PDL: gl.constexpr, FRAG_KB: gl.constexpr = 0):
+              HAS_BIAS: gl.constexpr, SPLITS: gl.constexpr, PDL: gl.constexpr, FRAG_KB: gl.constexpr = 0,
+              UNROLL: gl.constexpr = 1):
     """inter[j, rows] = act(gate . x + b, up . x + b) for pair j (token j // TOP_K) and its expert,
     rows [64 rb, 64 rb + 64) (b13 [E, 2 I] with HAS_BIAS). PDL 1 / 2: GEMM2's programs may launch
     from this program's start / once its K loop is done. FRAG_KB > 0: the rows stored in
-    fragment_order for GEMM2 steps of 64 FRAG_KB codes."""
+    fragment_order for GEMM2 steps of 64 FRAG_KB codes. UNROLL: the K loop over single steps (1) or pairs (2)."""
     if PDL == 1:
         _gdc_launch()
     rb, j, sp, e, w_ptr, s_ptr = _program(w_ptr, s_ptr, ids_ptr, 2 * I, K)
     if e >= 0:
         acc_g, acc_u = _k_loop(w_ptr, s_ptr, _x_operand_ptrs(x_ptr + (j // TOP_K) * K, KB), 0, K, sp * K_SPLIT,
-                               K_SPLIT, (I // 16) * (2 * K), (I // 16) * (K // 8), KB, True, False, False)
+                               K_SPLIT, (I // 16) * (2 * K), (I // 16) * (K // 8), KB, True, False, False,
+                               UNROLL=UNROLL)
         if PDL == 2:
             _gdc_launch()
         g = _column0(acc_g)
@@ -289,12 +360,13 @@ def few_gemm1(w_ptr, s_ptr, x_ptr, ids_ptr, b_ptr, inter_ptr, part_ptr, cnt_ptr,
 @gluon.jit
 def few_gemm2(w_ptr, s_ptr, inter_ptr, ids_ptr, b_ptr, tw_ptr, part_ptr, cnt_ptr, out_ptr, K, N, K_SPLIT, TOP_K,
               KB: gl.constexpr, HAS_BIAS: gl.constexpr, SPLITS: gl.constexpr, PDL: gl.constexpr,
-              SUM: gl.constexpr, FRAG: gl.constexpr = False, NB: gl.constexpr = 4):
+              SUM: gl.constexpr, FRAG: gl.constexpr = False, NB: gl.constexpr = 4, UNROLL: gl.constexpr = 1):
     """out[t, rows] = sum over token t's pairs j of tw[j] * (w2[e_j] rows . inter[j] + b2[e_j] rows),
     rows [16 NB rb, 16 NB rb + 16 NB) (NB 4, 8 or 16 slabs a program): with SUM the last of the TOP_K x SPLITS
     programs of a token's row block sums their partials, pairs then splits in index order (the bias in split 0's);
     without, each program only stores its partial (the caller sums them). PDL: launched as a programmatic
-    dependent of GEMM1, whose output is waited for after the first weight loads."""
+    dependent of GEMM1, whose output is waited for after the first weight loads. UNROLL: the K loop over single
+    steps (1) or pairs (2)."""
     rb, j, sp, e, w_ptr, s_ptr = _program(w_ptr, s_ptr, ids_ptr, N, K, NB)
     npair = gl.num_programs(1)
     rows = rb * (16 * NB) + gl.arange(0, 16 * NB, layout=ROWS)
@@ -305,7 +377,7 @@ def few_gemm2(w_ptr, s_ptr, inter_ptr, ids_ptr, b_ptr, tw_ptr, part_ptr, cnt_ptr
         else:
             x_ptrs = _x_operand_ptrs(inter_ptr + j * K, KB)
         acc, _ = _k_loop(w_ptr, s_ptr, x_ptrs, 0, K, sp * K_SPLIT, K_SPLIT, 0, 0, KB, False, PDL, False, FRAG,
-                         NB=NB)
+                         NB=NB, UNROLL=UNROLL)
         v = _column0(acc)
         if HAS_BIAS:
             if sp == 0:
@@ -331,6 +403,11 @@ def _k_sum(part_ptr, cnt_ptr, out_ptr, j, rb, rows, npair, N, TOP_K, SPLITS: gl.
         gl.store(out_ptr + t * N + rows, total.to(gl.bfloat16))
 
 
+def _cap(maxnreg: int) -> dict:
+    """A launch's register cap option (none for 0)."""
+    return {"maxnreg": maxnreg} if maxnreg else {}
+
+
 def _words(t: torch.Tensor) -> torch.Tensor:
     """A contiguous uint8 tensor as flat int32 words (RuntimeError where its storage is not 4-byte aligned)."""
     return t.reshape(-1).view(torch.int32)
@@ -338,7 +415,7 @@ def _words(t: torch.Tensor) -> torch.Tensor:
 
 def forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias, act, out, *,
             k1: int, k2: int, splits1: int, splits2: int, pdl: int = 0, k_sum=None, frag: bool = False,
-            rows2: int = 64) -> torch.Tensor:
+            rows2: int = 64, unroll: tuple[int, int] = (1, 1), maxnreg: tuple[int, int] = (0, 0)) -> torch.Tensor:
     """out [T, H] bf16 = the layer for a few tokens x [T, H] bf16, programs per (token, expert) pair
     (contiguous hopper_mma_rot tensors, scales <= 2; k1 / k2 codes a K step of GEMM1 / GEMM2, 64 or
     128, splits dividing H / I into whole steps; the caller checks these; pdl: 0, or GEMM2 launched as
@@ -346,7 +423,8 @@ def forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w
     Triton has it; k_sum: None, GEMM2's last program of a token's row block sums it, or a callable
     that sums GEMM2's fp32 partials [splits2, pairs, H] into out; frag: the intermediate rows in
     fragment_order, GEMM2's B operand loaded in 16-byte words; rows2: GEMM2's rows a program, 64, 128 or 256
-    dividing H)."""
+    dividing H; unroll: GEMM1's / GEMM2's K loop over single steps (1) or pairs (2); maxnreg: their register caps, 0
+    none)."""
     E, two_i, _ = w13.shape
     H, I = x.shape[1], two_i // 2
     T, k = topk_ids.shape
@@ -363,11 +441,10 @@ def forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w
         _words(w13), _words(w13_scale), x, ids, w13_bias if w13_bias is not None else part1, inter, part1, cnt,
         H, I, H // splits1, k, act["p0"], act["p1"], KB=k1 // 64, ACT=act["ACT"], HAS_LIMIT=act["HAS_LIMIT"],
         HAS_LINEAR=act["HAS_LINEAR"], HAS_BIAS=w13_bias is not None, SPLITS=splits1, PDL=pdl,
-        FRAG_KB=k2 // 64 if frag else 0, num_warps=4)
+        FRAG_KB=k2 // 64 if frag else 0, UNROLL=unroll[0], num_warps=4, **_cap(maxnreg[0]))
     few_gemm2[(H // rows2, pairs, splits2)](
         _words(w2), _words(w2_scale), inter, ids, w2_bias if w2_bias is not None else part2, tw, part2,
         cnt[pairs * (I // 64) * (splits1 > 1):], out, I, H, I // splits2, k, KB=k2 // 64,
         HAS_BIAS=w2_bias is not None, SPLITS=splits2, PDL=bool(pdl), SUM=k_sum is None, FRAG=frag, NB=rows2 // 16,
-        num_warps=4,
-        **({"launch_pdl": True} if pdl else {}))
+        UNROLL=unroll[1], num_warps=4, **_cap(maxnreg[1]), **({"launch_pdl": True} if pdl else {}))
     return out if k_sum is None else k_sum(part2)

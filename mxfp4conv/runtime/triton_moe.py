@@ -177,6 +177,13 @@ class MoEConfig:
     # the same B operand; 64 where H is no multiple; 0 automatic, see gluon_rows2), the expert blocks' only with one
     # row block a program (gluon_blocks2; automatically, with more than 64 rows, one below _GROUPED_PROGRAMS2_WIDE)
     gluon_rows2: int = 0
+    # both Gluon paths' GEMM1 / GEMM2 K loops over single steps (1) or pairs of steps (2: each pair's second words
+    # loaded into registers of their own, so no register copies between steps; the expert blocks' GEMM2 only with one
+    # row block a program; 0 automatic), and their register caps (0 none, -1 automatic); see loop_tuning
+    gluon_unroll1: int = 0
+    gluon_unroll2: int = 0
+    gluon_maxnreg1: int = -1
+    gluon_maxnreg2: int = -1
 
 
 def layout_of(layout: Mapping[str, str]) -> str | None:
@@ -452,9 +459,10 @@ def fused_moe_triton(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, *,
         weights = (w13, w13_scale, w2, w2_scale)
         plan = gluon_plan(cfg, x, weights, top_k, layout)
         if plan is not None:
+            rows2 = gluon_rows2(cfg, H, i_pad, plan[1])
             done = _gluon_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias,
                                   act, out, plan, cfg.gluon == 1, cfg.gluon_pdl, sum2_by_kernel(cfg, i_pad, plan),
-                                  cfg.gluon_frag == 1, gluon_rows2(cfg, H, i_pad, plan[1]))
+                                  cfg.gluon_frag == 1, rows2, loop_tuning(cfg, False, plan[0], rows2))
             if done is not None:
                 return done
         elif (blocks := grouped_plan(cfg, x, weights, topk_ids.shape[1], layout, E)) is not None:
@@ -800,6 +808,12 @@ def _check_gluon_knobs(cfg: MoEConfig) -> None:
         raise RuntimeInputError(f"fused_moe_triton: gluon_rows2 must be 0, 64, 128 or 256, got {cfg.gluon_rows2}.")
     if cfg.gluon_block_t not in (8, 16):
         raise RuntimeInputError(f"fused_moe_triton: gluon_block_t must be 8 or 16, got {cfg.gluon_block_t}.")
+    for name in ("gluon_unroll1", "gluon_unroll2"):
+        if getattr(cfg, name) not in (0, 1, 2):
+            raise RuntimeInputError(f"fused_moe_triton: {name} must be 0, 1 or 2, got {getattr(cfg, name)}.")
+    for name in ("gluon_maxnreg1", "gluon_maxnreg2"):
+        if getattr(cfg, name) not in (-1, 0) and not 24 <= getattr(cfg, name) <= 255:
+            raise RuntimeInputError(f"fused_moe_triton: {name} must be -1, 0 or 24-255, got {getattr(cfg, name)}.")
 
 
 def pairs_take(cfg: MoEConfig, T: int, num_pairs: int, E: int) -> bool:
@@ -884,11 +898,11 @@ def gluon_runnable(cfg: MoEConfig, x: torch.Tensor, weights, layout: str) -> boo
 
 
 def _gluon_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias, act, out, plan,
-                   required, pdl=0, by_kernel=False, frag=False, rows2=64):
+                   required, pdl=0, by_kernel=False, frag=False, rows2=64, tune=None):
     """The layer in the few-token Gluon kernels; None (the caller runs the hopper_mma kernels) where
     they fail to compile and were not required: a Triton whose Gluon differs from the one they were
     written for. The failure is warned about once. by_kernel: the sum over k in the k-sum kernel; frag: the
-    intermediate rows in fragment order; rows2: GEMM2's rows a program."""
+    intermediate rows in fragment order; rows2: GEMM2's rows a program; tune: loop_tuning's unroll and maxnreg."""
     k1, k2, s1, s2 = plan
     tensors = _contiguous(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias)
 
@@ -899,7 +913,35 @@ def _gluon_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_
     return _compiled_or_none(lambda: _gluon_module().forward(*tensors, act, out, k1=k1, k2=k2, splits1=s1, splits2=s2,
                                                              pdl=pdl if HK.HAS_GDC else 0,
                                                              k_sum=k_sum if by_kernel else None,
-                                                             frag=frag, rows2=rows2), required)
+                                                             frag=frag, rows2=rows2, **(tune or {})), required)
+
+
+# The Gluon K loops over pairs of steps (gluon_unroll1 / 2) drop the 7-15 register copies a step that a loop over single
+# steps makes (sm_90a SASS a step: per-pair GEMM1 155 -> 146.5 instructions with 64-code steps, 292 -> 281.5 with
+# 128-code ones, GEMM2 64 / 128 rows 150 -> 142.5 / 290 -> 272.5, the expert blocks' GEMM1 304 -> 281, GEMM2 128 rows
+# 289 -> 271.5) for more registers (GEMM1 59 -> 63, 72 -> 94, GEMM2 56 -> 64, 80 -> 95, the expert blocks' 95 -> 109,
+# 84 -> 93). Where that costs programs an SM, a cap of _UNROLLED_MAXNREG gives them back without spilling in the loop:
+# the per-pair GEMM1 in 128-code steps and both GEMM2s of 128 rows. On an H200 against single steps (one run): per
+# pair DSV3-like T = 1 / 2 / 4 0.976 / 0.969 / 0.980 (GEMM1 0.988 / 0.969 / 0.980 alone, GEMM2 0.996 / 0.996 / 0.987),
+# K3-like T = 1 / 4 / 8 GEMM1 0.979 / 0.987 / 0.983, GEMM2 1.003 / 0.976 / 0.995; expert blocks K3-like (128-row GEMM2)
+# T = 12 / 16 / 24 / 40 GEMM2 0.979 / 0.980 / 0.978 / 0.973 (the cap alone 0.989 / 0.992 / 0.986 / 0.984). Left on
+# single steps: the expert blocks' GEMM1 (4 programs an SM, and spills under a cap; K3-like T = 12 / 16 / 24 0.972 /
+# 1.001 / 1.020, DSV3-like T = 8-32 1.024-1.027) and their 64-row GEMM2 (DSV3-like T = 8 / 16 / 32 0.995 / 0.995 /
+# 1.015)
+_UNROLLED_MAXNREG = 80
+
+
+def loop_tuning(cfg: MoEConfig, grouped: bool, k1: int, rows2: int) -> dict:
+    """The Gluon kernels' K loops (1 single steps, 2 pairs) and register caps (0 none), (GEMM1, GEMM2) each, for the
+    per-pair kernels (grouped False) or the expert blocks' with GEMM1 steps of k1 codes and GEMM2 programs of rows2
+    rows: cfg's, or automatically (see _UNROLLED_MAXNREG) pairs but for the expert blocks' GEMM1 and 64-row GEMM2,
+    capped where the per-pair GEMM1 takes 128-code steps and where GEMM2 takes 128 rows."""
+    u1 = cfg.gluon_unroll1 or (1 if grouped else 2)
+    u2 = cfg.gluon_unroll2 or (2 if not grouped or rows2 > 64 else 1)
+    m1 = _UNROLLED_MAXNREG if cfg.gluon_maxnreg1 < 0 and u1 == 2 and k1 == 128 and not grouped else max(
+        cfg.gluon_maxnreg1, 0)
+    m2 = _UNROLLED_MAXNREG if cfg.gluon_maxnreg2 < 0 and u2 == 2 and rows2 == 128 else max(cfg.gluon_maxnreg2, 0)
+    return {"unroll": (u1, u2), "maxnreg": (m1, m2)}
 
 
 def _compiled_or_none(run, required: bool):
@@ -922,6 +964,7 @@ def _gluon_grouped_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_i
     and the k-sum are the Triton path's; None as _gluon_forward."""
     H, E, top_k = x.shape[1], w13.shape[0], topk_ids.shape[1]
     k1, k2, splits1, blocks2 = plan
+    rows2 = gluon_rows2(cfg, H, w13.shape[1] // 2, k2)
 
     def k_sum(pair_out):
         _sum_launch(pair_out, topk_ids.contiguous(), out, H, top_k, E, 1)
@@ -932,7 +975,7 @@ def _gluon_grouped_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_i
         *tensors, act, lambda bt: moe_align(topk_ids, E, bt, cfg.align), k_sum, k1=k1, k2=k2,
         block_t=cfg.gluon_block_t, splits1=splits1, blocks2=blocks2, frag=cfg.gluon_frag == 1,
         masks=grouped_masks(cfg, w13.shape[1] // 2), shared=bool(cfg.gluon_xshare & 1),
-        shared2=bool(cfg.gluon_xshare & 2), rows2=gluon_rows2(cfg, H, w13.shape[1] // 2, k2)),
+        shared2=bool(cfg.gluon_xshare & 2), rows2=rows2, **loop_tuning(cfg, True, k1, rows2 if blocks2 == 1 else 64)),
         cfg.gluon_grouped == 1 and cfg.gluon == 1)
 
 
