@@ -169,9 +169,9 @@ def test_expert_blocks_automatic_where_measured_faster():
     assert all(grouped_takes(cfg, T, 8 * T, dsv3) and not pairs_take(cfg, T, 8 * T, dsv3)
                for T in (7, 8, 9, 16, 32, 64, 96, 112, 128, 144, 160, 176))
     assert not any(grouped_takes(cfg, T, 8 * T, dsv3) or pairs_take(cfg, T, 8 * T, dsv3) for T in (177, 192, 256))
-    # K3-like (top-16): per pair to T = 8 (128 pairs), expert blocks T = 9-308, T = 309 on off
-    assert all(pairs_take(cfg, T, 16 * T, k3) for T in (1, 2, 4, 8))
-    assert all(grouped_takes(cfg, T, 16 * T, k3) for T in (9, 12, 16, 32, 128, 160, 192, 224, 256, 288, 308))
+    # K3-like (top-16): per pair to T = 9 (144 pairs), expert blocks T = 10-308, T = 309 on off
+    assert all(pairs_take(cfg, T, 16 * T, k3) for T in (1, 2, 4, 8, 9))
+    assert all(grouped_takes(cfg, T, 16 * T, k3) for T in (10, 12, 16, 32, 128, 160, 192, 224, 256, 288, 308))
     assert not any(grouped_takes(cfg, T, 16 * T, k3) for T in (309, 352, 512))
     # one token stays per pair however few the experts (its pairs share none); the share is a knob
     assert pairs_take(cfg, 1, 8, 8) and not grouped_takes(cfg, 1, 8, 8)

@@ -9,7 +9,7 @@ fifth small kernel sums them and applies the activation; GEMM2's partials are su
 final k-sum.
 On the Hopper layouts one token takes two kernels and a memset instead: no align (one block per
 pair), the split-K activation and the k-sum in the GEMMs' tails (``hopper_options``); and on
-hopper_mma_rot, 1 to 8 bf16 tokens on an sm_90 GPU go to the Gluon kernels of
+hopper_mma_rot, 1 to 9 bf16 tokens on an sm_90 GPU go to the Gluon kernels of
 ``gluon_few_tokens`` (``gluon_plan``), a program per (token, expert) pair, while their pairs
 number under a fifth of the experts, and past that, at up to 5.5 pairs an expert (gluon_grouped_pairs), to those of
 ``gluon_grouped`` (``grouped_plan``) on 8-pair expert blocks.
@@ -130,8 +130,10 @@ class MoEConfig:
     # 0.994 / 0.979; expert blocks DSV3-like T = 8-16 0.987-0.993, K3-like T = 12-192 0.972-0.987
     gluon_frag: int = 1
     # they read an expert's weights once a pair: of the hopper_mma kernels' time at T = 1 / 2 / 4 / 8, DSV3-like
-    # 0.92 / 0.860 / 0.887 / 0.955, K3-like 0.94 / 0.767 / 0.812 / 0.898; at T = 16 (the earlier plans) 1.106 / 1.069
-    gluon_max_tokens: int = 8
+    # 0.92 / 0.860 / 0.887 / 0.955, K3-like 0.94 / 0.767 / 0.812 / 0.898; at T = 16 (the earlier plans) 1.106 / 1.069.
+    # Against the expert blocks past 8 tokens, K3-like (under gluon_pair_share to T = 11): T = 9 0.938 / 0.972, T = 10
+    # 1.020 / 1.020, T = 11 0.998 (two runs, the second with the K loops over pairs in both)
+    gluon_max_tokens: int = 9
     # and from two tokens only while the pairs number under gluon_pair_share x the experts; past that, tokens share
     # enough experts for the expert blocks below, which read each touched expert once, to win. Their time over the
     # per-pair kernels' (pairs / experts in brackets): DSV3-like T = 8 (0.25) 0.950, T = 7 (0.22) 0.937, T = 6
