@@ -460,5 +460,9 @@ def test_k_loop_over_pairs_of_steps_copies_no_registers_between_them(compiled, i
     assert loop2["HMMA"] == 2 * loop1["HMMA"] and loop2["LDG"] == 2 * loop1["LDG"]
     assert n2 < 2 * n1 * 0.97, (n1, n2)
     assert loop2["IMAD"] < 2 * loop1["IMAD"]  # (IMAD.MOV, the copies, counts as IMAD)
+    # a word's decode (one word an MMA a lane): its two shifts where no bit wraps run as IMAD.SHL on the FMA pipe,
+    # so the integer pipe's funnel shifts are two a word (and a few for addresses), not four
+    words = loop2["HMMA"]
+    assert loop2["SHF"] < 3 * words and len(re.findall(r"IMAD\.SHL", sass2)) >= 2 * words, (loop2, words)
     regs = int(re.search(r"REG:(\d+)", res2).group(1))
     assert regs <= cap if cap else re.search(r"STACK:0\b", res2), res2  # uncapped: nothing spilled

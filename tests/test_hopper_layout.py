@@ -116,6 +116,44 @@ def test_rotation_order_words_give_the_same_registers():
         assert torch.equal(got[r], want[r]), r
 
 
+def _run_decode_ptx(text: str, w: torch.Tensor, outs: tuple[str, ...]) -> list[torch.Tensor]:
+    """The decode's PTX (its and / or / shl / shf.l.wrap lines) evaluated on 32-bit words w (int64)."""
+    regs = {"w": w}
+    value = lambda op: regs[op] if op in regs else int(op, 0)  # noqa: E731
+    for line in (x.strip().rstrip(";") for x in text.splitlines() if x.strip()):
+        op, args = line.split(None, 1)
+        d, *src = [a.strip() for a in args.split(",")]
+        if op == "and.b32":
+            regs[d] = value(src[0]) & value(src[1])
+        elif op == "or.b32":
+            regs[d] = value(src[0]) | value(src[1])
+        elif op == "shl.b32":
+            regs[d] = (value(src[0]) << int(src[1])) & 0xFFFFFFFF
+        elif op == "shf.l.wrap.b32":  # funnel shift of src[1]:src[0], upper word: a rotation when they are one
+            assert src[0] == src[1], line
+            regs[d] = _rotl(value(src[0]), int(src[2]))
+        else:
+            raise AssertionError(f"an instruction this evaluator does not know: {line}")
+    return [regs[r] for r in outs]
+
+
+def test_rotation_order_decode_ptx_gives_the_registers():
+    """The PTX the kernels inline for hopper_mma_w_rot words (its shifts where no bit wraps: ptxas issues those
+    as IMAD.SHL on the FMA pipe) computes the documented registers of every word, each code in each position."""
+    HK = pytest.importorskip("mxfp4conv.runtime.triton_hopper_kernels")
+    x = rand_u8(2, 32, 96, seed=12)
+    x[0, 0, :16] = torch.arange(0, 256, 16, dtype=torch.uint8) + torch.arange(16, dtype=torch.uint8)
+    z = W_ROT.forward(x)
+    w = z.reshape(-1).view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+    w = torch.cat([w, torch.tensor([0, 0xFFFFFFFF, 0x80000001, 0x7FFFFFFE])])  # every bit set, and the wrap bits
+    outs = ("r0", "r1", "r2", "r3")
+    got = _run_decode_ptx(HK._decode_ptx(True, outs, "w"), w, outs)
+    want = _registers(W.forward(x))
+    ref = _rot_registers(w.to(torch.int32))
+    for r in range(4):
+        assert torch.equal(got[r][:-4], want[r]) and torch.equal(got[r], ref[r]), r
+
+
 def test_scale_words_hold_rows_g_and_g_plus_8():
     s = rand_u8(2, 32, 6, seed=3)
     y = S.forward(s).reshape(2, 2, 3, 8, 2, 2)  # e, slab, 64-code block, g, h, j
