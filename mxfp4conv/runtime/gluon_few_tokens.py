@@ -183,16 +183,10 @@ def _k_loop(w_ptr, s_ptr, x_ptr, x_mask, K, k_lo, K_SPLIT, up_w, up_s, KB: gl.co
     acc_g = gl.zeros([16 * NB, N], gl.float32, layout=MMA)
     acc_u = gl.zeros([16 * NB, N], gl.float32, layout=MMA)
     if UNROLL == 2:
-        acc_g, acc_u = _k_loop_pairs(w_ptr, s_ptr, x_ptr, x_mask, w_off, s_off, acc_g, acc_u, k_lo, K_SPLIT, up_w, up_s,
-                                KB, GATE_UP, WAIT, MASKED, FRAG, SHARED, NB)
+        acc_g, acc_u = _k_loop_pairs(w_ptr, s_ptr, x_ptr, x_mask, w_off, s_off, acc_g, acc_u, k_lo, K_SPLIT, up_w,
+                                     up_s, KB, GATE_UP, WAIT, MASKED, FRAG, SHARED, NB)
     else:
-        wg = gl.load(w_ptr + w_off + k_lo * 2)
-        sg = gl.load(s_ptr + s_off + k_lo // 8)
-        wu = wg
-        su = sg
-        if GATE_UP:
-            wu = gl.load(w_ptr + up_w + w_off + k_lo * 2)
-            su = gl.load(s_ptr + up_s + s_off + k_lo // 8)
+        wg, sg, wu, su = _w_loads(w_ptr, s_ptr, w_off, s_off, up_w, up_s, k_lo, GATE_UP)
         if WAIT:
             _gdc_wait()
         last = k_lo + K_SPLIT - 64 * KB
@@ -245,6 +239,7 @@ def _w_loads(w_ptr, s_ptr, w_off, s_off, up_w, up_s, k, GATE_UP: gl.constexpr):
 
 @gluon.jit
 def _mmas(acc_g, acc_u, wg, sg, wu, su, x, NB: gl.constexpr, KB: gl.constexpr, GATE_UP: gl.constexpr):
+    """acc_g (and acc_u with GATE_UP) plus the decoded words times the step's B operand x."""
     acc_g = mma_v2(gl.convert_layout(_decode(wg, sg, NB, KB, _WPTX, _FPTX), A_OP), x, acc_g)
     if GATE_UP:
         acc_u = mma_v2(gl.convert_layout(_decode(wu, su, NB, KB, _WPTX, _FPTX), A_OP), x, acc_u)

@@ -940,9 +940,10 @@ def loop_tuning(cfg: MoEConfig, grouped: bool, k1: int, rows2: int) -> dict:
     capped where the per-pair GEMM1 takes 128-code steps and where GEMM2 takes 128 rows."""
     u1 = cfg.gluon_unroll1 or (1 if grouped else 2)
     u2 = cfg.gluon_unroll2 or (2 if not grouped or rows2 > 64 else 1)
-    m1 = _UNROLLED_MAXNREG if cfg.gluon_maxnreg1 < 0 and u1 == 2 and k1 == 128 and not grouped else max(
-        cfg.gluon_maxnreg1, 0)
-    m2 = _UNROLLED_MAXNREG if cfg.gluon_maxnreg2 < 0 and u2 == 2 and rows2 == 128 else max(cfg.gluon_maxnreg2, 0)
+    capped1 = u1 == 2 and k1 == 128 and not grouped
+    capped2 = u2 == 2 and rows2 == 128
+    m1 = cfg.gluon_maxnreg1 if cfg.gluon_maxnreg1 >= 0 else _UNROLLED_MAXNREG * capped1
+    m2 = cfg.gluon_maxnreg2 if cfg.gluon_maxnreg2 >= 0 else _UNROLLED_MAXNREG * capped2
     return {"unroll": (u1, u2), "maxnreg": (m1, m2)}
 
 
