@@ -190,18 +190,12 @@ def _k_loop(w_ptr, s_ptr, x_ptr, x_mask, K, k_lo, K_SPLIT, up_w, up_s, KB: gl.co
         if WAIT:
             _gdc_wait()
         last = k_lo + K_SPLIT - 64 * KB
-        if SHARED:
-            xs = _x_load(x_ptr + k_lo, x_mask, MASKED)
+        xs = _x_load(x_ptr + k_lo, x_mask, MASKED) if SHARED else x_mask  # (x_mask: unused without SHARED)
         for k0 in range(k_lo, k_lo + K_SPLIT, 64 * KB):
             k1 = gl.minimum(k0 + 64 * KB, last)
             wg_n = gl.load(w_ptr + w_off + k1 * 2)
             sg_n = gl.load(s_ptr + s_off + k1 // 8)
-            if SHARED:
-                xs_n = _x_load(x_ptr + k1, x_mask, MASKED)
-                x = gl.convert_layout(xs, B_OP)
-                xs = xs_n
-            else:
-                x = _x_step(x_ptr, x_mask, k0, KB, MASKED, FRAG)
+            x, xs = _x_operand(x_ptr, x_mask, xs, k0, k1, KB, MASKED, FRAG, SHARED)
             acc_g = mma_v2(gl.convert_layout(_decode(wg, sg, NB, KB, _WPTX, _FPTX), A_OP), x, acc_g)
             if GATE_UP:
                 wu_n = gl.load(w_ptr + up_w + w_off + k1 * 2)
@@ -212,6 +206,20 @@ def _k_loop(w_ptr, s_ptr, x_ptr, x_mask, K, k_lo, K_SPLIT, up_w, up_s, KB: gl.co
             wg = wg_n
             sg = sg_n
     return acc_g, acc_u
+
+
+@gluon.jit
+def _x_operand(x_ptr, x_mask, xs, k, k_next, KB: gl.constexpr, MASKED: gl.constexpr, FRAG: gl.constexpr,
+               SHARED: gl.constexpr):
+    """(the B operand of the step at code k, xs after it): with SHARED, xs holds that step's tile (loaded a step
+    before) and the step at k_next's is loaded in its place; without, the operand is loaded now and xs passes on."""
+    if SHARED:
+        xs_next = _x_load(x_ptr + k_next, x_mask, MASKED)
+        x = gl.convert_layout(xs, B_OP)
+    else:
+        x = _x_step(x_ptr, x_mask, k, KB, MASKED, FRAG)
+        xs_next = xs
+    return x, xs_next
 
 
 @gluon.jit
@@ -248,8 +256,8 @@ def _mmas(acc_g, acc_u, wg, sg, wu, su, x, NB: gl.constexpr, KB: gl.constexpr, G
 
 @gluon.jit
 def _k_loop_pairs(w_ptr, s_ptr, x_ptr, x_mask, w_off, s_off, acc_g, acc_u, k_lo, K_SPLIT, up_w, up_s, KB: gl.constexpr,
-             GATE_UP: gl.constexpr, WAIT: gl.constexpr, MASKED: gl.constexpr, FRAG: gl.constexpr,
-             SHARED: gl.constexpr, NB: gl.constexpr):
+                  GATE_UP: gl.constexpr, WAIT: gl.constexpr, MASKED: gl.constexpr, FRAG: gl.constexpr,
+                  SHARED: gl.constexpr, NB: gl.constexpr):
     """_k_loop over pairs of steps, a and b: b's words loaded before a's decode, the next a's before b's, so that
     neither register set is copied into the other between steps; an odd split's last b is not run."""
     S: gl.constexpr = 64 * KB
@@ -258,25 +266,16 @@ def _k_loop_pairs(w_ptr, s_ptr, x_ptr, x_mask, w_off, s_off, acc_g, acc_u, k_lo,
     ga, sa, ua, va = _w_loads(w_ptr, s_ptr, w_off, s_off, up_w, up_s, k_lo, GATE_UP)
     if WAIT:
         _gdc_wait()
-    if SHARED:
-        xs = _x_load(x_ptr + k_lo, x_mask, MASKED)
+    xs = _x_load(x_ptr + k_lo, x_mask, MASKED) if SHARED else x_mask  # (x_mask: unused without SHARED)
     for k0 in range(k_lo, end, 2 * S):
         kb = gl.minimum(k0 + S, last)
         gb, sb, ub, vb = _w_loads(w_ptr, s_ptr, w_off, s_off, up_w, up_s, kb, GATE_UP)
-        if SHARED:
-            xs_b = _x_load(x_ptr + kb, x_mask, MASKED)
-            x = gl.convert_layout(xs, B_OP)
-        else:
-            x = _x_step(x_ptr, x_mask, k0, KB, MASKED, FRAG)
+        x, xs_b = _x_operand(x_ptr, x_mask, xs, k0, kb, KB, MASKED, FRAG, SHARED)
         acc_g, acc_u = _mmas(acc_g, acc_u, ga, sa, ua, va, x, NB, KB, GATE_UP)
         if k0 + S < end:
             ka = gl.minimum(k0 + 2 * S, last)
             ga, sa, ua, va = _w_loads(w_ptr, s_ptr, w_off, s_off, up_w, up_s, ka, GATE_UP)
-            if SHARED:
-                xs = _x_load(x_ptr + ka, x_mask, MASKED)
-                x = gl.convert_layout(xs_b, B_OP)
-            else:
-                x = _x_step(x_ptr, x_mask, kb, KB, MASKED, FRAG)
+            x, xs = _x_operand(x_ptr, x_mask, xs_b, kb, ka, KB, MASKED, FRAG, SHARED)
             acc_g, acc_u = _mmas(acc_g, acc_u, gb, sb, ub, vb, x, NB, KB, GATE_UP)
     return acc_g, acc_u
 
