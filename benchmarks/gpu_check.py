@@ -131,6 +131,9 @@ CASES = [
     ("dsv3 T8 swigluoai bias", 8, 7168, 2048, 256, 8, "swigluoai", {"alpha": 1.702, "limit": 7.0}, True, torch.bfloat16, "uniform"),
     # prefill past 96 pairs an expert: experts' last small blocks in the programs before them (absorb), biases
     ("dsv3 T4096 swigluoai bias", 4096, 7168, 2048, 256, 8, "swigluoai", {"alpha": 1.702, "limit": 7.0}, True, torch.bfloat16, "uniform"),
+    # per pair with the GEMM1 grid fitted to a wave: unsplit (K3-like T = 5), over single steps (T = 9)
+    ("k3 T5 situ", 5, 3584, 384, 896, 16, "situ", {"beta": 4.0, "linear_beta": 25.0}, False, torch.bfloat16, "uniform"),
+    ("k3 T9 silu+limit bias ragged", 9, 3584, 384, 896, 16, "silu", {"swiglu_limit": 10.0}, True, torch.bfloat16, "ragged"),
 ]
 
 

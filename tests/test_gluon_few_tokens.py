@@ -108,6 +108,39 @@ def test_k_loops_over_pairs_of_steps_where_measured_faster():
     assert loop_tuning(auto, False, 128, 256)["maxnreg"] == (80, 0)
 
 
+@given(tokens=st.integers(2, 16), top_k=st.integers(1, 16), i=st.integers(1, 32), h=st.integers(1, 112),
+       sms=st.sampled_from([0, 78, 108, 132, 144]))
+def test_per_pair_gemm1_grid_fits_a_wave_where_it_just_would_not(tokens, top_k, i, h, sms):
+    # K splits: one fewer where that fits the grid in a wave of 6 programs an SM (the pairs loop under its cap of 80
+    # registers) and the split chosen without the SMs does not; single steps (7 programs an SM) where one wave of 7
+    # holds the grid and one of 6 does not
+    H, I, pairs = 64 * h, 64 * i, tokens * top_k
+    k1, _, s, _ = gluon_tiles(MoEConfig(), H, I, pairs, tokens, sms)
+    _, _, s0, _ = gluon_tiles(MoEConfig(), H, I, pairs, tokens)
+    programs = I // 64 * pairs
+    assert (H // k1) % s == 0 and s <= s0
+    if s != s0:
+        assert programs * s <= 6 * sms < programs * s0 and s == max(d for d in range(1, s0) if (H // k1) % d == 0)
+    elif sms and s0 > 1:
+        fewer = max(d for d in range(1, s0) if (H // k1) % d == 0)
+        assert programs * s0 <= 6 * sms or programs * fewer > 6 * sms
+    tune = loop_tuning(MoEConfig(), False, k1, 128, programs * s, sms)
+    single = k1 == 128 and 6 * sms < programs * s <= 7 * sms
+    assert tune == ({"unroll": (1, 2), "maxnreg": (0, 80)} if single else {"unroll": (2, 2), "maxnreg": (80 * (k1 == 128), 80)})
+
+
+def test_wave_fits_of_the_measured_layers():
+    # K3-like on 132 SMs: T = 5 unsplit (480 programs; 2 splits are 960, over a wave of 792), T = 9 (864) over single
+    # steps; T = 2 / 4 / 6 / 8 as without the SMs; DSV3-like T = 2-6 as without them
+    assert [gluon_tiles(MoEConfig(), 3584, 384, 16 * T, T, 132)[2] for T in (2, 4, 5, 6, 8, 9)] == [4, 2, 1, 4, 1, 1]
+    assert gluon_tiles(MoEConfig(), 3584, 384, 80, 5)[2] == 2
+    assert [gluon_tiles(MoEConfig(), 7168, 2048, 8 * T, T, 132)[2] for T in (2, 3, 4, 5, 6)] == [4, 1, 2, 2, 1]
+    assert loop_tuning(MoEConfig(), False, 128, 128, 864, 132) == {"unroll": (1, 2), "maxnreg": (0, 80)}
+    assert loop_tuning(MoEConfig(), False, 128, 128, 768, 132) == {"unroll": (2, 2), "maxnreg": (80, 80)}
+    # a knob set wins
+    assert loop_tuning(MoEConfig(gluon_unroll1=2), False, 128, 128, 864, 132)["unroll"] == (2, 2)
+
+
 @pytest.mark.parametrize("knob, value, message", [("gluon_unroll1", 3, "gluon_unroll1 must be 0, 1 or 2"),
                                                    ("gluon_unroll2", -1, "gluon_unroll2 must be 0, 1 or 2"),
                                                    ("gluon_maxnreg1", 16, "gluon_maxnreg1 must be -1, 0 or 24-255"),
@@ -392,6 +425,11 @@ def test_kernels_compile_for_sm90_without_spills(compiled, variant):
     assert ("ACQBULK" in compiled[(variant, "few_gemm2")][0]) == bool(pdl)
     # the sum over k in GEMM2: each program counts its arrival with one atomic add; without it, none
     assert ("ATOMG.E.ADD" in compiled[(variant, "few_gemm2")][0]) == variant[5]
+    # the program that arrives last on a counter stores zero to it (counters.zeroed_counters' buffer stays zero)
+    for kernel, counted in (("few_gemm1", variant[2] > 1), ("few_gemm2", variant[5])):
+        atom = re.findall(r"ATOMG\.E\.ADD\S* PT, R\d+, desc\[\w+\]\[(R\d+\.64)\]", compiled[(variant, kernel)][0])
+        resets = re.findall(r"STG\.E desc\[\w+\]\[(R\d+\.64)\], RZ", compiled[(variant, kernel)][0])
+        assert (len(atom) == 1 and atom[0] in resets) if counted else not atom, (kernel, atom, resets)
     # the B operand from rows in fragment order: a lane's 16 KB codes of a step in KB 16-byte loads beside the
     # weights' KB (in the loop and the first step's); no shuffle through shared memory (the one shared word is the
     # arrival count's, with the sum in GEMM2)
@@ -466,3 +504,25 @@ def test_k_loop_over_pairs_of_steps_copies_no_registers_between_them(compiled, i
     assert loop2["SHF"] < 3 * words and len(re.findall(r"IMAD\.SHL", sass2)) >= 2 * words, (loop2, words)
     regs = int(re.search(r"REG:(\d+)", res2).group(1))
     assert regs <= cap if cap else re.search(r"STACK:0\b", res2), res2  # uncapped: nothing spilled
+
+
+def test_reused_counters_are_one_zeroed_buffer_a_device_that_grows():
+    from mxfp4conv.runtime import counters
+    counters._BUFFERS.clear()
+    a = counters.zeroed_counters(torch.device("cpu"), 10)
+    assert a.dtype == torch.int32 and a.shape == (10,) and not a.any()
+    b = counters.zeroed_counters(torch.device("cpu"), 100)
+    assert b.data_ptr() == a.data_ptr()  # the same storage: no fill per call
+    # the kernels leave every counter they count at zero; a larger request gets a larger zeroed buffer
+    big = counters.zeroed_counters(torch.device("cpu"), 5000)
+    assert big.numel() == 5000 and not big.any() and big.data_ptr() != a.data_ptr()
+    assert counters.zeroed_counters(torch.device("cpu"), 10).data_ptr() == big.data_ptr()
+    # not reused: a fresh zeroed tensor each call
+    fresh = counters.zeroed_counters(torch.device("cpu"), 10, reuse=False)
+    assert fresh.data_ptr() != big.data_ptr() and not fresh.any()
+    counters._BUFFERS.clear()
+
+
+def test_bad_gluon_counters_is_a_clear_error():
+    with pytest.raises(RuntimeInputError, match="gluon_counters must be 0 or 1"):
+        gluon_tiles(MoEConfig(gluon_counters=2), 7168, 2048, 8)

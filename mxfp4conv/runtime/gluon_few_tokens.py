@@ -31,6 +31,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
 from mxfp4conv.runtime import triton_hopper_kernels as HK
+from mxfp4conv.runtime.counters import zeroed_counters
 from mxfp4conv.runtime.triton_hopper_kernels import _arrive, _gdc_launch, _gdc_wait
 from mxfp4conv.runtime.triton_moe_kernels import _activate
 
@@ -339,6 +340,7 @@ def few_gemm1(w_ptr, s_ptr, x_ptr, ids_ptr, b_ptr, inter_ptr, part_ptr, cnt_ptr,
             gl.store(part_ptr + ((sp * npair + j) * 2 + 1) * I + rows, u)
             _barrier()
             if _arrive(cnt_ptr + j * gl.num_programs(0) + rb, SPLITS):
+                gl.store(cnt_ptr + j * gl.num_programs(0) + rb, 0)  # left zero for the next call (counters.py)
                 _barrier()
                 g = gl.zeros([64], gl.float32, layout=ROWS)
                 u = gl.zeros([64], gl.float32, layout=ROWS)
@@ -389,6 +391,7 @@ def _k_sum(part_ptr, cnt_ptr, out_ptr, j, rb, rows, npair, N, TOP_K, SPLITS: gl.
     _barrier()
     t = j // TOP_K
     if _arrive(cnt_ptr + t * gl.num_programs(0) + rb, TOP_K * SPLITS):
+        gl.store(cnt_ptr + t * gl.num_programs(0) + rb, 0)  # left zero for the next call (counters.py)
         _barrier()
         total = gl.zeros(rows.shape, gl.float32, layout=ROWS)
         for p in range(t * TOP_K, t * TOP_K + TOP_K):
@@ -409,7 +412,8 @@ def _words(t: torch.Tensor) -> torch.Tensor:
 
 def forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias, act, out, *,
             k1: int, k2: int, splits1: int, splits2: int, pdl: int = 0, k_sum=None, frag: bool = False,
-            rows2: int = 64, unroll: tuple[int, int] = (1, 1), maxnreg: tuple[int, int] = (0, 0)) -> torch.Tensor:
+            rows2: int = 64, unroll: tuple[int, int] = (1, 1), maxnreg: tuple[int, int] = (0, 0),
+            reuse_counters: bool = True) -> torch.Tensor:
     """out [T, H] bf16 = the layer for a few tokens x [T, H] bf16, programs per (token, expert) pair
     (contiguous hopper_mma_rot tensors, scales <= 2; k1 / k2 codes a K step of GEMM1 / GEMM2, 64 or
     128, splits dividing H / I into whole steps; the caller checks these; pdl: 0, or GEMM2 launched as
@@ -418,7 +422,8 @@ def forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w
     that sums GEMM2's fp32 partials [splits2, pairs, H] into out; frag: the intermediate rows in
     fragment_order, GEMM2's B operand loaded in 16-byte words; rows2: GEMM2's rows a program, 64, 128 or 256
     dividing H; unroll: GEMM1's / GEMM2's K loop over single steps (1) or pairs (2); maxnreg: their register caps, 0
-    none)."""
+    none; reuse_counters: the arrival counters from counters.zeroed_counters' buffer for the device, which the kernels
+    leave zero, else zeroed for this call)."""
     E, two_i, _ = w13.shape
     H, I = x.shape[1], two_i // 2
     T, k = topk_ids.shape
@@ -428,7 +433,7 @@ def forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w
     part1 = torch.empty(splits1, pairs, 2, I, dtype=torch.float32, device=dev)
     part2 = torch.empty(splits2, pairs, H, dtype=torch.float32, device=dev)
     counters = pairs * (I // 64) * (splits1 > 1) + T * (H // rows2) * (k_sum is None)  # arrivals to count
-    cnt = torch.zeros(counters, dtype=torch.int32, device=dev) if counters else inter  # (unread without counters)
+    cnt = zeroed_counters(dev, counters, reuse_counters) if counters else inter  # (unread without counters)
     ids = topk_ids.reshape(-1)
     tw = topk_weights.reshape(-1)
     few_gemm1[(I // 64, pairs, splits1)](

@@ -186,6 +186,9 @@ class MoEConfig:
     gluon_unroll2: int = 0
     gluon_maxnreg1: int = -1
     gluon_maxnreg2: int = -1
+    # the per-pair kernels' arrival counters from the device's buffer that they leave zero (1: no fill launch before
+    # them; calls on one device must not overlap in time, see counters.py), or zeroed for each call (0)
+    gluon_counters: int = 1
 
 
 def layout_of(layout: Mapping[str, str]) -> str | None:
@@ -464,7 +467,10 @@ def fused_moe_triton(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, *,
             rows2 = gluon_rows2(cfg, H, i_pad, plan[1])
             done = _gluon_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias,
                                   act, out, plan, cfg.gluon == 1, cfg.gluon_pdl, sum2_by_kernel(cfg, i_pad, plan),
-                                  cfg.gluon_frag == 1, rows2, loop_tuning(cfg, False, plan[0], rows2))
+                                  cfg.gluon_frag == 1, rows2,
+                                  loop_tuning(cfg, False, plan[0], rows2, i_pad // 64 * num_pairs * plan[2],
+                                              device_sms(x.device)),
+                                  cfg.gluon_counters == 1)
             if done is not None:
                 return done
         elif (blocks := grouped_plan(cfg, x, weights, topk_ids.shape[1], layout, E)) is not None:
@@ -747,17 +753,18 @@ _GROUPED_PROGRAMS2_WIDE = 12288
 _GROUPED_UNMASKED_ROWS = 16
 
 
-def gluon_tiles(cfg: MoEConfig, H: int, i_pad: int, pairs: int, tokens: int = 1) -> tuple[int, int, int, int]:
+def gluon_tiles(cfg: MoEConfig, H: int, i_pad: int, pairs: int, tokens: int = 1, sms: int = 0
+                ) -> tuple[int, int, int, int]:
     """(k1, k2, splits1, splits2) of the per-pair Gluon kernels for this layer, number of pairs and
     of tokens: codes a K step of GEMM1 / GEMM2 (cfg's; for GEMM1 by default 64 at one token and 128
-    from two; 64 where K is no multiple) and their K splits (cfg's, or gemm1_splits and the fewest
+    from two; 64 where K is no multiple) and their K splits (cfg's, or gemm1_splits on a GPU of sms SMs and the fewest
     that give GEMM2 its target of programs), each lowered to a divisor of its K steps."""
     _check_gluon_knobs(cfg)
     k1 = cfg.gluon_k1 or (64 if tokens == 1 else 128)
     k1 = k1 if H % k1 == 0 else 64
     k2 = cfg.gluon_k2 if i_pad % cfg.gluon_k2 == 0 else 64
     s1 = _divisor_splits(cfg.gluon_split1, H // k1) if cfg.gluon_split1 else gemm1_splits(i_pad // 64 * pairs,
-                                                                                         H // k1, tokens)
+                                                                                         H // k1, tokens, sms)
     s2 = cfg.gluon_split2 or triton.cdiv(_GLUON_PROGRAMS2, H // 64 * pairs)
     return k1, k2, s1, _divisor_splits(s2, i_pad // k2)
 
@@ -774,15 +781,32 @@ def sum2_by_kernel(cfg: MoEConfig, i_pad: int, plan: tuple[int, int, int, int]) 
     return i_pad // k2 <= _GROUPED_SHORT_STEPS and splits1 == 1 and splits2 == 1
 
 
-def gemm1_splits(programs: int, steps: int, tokens: int) -> int:
+# From two tokens the per-pair GEMM1 runs over pairs of steps under _UNROLLED_MAXNREG registers: _PAIRS_AN_SM programs
+# an SM; over single steps (72 registers uncapped) _SINGLE_AN_SM. Where K splits would make its grid just over a wave
+# of the former, one split fewer fills under one wave: K3-like T = 5 (480 programs unsplit, 960 in 2 splits, 132 SMs)
+# unsplit 0.928 of the time in 2. Where one split is just over a wave, single steps take it in one: K3-like T = 9 (864
+# programs) 0.902 of the time over pairs capped at 80 (0.923 over pairs capped at 72: they spill); T = 8 (768, a wave
+# either way) over pairs capped at 72 1.051
+_PAIRS_AN_SM = 6
+_SINGLE_AN_SM = 7
+
+
+def gemm1_splits(programs: int, steps: int, tokens: int, sms: int = 0) -> int:
     """The per-pair GEMM1's automatic K splits for `programs` programs unsplit and `steps` K steps: at
     one token the fewest giving _GLUON_PROGRAMS1 programs; from two tokens the fewest giving
-    _GLUON_PROGRAMS1_T, stepping past totals in [1024, 1536), each a divisor of the steps."""
+    _GLUON_PROGRAMS1_T, stepping past totals in [1024, 1536), each a divisor of the steps; then, on a GPU of sms SMs
+    (0: not known), the next smaller divisor where that fits the grid in a wave of _PAIRS_AN_SM programs an SM and
+    this does not."""
     if tokens == 1:
         return _divisor_splits(triton.cdiv(_GLUON_PROGRAMS1, programs), steps)
     s = _divisor_splits(triton.cdiv(_GLUON_PROGRAMS1_T, programs), steps)
     while 1024 <= programs * s < 1536 and s < steps:
         s = next(d for d in range(s + 1, steps + 1) if steps % d == 0)
+    wave = _PAIRS_AN_SM * sms
+    if sms and s > 1 and programs * s > wave:
+        fewer = _divisor_splits(s - 1, steps)
+        if programs * fewer <= wave:
+            return fewer
     return s
 
 
@@ -810,6 +834,8 @@ def _check_gluon_knobs(cfg: MoEConfig) -> None:
         raise RuntimeInputError(f"fused_moe_triton: gluon_rows2 must be 0, 64, 128 or 256, got {cfg.gluon_rows2}.")
     if cfg.gluon_block_t not in (8, 16):
         raise RuntimeInputError(f"fused_moe_triton: gluon_block_t must be 8 or 16, got {cfg.gluon_block_t}.")
+    if cfg.gluon_counters not in (0, 1):
+        raise RuntimeInputError(f"fused_moe_triton: gluon_counters must be 0 or 1, got {cfg.gluon_counters}.")
     for name in ("gluon_unroll1", "gluon_unroll2"):
         if getattr(cfg, name) not in (0, 1, 2):
             raise RuntimeInputError(f"fused_moe_triton: {name} must be 0, 1 or 2, got {getattr(cfg, name)}.")
@@ -865,15 +891,15 @@ def grouped_masks(cfg: MoEConfig, i_pad: int) -> int:
 
 
 def gluon_plan(cfg: MoEConfig, x: torch.Tensor, weights, top_k: int, layout: str) -> tuple[int, int, int, int] | None:
-    """gluon_tiles for this call, or None where other kernels run it: not pairs_take's, another
+    """gluon_tiles for this call (on its GPU's SMs), or None where other kernels run it: not pairs_take's, another
     layout, x not bf16, no CUDA GPU of compute capability 8.0 or more (9.x when automatic), an e8m0
     byte above 128 (the one-multiply factor decode), storage not 4-byte aligned, no Gluon in this
     Triton, or cfg.gluon = 0."""
     T = x.shape[0]
-    tiles = gluon_tiles(cfg, x.shape[1], weights[0].shape[1] // 2, T * top_k, T)  # (a bad knob raises on any device)
+    gluon_tiles(cfg, x.shape[1], weights[0].shape[1] // 2, T * top_k, T)  # (a bad knob raises on any device)
     if not pairs_take(cfg, T, T * top_k, weights[0].shape[0]) or not gluon_runnable(cfg, x, weights, layout):
         return None
-    return tiles
+    return gluon_tiles(cfg, x.shape[1], weights[0].shape[1] // 2, T * top_k, T, device_sms(x.device))
 
 
 def grouped_plan(cfg: MoEConfig, x: torch.Tensor, weights, top_k: int, layout: str, E: int
@@ -884,6 +910,11 @@ def grouped_plan(cfg: MoEConfig, x: torch.Tensor, weights, top_k: int, layout: s
     if not grouped_takes(cfg, T, T * top_k, E) or not gluon_runnable(cfg, x, weights, layout):
         return None
     return grouped_tiles(cfg, H, weights[0].shape[1] // 2, T * top_k, E)
+
+
+def device_sms(device: torch.device) -> int:
+    """The SMs of a CUDA device (0 for any other)."""
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 0
 
 
 def gluon_runnable(cfg: MoEConfig, x: torch.Tensor, weights, layout: str) -> bool:
@@ -900,11 +931,12 @@ def gluon_runnable(cfg: MoEConfig, x: torch.Tensor, weights, layout: str) -> boo
 
 
 def _gluon_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias, act, out, plan,
-                   required, pdl=0, by_kernel=False, frag=False, rows2=64, tune=None):
+                   required, pdl=0, by_kernel=False, frag=False, rows2=64, tune=None, reuse_counters=True):
     """The layer in the few-token Gluon kernels; None (the caller runs the hopper_mma kernels) where
     they fail to compile and were not required: a Triton whose Gluon differs from the one they were
     written for. The failure is warned about once. by_kernel: the sum over k in the k-sum kernel; frag: the
-    intermediate rows in fragment order; rows2: GEMM2's rows a program; tune: loop_tuning's unroll and maxnreg."""
+    intermediate rows in fragment order; rows2: GEMM2's rows a program; tune: loop_tuning's unroll and maxnreg;
+    reuse_counters: the arrival counters from the device's buffer (counters.zeroed_counters)."""
     k1, k2, s1, s2 = plan
     tensors = _contiguous(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias)
 
@@ -915,7 +947,8 @@ def _gluon_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_
     return _compiled_or_none(lambda: _gluon_module().forward(*tensors, act, out, k1=k1, k2=k2, splits1=s1, splits2=s2,
                                                              pdl=pdl if HK.HAS_GDC else 0,
                                                              k_sum=k_sum if by_kernel else None,
-                                                             frag=frag, rows2=rows2, **(tune or {})), required)
+                                                             frag=frag, rows2=rows2, reuse_counters=reuse_counters,
+                                                             **(tune or {})), required)
 
 
 # The Gluon K loops over pairs of steps (gluon_unroll1 / 2) drop the 7-15 register copies a step that a loop over single
@@ -933,12 +966,15 @@ def _gluon_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_
 _UNROLLED_MAXNREG = 80
 
 
-def loop_tuning(cfg: MoEConfig, grouped: bool, k1: int, rows2: int) -> dict:
+def loop_tuning(cfg: MoEConfig, grouped: bool, k1: int, rows2: int, programs1: int = 0, sms: int = 0) -> dict:
     """The Gluon kernels' K loops (1 single steps, 2 pairs) and register caps (0 none), (GEMM1, GEMM2) each, for the
-    per-pair kernels (grouped False) or the expert blocks' with GEMM1 steps of k1 codes and GEMM2 programs of rows2
-    rows: cfg's, or automatically (see _UNROLLED_MAXNREG) pairs but for the expert blocks' GEMM1 and 64-row GEMM2,
-    capped where the per-pair GEMM1 takes 128-code steps and where GEMM2 takes 128 rows."""
-    u1 = cfg.gluon_unroll1 or (1 if grouped else 2)
+    per-pair kernels (grouped False; GEMM1 of programs1 programs on a GPU of sms SMs, 0 where not known) or the expert
+    blocks' with GEMM1 steps of k1 codes and GEMM2 programs of rows2 rows: cfg's, or automatically (see
+    _UNROLLED_MAXNREG) pairs but for the expert blocks' GEMM1 and 64-row GEMM2, capped where the per-pair GEMM1 takes
+    128-code steps and where GEMM2 takes 128 rows; the per-pair GEMM1 in 128-code steps over single steps where its
+    grid is over a wave of _PAIRS_AN_SM programs an SM and at most one of _SINGLE_AN_SM."""
+    one_wave = sms and _PAIRS_AN_SM * sms < programs1 <= _SINGLE_AN_SM * sms
+    u1 = cfg.gluon_unroll1 or (1 if grouped or (k1 == 128 and one_wave) else 2)
     u2 = cfg.gluon_unroll2 or (2 if not grouped or rows2 > 64 else 1)
     capped1 = u1 == 2 and k1 == 128 and not grouped
     capped2 = u2 == 2 and rows2 == 128
