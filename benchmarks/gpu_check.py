@@ -28,7 +28,8 @@ import torch
 
 from mxfp4conv.codec import dequantize_mxfp4
 
-from mxfp4conv.runtime.triton_moe import (ALIGN_GRID_PAIRS, HOPPER_SETS, LAYOUT_SETS, fused_moe_triton, gluon_plan,
+from mxfp4conv.runtime.triton_moe import (ALIGN_GRID_PAIRS, HOPPER_SETS, LAYOUT_SETS, device_sms, fused_moe_triton,
+                                          gluon_plan,
                                           gluon_rows2, gluon_tiles, grouped_masks, grouped_plan, grouped_takes,
                                           hopper_options, loop_tuning, pairs_take, select_config, sum2_by_kernel,
                                           uses_gemv)
@@ -210,7 +211,7 @@ def hopper_variants(T, H, I, k, E):
         out.append(("nopdl", dataclasses.replace(default, gluon=1, gluon_pdl=0)))
         # GEMM2's sum over k the other way from the default's (in its last programs, or in the k-sum kernel after
         # it), and in the k-sum kernel after GEMM2's K splits
-        by_kernel = sum2_by_kernel(default, I, gluon_tiles(default, H, I, T * k, T))
+        by_kernel = sum2_by_kernel(default, I, gluon_tiles(default, H, I, T * k, T, device_sms(torch.device("cuda"))))
         out.append(("sum2", dataclasses.replace(default, gluon=1, gluon_sum2=int(by_kernel))))
         out.append(("sum2", dataclasses.replace(default, gluon=1, gluon_sum2=0, gluon_split2=2)))
         out.append(("frag", dataclasses.replace(default, gluon=1, gluon_frag=1 - default.gluon_frag)))
@@ -254,15 +255,20 @@ def hopper_variants(T, H, I, k, E):
 
 
 def _other_loops(cfg, grouped, H, I, pairs, T):
-    """Config overrides running both Gluon GEMMs' K loops the other way from cfg's choice, without register caps."""
-    k1 = 128 if grouped and H % 128 == 0 else gluon_tiles(cfg, H, I, pairs, T)[0]
-    u1, u2 = loop_tuning(cfg, grouped, k1, gluon_rows2(cfg, H, I, 128 if I % 128 == 0 else 64))["unroll"]
+    """Config overrides running both Gluon GEMMs' K loops the other way from cfg's choice on this GPU, without register
+    caps."""
+    sms = device_sms(torch.device("cuda"))
+    k1, _, s1, _ = gluon_tiles(cfg, H, I, pairs, T, sms)
+    k1 = 128 if grouped and H % 128 == 0 else k1
+    u1, u2 = loop_tuning(cfg, grouped, k1, gluon_rows2(cfg, H, I, 128 if I % 128 == 0 else 64),
+                         0 if grouped else I // 64 * pairs * s1, sms)["unroll"]
     return dict(gluon_unroll1=3 - u1, gluon_unroll2=3 - u2, gluon_maxnreg1=0, gluon_maxnreg2=0)
 
 
-def _loops(cfg, grouped, k1, rows2):
-    """The Gluon K loops' label: u<GEMM1>/<GEMM2> (1 single steps, 2 pairs), and their register caps."""
-    t = loop_tuning(cfg, grouped, k1, rows2)
+def _loops(cfg, grouped, k1, rows2, programs1=0, sms=0):
+    """The Gluon K loops' label: u<GEMM1>/<GEMM2> (1 single steps, 2 pairs), and their register caps (the per-pair
+    GEMM1's for programs1 programs on sms SMs)."""
+    t = loop_tuning(cfg, grouped, k1, rows2, programs1, sms)
     caps = "/".join(str(m) for m in t["maxnreg"])
     return f" u{t['unroll'][0]}/{t['unroll'][1]}{'' if caps == '0/0' else ' cap' + caps}"
 
@@ -324,7 +330,7 @@ def main() -> int:
                 r2 = gluon_rows2(cfg, H, I, plan[1])
                 path = (f"gluon k{plan[0]}/{plan[1]} s{plan[2]}/{plan[3]}{f' pdl{cfg.gluon_pdl}' if cfg.gluon_pdl else ''}"
                         f"{' ksum' if sum2_by_kernel(cfg, I, plan) else ''}{'' if cfg.gluon_frag else ' plainrows'}"
-                        f" r{r2}{_loops(cfg, False, plan[0], r2)}")
+                        f" r{r2}{_loops(cfg, False, plan[0], r2, I // 64 * T * k * plan[2], device_sms(dev))}")
             else:
                 path = path_name(cfg, T, k, E, dtype, layout)
             label = f"{name} [{path}{' splitK' if vname == 'split' else ''}]"

@@ -896,10 +896,11 @@ def gluon_plan(cfg: MoEConfig, x: torch.Tensor, weights, top_k: int, layout: str
     byte above 128 (the one-multiply factor decode), storage not 4-byte aligned, no Gluon in this
     Triton, or cfg.gluon = 0."""
     T = x.shape[0]
-    gluon_tiles(cfg, x.shape[1], weights[0].shape[1] // 2, T * top_k, T)  # (a bad knob raises on any device)
+    # (before the gates: a bad knob raises on any device)
+    tiles = gluon_tiles(cfg, x.shape[1], weights[0].shape[1] // 2, T * top_k, T, device_sms(x.device))
     if not pairs_take(cfg, T, T * top_k, weights[0].shape[0]) or not gluon_runnable(cfg, x, weights, layout):
         return None
-    return gluon_tiles(cfg, x.shape[1], weights[0].shape[1] // 2, T * top_k, T, device_sms(x.device))
+    return tiles
 
 
 def grouped_plan(cfg: MoEConfig, x: torch.Tensor, weights, top_k: int, layout: str, E: int
