@@ -914,8 +914,15 @@ def grouped_plan(cfg: MoEConfig, x: torch.Tensor, weights, top_k: int, layout: s
 
 
 def device_sms(device: torch.device) -> int:
-    """The SMs of a CUDA device (0 for any other)."""
-    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 0
+    """The SMs of a CUDA device (0 for any other); looked up once a device."""
+    if device.type != "cuda":
+        return 0
+    return _cuda_sms(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_sms(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 def gluon_runnable(cfg: MoEConfig, x: torch.Tensor, weights, layout: str) -> bool:
