@@ -29,10 +29,9 @@ import torch
 from mxfp4conv.codec import dequantize_mxfp4
 
 from mxfp4conv.runtime.triton_moe import (ALIGN_GRID_PAIRS, HOPPER_SETS, LAYOUT_SETS, device_sms, fused_moe_triton,
-                                          gluon_plan,
-                                          gluon_rows2, gluon_tiles, grouped_masks, grouped_plan, grouped_takes,
-                                          hopper_options, loop_tuning, pairs_take, select_config, sum2_by_kernel,
-                                          uses_gemv)
+                                          gluon_plan, gluon_rows2, gluon_tiles, grouped_masks, grouped_plan,
+                                          grouped_takes, hopper_options, loop_tuning, pairs_take, select_config,
+                                          sum2_by_kernel, uses_gemv)
 from mxfp4conv.shuffle import get_layout
 
 

@@ -294,6 +294,15 @@ def _program(w_ptr, s_ptr, ids_ptr, NROWS, K, NB: gl.constexpr = 4):
 
 
 @gluon.jit
+def _last_arrival(cnt_ptr, expected):
+    """_arrive; the last of the expected arrivals also sets the counter back to zero for the next call (counters.py)."""
+    last = _arrive(cnt_ptr, expected)
+    if last:
+        gl.store(cnt_ptr, 0)
+    return last
+
+
+@gluon.jit
 def _column0(acc):
     """Column 0 of a [rows, 8] MMA accumulator (every column holds the same token's sums)."""
     on = gl.arange(0, 8, layout=gl.SliceLayout(0, MMA))
@@ -339,8 +348,7 @@ def few_gemm1(w_ptr, s_ptr, x_ptr, ids_ptr, b_ptr, inter_ptr, part_ptr, cnt_ptr,
             gl.store(part_ptr + ((sp * npair + j) * 2) * I + rows, g)
             gl.store(part_ptr + ((sp * npair + j) * 2 + 1) * I + rows, u)
             _barrier()
-            if _arrive(cnt_ptr + j * gl.num_programs(0) + rb, SPLITS):
-                gl.store(cnt_ptr + j * gl.num_programs(0) + rb, 0)  # left zero for the next call (counters.py)
+            if _last_arrival(cnt_ptr + j * gl.num_programs(0) + rb, SPLITS):
                 _barrier()
                 g = gl.zeros([64], gl.float32, layout=ROWS)
                 u = gl.zeros([64], gl.float32, layout=ROWS)
@@ -390,8 +398,7 @@ def _k_sum(part_ptr, cnt_ptr, out_ptr, j, rb, rows, npair, N, TOP_K, SPLITS: gl.
     them, pairs then splits in index order, into out."""
     _barrier()
     t = j // TOP_K
-    if _arrive(cnt_ptr + t * gl.num_programs(0) + rb, TOP_K * SPLITS):
-        gl.store(cnt_ptr + t * gl.num_programs(0) + rb, 0)  # left zero for the next call (counters.py)
+    if _last_arrival(cnt_ptr + t * gl.num_programs(0) + rb, TOP_K * SPLITS):
         _barrier()
         total = gl.zeros(rows.shape, gl.float32, layout=ROWS)
         for p in range(t * TOP_K, t * TOP_K + TOP_K):
