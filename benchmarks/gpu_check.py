@@ -134,6 +134,9 @@ CASES = [
     # per pair with the GEMM1 grid fitted to a wave: unsplit (K3-like T = 5), over single steps (T = 9)
     ("k3 T5 situ", 5, 3584, 384, 896, 16, "situ", {"beta": 4.0, "linear_beta": 25.0}, False, torch.bfloat16, "uniform"),
     ("k3 T9 silu+limit bias ragged", 9, 3584, 384, 896, 16, "silu", {"swiglu_limit": 10.0}, True, torch.bfloat16, "ragged"),
+    # per pair past 9 tokens, GEMM1 unsplit in 64-code steps: one wave of 8 programs an SM (K3-like T = 10 and 11)
+    ("k3 T10 swigluoai bias ragged", 10, 3584, 384, 896, 16, "swigluoai", {"alpha": 1.702, "limit": 7.0}, True, torch.bfloat16, "ragged"),
+    ("k3 T11 situ", 11, 3584, 384, 896, 16, "situ", {"beta": 4.0, "linear_beta": 25.0}, False, torch.bfloat16, "uniform"),
 ]
 
 

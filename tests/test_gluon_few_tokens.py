@@ -116,9 +116,14 @@ def test_per_pair_gemm1_grid_fits_a_wave_where_it_just_would_not(tokens, top_k, 
     # holds the grid and one of 6 does not
     H, I, pairs = 64 * h, 64 * i, tokens * top_k
     k1, _, s, _ = gluon_tiles(MoEConfig(), H, I, pairs, tokens, sms)
-    _, _, s0, _ = gluon_tiles(MoEConfig(), H, I, pairs, tokens)
+    k0, _, s0, _ = gluon_tiles(MoEConfig(), H, I, pairs, tokens)
     programs = I // 64 * pairs
-    assert (H // k1) % s == 0 and s <= s0
+    # over a wave of 7 and at most one of 8: 64-code steps unsplit (the pairs loop uncapped, 62 registers)
+    if 7 * sms < programs <= 8 * sms:
+        assert (k0, k1, s) == (128 if H % 128 == 0 else 64, 64, 1)
+        assert loop_tuning(MoEConfig(), False, k1, 128, programs, sms) == {"unroll": (2, 2), "maxnreg": (0, 80)}
+        return
+    assert k1 == k0 and (H // k1) % s == 0 and s <= s0
     if s != s0:
         assert programs * s <= 6 * sms < programs * s0 and s == max(d for d in range(1, s0) if (H // k1) % d == 0)
     elif sms and s0 > 1:
@@ -134,7 +139,16 @@ def test_wave_fits_of_the_measured_layers():
     # steps; T = 2 / 4 / 6 / 8 as without the SMs; DSV3-like T = 2-6 as without them
     assert [gluon_tiles(MoEConfig(), 3584, 384, 16 * T, T, 132)[2] for T in (2, 4, 5, 6, 8, 9)] == [4, 2, 1, 4, 1, 1]
     assert gluon_tiles(MoEConfig(), 3584, 384, 80, 5)[2] == 2
-    assert [gluon_tiles(MoEConfig(), 7168, 2048, 8 * T, T, 132)[2] for T in (2, 3, 4, 5, 6)] == [4, 1, 2, 2, 1]
+    assert [gluon_tiles(MoEConfig(), 7168, 2048, 8 * T, T, 132)[2] for T in (2, 3, 5, 6)] == [4, 1, 2, 1]
+    # a grid over a wave of 7 and at most one of 8 in 64-code steps unsplit: K3-like T = 10 / 11 (960 / 1056 programs),
+    # DSV3-like T = 4 (1024; 2 splits of 128-code steps without the SMs); T = 12 (1152) as before
+    assert [gluon_tiles(MoEConfig(), 3584, 384, 16 * T, T, 132)[::2] for T in (10, 11, 12)] == [(64, 1), (64, 1),
+                                                                                               (128, 2)]
+    assert gluon_tiles(MoEConfig(), 7168, 2048, 32, 4, 132)[::2] == (64, 1)
+    assert gluon_tiles(MoEConfig(), 7168, 2048, 32, 4)[::2] == (128, 2)
+    # asked for, steps or splits stay as asked
+    assert gluon_tiles(MoEConfig(gluon_k1=128), 3584, 384, 160, 10, 132)[::2] == (128, 1)
+    assert gluon_tiles(MoEConfig(gluon_split1=2), 3584, 384, 160, 10, 132)[::2] == (64, 2)
     assert loop_tuning(MoEConfig(), False, 128, 128, 864, 132) == {"unroll": (1, 2), "maxnreg": (0, 80)}
     assert loop_tuning(MoEConfig(), False, 128, 128, 768, 132) == {"unroll": (2, 2), "maxnreg": (80, 80)}
     # a knob set wins
@@ -202,9 +216,12 @@ def test_expert_blocks_automatic_where_measured_faster():
     assert all(grouped_takes(cfg, T, 8 * T, dsv3) and not pairs_take(cfg, T, 8 * T, dsv3)
                for T in (7, 8, 9, 16, 32, 64, 96, 112, 128, 144, 160, 176))
     assert not any(grouped_takes(cfg, T, 8 * T, dsv3) or pairs_take(cfg, T, 8 * T, dsv3) for T in (177, 192, 256))
-    # K3-like (top-16): per pair to T = 9 (144 pairs), expert blocks T = 10-308, T = 309 on off
-    assert all(pairs_take(cfg, T, 16 * T, k3) for T in (1, 2, 4, 8, 9))
-    assert all(grouped_takes(cfg, T, 16 * T, k3) for T in (10, 12, 16, 32, 128, 160, 192, 224, 256, 288, 308))
+    # K3-like (top-16): per pair to T = 11 (176 pairs, under a fifth of the experts), expert blocks T = 12-308,
+    # T = 309 on off
+    assert all(pairs_take(cfg, T, 16 * T, k3) and not grouped_takes(cfg, T, 16 * T, k3) for T in (1, 2, 4, 8, 9, 10, 11))
+    assert all(grouped_takes(cfg, T, 16 * T, k3) for T in (12, 16, 32, 128, 160, 192, 224, 256, 288, 308))
+    # a twelfth token takes the expert blocks, where the share would still allow per pair
+    assert not pairs_take(cfg, 12, 12, 896) and grouped_takes(cfg, 12, 12, 896)
     assert not any(grouped_takes(cfg, T, 16 * T, k3) for T in (309, 352, 512))
     # one token stays per pair however few the experts (its pairs share none); the share is a knob
     assert pairs_take(cfg, 1, 8, 8) and not grouped_takes(cfg, 1, 8, 8)

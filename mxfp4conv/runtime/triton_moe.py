@@ -109,7 +109,7 @@ class MoEConfig:
     # up to gluon_max_tokens tokens over hopper_mma_rot with bf16 x: the Gluon MMA v2 kernels of
     # gluon_few_tokens, a program per (token, expert) pair (1 on where they can run, 0 off, -1 automatic: on
     # GPUs of compute capability 9.x, where they were measured), codes a K step of their GEMM1 / GEMM2
-    # (64 or 128; 64 where K is no multiple; GEMM1's 0: 64 at one token, 128 from two) and K splits (0:
+    # (64 or 128; 64 where K is no multiple; GEMM1's 0: 64 at one token, 128 from two but see short_steps_fit) and K splits (0:
     # automatic, see gluon_tiles; each lowered to a divisor of the K steps)
     gluon: int = -1
     gluon_k1: int = 0
@@ -132,8 +132,9 @@ class MoEConfig:
     # they read an expert's weights once a pair: of the hopper_mma kernels' time at T = 1 / 2 / 4 / 8, DSV3-like
     # 0.92 / 0.860 / 0.887 / 0.955, K3-like 0.94 / 0.767 / 0.812 / 0.898; at T = 16 (the earlier plans) 1.106 / 1.069.
     # Against the expert blocks past 8 tokens, K3-like (under gluon_pair_share to T = 11): T = 9 0.938 / 0.972, T = 10
-    # 1.020 / 1.020, T = 11 0.998 (two runs, the second with the K loops over pairs in both)
-    gluon_max_tokens: int = 9
+    # 1.020 / 1.020, T = 11 0.998 (two runs, the second with the K loops over pairs in both); with GEMM1's grid in one
+    # wave of 64-code steps (short_steps_fit) T = 10 / 11 0.945 / 0.912
+    gluon_max_tokens: int = 11
     # and from two tokens only while the pairs number under gluon_pair_share x the experts; past that, tokens share
     # enough experts for the expert blocks below, which read each touched expert once, to win. Their time over the
     # per-pair kernels' (pairs / experts in brackets): DSV3-like T = 8 (0.25) 0.950, T = 7 (0.22) 0.937, T = 6
@@ -758,13 +759,17 @@ def gluon_tiles(cfg: MoEConfig, H: int, i_pad: int, pairs: int, tokens: int = 1,
     """(k1, k2, splits1, splits2) of the per-pair Gluon kernels for this layer, number of pairs and
     of tokens: codes a K step of GEMM1 / GEMM2 (cfg's; for GEMM1 by default 64 at one token and 128
     from two; 64 where K is no multiple) and their K splits (cfg's, or gemm1_splits on a GPU of sms SMs and the fewest
-    that give GEMM2 its target of programs), each lowered to a divisor of its K steps."""
+    that give GEMM2 its target of programs), each lowered to a divisor of its K steps; from two tokens, where
+    short_steps_fit, GEMM1 in 64-code steps unsplit."""
     _check_gluon_knobs(cfg)
-    k1 = cfg.gluon_k1 or (64 if tokens == 1 else 128)
+    short = not cfg.gluon_k1 and tokens > 1 and short_steps_fit(i_pad // 64 * pairs, sms)
+    k1 = cfg.gluon_k1 or (64 if tokens == 1 or short else 128)
     k1 = k1 if H % k1 == 0 else 64
     k2 = cfg.gluon_k2 if i_pad % cfg.gluon_k2 == 0 else 64
-    s1 = _divisor_splits(cfg.gluon_split1, H // k1) if cfg.gluon_split1 else gemm1_splits(i_pad // 64 * pairs,
-                                                                                         H // k1, tokens, sms)
+    if cfg.gluon_split1:
+        s1 = _divisor_splits(cfg.gluon_split1, H // k1)
+    else:
+        s1 = 1 if short else gemm1_splits(i_pad // 64 * pairs, H // k1, tokens, sms)
     s2 = cfg.gluon_split2 or triton.cdiv(_GLUON_PROGRAMS2, H // 64 * pairs)
     return k1, k2, s1, _divisor_splits(s2, i_pad // k2)
 
@@ -789,6 +794,18 @@ def sum2_by_kernel(cfg: MoEConfig, i_pad: int, plan: tuple[int, int, int, int]) 
 # either way) over pairs capped at 72 1.051
 _PAIRS_AN_SM = 6
 _SINGLE_AN_SM = 7
+# In 64-code steps (pairs, 62 registers uncapped) it fits _SHORT_AN_SM programs an SM. Where the unsplit grid is over a
+# wave of _SINGLE_AN_SM and at most one of those, 64-code steps unsplit run it in one wave: K3-like T = 10 / 11 (960 /
+# 1056 programs on 132 SMs) 0.945 / 0.912 of the expert blocks' time (which ran those before), DSV3-like T = 4 (1024)
+# 0.987 of 128-code steps in 2 splits; where 128-code steps already fit a wave, 64-code ones are slower (K3-like T = 9
+# 1.012)
+_SHORT_AN_SM = 8
+
+
+def short_steps_fit(programs: int, sms: int) -> bool:
+    """Whether the per-pair GEMM1's unsplit grid of `programs` fits one wave in 64-code steps and not in 128-code ones
+    on a GPU of sms SMs (0: not known, False)."""
+    return bool(sms) and _SINGLE_AN_SM * sms < programs <= _SHORT_AN_SM * sms
 
 
 def gemm1_splits(programs: int, steps: int, tokens: int, sms: int = 0) -> int:
