@@ -216,6 +216,8 @@ def hopper_variants(T, H, I, k, E):
         by_kernel = sum2_by_kernel(default, I, gluon_tiles(default, H, I, T * k, T, device_sms(torch.device("cuda"))))
         out.append(("sum2", dataclasses.replace(default, gluon=1, gluon_sum2=int(by_kernel))))
         out.append(("sum2", dataclasses.replace(default, gluon=1, gluon_sum2=0, gluon_split2=2)))
+        # the k-sum kernel launched the other way (as GEMM2's programmatic dependent, or after it)
+        out.append(("sumpdl", dataclasses.replace(default, gluon=1, gluon_sum2=0, gluon_sum_pdl=1 - default.gluon_sum_pdl)))
         out.append(("frag", dataclasses.replace(default, gluon=1, gluon_frag=1 - default.gluon_frag)))
         # GEMM2 in programs of the other row count (64 or 128), with the sum in GEMM2 and in the k-sum kernel
         rows2 = 64 if gluon_rows2(default, H, I, gluon_tiles(default, H, I, T * k, T)[1]) > 64 else 128
@@ -248,6 +250,12 @@ def hopper_variants(T, H, I, k, E):
                                                    gluon_rows2=64 if gluon_rows2(default, H, I, 128 if I % 128 == 0
                                                                                  else 64) > 64 else 128)))
         out.append(("grouped", dataclasses.replace(default, gluon=1, gluon_grouped=1, gluon_blocks2=4, gluon_rows2=64)))
+        # GEMM2 and the k-sum kernel launched the other way (as programmatic dependents of the kernel before, or after
+        # it), with one row block a program and four
+        for blocks2 in (1, 4):
+            out.append(("grouped", dataclasses.replace(default, gluon=1, gluon_grouped=1, gluon_blocks2=blocks2,
+                                                       gluon_grouped_pdl=1 - default.gluon_grouped_pdl,
+                                                       gluon_sum_pdl=1 - default.gluon_sum_pdl)))
         # and both K loops the other way (GEMM2 over one row block a program, where the loop choice applies), uncapped
         out.append(("grouped", dataclasses.replace(default, gluon=1, gluon_grouped=1, gluon_blocks2=1,
                                                    **_other_loops(default, True, H, I, T * k, T))))
@@ -327,11 +335,14 @@ def main() -> int:
                 r2 = gluon_rows2(cfg, H, I, blocks[1]) if blocks[3] == 1 else 64
                 path = (f"gluon grouped bt{cfg.gluon_block_t} k{blocks[0]}/{blocks[1]} s{blocks[2]} b{blocks[3]}"
                         f"{'' if cfg.gluon_frag else ' plainrows'} xmask{grouped_masks(cfg, I)} r{r2}"
+                        f"{'' if cfg.gluon_grouped_pdl else ' nopdl'}{'' if cfg.gluon_sum_pdl else ' nosumpdl'}"
                         f"{_loops(cfg, True, blocks[0], r2)}")
             elif plan:
                 r2 = gluon_rows2(cfg, H, I, plan[1])
                 path = (f"gluon k{plan[0]}/{plan[1]} s{plan[2]}/{plan[3]}{f' pdl{cfg.gluon_pdl}' if cfg.gluon_pdl else ''}"
-                        f"{' ksum' if sum2_by_kernel(cfg, I, plan) else ''}{'' if cfg.gluon_frag else ' plainrows'}"
+                        f"{' ksum' if sum2_by_kernel(cfg, I, plan) else ''}"
+                        f"{'' if cfg.gluon_sum_pdl or not sum2_by_kernel(cfg, I, plan) else ' nosumpdl'}"
+                        f"{'' if cfg.gluon_frag else ' plainrows'}"
                         f" r{r2}{_loops(cfg, False, plan[0], r2, I // 64 * T * k * plan[2], device_sms(dev))}")
             else:
                 path = path_name(cfg, T, k, E, dtype, layout)

@@ -390,6 +390,16 @@ UNROLLED = [("few_gemm1", dict(KB=1, ACT=ACTS["silu+limit"][0], HAS_LIMIT=True, 
             ("grp_gemm1", dict(KB=2, BT=8, ACT=ACTS["situ"][0], HAS_LIMIT=False, HAS_LINEAR=True, HAS_BIAS=True,
                                SPLITS=1, FRAG_KB=2, MASKED=True, SHARED=True), 0)]
 
+# programmatic dependent launches on the GEMM2s' two sides: the per-pair GEMM2 releasing the k-sum kernel after it, the
+# expert blocks' GEMM1 releasing their GEMM2 after its K loop, which waits for it (one block a program and four) and
+# releases the k-sum kernel
+CHAINED = [("few_gemm2", dict(KB=2, HAS_BIAS=False, SPLITS=1, PDL=True, SUM=False, FRAG=True, NB=8, RELEASE=True)),
+           ("grp_gemm1", dict(KB=2, BT=8, ACT=ACTS["situ"][0], HAS_LIMIT=False, HAS_LINEAR=True, HAS_BIAS=True,
+                              SPLITS=1, FRAG_KB=2, MASKED=True, SHARED=True, PDL=True)),
+           ("grp_gemm2", dict(KB=2, BT=8, HAS_BIAS=True, BLOCKS=1, FRAG=True, MASKED=True, NB=8, PDL=True,
+                              RELEASE=True)),
+           ("grp_gemm2", dict(KB=2, BT=8, HAS_BIAS=True, BLOCKS=4, FRAG=True, MASKED=True, PDL=True))]
+
 
 @pytest.fixture(scope="module")
 def compiled():
@@ -418,6 +428,9 @@ def compiled():
         for unroll in (1, 2):
             jobs.append((name, dict(consts, UNROLL=unroll), {"maxnreg": cap} if cap and unroll == 2 else {}))
             keys.append((("unroll", i, unroll), name))
+    for i, (name, consts) in enumerate(CHAINED):
+        jobs.append((name, consts))
+        keys.append((("chained", i), name))
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                          env.get("PYTHONPATH", "")])
@@ -523,6 +536,32 @@ def test_k_loop_over_pairs_of_steps_copies_no_registers_between_them(compiled, i
     assert regs <= cap if cap else re.search(r"STACK:0\b", res2), res2  # uncapped: nothing spilled
 
 
+def _ops(sass: str) -> list[str]:
+    """The opcodes of a SASS listing in order (predicates dropped)."""
+    return [m.group(1) for m in re.finditer(r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][\w.]*)", sass)]
+
+
+@pytest.mark.skipif(not _tools_available(), reason="this Triton has no Gluon or ships no NVIDIA tools")
+@pytest.mark.parametrize("i", range(len(CHAINED)))
+def test_gemm2s_chain_to_the_kernels_beside_them(compiled, i):
+    name, consts = CHAINED[i]
+    ops = _ops(compiled[(("chained", i), name)][0])
+    # a release (griddepcontrol.launch_dependents) where one is asked for: GEMM2's before its first load, GEMM1's
+    # after its K loop's loads
+    releases = [n for n, op in enumerate(ops) if op == "PREEXIT"]
+    loads = [n for n, op in enumerate(ops) if op.startswith("LDG")]
+    assert len(releases) == (1 if consts.get("RELEASE") or name == "grp_gemm1" else 0), (name, releases)
+    if releases:
+        assert (releases[0] < loads[0]) == (name != "grp_gemm1"), (releases, loads[:3])
+    # GEMM2 waits for GEMM1 (griddepcontrol.wait) once, after its first weight loads are issued; GEMM1 never waits
+    waits = [n for n, op in enumerate(ops) if op.startswith("ACQBULK")]
+    assert len(waits) == (name != "grp_gemm1") and (not waits or waits[0] > loads[0]), (waits, loads[:3])
+    # neither is in the kernels built without them
+    plain = compiled[((8, 2, 1, 1, True, 1, False), name)][0] if name.startswith("grp") else \
+        compiled[(("unroll", 3, 1), name)][0]
+    assert "PREEXIT" not in plain and ("ACQBULK" in plain) == (name == "few_gemm2")
+
+
 def test_reused_counters_are_one_zeroed_buffer_a_device_that_grows():
     from mxfp4conv.runtime import counters
     counters._BUFFERS.clear()
@@ -540,6 +579,7 @@ def test_reused_counters_are_one_zeroed_buffer_a_device_that_grows():
     counters._BUFFERS.clear()
 
 
-def test_bad_gluon_counters_is_a_clear_error():
-    with pytest.raises(RuntimeInputError, match="gluon_counters must be 0 or 1"):
-        gluon_tiles(MoEConfig(gluon_counters=2), 7168, 2048, 8)
+@pytest.mark.parametrize("knob", ["gluon_counters", "gluon_sum_pdl", "gluon_grouped_pdl"])
+def test_bad_gluon_switch_is_a_clear_error(knob):
+    with pytest.raises(RuntimeInputError, match=f"{knob} must be 0 or 1"):
+        gluon_tiles(MoEConfig(**{knob: 2}), 7168, 2048, 8)

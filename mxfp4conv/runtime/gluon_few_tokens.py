@@ -364,13 +364,16 @@ def few_gemm1(w_ptr, s_ptr, x_ptr, ids_ptr, b_ptr, inter_ptr, part_ptr, cnt_ptr,
 @gluon.jit
 def few_gemm2(w_ptr, s_ptr, inter_ptr, ids_ptr, b_ptr, tw_ptr, part_ptr, cnt_ptr, out_ptr, K, N, K_SPLIT, TOP_K,
               KB: gl.constexpr, HAS_BIAS: gl.constexpr, SPLITS: gl.constexpr, PDL: gl.constexpr,
-              SUM: gl.constexpr, FRAG: gl.constexpr = False, NB: gl.constexpr = 4, UNROLL: gl.constexpr = 1):
+              SUM: gl.constexpr, FRAG: gl.constexpr = False, NB: gl.constexpr = 4, UNROLL: gl.constexpr = 1,
+              RELEASE: gl.constexpr = False):
     """out[t, rows] = sum over token t's pairs j of tw[j] * (w2[e_j] rows . inter[j] + b2[e_j] rows),
     rows [16 NB rb, 16 NB rb + 16 NB) (NB 4, 8 or 16 slabs a program): with SUM the last of the TOP_K x SPLITS
     programs of a token's row block sums their partials, pairs then splits in index order (the bias in split 0's);
     without, each program only stores its partial (the caller sums them). PDL: launched as a programmatic
     dependent of GEMM1, whose output is waited for after the first weight loads. UNROLL: the K loop over single
-    steps (1) or pairs (2)."""
+    steps (1) or pairs (2). RELEASE: the kernel after it (a programmatic dependent) may launch from its start."""
+    if RELEASE:
+        _gdc_launch()
     rb, j, sp, e, w_ptr, s_ptr = _program(w_ptr, s_ptr, ids_ptr, N, K, NB)
     npair = gl.num_programs(1)
     rows = rb * (16 * NB) + gl.arange(0, 16 * NB, layout=ROWS)
@@ -420,7 +423,7 @@ def _words(t: torch.Tensor) -> torch.Tensor:
 def forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias, act, out, *,
             k1: int, k2: int, splits1: int, splits2: int, pdl: int = 0, k_sum=None, frag: bool = False,
             rows2: int = 64, unroll: tuple[int, int] = (1, 1), maxnreg: tuple[int, int] = (0, 0),
-            reuse_counters: bool = True) -> torch.Tensor:
+            reuse_counters: bool = True, release2: bool = False) -> torch.Tensor:
     """out [T, H] bf16 = the layer for a few tokens x [T, H] bf16, programs per (token, expert) pair
     (contiguous hopper_mma_rot tensors, scales <= 2; k1 / k2 codes a K step of GEMM1 / GEMM2, 64 or
     128, splits dividing H / I into whole steps; the caller checks these; pdl: 0, or GEMM2 launched as
@@ -430,7 +433,8 @@ def forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w
     fragment_order, GEMM2's B operand loaded in 16-byte words; rows2: GEMM2's rows a program, 64, 128 or 256
     dividing H; unroll: GEMM1's / GEMM2's K loop over single steps (1) or pairs (2); maxnreg: their register caps, 0
     none; reuse_counters: the arrival counters from counters.zeroed_counters' buffer for the device, which the kernels
-    leave zero, else zeroed for this call)."""
+    leave zero, else zeroed for this call; release2: k_sum's kernel launched as a programmatic dependent of GEMM2,
+    which releases it from its start)."""
     E, two_i, _ = w13.shape
     H, I = x.shape[1], two_i // 2
     T, k = topk_ids.shape
@@ -452,5 +456,5 @@ def forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w
         _words(w2), _words(w2_scale), inter, ids, w2_bias if w2_bias is not None else part2, tw, part2,
         cnt[pairs * (I // 64) * (splits1 > 1):], out, I, H, I // splits2, k, KB=k2 // 64,
         HAS_BIAS=w2_bias is not None, SPLITS=splits2, PDL=bool(pdl), SUM=k_sum is None, FRAG=frag, NB=rows2 // 16,
-        UNROLL=unroll[1], num_warps=4, **_cap(maxnreg[1]), **({"launch_pdl": True} if pdl else {}))
+        UNROLL=unroll[1], RELEASE=release2 and k_sum is not None, num_warps=4, **_cap(maxnreg[1]), **({"launch_pdl": True} if pdl else {}))
     return out if k_sum is None else k_sum(part2)

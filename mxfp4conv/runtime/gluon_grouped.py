@@ -17,7 +17,7 @@ from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 from mxfp4conv.runtime.gluon_few_tokens import (_FPTX, _WPTX, A_OP, B_OP, MMA, ROWS, _barrier, _cap, _decode,
                                                 _frag_cols, _fragment_ptrs, _fragments, _k_loop, _offsets, _words,
                                                 _x_load, fragment_order, shared_x_layout)
-from mxfp4conv.runtime.triton_hopper_kernels import _arrive
+from mxfp4conv.runtime.triton_hopper_kernels import _arrive, _gdc_launch, _gdc_wait
 from mxfp4conv.runtime.triton_moe_kernels import _activate
 
 COLS = gl.constexpr(gl.SliceLayout(0, MMA))  # a tile's pair columns
@@ -39,14 +39,15 @@ def grp_gemm1(w_ptr, s_ptr, x_ptr, sorted_ptr, bexp_ptr, npp_ptr, b_ptr, inter_p
               TOP_K, K, I, K_SPLIT, p0, p1, KB: gl.constexpr, BT: gl.constexpr, ACT: gl.constexpr,
               HAS_LIMIT: gl.constexpr, HAS_LINEAR: gl.constexpr, HAS_BIAS: gl.constexpr, SPLITS: gl.constexpr,
               FRAG_KB: gl.constexpr = 0, MASKED: gl.constexpr = True, SHARED: gl.constexpr = False,
-              UNROLL: gl.constexpr = 1):
+              UNROLL: gl.constexpr = 1, PDL: gl.constexpr = False):
     """inter[pair, rows] = act(gate . x[pair // TOP_K] + b, up . x + b) for the block's pairs and its
     expert, rows [64 rb, 64 rb + 64). SPLITS > 1: a program per K split (program_id(2)) stores its
     fp32 partials at part[split, pair, gate / up]; the last of a tile's splits to arrive sums them in
     split order and finishes the tile. FRAG_KB > 0: the rows stored in fragment_order for GEMM2 steps
     of 64 FRAG_KB codes. MASKED: the padding slots' x read as 0 (else token 0's; their columns are not stored).
     SHARED: each warp loads a quarter of a step's x tile, which the four read through shared memory. UNROLL: the K
-    loop over single steps (1) or pairs (2)."""
+    loop over single steps (1) or pairs (2). PDL: GEMM2 (a programmatic dependent) may launch once the K loop is
+    done."""
     XL: gl.constexpr = shared_x_layout(KB) if SHARED else B_OP
     live, e, pair_x, ok_x = _block(sorted_ptr, bexp_ptr, npp_ptr, num_pairs, BT, gl.SliceLayout(0, XL))
     if live:
@@ -59,6 +60,8 @@ def grp_gemm1(w_ptr, s_ptr, x_ptr, sorted_ptr, bexp_ptr, npp_ptr, b_ptr, inter_p
         s_ptr += e * (2 * I * K // 128) + rb * 4 * (K // 8)
         g, u = _k_loop(w_ptr, s_ptr, x_ptrs, x_mask, K, gl.program_id(2) * K_SPLIT, K_SPLIT, (I // 16) * (2 * K),
                        (I // 16) * (K // 8), KB, True, False, MASKED, False, SHARED, UNROLL=UNROLL)
+        if PDL:
+            _gdc_launch()
         rows = rb * 64 + gl.arange(0, 64, layout=ROWS)
         pair = gl.convert_layout(pair_x, COLS)
         ok = pair < num_pairs
@@ -116,13 +119,18 @@ def _next_step(r, kk, steps, BLOCKS: gl.constexpr, KB: gl.constexpr):
 def grp_gemm2(w_ptr, s_ptr, inter_ptr, sorted_ptr, bexp_ptr, npp_ptr, b_ptr, tw_ptr, pair_out_ptr, num_pairs, K, N,
               KB: gl.constexpr, BT: gl.constexpr, HAS_BIAS: gl.constexpr, BLOCKS: gl.constexpr,
               FRAG: gl.constexpr = False, MASKED: gl.constexpr = True, SHARED: gl.constexpr = False,
-              NB: gl.constexpr = 4, UNROLL: gl.constexpr = 1):
+              NB: gl.constexpr = 4, UNROLL: gl.constexpr = 1, PDL: gl.constexpr = False,
+              RELEASE: gl.constexpr = False):
     """pair_out[pair, rows] = tw[pair] * (w2[e] rows . inter[pair] + b2[e] rows) for the block's pairs,
     BLOCKS 64-row blocks a program (more than one: in one loop, the next block's first words loaded during the last
     step of this one; one: a block of 16 NB rows), in pair_out's dtype. FRAG: inter's rows in fragment_order.
     MASKED: the padding slots' B operand read as 0 (else from pair 0's row; their columns are not stored). SHARED
     (rows in plain order): each warp loads a quarter of a step's B operand, which the four read through shared
-    memory. UNROLL (one block a program): the K loop over single steps (1) or pairs (2)."""
+    memory. UNROLL (one block a program): the K loop over single steps (1) or pairs (2). PDL: launched as a
+    programmatic dependent of GEMM1, whose output is waited for after the first weight loads. RELEASE: the kernel
+    after it (a programmatic dependent) may launch from its start."""
+    if RELEASE:
+        _gdc_launch()
     XL: gl.constexpr = shared_x_layout(KB) if SHARED else B_OP
     live, e, pair_x, ok_x = _block(sorted_ptr, bexp_ptr, npp_ptr, num_pairs, BT, gl.SliceLayout(0, XL))
     if live:
@@ -138,13 +146,15 @@ def grp_gemm2(w_ptr, s_ptr, inter_ptr, sorted_ptr, bexp_ptr, npp_ptr, b_ptr, tw_
         w_ptr += e * (N * (K // 8)) + rb * NB * (2 * K)
         s_ptr += e * (N * K // 128) + rb * NB * (K // 8)
         if BLOCKS == 1:
-            y, _ = _k_loop(w_ptr, s_ptr, x_ptrs, x_mask, K, 0, K, 0, 0, KB, False, False, MASKED, FRAG, SHARED, NB,
+            y, _ = _k_loop(w_ptr, s_ptr, x_ptrs, x_mask, K, 0, K, 0, 0, KB, False, PDL, MASKED, FRAG, SHARED, NB,
                            UNROLL)
             _gemm2_tile_tail(y, e, rb, pair_x, num_pairs, b_ptr, tw_ptr, pair_out_ptr, N, HAS_BIAS)
         else:
             steps = K // (64 * KB)
             w_off, s_off = _offsets(K, 4, KB)
             w, s = _block_loads(w_ptr, s_ptr, w_off, s_off, 0, 0, K)
+            if PDL:
+                _gdc_wait()
             if SHARED:
                 xs = _x_load(x_ptrs, x_mask, MASKED)
             for r in range(BLOCKS):
@@ -184,7 +194,8 @@ def _gemm2_tile_tail(y, e, rb, pair_x, num_pairs, b_ptr, tw_ptr, pair_out_ptr, N
 def forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias, act, align, k_sum, *,
             k1: int, k2: int, block_t: int, splits1: int = 1, blocks2: int = 1, frag: bool = False,
             masks: int = 1, shared: bool = False, shared2: bool = False, rows2: int = 64,
-            unroll: tuple[int, int] = (1, 1), maxnreg: tuple[int, int] = (0, 0)) -> torch.Tensor:
+            unroll: tuple[int, int] = (1, 1), maxnreg: tuple[int, int] = (0, 0), pdl: bool = False,
+            release2: bool = False) -> torch.Tensor:
     """The layer for x [T, H] bf16 (contiguous hopper_mma_rot tensors, scales <= 2): align the pairs
     with align(block_t) -> (sorted_ids, block_expert, num_post_pad, max_blocks), run both GEMMs (GEMM1
     in splits1 K splits, dividing H into whole steps of k1; GEMM2 in programs of blocks2 64-row blocks,
@@ -194,7 +205,8 @@ def forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w
     x tile loaded once a program and read by its warps through shared memory; shared2: GEMM2's too (rows in plain
     order only: frag off). rows2: with one block a program, GEMM2's rows a program (64, 128 or 256 dividing H).
     unroll: GEMM1's / GEMM2's (one block a program) K loop over single steps (1) or pairs (2); maxnreg: their register
-    caps, 0 none."""
+    caps, 0 none. pdl: GEMM2 a programmatic dependent of GEMM1; release2: k_sum's kernel one of GEMM2 (GEMM2 releases
+    it from its start)."""
     E, two_i, _ = w13.shape
     T, H = x.shape
     I = two_i // 2
@@ -213,11 +225,12 @@ def forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w
         w13_bias if w13_bias is not None else inter, inter, part, cnt, pairs, k, H, I, H // splits1, act["p0"],
         act["p1"], KB=k1 // 64, BT=block_t, ACT=act["ACT"], HAS_LIMIT=act["HAS_LIMIT"], HAS_LINEAR=act["HAS_LINEAR"],
         HAS_BIAS=w13_bias is not None, SPLITS=splits1, FRAG_KB=k2 // 64 if frag else 0, MASKED=bool(masks & 1),
-        SHARED=shared, UNROLL=unroll[0], num_warps=4, **_cap(maxnreg[0]))
+        SHARED=shared, UNROLL=unroll[0], PDL=pdl, num_warps=4, **_cap(maxnreg[0]))
     rows2 = rows2 if blocks2 == 1 else 64
     grp_gemm2[(H // rows2 // blocks2, max_blocks)](
         _words(w2), _words(w2_scale), inter, sorted_ids, block_expert, num_post_pad,
         w2_bias if w2_bias is not None else pair_out, tw, pair_out, pairs, I, H, KB=k2 // 64, BT=block_t,
         HAS_BIAS=w2_bias is not None, BLOCKS=blocks2, FRAG=frag, MASKED=bool(masks & 2), SHARED=shared2 and not frag,
-        NB=rows2 // 16, UNROLL=unroll[1], num_warps=4, **_cap(maxnreg[1]))
+        NB=rows2 // 16, UNROLL=unroll[1], PDL=pdl, RELEASE=release2, num_warps=4, **_cap(maxnreg[1]),
+        **({"launch_pdl": True} if pdl else {}))
     return k_sum(pair_out)

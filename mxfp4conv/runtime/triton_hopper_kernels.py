@@ -26,21 +26,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from mxfp4conv.runtime.triton_moe_kernels import block_pairs, gemm1_finish, gemm2_finish
-
-try:  # programmatic dependent launch (griddepcontrol, sm_90); absent from older Triton builds
-    from triton.language.extra.cuda import gdc_launch_dependents as _gdc_launch, gdc_wait as _gdc_wait
-    HAS_GDC = True
-except ImportError:  # pragma: no cover - depends on the Triton build
-    HAS_GDC = False
-
-    @triton.jit
-    def _gdc_wait():
-        pass
-
-    @triton.jit
-    def _gdc_launch():
-        pass
+from mxfp4conv.runtime.triton_moe_kernels import (HAS_GDC, _gdc_launch, _gdc_wait, block_pairs,  # noqa: F401
+                                                  gemm1_finish, gemm2_finish)
 
 
 def _decode_ptx(rot: bool, out: tuple[str, str, str, str], w: str) -> str:

@@ -190,6 +190,12 @@ class MoEConfig:
     # the per-pair kernels' arrival counters from the device's buffer that they leave zero (1: no fill launch before
     # them; calls on one device must not overlap in time, see counters.py), or zeroed for each call (0)
     gluon_counters: int = 1
+    # the Triton k-sum kernel after either Gluon GEMM2 launched as its programmatic dependent, released from GEMM2's
+    # start (1), or not (0)
+    gluon_sum_pdl: int = 1
+    # the expert blocks' GEMM2 a programmatic dependent of their GEMM1, released after GEMM1's K loops, waiting for
+    # the intermediate after its first weight loads (1), or not (0)
+    gluon_grouped_pdl: int = 1
 
 
 def layout_of(layout: Mapping[str, str]) -> str | None:
@@ -385,14 +391,16 @@ def _act_launch(part, ids, b13, inter, num_pairs, i_pad, E, splits, act, acts, h
     )
 
 
-def _sum_launch(pair_out, ids, out, H, top_k, E, splits):
+def _sum_launch(pair_out, ids, out, H, top_k, E, splits, pdl=False):
     """Deterministic sum over k (and GEMM2's K splits): one program per (token, 1024 columns),
-    8 columns per thread (one 16-byte load of each k row)."""
+    8 columns per thread (one 16-byte load of each k row). pdl: a programmatic dependent of the kernel
+    before it (which must release it: gdc_launch_dependents)."""
     k2 = triton.next_power_of_2(top_k)
     block_h = min(triton.next_power_of_2(H), 1024)
     K.moe_sum_kernel[(out.shape[0], triton.cdiv(H, block_h))](
         pair_out, ids, out, H, top_k, E, splits, pair_out.stride(0), pair_out.stride(1), out.stride(0),
-        BLOCK_H=block_h, K_POW2=k2, num_warps=max(1, min(4, block_h // 256)),
+        BLOCK_H=block_h, K_POW2=k2, PDL=pdl, num_warps=max(1, min(4, block_h // 256)),
+        **({"launch_pdl": True} if pdl else {}),
     )
 
 
@@ -471,7 +479,7 @@ def fused_moe_triton(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, *,
                                   cfg.gluon_frag == 1, rows2,
                                   loop_tuning(cfg, False, plan[0], rows2, i_pad // 64 * num_pairs * plan[2],
                                               device_sms(x.device)),
-                                  cfg.gluon_counters == 1)
+                                  cfg.gluon_counters == 1, cfg.gluon_sum_pdl == 1)
             if done is not None:
                 return done
         elif (blocks := grouped_plan(cfg, x, weights, topk_ids.shape[1], layout, E)) is not None:
@@ -851,8 +859,9 @@ def _check_gluon_knobs(cfg: MoEConfig) -> None:
         raise RuntimeInputError(f"fused_moe_triton: gluon_rows2 must be 0, 64, 128 or 256, got {cfg.gluon_rows2}.")
     if cfg.gluon_block_t not in (8, 16):
         raise RuntimeInputError(f"fused_moe_triton: gluon_block_t must be 8 or 16, got {cfg.gluon_block_t}.")
-    if cfg.gluon_counters not in (0, 1):
-        raise RuntimeInputError(f"fused_moe_triton: gluon_counters must be 0 or 1, got {cfg.gluon_counters}.")
+    for name in ("gluon_counters", "gluon_sum_pdl", "gluon_grouped_pdl"):
+        if getattr(cfg, name) not in (0, 1):
+            raise RuntimeInputError(f"fused_moe_triton: {name} must be 0 or 1, got {getattr(cfg, name)}.")
     for name in ("gluon_unroll1", "gluon_unroll2"):
         if getattr(cfg, name) not in (0, 1, 2):
             raise RuntimeInputError(f"fused_moe_triton: {name} must be 0, 1 or 2, got {getattr(cfg, name)}.")
@@ -956,23 +965,27 @@ def gluon_runnable(cfg: MoEConfig, x: torch.Tensor, weights, layout: str) -> boo
 
 
 def _gluon_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias, act, out, plan,
-                   required, pdl=0, by_kernel=False, frag=False, rows2=64, tune=None, reuse_counters=True):
+                   required, pdl=0, by_kernel=False, frag=False, rows2=64, tune=None, reuse_counters=True,
+                   sum_pdl=False):
     """The layer in the few-token Gluon kernels; None (the caller runs the hopper_mma kernels) where
     they fail to compile and were not required: a Triton whose Gluon differs from the one they were
     written for. The failure is warned about once. by_kernel: the sum over k in the k-sum kernel; frag: the
     intermediate rows in fragment order; rows2: GEMM2's rows a program; tune: loop_tuning's unroll and maxnreg;
-    reuse_counters: the arrival counters from the device's buffer (counters.zeroed_counters)."""
+    reuse_counters: the arrival counters from the device's buffer (counters.zeroed_counters); sum_pdl: the k-sum kernel
+    a programmatic dependent of GEMM2."""
     k1, k2, s1, s2 = plan
     tensors = _contiguous(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias)
+    sum_pdl = sum_pdl and by_kernel and HK.HAS_GDC
 
     def k_sum(part2):
-        _sum_launch(part2, tensors[6], out, x.shape[1], topk_ids.shape[1], w13.shape[0], s2)
+        _sum_launch(part2, tensors[6], out, x.shape[1], topk_ids.shape[1], w13.shape[0], s2, sum_pdl)
         return out
 
     return _compiled_or_none(lambda: _gluon_module().forward(*tensors, act, out, k1=k1, k2=k2, splits1=s1, splits2=s2,
                                                              pdl=pdl if HK.HAS_GDC else 0,
                                                              k_sum=k_sum if by_kernel else None,
                                                              frag=frag, rows2=rows2, reuse_counters=reuse_counters,
+                                                             release2=sum_pdl,
                                                              **(tune or {})), required)
 
 
@@ -1029,9 +1042,11 @@ def _gluon_grouped_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_i
     H, E, top_k = x.shape[1], w13.shape[0], topk_ids.shape[1]
     k1, k2, splits1, blocks2 = plan
     rows2 = gluon_rows2(cfg, H, w13.shape[1] // 2, k2)
+    pdl = cfg.gluon_grouped_pdl == 1 and HK.HAS_GDC
+    sum_pdl = cfg.gluon_sum_pdl == 1 and HK.HAS_GDC
 
     def k_sum(pair_out):
-        _sum_launch(pair_out, topk_ids.contiguous(), out, H, top_k, E, 1)
+        _sum_launch(pair_out, topk_ids.contiguous(), out, H, top_k, E, 1, sum_pdl)
         return out
 
     tensors = _contiguous(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias)
@@ -1039,7 +1054,7 @@ def _gluon_grouped_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_i
         *tensors, act, lambda bt: moe_align(topk_ids, E, bt, cfg.align), k_sum, k1=k1, k2=k2,
         block_t=cfg.gluon_block_t, splits1=splits1, blocks2=blocks2, frag=cfg.gluon_frag == 1,
         masks=grouped_masks(cfg, w13.shape[1] // 2), shared=bool(cfg.gluon_xshare & 1),
-        shared2=bool(cfg.gluon_xshare & 2), rows2=rows2, **loop_tuning(cfg, True, k1, rows2 if blocks2 == 1 else 64)),
+        shared2=bool(cfg.gluon_xshare & 2), rows2=rows2, pdl=pdl, release2=sum_pdl, **loop_tuning(cfg, True, k1, rows2 if blocks2 == 1 else 64)),
         cfg.gluon_grouped == 1 and cfg.gluon == 1)
 
 

@@ -22,6 +22,20 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+try:  # programmatic dependent launch (griddepcontrol, sm_90); absent from older Triton builds
+    from triton.language.extra.cuda import gdc_launch_dependents as _gdc_launch, gdc_wait as _gdc_wait
+    HAS_GDC = True
+except ImportError:  # pragma: no cover - depends on the Triton build
+    HAS_GDC = False
+
+    @triton.jit
+    def _gdc_wait():
+        pass
+
+    @triton.jit
+    def _gdc_launch():
+        pass
+
 ACT_SILU = 0
 ACT_SITU = 1
 ACT_SWIGLUOAI = 2
@@ -451,12 +465,15 @@ def moe_align_scatter_kernel(topk_ids_ptr, sorted_ids_ptr, cursor_ptr, num_pairs
 @triton.jit
 def moe_sum_kernel(
     pair_ptr, ids_ptr, out_ptr, N, top_k, num_experts, splits, stride_ps, stride_pt, stride_ot,
-    BLOCK_H: tl.constexpr, K_POW2: tl.constexpr,
+    BLOCK_H: tl.constexpr, K_POW2: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """out[t] = sum over splits and k of pair_out[split, t * top_k + k], skipping ids outside
     [0, E) (never written). Each thread keeps its own columns of the row in registers: the k rows
     are K_POW2 independent row loads (unrolled, all in flight before the adds) summed in k order,
-    with no reduction across threads; deterministic."""
+    with no reduction across threads; deterministic. PDL: launched as a programmatic dependent of the
+    kernel that writes pair_out, waited for before anything is read."""
+    if PDL:
+        _gdc_wait()
     t = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     hmask = offs < N
