@@ -191,10 +191,11 @@ class MoEConfig:
     # them; calls on one device must not overlap in time, see counters.py), or zeroed for each call (0)
     gluon_counters: int = 1
     # the Triton k-sum kernel after either Gluon GEMM2 launched as its programmatic dependent, released from GEMM2's
-    # start (1), or not (0)
+    # start (1), or not (0). On an H200, 0 against 1 per pair K3-like T = 8 / 9 / 10 1.011 / 1.005 / 1.012
     gluon_sum_pdl: int = 1
     # the expert blocks' GEMM2 a programmatic dependent of their GEMM1, released after GEMM1's K loops, waiting for
-    # the intermediate after its first weight loads (1), or not (0)
+    # the intermediate after its first weight loads (1), or not (0). With the k-sum's, both off against on: K3-like
+    # T = 12 / 16 1.014 / 1.015, DSV3-like T = 8 / 16 1.004 / 1.002 (T = 64 within the power limit's drift)
     gluon_grouped_pdl: int = 1
 
 
