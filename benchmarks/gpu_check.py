@@ -217,7 +217,8 @@ def hopper_variants(T, H, I, k, E):
         out.append(("sum2", dataclasses.replace(default, gluon=1, gluon_sum2=int(by_kernel))))
         out.append(("sum2", dataclasses.replace(default, gluon=1, gluon_sum2=0, gluon_split2=2)))
         # the k-sum kernel launched the other way (as GEMM2's programmatic dependent, or after it)
-        out.append(("sumpdl", dataclasses.replace(default, gluon=1, gluon_sum2=0, gluon_sum_pdl=1 - default.gluon_sum_pdl)))
+        out.append(("sumpdl", dataclasses.replace(default, gluon=1, gluon_sum2=0,
+                                                  gluon_sum_pdl=1 - default.gluon_sum_pdl)))
         out.append(("frag", dataclasses.replace(default, gluon=1, gluon_frag=1 - default.gluon_frag)))
         # GEMM2 in programs of the other row count (64 or 128), with the sum in GEMM2 and in the k-sum kernel
         rows2 = 64 if gluon_rows2(default, H, I, gluon_tiles(default, H, I, T * k, T)[1]) > 64 else 128

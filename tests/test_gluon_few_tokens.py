@@ -218,7 +218,8 @@ def test_expert_blocks_automatic_where_measured_faster():
     assert not any(grouped_takes(cfg, T, 8 * T, dsv3) or pairs_take(cfg, T, 8 * T, dsv3) for T in (177, 192, 256))
     # K3-like (top-16): per pair to T = 11 (176 pairs, under a fifth of the experts), expert blocks T = 12-308,
     # T = 309 on off
-    assert all(pairs_take(cfg, T, 16 * T, k3) and not grouped_takes(cfg, T, 16 * T, k3) for T in (1, 2, 4, 8, 9, 10, 11))
+    assert all(pairs_take(cfg, T, 16 * T, k3) and not grouped_takes(cfg, T, 16 * T, k3)
+               for T in (1, 2, 4, 8, 9, 10, 11))
     assert all(grouped_takes(cfg, T, 16 * T, k3) for T in (12, 16, 32, 128, 160, 192, 224, 256, 288, 308))
     # a twelfth token takes the expert blocks, where the share would still allow per pair
     assert not pairs_take(cfg, 12, 12, 896) and grouped_takes(cfg, 12, 12, 896)

@@ -456,5 +456,6 @@ def forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w
         _words(w2), _words(w2_scale), inter, ids, w2_bias if w2_bias is not None else part2, tw, part2,
         cnt[pairs * (I // 64) * (splits1 > 1):], out, I, H, I // splits2, k, KB=k2 // 64,
         HAS_BIAS=w2_bias is not None, SPLITS=splits2, PDL=bool(pdl), SUM=k_sum is None, FRAG=frag, NB=rows2 // 16,
-        UNROLL=unroll[1], RELEASE=release2 and k_sum is not None, num_warps=4, **_cap(maxnreg[1]), **({"launch_pdl": True} if pdl else {}))
+        UNROLL=unroll[1], RELEASE=release2 and k_sum is not None, num_warps=4, **_cap(maxnreg[1]),
+        **({"launch_pdl": True} if pdl else {}))
     return out if k_sum is None else k_sum(part2)

@@ -109,8 +109,8 @@ class MoEConfig:
     # up to gluon_max_tokens tokens over hopper_mma_rot with bf16 x: the Gluon MMA v2 kernels of
     # gluon_few_tokens, a program per (token, expert) pair (1 on where they can run, 0 off, -1 automatic: on
     # GPUs of compute capability 9.x, where they were measured), codes a K step of their GEMM1 / GEMM2
-    # (64 or 128; 64 where K is no multiple; GEMM1's 0: 64 at one token, 128 from two but see short_steps_fit) and K splits (0:
-    # automatic, see gluon_tiles; each lowered to a divisor of the K steps)
+    # (64 or 128; 64 where K is no multiple; GEMM1's 0: 64 at one token, 128 from two but see short_steps_fit) and K
+    # splits (0: automatic, see gluon_tiles; each lowered to a divisor of the K steps)
     gluon: int = -1
     gluon_k1: int = 0
     gluon_k2: int = 128
@@ -1046,16 +1046,18 @@ def _gluon_grouped_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_i
     pdl = cfg.gluon_grouped_pdl == 1 and HK.HAS_GDC
     sum_pdl = cfg.gluon_sum_pdl == 1 and HK.HAS_GDC
 
-    def k_sum(pair_out):
-        _sum_launch(pair_out, topk_ids.contiguous(), out, H, top_k, E, 1, sum_pdl)
+    tensors = _contiguous(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias)
+
+    def k_sum(pair_out):  # (nothing launched between GEMM2 and it: the ids are made contiguous before)
+        _sum_launch(pair_out, tensors[6], out, H, top_k, E, 1, sum_pdl)
         return out
 
-    tensors = _contiguous(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias)
     return _compiled_or_none(lambda: _gluon_grouped_module().forward(
         *tensors, act, lambda bt: moe_align(topk_ids, E, bt, cfg.align), k_sum, k1=k1, k2=k2,
         block_t=cfg.gluon_block_t, splits1=splits1, blocks2=blocks2, frag=cfg.gluon_frag == 1,
         masks=grouped_masks(cfg, w13.shape[1] // 2), shared=bool(cfg.gluon_xshare & 1),
-        shared2=bool(cfg.gluon_xshare & 2), rows2=rows2, pdl=pdl, release2=sum_pdl, **loop_tuning(cfg, True, k1, rows2 if blocks2 == 1 else 64)),
+        shared2=bool(cfg.gluon_xshare & 2), rows2=rows2, pdl=pdl, release2=sum_pdl,
+        **loop_tuning(cfg, True, k1, rows2 if blocks2 == 1 else 64)),
         cfg.gluon_grouped == 1 and cfg.gluon == 1)
 
 
