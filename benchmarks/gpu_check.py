@@ -137,6 +137,8 @@ CASES = [
     # per pair past 9 tokens, GEMM1 unsplit in 64-code steps: one wave of 8 programs an SM (K3-like T = 10 and 11)
     ("k3 T10 swigluoai bias ragged", 10, 3584, 384, 896, 16, "swigluoai", {"alpha": 1.702, "limit": 7.0}, True, torch.bfloat16, "ragged"),
     ("k3 T11 situ", 11, 3584, 384, 896, 16, "situ", {"beta": 4.0, "linear_beta": 25.0}, False, torch.bfloat16, "uniform"),
+    # expert blocks after the many-program align (from 2048 pairs)
+    ("k3 T160 silu bias ragged", 160, 3584, 384, 896, 16, "silu", {}, True, torch.bfloat16, "ragged"),
 ]
 
 
@@ -255,8 +257,11 @@ def hopper_variants(T, H, I, k, E):
         # it), with one row block a program and four
         for blocks2 in (1, 4):
             out.append(("grouped", dataclasses.replace(default, gluon=1, gluon_grouped=1, gluon_blocks2=blocks2,
-                                                       gluon_grouped_pdl=1 - default.gluon_grouped_pdl,
+                                                       gluon_grouped_pdl=int(not default.gluon_grouped_pdl),
                                                        gluon_sum_pdl=1 - default.gluon_sum_pdl)))
+        # and the chain from the align on, or only from GEMM1 (the other of 2 and 1)
+        out.append(("grouped", dataclasses.replace(default, gluon=1, gluon_grouped=1,
+                                                   gluon_grouped_pdl=1 if default.gluon_grouped_pdl == 2 else 2)))
         # and both K loops the other way (GEMM2 over one row block a program, where the loop choice applies), uncapped
         out.append(("grouped", dataclasses.replace(default, gluon=1, gluon_grouped=1, gluon_blocks2=1,
                                                    **_other_loops(default, True, H, I, T * k, T))))
@@ -336,7 +341,7 @@ def main() -> int:
                 r2 = gluon_rows2(cfg, H, I, blocks[1]) if blocks[3] == 1 else 64
                 path = (f"gluon grouped bt{cfg.gluon_block_t} k{blocks[0]}/{blocks[1]} s{blocks[2]} b{blocks[3]}"
                         f"{'' if cfg.gluon_frag else ' plainrows'} xmask{grouped_masks(cfg, I)} r{r2}"
-                        f"{'' if cfg.gluon_grouped_pdl else ' nopdl'}{'' if cfg.gluon_sum_pdl else ' nosumpdl'}"
+                        f" pdl{cfg.gluon_grouped_pdl}{'' if cfg.gluon_sum_pdl else ' nosumpdl'}"
                         f"{_loops(cfg, True, blocks[0], r2)}")
             elif plan:
                 r2 = gluon_rows2(cfg, H, I, plan[1])

@@ -392,11 +392,13 @@ UNROLLED = [("few_gemm1", dict(KB=1, ACT=ACTS["silu+limit"][0], HAS_LIMIT=True, 
                                SPLITS=1, FRAG_KB=2, MASKED=True, SHARED=True), 0)]
 
 # programmatic dependent launches on the GEMM2s' two sides: the per-pair GEMM2 releasing the k-sum kernel after it, the
-# expert blocks' GEMM1 releasing their GEMM2 after its K loop, which waits for it (one block a program and four) and
-# releases the k-sum kernel
+# expert blocks' GEMM1 releasing their GEMM2 after its K loop (and waiting for the align before it), which waits for it
+# (one block a program and four) and releases the k-sum kernel
 CHAINED = [("few_gemm2", dict(KB=2, HAS_BIAS=False, SPLITS=1, PDL=True, SUM=False, FRAG=True, NB=8, RELEASE=True)),
            ("grp_gemm1", dict(KB=2, BT=8, ACT=ACTS["situ"][0], HAS_LIMIT=False, HAS_LINEAR=True, HAS_BIAS=True,
                               SPLITS=1, FRAG_KB=2, MASKED=True, SHARED=True, PDL=True)),
+           ("grp_gemm1", dict(KB=2, BT=8, ACT=ACTS["situ"][0], HAS_LIMIT=False, HAS_LINEAR=True, HAS_BIAS=True,
+                              SPLITS=2, FRAG_KB=2, MASKED=True, SHARED=True, PDL=True, WAIT=True)),
            ("grp_gemm2", dict(KB=2, BT=8, HAS_BIAS=True, BLOCKS=1, FRAG=True, MASKED=True, NB=8, PDL=True,
                               RELEASE=True)),
            ("grp_gemm2", dict(KB=2, BT=8, HAS_BIAS=True, BLOCKS=4, FRAG=True, MASKED=True, PDL=True))]
@@ -554,9 +556,12 @@ def test_gemm2s_chain_to_the_kernels_beside_them(compiled, i):
     assert len(releases) == (1 if consts.get("RELEASE") or name == "grp_gemm1" else 0), (name, releases)
     if releases:
         assert (releases[0] < loads[0]) == (name != "grp_gemm1"), (releases, loads[:3])
-    # GEMM2 waits for GEMM1 (griddepcontrol.wait) once, after its first weight loads are issued; GEMM1 never waits
+    # GEMM2 waits for GEMM1 (griddepcontrol.wait) once, after its first weight loads are issued; GEMM1 only with
+    # WAIT, for the align, before it reads anything
     waits = [n for n, op in enumerate(ops) if op.startswith("ACQBULK")]
-    assert len(waits) == (name != "grp_gemm1") and (not waits or waits[0] > loads[0]), (waits, loads[:3])
+    first = name == "grp_gemm1"
+    assert len(waits) == (consts.get("WAIT", False) if first else 1), (name, waits)
+    assert not waits or (waits[0] < loads[0]) == first, (waits, loads[:3])
     # neither is in the kernels built without them
     plain = compiled[((8, 2, 1, 1, True, 1, False), name)][0] if name.startswith("grp") else \
         compiled[(("unroll", 3, 1), name)][0]
@@ -580,7 +585,8 @@ def test_reused_counters_are_one_zeroed_buffer_a_device_that_grows():
     counters._BUFFERS.clear()
 
 
-@pytest.mark.parametrize("knob", ["gluon_counters", "gluon_sum_pdl", "gluon_grouped_pdl"])
-def test_bad_gluon_switch_is_a_clear_error(knob):
-    with pytest.raises(RuntimeInputError, match=f"{knob} must be 0 or 1"):
-        gluon_tiles(MoEConfig(**{knob: 2}), 7168, 2048, 8)
+@pytest.mark.parametrize("knob, value, allowed", [("gluon_counters", 2, "0 or 1"), ("gluon_sum_pdl", 2, "0 or 1"),
+                                                  ("gluon_grouped_pdl", 3, "0, 1 or 2")])
+def test_bad_gluon_switch_is_a_clear_error(knob, value, allowed):
+    with pytest.raises(RuntimeInputError, match=f"{knob} must be {allowed}"):
+        gluon_tiles(MoEConfig(**{knob: value}), 7168, 2048, 8)

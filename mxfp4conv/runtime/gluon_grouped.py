@@ -39,7 +39,7 @@ def grp_gemm1(w_ptr, s_ptr, x_ptr, sorted_ptr, bexp_ptr, npp_ptr, b_ptr, inter_p
               TOP_K, K, I, K_SPLIT, p0, p1, KB: gl.constexpr, BT: gl.constexpr, ACT: gl.constexpr,
               HAS_LIMIT: gl.constexpr, HAS_LINEAR: gl.constexpr, HAS_BIAS: gl.constexpr, SPLITS: gl.constexpr,
               FRAG_KB: gl.constexpr = 0, MASKED: gl.constexpr = True, SHARED: gl.constexpr = False,
-              UNROLL: gl.constexpr = 1, PDL: gl.constexpr = False):
+              UNROLL: gl.constexpr = 1, PDL: gl.constexpr = False, WAIT: gl.constexpr = False):
     """inter[pair, rows] = act(gate . x[pair // TOP_K] + b, up . x + b) for the block's pairs and its
     expert, rows [64 rb, 64 rb + 64). SPLITS > 1: a program per K split (program_id(2)) stores its
     fp32 partials at part[split, pair, gate / up]; the last of a tile's splits to arrive sums them in
@@ -47,7 +47,9 @@ def grp_gemm1(w_ptr, s_ptr, x_ptr, sorted_ptr, bexp_ptr, npp_ptr, b_ptr, inter_p
     of 64 FRAG_KB codes. MASKED: the padding slots' x read as 0 (else token 0's; their columns are not stored).
     SHARED: each warp loads a quarter of a step's x tile, which the four read through shared memory. UNROLL: the K
     loop over single steps (1) or pairs (2). PDL: GEMM2 (a programmatic dependent) may launch once the K loop is
-    done."""
+    done. WAIT: launched as a programmatic dependent of the align, waited for before its blocks are read."""
+    if WAIT:
+        _gdc_wait()
     XL: gl.constexpr = shared_x_layout(KB) if SHARED else B_OP
     live, e, pair_x, ok_x = _block(sorted_ptr, bexp_ptr, npp_ptr, num_pairs, BT, gl.SliceLayout(0, XL))
     if live:
@@ -194,7 +196,7 @@ def _gemm2_tile_tail(y, e, rb, pair_x, num_pairs, b_ptr, tw_ptr, pair_out_ptr, N
 def forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias, act, align, k_sum, *,
             k1: int, k2: int, block_t: int, splits1: int = 1, blocks2: int = 1, frag: bool = False,
             masks: int = 1, shared: bool = False, shared2: bool = False, rows2: int = 64,
-            unroll: tuple[int, int] = (1, 1), maxnreg: tuple[int, int] = (0, 0), pdl: bool = False,
+            unroll: tuple[int, int] = (1, 1), maxnreg: tuple[int, int] = (0, 0), pdl: int = 0,
             release2: bool = False) -> torch.Tensor:
     """The layer for x [T, H] bf16 (contiguous hopper_mma_rot tensors, scales <= 2): align the pairs
     with align(block_t) -> (sorted_ids, block_expert, num_post_pad, max_blocks), run both GEMMs (GEMM1
@@ -205,7 +207,8 @@ def forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w
     x tile loaded once a program and read by its warps through shared memory; shared2: GEMM2's too (rows in plain
     order only: frag off). rows2: with one block a program, GEMM2's rows a program (64, 128 or 256 dividing H).
     unroll: GEMM1's / GEMM2's (one block a program) K loop over single steps (1) or pairs (2); maxnreg: their register
-    caps, 0 none. pdl: GEMM2 a programmatic dependent of GEMM1; release2: k_sum's kernel one of GEMM2 (GEMM2 releases
+    caps, 0 none. pdl: GEMM2 a programmatic dependent of GEMM1 (1), and GEMM1 one of the align (2: align releases
+    it); release2: k_sum's kernel one of GEMM2 (GEMM2 releases
     it from its start)."""
     E, two_i, _ = w13.shape
     T, H = x.shape
@@ -225,12 +228,13 @@ def forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w
         w13_bias if w13_bias is not None else inter, inter, part, cnt, pairs, k, H, I, H // splits1, act["p0"],
         act["p1"], KB=k1 // 64, BT=block_t, ACT=act["ACT"], HAS_LIMIT=act["HAS_LIMIT"], HAS_LINEAR=act["HAS_LINEAR"],
         HAS_BIAS=w13_bias is not None, SPLITS=splits1, FRAG_KB=k2 // 64 if frag else 0, MASKED=bool(masks & 1),
-        SHARED=shared, UNROLL=unroll[0], PDL=pdl, num_warps=4, **_cap(maxnreg[0]))
+        SHARED=shared, UNROLL=unroll[0], PDL=pdl > 0, WAIT=pdl == 2, num_warps=4, **_cap(maxnreg[0]),
+        **({"launch_pdl": True} if pdl == 2 else {}))
     rows2 = rows2 if blocks2 == 1 else 64
     grp_gemm2[(H // rows2 // blocks2, max_blocks)](
         _words(w2), _words(w2_scale), inter, sorted_ids, block_expert, num_post_pad,
         w2_bias if w2_bias is not None else pair_out, tw, pair_out, pairs, I, H, KB=k2 // 64, BT=block_t,
         HAS_BIAS=w2_bias is not None, BLOCKS=blocks2, FRAG=frag, MASKED=bool(masks & 2), SHARED=shared2 and not frag,
-        NB=rows2 // 16, UNROLL=unroll[1], PDL=pdl, RELEASE=release2, num_warps=4, **_cap(maxnreg[1]),
+        NB=rows2 // 16, UNROLL=unroll[1], PDL=pdl > 0, RELEASE=release2, num_warps=4, **_cap(maxnreg[1]),
         **({"launch_pdl": True} if pdl else {}))
     return k_sum(pair_out)

@@ -194,9 +194,12 @@ class MoEConfig:
     # start (1), or not (0). On an H200, 0 against 1 per pair K3-like T = 8 / 9 / 10 1.011 / 1.005 / 1.012
     gluon_sum_pdl: int = 1
     # the expert blocks' GEMM2 a programmatic dependent of their GEMM1, released after GEMM1's K loops, waiting for
-    # the intermediate after its first weight loads (1), or not (0). With the k-sum's, both off against on: K3-like
-    # T = 12 / 16 1.014 / 1.015, DSV3-like T = 8 / 16 1.004 / 1.002 (T = 64 within the power limit's drift)
-    gluon_grouped_pdl: int = 1
+    # the intermediate after its first weight loads (1; 2: and GEMM1 one of the align, waiting for it at its start),
+    # or not (0). With the k-sum's, both off against 1: K3-like T = 12 / 16 1.014 / 1.015, DSV3-like T = 8 / 16
+    # 1.004 / 1.002 (T = 64 within the power limit's drift); 2 against 1: K3-like T = 12 / 16 / 24 / 64 0.997 / 0.996
+    # / 0.995 / 0.996, T = 160 / 256 1.006 / 1.000 (within their rounds' spread), DSV3-like T = 8 / 16 / 64 0.993 /
+    # 0.999 / 0.998
+    gluon_grouped_pdl: int = 2
 
 
 def layout_of(layout: Mapping[str, str]) -> str | None:
@@ -413,9 +416,10 @@ def _sum_launch(pair_out, ids, out, H, top_k, E, splits, pdl=False):
 ALIGN_GRID_PAIRS = 2048
 
 
-def moe_align(topk_ids: torch.Tensor, num_experts: int, block_t: int, grid: int = -1):
+def moe_align(topk_ids: torch.Tensor, num_experts: int, block_t: int, grid: int = -1, release: bool = False):
     """(sorted_ids, block_expert, num_post_pad) for the GEMM kernels; ids < 0 are skipped.
-    ``grid``: 1 many programs, 0 one program, -1 by ALIGN_GRID_PAIRS."""
+    ``grid``: 1 many programs, 0 one program, -1 by ALIGN_GRID_PAIRS. ``release``: its last kernel lets a
+    programmatic dependent launched after it start early (which must wait for it: gdc_wait)."""
     ids = topk_ids.reshape(-1)
     if not ids.is_contiguous():
         ids = ids.contiguous()
@@ -436,14 +440,14 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_t: int, grid: int 
             fill, BLOCK_T=block_t, CHUNK=chunk, E_POW2=e2, num_warps=4,
         )
         K.moe_align_scatter_kernel[(triton.cdiv(num_pairs, chunk),)](
-            ids, sorted_ids, cursor, num_pairs, num_experts, CHUNK=chunk, num_warps=4)
+            ids, sorted_ids, cursor, num_pairs, num_experts, CHUNK=chunk, RELEASE=release, num_warps=4)
         return sorted_ids, block_expert, num_post_pad, max_blocks
     scratch = torch.empty(2 * num_experts + 1, dtype=torch.int32, device=dev)
     num_post_pad = scratch[2 * num_experts:]
     K.moe_align_kernel[(1,)](
         ids, sorted_ids, block_expert, num_post_pad, scratch[:num_experts], scratch[num_experts:2 * num_experts],
         num_pairs, num_experts, max_blocks,
-        BLOCK_T=block_t, CHUNK=1024, E_POW2=e2, num_warps=8,
+        BLOCK_T=block_t, CHUNK=1024, E_POW2=e2, RELEASE=release, num_warps=8,
     )
     return sorted_ids, block_expert, num_post_pad, max_blocks
 
@@ -860,7 +864,9 @@ def _check_gluon_knobs(cfg: MoEConfig) -> None:
         raise RuntimeInputError(f"fused_moe_triton: gluon_rows2 must be 0, 64, 128 or 256, got {cfg.gluon_rows2}.")
     if cfg.gluon_block_t not in (8, 16):
         raise RuntimeInputError(f"fused_moe_triton: gluon_block_t must be 8 or 16, got {cfg.gluon_block_t}.")
-    for name in ("gluon_counters", "gluon_sum_pdl", "gluon_grouped_pdl"):
+    if cfg.gluon_grouped_pdl not in (0, 1, 2):
+        raise RuntimeInputError(f"fused_moe_triton: gluon_grouped_pdl must be 0, 1 or 2, got {cfg.gluon_grouped_pdl}.")
+    for name in ("gluon_counters", "gluon_sum_pdl"):
         if getattr(cfg, name) not in (0, 1):
             raise RuntimeInputError(f"fused_moe_triton: {name} must be 0 or 1, got {getattr(cfg, name)}.")
     for name in ("gluon_unroll1", "gluon_unroll2"):
@@ -1043,7 +1049,7 @@ def _gluon_grouped_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_i
     H, E, top_k = x.shape[1], w13.shape[0], topk_ids.shape[1]
     k1, k2, splits1, blocks2 = plan
     rows2 = gluon_rows2(cfg, H, w13.shape[1] // 2, k2)
-    pdl = cfg.gluon_grouped_pdl == 1 and HK.HAS_GDC
+    pdl = cfg.gluon_grouped_pdl if HK.HAS_GDC else 0
     sum_pdl = cfg.gluon_sum_pdl == 1 and HK.HAS_GDC
 
     tensors = _contiguous(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias)
@@ -1053,7 +1059,7 @@ def _gluon_grouped_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_i
         return out
 
     return _compiled_or_none(lambda: _gluon_grouped_module().forward(
-        *tensors, act, lambda bt: moe_align(topk_ids, E, bt, cfg.align), k_sum, k1=k1, k2=k2,
+        *tensors, act, lambda bt: moe_align(topk_ids, E, bt, cfg.align, pdl == 2), k_sum, k1=k1, k2=k2,
         block_t=cfg.gluon_block_t, splits1=splits1, blocks2=blocks2, frag=cfg.gluon_frag == 1,
         masks=grouped_masks(cfg, w13.shape[1] // 2), shared=bool(cfg.gluon_xshare & 1),
         shared2=bool(cfg.gluon_xshare & 2), rows2=rows2, pdl=pdl, release2=sum_pdl,

@@ -213,14 +213,17 @@ def gemm2_finish(acc, pair, tmask, e, offs_n, nmask, b_ptr, tw_ptr, out_ptr, str
 def moe_align_kernel(
     topk_ids_ptr, sorted_ids_ptr, block_expert_ptr, num_post_pad_ptr, counts_ptr, cursor_ptr,
     num_pairs, num_experts, max_blocks,
-    BLOCK_T: tl.constexpr, CHUNK: tl.constexpr, E_POW2: tl.constexpr,
+    BLOCK_T: tl.constexpr, CHUNK: tl.constexpr, E_POW2: tl.constexpr, RELEASE: tl.constexpr = False,
 ):
     """One program: sort (token, k) pairs by expert into blocks of BLOCK_T, padding each expert.
+    RELEASE: the kernel after it (a programmatic dependent) may launch from its start.
 
     sorted_ids[i] = pair index (t * top_k + j) or num_pairs for padding; block_expert[b] =
     expert of block b or -1 past the end; num_post_pad = used length. The order of pairs inside
     one expert's blocks depends on atomics, but each pair's result does not depend on its slot.
     """
+    if RELEASE:
+        _gdc_launch()
     offs_e = tl.arange(0, E_POW2)
     emask = offs_e < num_experts
     tl.store(counts_ptr + offs_e, tl.zeros([E_POW2], tl.int32), mask=emask)
@@ -453,8 +456,12 @@ def moe_align_count_kernel(
 
 
 @triton.jit
-def moe_align_scatter_kernel(topk_ids_ptr, sorted_ids_ptr, cursor_ptr, num_pairs, num_experts, CHUNK: tl.constexpr):
-    """Second half of the many-program align: each pair takes the next slot of its expert."""
+def moe_align_scatter_kernel(topk_ids_ptr, sorted_ids_ptr, cursor_ptr, num_pairs, num_experts, CHUNK: tl.constexpr,
+                             RELEASE: tl.constexpr = False):
+    """Second half of the many-program align: each pair takes the next slot of its expert. RELEASE: as
+    moe_align_kernel's."""
+    if RELEASE:
+        _gdc_launch()
     offs = tl.program_id(0) * CHUNK + tl.arange(0, CHUNK)
     ids = tl.load(topk_ids_ptr + offs, mask=offs < num_pairs, other=-1).to(tl.int32)
     ok = (ids >= 0) & (ids < num_experts)
