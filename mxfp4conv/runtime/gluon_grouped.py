@@ -208,8 +208,7 @@ def forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w
     order only: frag off). rows2: with one block a program, GEMM2's rows a program (64, 128 or 256 dividing H).
     unroll: GEMM1's / GEMM2's (one block a program) K loop over single steps (1) or pairs (2); maxnreg: their register
     caps, 0 none. pdl: GEMM2 a programmatic dependent of GEMM1 (1), and GEMM1 one of the align (2: align releases
-    it); release2: k_sum's kernel one of GEMM2 (GEMM2 releases
-    it from its start)."""
+    it); release2: k_sum's kernel one of GEMM2 (GEMM2 releases it from its start)."""
     E, two_i, _ = w13.shape
     T, H = x.shape
     I = two_i // 2
