@@ -982,7 +982,7 @@ def _gluon_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_
     a programmatic dependent of GEMM2."""
     k1, k2, s1, s2 = plan
     tensors = _contiguous(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias)
-    sum_pdl = sum_pdl and by_kernel and HK.HAS_GDC
+    sum_pdl = sum_pdl and HK.HAS_GDC  # (k_sum runs only with by_kernel; forward releases it only then)
 
     def k_sum(part2):
         _sum_launch(part2, tensors[6], out, x.shape[1], topk_ids.shape[1], w13.shape[0], s2, sum_pdl)
