@@ -30,7 +30,7 @@ from mxfp4conv.codec import dequantize_mxfp4
 
 from mxfp4conv.runtime.triton_moe import (ALIGN_GRID_PAIRS, HOPPER_SETS, LAYOUT_SETS, device_sms, fused_moe_triton,
                                           gluon_plan, gluon_rows2, gluon_tiles, grouped_masks, grouped_plan,
-                                          grouped_takes, hopper_options, loop_tuning, pairs_take, select_config,
+                                          grouped_programs1, grouped_takes, grouped_tiles, hopper_options, loop_tuning, pairs_take, select_config,
                                           sum2_by_kernel, uses_gemv)
 from mxfp4conv.shuffle import get_layout
 
@@ -139,6 +139,8 @@ CASES = [
     ("k3 T11 situ", 11, 3584, 384, 896, 16, "situ", {"beta": 4.0, "linear_beta": 25.0}, False, torch.bfloat16, "uniform"),
     # expert blocks after the many-program align (from 2048 pairs)
     ("k3 T160 silu bias ragged", 160, 3584, 384, 896, 16, "silu", {}, True, torch.bfloat16, "ragged"),
+    # expert blocks whose GEMM1 runs over pairs of steps (its expected grid in two waves of 4 programs an SM)
+    ("k3 T12 silu", 12, 3584, 384, 896, 16, "silu", {}, False, torch.bfloat16, "uniform"),
 ]
 
 
@@ -227,7 +229,7 @@ def hopper_variants(T, H, I, k, E):
         out.append(("rows2", dataclasses.replace(default, gluon=1, gluon_rows2=rows2, gluon_sum2=1)))
         out.append(("rows2", dataclasses.replace(default, gluon=1, gluon_rows2=rows2, gluon_sum2=0)))
         # the K loops the other way (over pairs of steps, or single ones), uncapped
-        out.append(("unroll", dataclasses.replace(default, gluon=1, **_other_loops(default, False, H, I, T * k, T))))
+        out.append(("unroll", dataclasses.replace(default, gluon=1, **_other_loops(default, False, H, I, E, T * k, T))))
     else:  # the Gluon kernels on expert blocks: where the default takes them, the variants above on the hopper_mma
         # kernels; and 16-pair blocks, 8-pair ones of 64-code steps, and 4 K splits of GEMM1, forced on
         if grouped_takes(default, T, T * k, E):
@@ -264,20 +266,23 @@ def hopper_variants(T, H, I, k, E):
                                                    gluon_grouped_pdl=1 if default.gluon_grouped_pdl == 2 else 2)))
         # and both K loops the other way (GEMM2 over one row block a program, where the loop choice applies), uncapped
         out.append(("grouped", dataclasses.replace(default, gluon=1, gluon_grouped=1, gluon_blocks2=1,
-                                                   **_other_loops(default, True, H, I, T * k, T))))
+                                                   **_other_loops(default, True, H, I, E, T * k, T))))
         if T <= 16:  # and the per-pair ones on more tokens than they take by default
             out.append(("gluon", dataclasses.replace(default, gluon=1, gluon_max_tokens=16, gluon_pair_share=1e9)))
     return out
 
 
-def _other_loops(cfg, grouped, H, I, pairs, T):
+def _other_loops(cfg, grouped, H, I, E, pairs, T):
     """Config overrides running both Gluon GEMMs' K loops the other way from cfg's choice on this GPU, without register
     caps."""
     sms = device_sms(torch.device("cuda"))
     k1, _, s1, _ = gluon_tiles(cfg, H, I, pairs, T, sms)
     k1 = 128 if grouped and H % 128 == 0 else k1
-    u1, u2 = loop_tuning(cfg, grouped, k1, gluon_rows2(cfg, H, I, 128 if I % 128 == 0 else 64),
-                         0 if grouped else I // 64 * pairs * s1, sms)["unroll"]
+    if grouped:
+        programs1 = grouped_programs1(T, pairs // T, E, I, grouped_tiles(cfg, H, I, pairs, E)[2])
+    else:
+        programs1 = I // 64 * pairs * s1
+    u1, u2 = loop_tuning(cfg, grouped, k1, gluon_rows2(cfg, H, I, 128 if I % 128 == 0 else 64), programs1, sms)["unroll"]
     return dict(gluon_unroll1=3 - u1, gluon_unroll2=3 - u2, gluon_maxnreg1=0, gluon_maxnreg2=0)
 
 
@@ -342,7 +347,7 @@ def main() -> int:
                 path = (f"gluon grouped bt{cfg.gluon_block_t} k{blocks[0]}/{blocks[1]} s{blocks[2]} b{blocks[3]}"
                         f"{'' if cfg.gluon_frag else ' plainrows'} xmask{grouped_masks(cfg, I)} r{r2}"
                         f" pdl{cfg.gluon_grouped_pdl}{'' if cfg.gluon_sum_pdl else ' nosumpdl'}"
-                        f"{_loops(cfg, True, blocks[0], r2)}")
+                        f"{_loops(cfg, True, blocks[0], r2, grouped_programs1(T, k, E, I, blocks[2]), device_sms(dev))}")
             elif plan:
                 r2 = gluon_rows2(cfg, H, I, plan[1])
                 path = (f"gluon k{plan[0]}/{plan[1]} s{plan[2]}/{plan[3]}{f' pdl{cfg.gluon_pdl}' if cfg.gluon_pdl else ''}"

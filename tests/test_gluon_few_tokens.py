@@ -18,9 +18,9 @@ from hypothesis import given, strategies as st
 
 from mxfp4conv.errors import RuntimeInputError
 from mxfp4conv.runtime import triton_moe
-from mxfp4conv.runtime.triton_moe import (MoEConfig, fused_moe_triton, gluon_plan, gluon_rows2, gluon_tiles,
-                                          grouped_masks, grouped_takes, grouped_tiles, loop_tuning, pairs_take,
-                                          select_config, sum2_by_kernel)
+from mxfp4conv.runtime.triton_moe import (MoEConfig, expected_experts, fused_moe_triton, gluon_plan, gluon_rows2,
+                                          gluon_tiles, grouped_masks, grouped_programs1, grouped_takes, grouped_tiles,
+                                          loop_tuning, pairs_take, select_config, sum2_by_kernel)
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
 import hopper_sass  # noqa: E402  (the benchmarks' SASS loop counter)
@@ -153,6 +153,35 @@ def test_wave_fits_of_the_measured_layers():
     assert loop_tuning(MoEConfig(), False, 128, 128, 768, 132) == {"unroll": (2, 2), "maxnreg": (80, 80)}
     # a knob set wins
     assert loop_tuning(MoEConfig(gluon_unroll1=2), False, 128, 128, 864, 132)["unroll"] == (2, 2)
+
+
+@pytest.mark.parametrize("T, top_k, E", [(12, 16, 896), (8, 8, 256), (3, 4, 32), (40, 2, 16)])
+def test_expected_experts_touched_is_the_mean_under_uniform_routing(T, top_k, E):
+    # each token's top_k distinct experts drawn uniformly, as moe_bench's and gpu_check's uniform routing draws them
+    g = torch.Generator().manual_seed(T * E + top_k)
+    touched = [torch.rand(T, E, generator=g).topk(top_k, dim=1).indices.unique().numel() for _ in range(400)]
+    mean = sum(touched) / len(touched)
+    spread = (sum((t - mean) ** 2 for t in touched) / len(touched)) ** 0.5
+    assert abs(expected_experts(T, top_k, E) - mean) < 4 * spread / len(touched) ** 0.5 + 1e-9
+
+
+def test_expert_blocks_gemm1_over_pairs_where_its_expected_grid_fits_two_waves():
+    # 4 programs an SM over pairs: on 132 SMs two waves are 1056 programs; K3-like (6 row blocks) T = 12 expects 1045,
+    # T = 13 1123; DSV3-like (32 row blocks) from T = 7 on is over them
+    k3 = [grouped_programs1(T, 16, 896, 384, 1) for T in (9, 10, 11, 12, 13, 16)]
+    assert k3 == [805, 886, 967, 1045, 1123, 1346]
+    assert [loop_tuning(MoEConfig(), True, 128, 128, p, 132)["unroll"][0] for p in k3] == [2, 2, 2, 2, 1, 1]
+    assert all(loop_tuning(MoEConfig(), True, 128, 64, grouped_programs1(T, 8, 256, 2048, 1), 132)["unroll"] == (1, 1)
+               for T in range(7, 17))
+    # K splits count: K3-like T = 12 in 2 splits is over two waves
+    assert loop_tuning(MoEConfig(), True, 128, 128, grouped_programs1(12, 16, 896, 384, 2), 132)["unroll"][0] == 1
+    # fewer SMs, SMs not known, 64-code steps or a knob set: as before
+    assert loop_tuning(MoEConfig(), True, 128, 128, 1045, 114)["unroll"][0] == 1
+    assert loop_tuning(MoEConfig(), True, 128, 128, 1045, 0)["unroll"][0] == 1
+    assert loop_tuning(MoEConfig(), True, 64, 128, 1045, 132)["unroll"][0] == 1
+    assert loop_tuning(MoEConfig(gluon_unroll1=1), True, 128, 128, 1045, 132)["unroll"][0] == 1
+    # the expert blocks' GEMM1 is never capped automatically
+    assert loop_tuning(MoEConfig(), True, 128, 128, 1045, 132)["maxnreg"] == (0, 80)
 
 
 @pytest.mark.parametrize("knob, value, message", [("gluon_unroll1", 3, "gluon_unroll1 must be 0, 1 or 2"),

@@ -1009,6 +1009,17 @@ def _gluon_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_
 # 1.001 / 1.020, DSV3-like T = 8-32 1.024-1.027) and their 64-row GEMM2 (DSV3-like T = 8 / 16 / 32 0.995 / 0.995 /
 # 1.015)
 _UNROLLED_MAXNREG = 80
+# The expert blocks' GEMM1 over pairs holds 4 programs an SM (single steps 5). It wins where its expected grid fits two
+# waves of those: on an H200 (5 rounds) K3-like T = 12 (about 1047 of 1056 slots) 0.970 of single steps, and, with the
+# expert blocks forced below their range, T = 9 / 10 / 11 0.968 / 0.979 / 0.955; past that it loses, K3-like T = 13 /
+# 14 / 16 / 20 / 24 / 32 1.051-1.064 / 1.041 / 1.017 / 1.018 / 1.030 / 1.022, DSV3-like T = 8 / 12 / 16 1.054 / 1.033 /
+# 1.047 (3 rounds)
+_GROUPED_PAIRS_AN_SM = 4
+
+
+def expected_experts(T: int, top_k: int, E: int) -> float:
+    """The experts that T tokens' top_k distinct picks each touch on average under uniform routing."""
+    return E * (1.0 - (1.0 - top_k / E) ** T)
 
 
 def loop_tuning(cfg: MoEConfig, grouped: bool, k1: int, rows2: int, programs1: int = 0, sms: int = 0) -> dict:
@@ -1017,9 +1028,14 @@ def loop_tuning(cfg: MoEConfig, grouped: bool, k1: int, rows2: int, programs1: i
     blocks' with GEMM1 steps of k1 codes and GEMM2 programs of rows2 rows: cfg's, or automatically (see
     _UNROLLED_MAXNREG) pairs but for the expert blocks' GEMM1 and 64-row GEMM2, capped where the per-pair GEMM1 takes
     128-code steps and where GEMM2 takes 128 rows; the per-pair GEMM1 in 128-code steps over single steps where its
-    grid is over a wave of _PAIRS_AN_SM programs an SM and at most one of _SINGLE_AN_SM."""
-    one_wave = sms and _PAIRS_AN_SM * sms < programs1 <= _SINGLE_AN_SM * sms
-    u1 = cfg.gluon_unroll1 or (1 if grouped or (k1 == 128 and one_wave) else 2)
+    grid is over a wave of _PAIRS_AN_SM programs an SM and at most one of _SINGLE_AN_SM; the expert blocks' GEMM1 in
+    128-code steps over pairs where its expected programs1 fit two waves of _GROUPED_PAIRS_AN_SM programs an SM."""
+    if grouped:
+        two_waves = sms and 0 < programs1 <= 2 * _GROUPED_PAIRS_AN_SM * sms
+        u1 = cfg.gluon_unroll1 or (2 if k1 == 128 and two_waves else 1)
+    else:
+        one_wave = sms and _PAIRS_AN_SM * sms < programs1 <= _SINGLE_AN_SM * sms
+        u1 = cfg.gluon_unroll1 or (1 if k1 == 128 and one_wave else 2)
     u2 = cfg.gluon_unroll2 or (2 if not grouped or rows2 > 64 else 1)
     capped1 = u1 == 2 and k1 == 128 and not grouped
     capped2 = u2 == 2 and rows2 == 128
@@ -1040,6 +1056,12 @@ def _compiled_or_none(run, required: bool):
         warnings.warn(f"mxfp4conv: the Gluon MoE kernels do not compile with triton {triton.__version__} "
                       f"({_GLUON_BROKEN[0]}); the hopper_mma kernels run instead.", RuntimeWarning, stacklevel=4)
         return None
+
+
+def grouped_programs1(T: int, top_k: int, E: int, i_pad: int, splits1: int) -> int:
+    """The expert blocks' GEMM1 programs with work that a call of T tokens is expected to have: 64-row blocks x K
+    splits x the expected experts touched (each one pair block at the few pairs an expert where it matters)."""
+    return round(i_pad // 64 * splits1 * expected_experts(T, top_k, E))
 
 
 def _gluon_grouped_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias, act, out,
@@ -1063,7 +1085,8 @@ def _gluon_grouped_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_i
         block_t=cfg.gluon_block_t, splits1=splits1, blocks2=blocks2, frag=cfg.gluon_frag == 1,
         masks=grouped_masks(cfg, w13.shape[1] // 2), shared=bool(cfg.gluon_xshare & 1),
         shared2=bool(cfg.gluon_xshare & 2), rows2=rows2, pdl=pdl, release2=sum_pdl,
-        **loop_tuning(cfg, True, k1, rows2 if blocks2 == 1 else 64)),
+        **loop_tuning(cfg, True, k1, rows2 if blocks2 == 1 else 64,
+                      grouped_programs1(x.shape[0], top_k, E, w13.shape[1] // 2, splits1), device_sms(x.device))),
         cfg.gluon_grouped == 1 and cfg.gluon == 1)
 
 
