@@ -30,8 +30,8 @@ from mxfp4conv.codec import dequantize_mxfp4
 
 from mxfp4conv.runtime.triton_moe import (ALIGN_GRID_PAIRS, HOPPER_SETS, LAYOUT_SETS, device_sms, fused_moe_triton,
                                           gluon_plan, gluon_rows2, gluon_tiles, grouped_masks, grouped_plan,
-                                          grouped_programs1, grouped_takes, grouped_tiles, hopper_options, loop_tuning, pairs_take, select_config,
-                                          sum2_by_kernel, uses_gemv)
+                                          grouped_programs1, grouped_takes, grouped_tiles, hopper_options, loop_tuning,
+                                          pairs_take, select_config, sum2_by_kernel, uses_gemv)
 from mxfp4conv.shuffle import get_layout
 
 
@@ -282,7 +282,8 @@ def _other_loops(cfg, grouped, H, I, E, pairs, T):
         programs1 = grouped_programs1(T, pairs // T, E, I, grouped_tiles(cfg, H, I, pairs, E)[2])
     else:
         programs1 = I // 64 * pairs * s1
-    u1, u2 = loop_tuning(cfg, grouped, k1, gluon_rows2(cfg, H, I, 128 if I % 128 == 0 else 64), programs1, sms)["unroll"]
+    rows2 = gluon_rows2(cfg, H, I, 128 if I % 128 == 0 else 64)
+    u1, u2 = loop_tuning(cfg, grouped, k1, rows2, programs1, sms)["unroll"]
     return dict(gluon_unroll1=3 - u1, gluon_unroll2=3 - u2, gluon_maxnreg1=0, gluon_maxnreg2=0)
 
 
@@ -344,10 +345,11 @@ def main() -> int:
             blocks = grouped_plan(cfg, xin, weights, k, layout, E) if layout in HOPPER_SETS else None
             if blocks:
                 r2 = gluon_rows2(cfg, H, I, blocks[1]) if blocks[3] == 1 else 64
+                loops = _loops(cfg, True, blocks[0], r2, grouped_programs1(T, k, E, I, blocks[2]), device_sms(dev))
                 path = (f"gluon grouped bt{cfg.gluon_block_t} k{blocks[0]}/{blocks[1]} s{blocks[2]} b{blocks[3]}"
                         f"{'' if cfg.gluon_frag else ' plainrows'} xmask{grouped_masks(cfg, I)} r{r2}"
                         f" pdl{cfg.gluon_grouped_pdl}{'' if cfg.gluon_sum_pdl else ' nosumpdl'}"
-                        f"{_loops(cfg, True, blocks[0], r2, grouped_programs1(T, k, E, I, blocks[2]), device_sms(dev))}")
+                        f"{loops}")
             elif plan:
                 r2 = gluon_rows2(cfg, H, I, plan[1])
                 path = (f"gluon k{plan[0]}/{plan[1]} s{plan[2]}/{plan[3]}{f' pdl{cfg.gluon_pdl}' if cfg.gluon_pdl else ''}"

@@ -1010,15 +1010,15 @@ def _gluon_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_
 # 1.015)
 _UNROLLED_MAXNREG = 80
 # The expert blocks' GEMM1 over pairs holds 4 programs an SM (single steps 5). It wins where its expected grid fits two
-# waves of those: on an H200 (5 rounds) K3-like T = 12 (about 1047 of 1056 slots) 0.970 of single steps, and, with the
-# expert blocks forced below their range, T = 9 / 10 / 11 0.968 / 0.979 / 0.955; past that it loses, K3-like T = 13 /
-# 14 / 16 / 20 / 24 / 32 1.051-1.064 / 1.041 / 1.017 / 1.018 / 1.030 / 1.022, DSV3-like T = 8 / 12 / 16 1.054 / 1.033 /
-# 1.047 (3 rounds)
+# waves of those: on an H200 (5 rounds) K3-like T = 12 (1045 expected of 1056 slots) 0.967-0.973 of single steps in
+# three routing draws of six, 0.996-1.002 in the other three; with the expert blocks forced below their range, T = 9 /
+# 10 / 11 0.970 / 0.979 / 0.955. Past that it loses: K3-like T = 13 / 14 / 16 / 20 / 24 / 32 1.051-1.064 / 1.041 /
+# 1.017 / 1.018 / 1.030 / 1.022, DSV3-like T = 8 / 12 / 16 1.054 / 1.033 / 1.047 (3 rounds)
 _GROUPED_PAIRS_AN_SM = 4
 
 
 def expected_experts(T: int, top_k: int, E: int) -> float:
-    """The experts that T tokens' top_k distinct picks each touch on average under uniform routing."""
+    """The mean number of distinct experts that T tokens touch when each picks top_k of E uniformly at random."""
     return E * (1.0 - (1.0 - top_k / E) ** T)
 
 
