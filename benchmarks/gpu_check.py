@@ -228,11 +228,6 @@ def hopper_variants(T, H, I, k, E):
         rows2 = 64 if gluon_rows2(default, H, I, gluon_tiles(default, H, I, T * k, T)[1]) > 64 else 128
         out.append(("rows2", dataclasses.replace(default, gluon=1, gluon_rows2=rows2, gluon_sum2=1)))
         out.append(("rows2", dataclasses.replace(default, gluon=1, gluon_rows2=rows2, gluon_sum2=0)))
-        # GEMM1 asking L2 for GEMM2's weights (all at its start, marked evict_last; part of each of 2 GEMM2 splits after
-        # its K loop)
-        out.append(("pf2", dataclasses.replace(default, gluon=1, gluon_prefetch2=-1, gluon_prefetch2_last=1)))
-        out.append(("pf2", dataclasses.replace(default, gluon=1, gluon_prefetch2=64, gluon_prefetch2_at=1,
-                                               gluon_split2=2)))
         # the K loops the other way (over pairs of steps, or single ones), uncapped
         out.append(("unroll", dataclasses.replace(default, gluon=1, **_other_loops(default, False, H, I, E, T * k, T))))
     else:  # the Gluon kernels on expert blocks: where the default takes them, the variants above on the hopper_mma
@@ -361,7 +356,6 @@ def main() -> int:
                         f"{' ksum' if sum2_by_kernel(cfg, I, plan) else ''}"
                         f"{'' if cfg.gluon_sum_pdl or not sum2_by_kernel(cfg, I, plan) else ' nosumpdl'}"
                         f"{'' if cfg.gluon_frag else ' plainrows'}"
-                        f"{f' pf2 {cfg.gluon_prefetch2}@{cfg.gluon_prefetch2_at}' if cfg.gluon_prefetch2 else ''}"
                         f" r{r2}{_loops(cfg, False, plan[0], r2, I // 64 * T * k * plan[2], device_sms(dev))}")
             else:
                 path = path_name(cfg, T, k, E, dtype, layout)

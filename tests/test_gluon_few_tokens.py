@@ -432,12 +432,6 @@ CHAINED = [("few_gemm2", dict(KB=2, HAS_BIAS=False, SPLITS=1, PDL=True, SUM=Fals
                               RELEASE=True)),
            ("grp_gemm2", dict(KB=2, BT=8, HAS_BIAS=True, BLOCKS=4, FRAG=True, MASKED=True, PDL=True))]
 
-# the per-pair GEMM1 asking L2 for its pair's GEMM2 weights: codes a GEMM2 split, where (0 start, 1 after the K loop),
-# evict_last, GEMM2's K splits
-PREFETCHED = [(-1, 0, False, 1), (64, 1, True, 2)]
-_GEMM1 = dict(KB=2, ACT=ACTS["situ"][0], HAS_LIMIT=False, HAS_LINEAR=True, HAS_BIAS=False, SPLITS=4, PDL=2, FRAG_KB=2,
-              UNROLL=2)
-
 
 @pytest.fixture(scope="module")
 def compiled():
@@ -469,10 +463,6 @@ def compiled():
     for i, (name, consts) in enumerate(CHAINED):
         jobs.append((name, consts))
         keys.append((("chained", i), name))
-    for codes, at, last, splits2 in PREFETCHED:
-        jobs.append(("few_gemm1", dict(_GEMM1, PF2=2048 if codes < 0 else codes, PF2_AT=at, PF2_LAST=last,
-                                       SPLITS2=splits2), {"maxnreg": 80}))
-        keys.append((("prefetch", codes, at), "few_gemm1"))
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                          env.get("PYTHONPATH", "")])
@@ -605,26 +595,6 @@ def test_gemm2s_chain_to_the_kernels_beside_them(compiled, i):
     plain = compiled[((8, 2, 1, 1, True, 1, False), name)][0] if name.startswith("grp") else \
         compiled[(("unroll", 3, 1), name)][0]
     assert "PREEXIT" not in plain and ("ACQBULK" in plain) == (name == "few_gemm2")
-
-
-@pytest.mark.skipif(not _tools_available(), reason="this Triton has no Gluon or ships no NVIDIA tools")
-@pytest.mark.parametrize("codes, at, last, splits2", PREFETCHED)
-def test_gemm1_asks_l2_for_gemm2s_weights_where_told(compiled, codes, at, last, splits2):
-    sass = compiled[(("prefetch", codes, at), "few_gemm1")][0]
-    ops = _ops(sass)
-    # one bulk prefetch of words and one of scale words a GEMM2 split, inside the loop over the program's slabs
-    prefetches = [n for n, op in enumerate(ops) if op.startswith("UBLKPF")]
-    assert len(prefetches) == 2 * splits2, prefetches
-    # at the program's start, before the K loop's first MMA, or after its last
-    mmas = [n for n, op in enumerate(ops) if op.startswith("HMMA")]
-    assert all((n < mmas[0]) if at == 0 else (n > mmas[-1]) for n in prefetches), (prefetches, mmas[0], mmas[-1])
-    # with a cache hint where evict_last is asked for
-    hinted = [line for line in sass.splitlines() if "UBLKPF" in line and "desc[" in line]
-    assert len(hinted) == (2 * splits2 if last else 0), hinted
-    # nothing spilled under the cap, and no prefetch in the kernel built without it
-    res = compiled[(("prefetch", codes, at), "few_gemm1")][1]
-    assert re.search(r"STACK:0\b", res) and "LDL" not in sass, res
-    assert "UBLKPF" not in compiled[(("unroll", 1, 2), "few_gemm1")][0]
 
 
 def test_reused_counters_are_one_zeroed_buffer_a_device_that_grows():

@@ -46,15 +46,6 @@ FACTORS32_PTX = ("{\n.reg .b32 a, b;\nprmt.b32 a, $4, 0, 0x4140;\nprmt.b32 b, $4
                  "mov.b32 {$0, $1}, a;\nmov.b32 {$2, $3}, b;\n}")
 _WPTX = gl.constexpr(WORDS32_ROT_PTX)
 _FPTX = gl.constexpr(FACTORS32_PTX)
-# thread 0 asks L2 to fetch $2 bytes from $1 (a bulk prefetch, sm_90; nothing waits for it), plain or marked
-# evict_last
-L2_PREFETCH_PTX = ("{\n.reg .pred p;\n.reg .b32 t;\nmov.u32 t, %tid.x;\nsetp.eq.u32 p, t, 0;\n"
-                   "@p cp.async.bulk.prefetch.L2.global [$1], $2;\nmov.u32 $0, 0;\n}")
-L2_PREFETCH_LAST_PTX = ("{\n.reg .pred p;\n.reg .b32 t;\n.reg .b64 pol;\nmov.u32 t, %tid.x;\nsetp.eq.u32 p, t, 0;\n"
-                        "createpolicy.fractional.L2::evict_last.b64 pol, 1.0;\n"
-                        "@p cp.async.bulk.prefetch.L2.global.L2::cache_hint [$1], $2, pol;\nmov.u32 $0, 0;\n}")
-_PF = gl.constexpr(L2_PREFETCH_PTX)
-_PF_LAST = gl.constexpr(L2_PREFETCH_LAST_PTX)
 
 
 def _along(layout, dim: int, rank: int):
@@ -303,34 +294,6 @@ def _program(w_ptr, s_ptr, ids_ptr, NROWS, K, NB: gl.constexpr = 4):
 
 
 @gluon.jit
-def _l2_prefetch(ptr, nbytes, LAST: gl.constexpr):
-    """One bulk L2 prefetch of nbytes (a multiple of 16) at ptr (16-byte aligned), issued by thread 0."""
-    one = gl.arange(0, 1, layout=gl.BlockedLayout([1], [32], [4], [0]))
-    if LAST:
-        gl.inline_asm_elementwise(asm=_PF_LAST, constraints="=r,l,r", args=[ptr + one, one * 0 + nbytes],
-                                  dtype=gl.int32, is_pure=False, pack=1)
-    else:
-        gl.inline_asm_elementwise(asm=_PF, constraints="=r,l,r", args=[ptr + one, one * 0 + nbytes],
-                                  dtype=gl.int32, is_pure=False, pack=1)
-
-
-@gluon.jit
-def _prefetch_gemm2(w2_ptr, s2_ptr, e, H, I, K_SPLIT2, SPLITS2: gl.constexpr, CODES: gl.constexpr,
-                    LAST: gl.constexpr):
-    """This GEMM1 program's share of expert e's GEMM2 weights, asked of L2 ahead of GEMM2: the first CODES codes of
-    each of GEMM2's K splits of every Q-th 16-row slab of w2[e] (words and e8m0 scale words, hopper_mma_rot / _s),
-    from the program's index among the Q GEMM1 programs of its pair."""
-    q = gl.program_id(2) * gl.num_programs(0) + gl.program_id(0)
-    nq = gl.num_programs(0) * gl.num_programs(2)
-    w2_ptr += e * (H * (I // 8))
-    s2_ptr += e * (H * I // 128)
-    for slab in range(q, H // 16, nq):
-        for s2 in gl.static_range(SPLITS2):
-            _l2_prefetch(w2_ptr + slab * (2 * I) + s2 * K_SPLIT2 * 2, CODES * 8, LAST)
-            _l2_prefetch(s2_ptr + slab * (I // 8) + (s2 * K_SPLIT2) // 8, CODES // 2, LAST)
-
-
-@gluon.jit
 def _last_arrival(cnt_ptr, expected):
     """_arrive; the last of the expected arrivals also sets the counter back to zero for the next call (counters.py)."""
     last = _arrive(cnt_ptr, expected)
@@ -361,29 +324,20 @@ def _gemm1_tail(g, u, e, j, rows, b_ptr, inter_ptr, I, p0, p1, ACT: gl.constexpr
 
 @gluon.jit
 def few_gemm1(w_ptr, s_ptr, x_ptr, ids_ptr, b_ptr, inter_ptr, part_ptr, cnt_ptr, K, I, K_SPLIT, TOP_K, p0, p1,
-              w2_ptr, s2_ptr, K_SPLIT2,
               KB: gl.constexpr, ACT: gl.constexpr, HAS_LIMIT: gl.constexpr, HAS_LINEAR: gl.constexpr,
               HAS_BIAS: gl.constexpr, SPLITS: gl.constexpr, PDL: gl.constexpr, FRAG_KB: gl.constexpr = 0,
-              UNROLL: gl.constexpr = 1, PF2: gl.constexpr = 0, PF2_AT: gl.constexpr = 0,
-              PF2_LAST: gl.constexpr = False, SPLITS2: gl.constexpr = 1):
+              UNROLL: gl.constexpr = 1):
     """inter[j, rows] = act(gate . x + b, up . x + b) for pair j (token j // TOP_K) and its expert,
     rows [64 rb, 64 rb + 64) (b13 [E, 2 I] with HAS_BIAS). PDL 1 / 2: GEMM2's programs may launch
     from this program's start / once its K loop is done. FRAG_KB > 0: the rows stored in
-    fragment_order for GEMM2 steps of 64 FRAG_KB codes. UNROLL: the K loop over single steps (1) or pairs (2).
-    PF2 > 0: the program asks L2 for its share of the pair's GEMM2 weights (_prefetch_gemm2, the first PF2 codes
-    of each of GEMM2's SPLITS2 splits of K_SPLIT2 codes, from w2_ptr / s2_ptr) at its start (PF2_AT 0) or after its
-    K loop (1), PF2_LAST: marked evict_last."""
+    fragment_order for GEMM2 steps of 64 FRAG_KB codes. UNROLL: the K loop over single steps (1) or pairs (2)."""
     if PDL == 1:
         _gdc_launch()
     rb, j, sp, e, w_ptr, s_ptr = _program(w_ptr, s_ptr, ids_ptr, 2 * I, K)
     if e >= 0:
-        if PF2 > 0 and PF2_AT == 0:
-            _prefetch_gemm2(w2_ptr, s2_ptr, e, K, I, K_SPLIT2, SPLITS2, PF2, PF2_LAST)
         acc_g, acc_u = _k_loop(w_ptr, s_ptr, _x_operand_ptrs(x_ptr + (j // TOP_K) * K, KB), 0, K, sp * K_SPLIT,
                                K_SPLIT, (I // 16) * (2 * K), (I // 16) * (K // 8), KB, True, False, False,
                                UNROLL=UNROLL)
-        if PF2 > 0 and PF2_AT == 1:
-            _prefetch_gemm2(w2_ptr, s2_ptr, e, K, I, K_SPLIT2, SPLITS2, PF2, PF2_LAST)
         if PDL == 2:
             _gdc_launch()
         g = _column0(acc_g)
@@ -469,8 +423,7 @@ def _words(t: torch.Tensor) -> torch.Tensor:
 def forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias, act, out, *,
             k1: int, k2: int, splits1: int, splits2: int, pdl: int = 0, k_sum=None, frag: bool = False,
             rows2: int = 64, unroll: tuple[int, int] = (1, 1), maxnreg: tuple[int, int] = (0, 0),
-            reuse_counters: bool = True, release2: bool = False, prefetch2: int = 0, prefetch2_at: int = 0,
-            prefetch2_last: bool = False) -> torch.Tensor:
+            reuse_counters: bool = True, release2: bool = False) -> torch.Tensor:
     """out [T, H] bf16 = the layer for a few tokens x [T, H] bf16, programs per (token, expert) pair
     (contiguous hopper_mma_rot tensors, scales <= 2; k1 / k2 codes a K step of GEMM1 / GEMM2, 64 or
     128, splits dividing H / I into whole steps; the caller checks these; pdl: 0, or GEMM2 launched as
@@ -481,9 +434,7 @@ def forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w
     dividing H; unroll: GEMM1's / GEMM2's K loop over single steps (1) or pairs (2); maxnreg: their register caps, 0
     none; reuse_counters: the arrival counters from counters.zeroed_counters' buffer for the device, which the kernels
     leave zero, else zeroed for this call; release2: k_sum's kernel launched as a programmatic dependent of GEMM2,
-    which releases it from its start; prefetch2: GEMM1's programs ask L2 for the first prefetch2 codes (a multiple of
-    32; -1 all) of each of GEMM2's K splits of the pair's w2 rows, at their start (prefetch2_at 0) or after their K
-    loops (1), marked evict_last with prefetch2_last)."""
+    which releases it from its start)."""
     E, two_i, _ = w13.shape
     H, I = x.shape[1], two_i // 2
     T, k = topk_ids.shape
@@ -498,11 +449,9 @@ def forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w
     tw = topk_weights.reshape(-1)
     few_gemm1[(I // 64, pairs, splits1)](
         _words(w13), _words(w13_scale), x, ids, w13_bias if w13_bias is not None else part1, inter, part1, cnt,
-        H, I, H // splits1, k, act["p0"], act["p1"], _words(w2), _words(w2_scale), I // splits2, KB=k1 // 64, ACT=act["ACT"], HAS_LIMIT=act["HAS_LIMIT"],
+        H, I, H // splits1, k, act["p0"], act["p1"], KB=k1 // 64, ACT=act["ACT"], HAS_LIMIT=act["HAS_LIMIT"],
         HAS_LINEAR=act["HAS_LINEAR"], HAS_BIAS=w13_bias is not None, SPLITS=splits1, PDL=pdl,
-        FRAG_KB=k2 // 64 if frag else 0, UNROLL=unroll[0],
-        PF2=min(I // splits2, prefetch2) // 32 * 32 if prefetch2 >= 0 else I // splits2, PF2_AT=prefetch2_at,
-        PF2_LAST=prefetch2_last, SPLITS2=splits2, num_warps=4, **_cap(maxnreg[0]))
+        FRAG_KB=k2 // 64 if frag else 0, UNROLL=unroll[0], num_warps=4, **_cap(maxnreg[0]))
     few_gemm2[(H // rows2, pairs, splits2)](
         _words(w2), _words(w2_scale), inter, ids, w2_bias if w2_bias is not None else part2, tw, part2,
         cnt[pairs * (I // 64) * (splits1 > 1):], out, I, H, I // splits2, k, KB=k2 // 64,

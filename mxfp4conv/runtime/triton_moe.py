@@ -200,12 +200,6 @@ class MoEConfig:
     # / 0.995 / 0.996, T = 160 / 256 1.006 / 1.000 (within their rounds' spread), DSV3-like T = 8 / 16 / 64 0.993 /
     # 0.999 / 0.998
     gluon_grouped_pdl: int = 2
-    # the per-pair GEMM1's programs ask L2 for their pair's GEMM2 weights ahead of GEMM2 (cp.async.bulk.prefetch.L2):
-    # the first gluon_prefetch2 codes of each of GEMM2's K splits of every w2 row (0 none, -1 all), at the program's
-    # start (gluon_prefetch2_at 0) or after its K loop (1), marked evict_last (gluon_prefetch2_last 1) or not (0)
-    gluon_prefetch2: int = 0
-    gluon_prefetch2_at: int = 0
-    gluon_prefetch2_last: int = 0
 
 
 def layout_of(layout: Mapping[str, str]) -> str | None:
@@ -490,9 +484,7 @@ def fused_moe_triton(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, *,
                                   cfg.gluon_frag == 1, rows2,
                                   loop_tuning(cfg, False, plan[0], rows2, i_pad // 64 * num_pairs * plan[2],
                                               device_sms(x.device)),
-                                  cfg.gluon_counters == 1, cfg.gluon_sum_pdl == 1,
-                                  dict(prefetch2=cfg.gluon_prefetch2, prefetch2_at=cfg.gluon_prefetch2_at,
-                                       prefetch2_last=cfg.gluon_prefetch2_last == 1))
+                                  cfg.gluon_counters == 1, cfg.gluon_sum_pdl == 1)
             if done is not None:
                 return done
         elif (blocks := grouped_plan(cfg, x, weights, topk_ids.shape[1], layout, E)) is not None:
@@ -874,10 +866,7 @@ def _check_gluon_knobs(cfg: MoEConfig) -> None:
         raise RuntimeInputError(f"fused_moe_triton: gluon_block_t must be 8 or 16, got {cfg.gluon_block_t}.")
     if cfg.gluon_grouped_pdl not in (0, 1, 2):
         raise RuntimeInputError(f"fused_moe_triton: gluon_grouped_pdl must be 0, 1 or 2, got {cfg.gluon_grouped_pdl}.")
-    if cfg.gluon_prefetch2 < -1 or cfg.gluon_prefetch2 % 32 and cfg.gluon_prefetch2 != -1:
-        raise RuntimeInputError("fused_moe_triton: gluon_prefetch2 must be -1, 0 or a positive multiple of 32, "
-                                f"got {cfg.gluon_prefetch2}.")
-    for name in ("gluon_counters", "gluon_sum_pdl", "gluon_prefetch2_at", "gluon_prefetch2_last"):
+    for name in ("gluon_counters", "gluon_sum_pdl"):
         if getattr(cfg, name) not in (0, 1):
             raise RuntimeInputError(f"fused_moe_triton: {name} must be 0 or 1, got {getattr(cfg, name)}.")
     for name in ("gluon_unroll1", "gluon_unroll2"):
@@ -984,13 +973,13 @@ def gluon_runnable(cfg: MoEConfig, x: torch.Tensor, weights, layout: str) -> boo
 
 def _gluon_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias, act, out, plan,
                    required, pdl=0, by_kernel=False, frag=False, rows2=64, tune=None, reuse_counters=True,
-                   sum_pdl=False, prefetch=None):
+                   sum_pdl=False):
     """The layer in the few-token Gluon kernels; None (the caller runs the hopper_mma kernels) where
     they fail to compile and were not required: a Triton whose Gluon differs from the one they were
     written for. The failure is warned about once. by_kernel: the sum over k in the k-sum kernel; frag: the
     intermediate rows in fragment order; rows2: GEMM2's rows a program; tune: loop_tuning's unroll and maxnreg;
     reuse_counters: the arrival counters from the device's buffer (counters.zeroed_counters); sum_pdl: the k-sum kernel
-    a programmatic dependent of GEMM2; prefetch: forward's prefetch2 options."""
+    a programmatic dependent of GEMM2."""
     k1, k2, s1, s2 = plan
     tensors = _contiguous(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias)
     sum_pdl = sum_pdl and HK.HAS_GDC  # (k_sum runs only with by_kernel; forward releases it only then)
@@ -1003,7 +992,7 @@ def _gluon_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_
                                                              pdl=pdl if HK.HAS_GDC else 0,
                                                              k_sum=k_sum if by_kernel else None,
                                                              frag=frag, rows2=rows2, reuse_counters=reuse_counters,
-                                                             release2=sum_pdl, **(prefetch or {}),
+                                                             release2=sum_pdl,
                                                              **(tune or {})), required)
 
 
