@@ -10,11 +10,13 @@ float64 product of the dequantised weights first. Beside them, three floors of t
 the stream's loads alone (folded by xor, no decode, no MMA: rows gemmN/ro), the same with each
 step's tile one contiguous run (/c, a step-major order no layout has, timed for its read rate),
 and the words as TMA bulk copies into shared memory, 2-8 stages deep (/tma; there the "depth"
-column is the stage count). Production kernels are timed per kernel from a profile of the whole
+column is the stage count). The stream's work itself also runs with its words, scale words and x
+coming by TMA (/tmas: one-warp programs, a ring of STAGES stages of SUB steps in shared memory; the
+"KB" column is 10 KB + SUB, "depth" the stages). Production kernels are timed per kernel from a profile of the whole
 MoE on the same bytes, L2 flushed before each call; the streams by CUDA-graph replay over enough
 copies of the weights to defeat L2.
 
-    python benchmarks/gluon_t1_bench.py [--points dsv3:1,k3:1,k3:8] [--out DIR]
+    python benchmarks/gluon_t1_bench.py [--points dsv3:1,k3:1,k3:8] [--kinds stream,tma_stream] [--quick] [--out DIR]
 """
 
 from __future__ import annotations
@@ -33,12 +35,19 @@ from triton.experimental.gluon.language.nvidia.ampere import mma_v2  # noqa: E40
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma  # noqa: E402
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: E402
 
-from mxfp4conv.runtime.gluon_few_tokens import FACTORS32_PTX, WORDS32_ROT_PTX, _decode, _offsets  # noqa: E402
+from mxfp4conv.runtime.gluon_few_tokens import FACTORS32_PTX, WORDS32_ROT_PTX, _barrier, _decode, _offsets  # noqa: E402
 from benchmarks.kernel_split import split as kernel_times  # noqa: E402
 from benchmarks.moe_bench import SHAPES, copy_bandwidth, graph_time_us, make_weights, routing  # noqa: E402
 from mxfp4conv.codec import dequantize_mxfp4  # noqa: E402
 from mxfp4conv.runtime.triton_moe import LAYOUT_SETS, fused_moe_triton, select_config  # noqa: E402
 from mxfp4conv.shuffle import get_layout  # noqa: E402
+
+
+# the TMA load's name from triton 3.7 on / before
+_tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+# tma_stream's rings: (KB, SUB, STAGES)
+TMA_STREAM_RINGS = ((1, 1, 4), (1, 1, 6), (1, 2, 3), (1, 2, 4), (1, 4, 2), (1, 4, 3), (2, 1, 3), (2, 1, 4), (2, 2, 3))
+KINDS = ("stream", "ro", "contig", "tma", "tma_stream")
 
 
 @gluon.jit
@@ -157,9 +166,9 @@ def tma_read(desc, out_ptr, SLABS, STEPS, HALF_SLABS, STAGES: gl.constexpr, GATE
         mbarrier.init(bars.index(i), count=1)
     for i in gl.static_range(STAGES):
         mbarrier.expect(bars.index(i), nbytes)
-        tma.async_copy_global_to_shared(desc, [row, col0 + i * box], bars.index(i), bufs.index(i))
+        _tma_load(desc, [row, col0 + i * box], bars.index(i), bufs.index(i))
         if GATE_UP:
-            tma.async_copy_global_to_shared(desc, [row + HALF_SLABS, col0 + i * box], bars.index(i),
+            _tma_load(desc, [row + HALF_SLABS, col0 + i * box], bars.index(i),
                                             bufs.index(STAGES + i))
     fold = gl.zeros([4, box], gl.int32, layout=BL)
     for it in range(STEPS):
@@ -172,14 +181,118 @@ def tma_read(desc, out_ptr, SLABS, STEPS, HALF_SLABS, STAGES: gl.constexpr, GATE
         nxt = it + STAGES
         if nxt < STEPS:
             mbarrier.expect(bars.index(st), nbytes)
-            tma.async_copy_global_to_shared(desc, [row, col0 + nxt * box], bars.index(st), bufs.index(st))
+            _tma_load(desc, [row, col0 + nxt * box], bars.index(st), bufs.index(st))
             if GATE_UP:
-                tma.async_copy_global_to_shared(desc, [row + HALF_SLABS, col0 + nxt * box], bars.index(st),
+                _tma_load(desc, [row + HALF_SLABS, col0 + nxt * box], bars.index(st),
                                                 bufs.index(STAGES + st))
     pid = (gl.program_id(2) * gl.num_programs(1) + gl.program_id(1)) * gl.num_programs(0) + gl.program_id(0)
     r = gl.arange(0, 4, layout=gl.SliceLayout(1, BL))
     c = gl.arange(0, box, layout=gl.SliceLayout(0, BL))
     gl.store(out_ptr + pid * (4 * box) + r[:, None] * box + c[None, :], fold)
+
+
+@gluon.jit
+def _tma_stage(wdesc, sdesc, xdesc, row, xrow, st, step, HALF_SLABS, wbufs, sbufs, xbufs, bars, STAGES: gl.constexpr,
+               GATE_UP: gl.constexpr, SPAN: gl.constexpr):
+    """Ring stage st's TMA loads: SPAN 64-code steps from step `step` of slab row `row` (and of the up half's) and of
+    x's row xrow, all on the stage's barrier."""
+    NG: gl.constexpr = 2 if GATE_UP else 1
+    nbytes: gl.constexpr = NG * SPAN * (128 + 8) * 4 + SPAN * 128
+    mbarrier.expect(bars.index(st), nbytes)
+    _tma_load(wdesc, [row, step, 0], bars.index(st), wbufs.index(st))
+    _tma_load(sdesc, [row, step, 0], bars.index(st), sbufs.index(st))
+    _tma_load(xdesc, [xrow, step * 64], bars.index(st), xbufs.index(st))
+    if GATE_UP:
+        _tma_load(wdesc, [row + HALF_SLABS, step, 0], bars.index(st), wbufs.index(STAGES + st))
+        _tma_load(sdesc, [row + HALF_SLABS, step, 0], bars.index(st), sbufs.index(STAGES + st))
+
+
+@gluon.jit
+def tma_stream(wdesc, sdesc, xdesc, out_ptr, SLABS, STAGE_ITERS, HALF_SLABS, X_ROWS, ROWS, KB: gl.constexpr,
+               SUB: gl.constexpr, STAGES: gl.constexpr, GATE_UP: gl.constexpr, WPTX: gl.constexpr,
+               FPTX: gl.constexpr):
+    """stream's work (DEPTH aside) in one-warp programs whose words, scale words and x come by TMA into a ring of
+    STAGES stages of SUB steps of 64 KB codes in shared memory: program (16-row slab, pair, split), the slab's rows
+    (with GATE_UP the same rows of the up half too) over STAGE_ITERS stages. wdesc: the words as [slabs, K / 64, 128]
+    int32, box [1, SUB KB, 128]; sdesc: the scale words as [slabs, K / 64, 8], box [1, SUB KB, 8]; xdesc: x as
+    [X_ROWS, K] bf16 (pair e reads row e where X_ROWS > 1, else row 0), box [1, 64 SUB KB]. With one warp a program
+    the ring needs no barrier across warps, and the steps in flight hold no registers."""
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, 1], instr_shape=[16, 8])
+    a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
+    b_op: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=2)
+    wl: gl.constexpr = gl.BlockedLayout([1, 1, 1, 1, 4], [1, 1, 8, 4, 1], [1, 1, 1, 1, 1], [4, 3, 2, 1, 0])
+    sl: gl.constexpr = gl.BlockedLayout([1, 1, 1, 1], [1, 1, 8, 4], [1, 1, 1, 1], [3, 2, 1, 0])
+    wread: gl.constexpr = gl.BlockedLayout([1, 1, 4], [1, 1, 32], [1, 1, 1], [2, 1, 0])
+    sread: gl.constexpr = gl.SliceLayout(3, sl)
+    rb = gl.program_id(0)
+    e = gl.program_id(1)
+    sp = gl.program_id(2)
+    row = e * SLABS + rb
+    xrow = e if X_ROWS > 1 else 0
+    SPAN: gl.constexpr = SUB * KB
+    s0 = sp * STAGE_ITERS * SPAN
+    NG: gl.constexpr = 2 if GATE_UP else 1
+    wbufs = gl.allocate_shared_memory(gl.int32, [STAGES * NG, 1, SPAN, 128], wdesc.layout)
+    sbufs = gl.allocate_shared_memory(gl.int32, [STAGES * NG, 1, SPAN, 8], sdesc.layout)
+    xbufs = gl.allocate_shared_memory(gl.bfloat16, [STAGES, 1, 64 * SPAN], xdesc.layout)
+    bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(bars.index(i), count=1)
+    for i in gl.static_range(STAGES):
+        _tma_stage(wdesc, sdesc, xdesc, row, xrow, i, s0 + i * SPAN, HALF_SLABS, wbufs, sbufs, xbufs, bars, STAGES,
+                   GATE_UP, SPAN)
+    acc_g = gl.zeros([16, 8], gl.float32, layout=mma)
+    acc_u = gl.zeros([16, 8], gl.float32, layout=mma)
+    zs = gl.zeros([1, KB, 8, 4], gl.int32, layout=sl)
+    zx = gl.zeros([64 * KB, 8], gl.bfloat16, layout=b_op)
+    for it in range(STAGE_ITERS):
+        st = it % STAGES
+        mbarrier.wait(bars.index(st), (it // STAGES) & 1)
+        for j in gl.static_range(SUB):
+            wg = gl.convert_layout(wbufs.index(st).slice(j * KB, KB, dim=1).load(wread).reshape(1, KB, 8, 4, 4), wl)
+            sg = gl.broadcast(gl.expand_dims(sbufs.index(st).slice(j * KB, KB, dim=1).load(sread), 3), zs)[0]
+            xv = xbufs.index(st).reshape([64 * SPAN]).slice(j * 64 * KB, 64 * KB).load(gl.SliceLayout(1, b_op))
+            x = gl.broadcast(gl.expand_dims(xv, 1), zx)[0]
+            acc_g = mma_v2(gl.convert_layout(_decode(wg, sg, 1, KB, WPTX, FPTX), a_op), x, acc_g)
+            if GATE_UP:
+                wu = gl.convert_layout(wbufs.index(STAGES + st).slice(j * KB, KB, dim=1).load(wread)
+                                       .reshape(1, KB, 8, 4, 4), wl)
+                su = gl.broadcast(gl.expand_dims(sbufs.index(STAGES + st).slice(j * KB, KB, dim=1).load(sread), 3),
+                                  zs)[0]
+                acc_u = mma_v2(gl.convert_layout(_decode(wu, su, 1, KB, WPTX, FPTX), a_op), x, acc_u)
+        _barrier()  # the warp's lanes have read the stage before it is refilled
+        nxt = it + STAGES
+        if nxt < STAGE_ITERS:
+            _tma_stage(wdesc, sdesc, xdesc, row, xrow, st, s0 + nxt * SPAN, HALF_SLABS, wbufs, sbufs, xbufs, bars,
+                       STAGES, GATE_UP, SPAN)
+    half = ROWS // 2 if GATE_UP else ROWS
+    om = gl.arange(0, 16, layout=gl.SliceLayout(1, mma))
+    on = gl.arange(0, 8, layout=gl.SliceLayout(0, mma))
+    o = out_ptr + (sp * gl.num_programs(1) + e) * ROWS + rb * 16 + om[:, None] + on[None, :] * 0
+    gl.store(o, acc_g, mask=on[None, :] == 0)
+    if GATE_UP:
+        gl.store(o + half, acc_u, mask=on[None, :] == 0)
+
+
+def tma_descs(w, s, x, K, span):
+    """TMA descriptors of hopper_mma_rot int32 words w and scale words s (matrices of K codes, 16-row slabs,
+    padding after them) and of x ([K] or [rows, K] bf16) for tma_stream's stages of span 64-code steps."""
+    layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=3)
+    steps = K // 64
+    wd = TensorDescriptor(w, [w.numel() // (2 * K), steps, 128], [2 * K, 128, 1], [1, span, 128], layout)
+    sd = TensorDescriptor(s, [s.numel() // (K // 8), steps, 8], [K // 8, 8, 1], [1, span, 8], layout)
+    x2 = x.reshape(-1, K)
+    xd = TensorDescriptor(x2, list(x2.shape), [K, 1], [1, 64 * span],
+                          gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=2))
+    return wd, sd, xd
+
+
+def run_tma_stream(descs, x_rows, out, K, rows, split, gate_up, kb, sub, stages, pairs):
+    """tma_stream over pairs matrices of rows rows and K codes; out [split, pairs, rows] fp32."""
+    grid = ((rows // 2 if gate_up else rows) // 16, pairs, split)
+    tma_stream[grid](*descs, out, rows // 16, K // (64 * kb * sub) // split, rows // 32, x_rows, rows,
+                     KB=kb, SUB=sub, STAGES=stages, GATE_UP=gate_up, WPTX=WORDS32_ROT_PTX, FPTX=FACTORS32_PTX,
+                     num_warps=1)
 
 
 def run_tma(desc, out, rows, split, gate_up, kb, stages, pairs, K):
@@ -207,7 +320,7 @@ def stored(w, s, pad_words):
     return torch.cat([ws, pad]), torch.cat([ss, pad])
 
 
-def bench(name, T, copy_bw, log):
+def bench(name, T, copy_bw, log, kinds=KINDS, quick=False):
     """Production per kernel at T tokens (real routing over all experts), then the streams over the
     touched experts' matrices, one token each (at T = 1 exactly the production work; past it the
     same bytes, with the few experts that get two pairs counted once)."""
@@ -250,10 +363,13 @@ def bench(name, T, copy_bw, log):
             ("gemm1", (st1, H, 2 * I, True, x, ref1, bytes1)),
             ("gemm2", (st2, I, H, False, x2, ref2, bytes2))):
         splits = (1, 2, 4, 8)
-        grid = [(ro, False, kb, d, sp) for ro in (False, True) for kb in (1, 2, 4) for d in (1, 2) for sp in splits]
+        grid = [(ro, False, kb, d, sp) for ro in (False, True) for kb in (1, 2, 4) for d in (1, 2) for sp in splits
+                if not quick or (kb < 4 and d == 1)]
         grid += [(ro, True, kb, 1, sp) for ro in (False, True) for kb in (1, 2, 4) for sp in splits]
         for ro, contig, kb, depth, split in grid:
             if K % (split * 64 * kb) or (K // split) // (64 * kb) < 2:
+                continue
+            if ("contig" if contig else "ro" if ro else "stream") not in kinds:
                 continue
             programs = (nrows // 2 if gate_up else nrows) // 64 * k * split
             label = (f"{name} {gemm}{' read-only' if ro else ''}{' contiguous' if contig else ''} KB={kb} "
@@ -273,9 +389,30 @@ def bench(name, T, copy_bw, log):
             rows.append((name, gemm + ("/ro" if ro else "") + ("/c" if contig else ""), kb, depth, split, programs, t,
                          nbytes / (t * 1e-6) / copy_bw, err, T))
             log(f"  {label}: {programs} programs, {t:.1f} us, {100 * rows[-1][7]:.1f}% copy, rel err {err:.1e}")
+        for kb, sub, stages, split in ((kb, sub, n, sp) for kb, sub, n in TMA_STREAM_RINGS for sp in splits):
+            span = kb * sub
+            if "tma_stream" not in kinds or K % (split * 64 * span) or K // (split * 64 * span) < stages:
+                continue
+            descs = [tma_descs(w, s, xin, K, span) for w, s in st]
+            x_rows = xin.reshape(-1, K).shape[0]
+            programs = (nrows // 2 if gate_up else nrows) // 16 * k * split
+            outs = [torch.empty(split, k, nrows, device="cuda", dtype=torch.float32) for _ in st]
+            label = f"{name} {gemm} TMA stream KB={kb} sub={sub} stages={stages} split={split}"
+            try:
+                run_tma_stream(descs[0], x_rows, outs[0], K, nrows, split, gate_up, kb, sub, stages, k)
+                torch.cuda.synchronize()
+            except Exception as exc:  # a configuration that does not compile is a row, not a crash
+                log(f"  {label}: {type(exc).__name__}: {str(exc)[:300]}")
+                continue
+            err = float((outs[0].double().sum(0) - ref).norm() / ref.norm())
+            t = graph_time_us([lambda c=c: run_tma_stream(descs[c], x_rows, outs[c], K, nrows, split, gate_up, kb, sub,
+                                                          stages, k) for c in range(len(st))])
+            rows.append((name, gemm + "/tmas", kb * 10 + sub, stages, split, programs, t,
+                         nbytes / (t * 1e-6) / copy_bw, err, T))
+            log(f"  {label}: {programs} programs, {t:.1f} us, {100 * rows[-1][7]:.1f}% copy, rel err {err:.1e}")
         for kb, stages, split in ((kb, n, sp) for kb in (1, 2) for n in (2, 4, 8) for sp in splits):
             steps = K // (64 * kb) // split
-            if K % (split * 64 * kb) or steps < stages:
+            if "tma" not in kinds or K % (split * 64 * kb) or steps < stages:
                 continue
             box = 128 * kb
             layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
@@ -325,12 +462,14 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--points", default="dsv3:1,k3:1", help="shape:T, comma-separated")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--quick", action="store_true", help="the stream rows in 64- and 128-code steps one step ahead only")
+    ap.add_argument("--kinds", default=",".join(KINDS), help="which rows, comma-separated, of " + ", ".join(KINDS))
     args = ap.parse_args()
     log, lines, copy_bw = start_log()
     table = []
     for point in args.points.split(","):
         name, T = point.split(":")
-        table += bench(name, int(T), copy_bw, log)
+        table += bench(name, int(T), copy_bw, log, args.kinds.split(","), args.quick)
     hdr = (f"{'shape':6s} {'T':>4s} {'gemm':11s} {'KB':>3s} {'depth':>5s} {'split':>5s} {'progs':>6s} {'us':>8s} "
            f"{'%copy':>6s} {'relerr':>8s}")
     log(hdr)

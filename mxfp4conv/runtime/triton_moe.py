@@ -200,6 +200,19 @@ class MoEConfig:
     # / 0.995 / 0.996, T = 160 / 256 1.006 / 1.000 (within their rounds' spread), DSV3-like T = 8 / 16 / 64 0.993 /
     # 0.999 / 0.998
     gluon_grouped_pdl: int = 2
+    # the per-pair kernels in one-warp programs of 16-row slabs whose weights, e8m0 scale words and B operands arrive by
+    # TMA into a ring of shared-memory stages (gluon_tma_pairs; 1 on where x and the intermediate can be TMA sources,
+    # 0 off): each GEMM's ring of gluon_tma_stages stages of gluon_tma_sub steps of 64 gluon_tma_kb codes, lowered to
+    # what its K splits hold, and its K splits (0: automatic, tma_splits)
+    gluon_tma: int = 0
+    gluon_tma_kb1: int = 1
+    gluon_tma_sub1: int = 2
+    gluon_tma_stages1: int = 3
+    gluon_tma_kb2: int = 1
+    gluon_tma_sub2: int = 2
+    gluon_tma_stages2: int = 3
+    gluon_tma_split1: int = 0
+    gluon_tma_split2: int = 0
 
 
 def layout_of(layout: Mapping[str, str]) -> str | None:
@@ -477,6 +490,11 @@ def fused_moe_triton(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, *,
     if layout in HOPPER_SETS:
         weights = (w13, w13_scale, w2, w2_scale)
         plan = gluon_plan(cfg, x, weights, top_k, layout)
+        if plan is not None and cfg.gluon_tma == 1 and _tma_pairs_module() is not None and _tma_ok(x, weights):
+            done = _gluon_tma_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias,
+                                      act, out, cfg)
+            if done is not None:
+                return done
         if plan is not None:
             rows2 = gluon_rows2(cfg, H, i_pad, plan[1])
             done = _gluon_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias,
@@ -717,6 +735,68 @@ def _gluon_module():
     except (ImportError, AttributeError, TypeError):
         return None
     return gluon_few_tokens
+
+
+def _tma_pairs_module():
+    """mxfp4conv.runtime.gluon_tma_pairs, or None where this Triton lacks the Gluon TMA parts it uses."""
+    try:
+        from mxfp4conv.runtime import gluon_tma_pairs
+    except (ImportError, AttributeError, TypeError):
+        return None
+    return gluon_tma_pairs
+
+
+def _tma_ok(x: torch.Tensor, weights) -> bool:
+    """Whether x (and so the intermediate of its shape) and the weights can be TMA sources for the ring kernels:
+    16-byte aligned storage."""
+    return all(t.data_ptr() % 16 == 0 for t in (x, *weights))
+
+
+# the ring kernels' GEMM1 takes the fewest K splits giving it this many one-warp programs (about 16 an SM on 132 SMs),
+# GEMM2 those giving _TMA_PROGRAMS2
+_TMA_PROGRAMS1 = 2048
+_TMA_PROGRAMS2 = 2048
+
+
+def tma_rings(cfg: MoEConfig, H: int, i_pad: int, pairs: int) -> tuple[tuple[int, int, int], tuple[int, int, int],
+                                                                       int, int]:
+    """((KB, SUB, STAGES) of GEMM1, of GEMM2, splits1, splits2) of the ring kernels: cfg's rings, K splits (cfg's or
+    the fewest that give _TMA_PROGRAMS1 / _TMA_PROGRAMS2 programs) lowered to a divisor of the stages, each ring's
+    stages lowered to the stages a split holds."""
+    rings, splits = [], []
+    for K, rows, kb, sub, stages, split, target in (
+            (H, i_pad, cfg.gluon_tma_kb1, cfg.gluon_tma_sub1, cfg.gluon_tma_stages1, cfg.gluon_tma_split1,
+             _TMA_PROGRAMS1),
+            (i_pad, H, cfg.gluon_tma_kb2, cfg.gluon_tma_sub2, cfg.gluon_tma_stages2, cfg.gluon_tma_split2,
+             _TMA_PROGRAMS2)):
+        if kb not in (1, 2) or sub not in (1, 2, 4) or kb * sub > 4 or not 1 <= stages <= 8:
+            raise RuntimeInputError(f"fused_moe_triton: a TMA ring must have KB 1 or 2, SUB 1, 2 or 4 (KB x SUB <= 4) "
+                                    f"and 1-8 stages, got ({kb}, {sub}, {stages}).")
+        while K % (64 * kb * sub):
+            kb, sub = (1, sub) if kb > 1 else (kb, sub // 2)
+        n = K // (64 * kb * sub)
+        s = _divisor_splits(split or triton.cdiv(target, rows // 16 * pairs), n)
+        rings.append((kb, sub, min(stages, n // s)))
+        splits.append(s)
+    return rings[0], rings[1], splits[0], splits[1]
+
+
+def _gluon_tma_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias, act, out, cfg):
+    """The layer in the ring kernels (gluon_tma_pairs) with tma_rings' plan; the sum over k in the k-sum kernel where
+    sum2_by_kernel would take it for the per-pair kernels in 128-code steps. None as _gluon_forward."""
+    i_pad = w13.shape[1] // 2
+    ring1, ring2, s1, s2 = tma_rings(cfg, x.shape[1], i_pad, topk_ids.numel())
+    by_kernel = sum2_by_kernel(cfg, i_pad, (64, 128, s1, s2))  # (rows of 128-code steps, as the per-pair kernels)
+    tensors = _contiguous(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias)
+    sum_pdl = cfg.gluon_sum_pdl == 1 and HK.HAS_GDC
+
+    def k_sum(part2):
+        _sum_launch(part2, tensors[6], out, x.shape[1], topk_ids.shape[1], w13.shape[0], s2, sum_pdl)
+        return out
+
+    return _compiled_or_none(lambda: _tma_pairs_module().forward(
+        *tensors, act, out, rings=(ring1, ring2), splits1=s1, splits2=s2, pdl=cfg.gluon_pdl if HK.HAS_GDC else 0,
+        k_sum=k_sum if by_kernel else None, reuse_counters=cfg.gluon_counters == 1, release2=sum_pdl), cfg.gluon == 1)
 
 
 _GLUON_BROKEN: list[str] = []  # why the Gluon kernels failed to compile here, once they have
