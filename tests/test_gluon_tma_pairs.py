@@ -19,23 +19,27 @@ from mxfp4conv.runtime.triton_moe import MoEConfig, tma_rings
 def test_rings_and_splits_of_the_measured_layers():
     # DSV3-like T = 1: 8 pairs; GEMM1 128 slabs a pair, 56 stages of 2 steps: 2 splits give 2048 programs; GEMM2 448
     # slabs a pair (3584 programs) unsplit, 16 stages of 128 codes
-    assert tma_rings(MoEConfig(), 7168, 2048, 8) == ((1, 2, 3), (1, 2, 3), 2, 1)
+    assert tma_rings(MoEConfig(), 7168, 2048, 8) == ((1, 1, 2, 3), (1, 1, 2, 3), 2, 1)
     # K3-like T = 1: 16 pairs; GEMM1 24 slabs a pair (384 programs): 6 splits asked, lowered to 4, the largest divisor
     # of its 28 stages under that (1536 programs); GEMM2 224 slabs (3584 programs) unsplit, its 3 stages
-    assert tma_rings(MoEConfig(), 3584, 384, 16) == ((1, 2, 3), (1, 2, 3), 4, 1)
+    assert tma_rings(MoEConfig(), 3584, 384, 16) == ((1, 1, 2, 3), (1, 1, 2, 3), 4, 1)
+    # programs of 4 slabs: a quarter of the programs, so more K splits: GEMM1 22 asked, 14 taken (2 stages each), GEMM2
+    # 3 (one stage each)
+    assert tma_rings(MoEConfig(gluon_tma_nb1=4, gluon_tma_nb2=4), 3584, 384, 16) == ((4, 1, 2, 2), (4, 1, 2, 1), 14, 3)
 
 
 def test_rings_are_lowered_to_what_a_split_holds():
-    cfg = MoEConfig(gluon_tma_kb2=2, gluon_tma_sub2=2, gluon_tma_stages2=8, gluon_tma_split1=7, gluon_tma_stages1=8)
-    (kb1, sub1, st1), (kb2, sub2, st2), s1, s2 = tma_rings(cfg, 3584, 384, 16)
-    # GEMM2's rows are 384 codes: a stage of 256 does not divide them, 128 does (3 stages), and 8 stages are lowered to 3
-    assert (kb2, sub2, st2, s2) == (1, 2, 3, 1)
-    # GEMM1: 28 stages of 128 codes in 7 splits, 4 stages each
-    assert (kb1, sub1, st1, s1) == (1, 2, 4, 7)
+    cfg = MoEConfig(gluon_tma_kb2=2, gluon_tma_sub2=2, gluon_tma_stages2=8, gluon_tma_split1=7, gluon_tma_stages1=8,
+                    gluon_tma_nb1=4)
+    (nb1, kb1, sub1, st1), (nb2, kb2, sub2, st2), s1, s2 = tma_rings(cfg, 3584, 192, 16)
+    # GEMM2's rows are 192 codes: stages of 256 or 128 do not divide them, 64 does (3 stages): 8 stages lowered to 3
+    assert (nb2, kb2, sub2, st2, s2) == (1, 1, 1, 3, 1)
+    # GEMM1: 28 stages of 128 codes in 7 splits, 4 stages each; 12 slabs a matrix, programs of 4
+    assert (nb1, kb1, sub1, st1, s1) == (4, 1, 2, 4, 7)
 
 
 @pytest.mark.parametrize("bad", [dict(gluon_tma_kb1=4), dict(gluon_tma_sub2=3), dict(gluon_tma_kb1=2, gluon_tma_sub1=4),
-                                 dict(gluon_tma_stages2=0), dict(gluon_tma_stages1=9)])
+                                 dict(gluon_tma_stages2=0), dict(gluon_tma_stages1=9), dict(gluon_tma_nb2=3)])
 def test_bad_rings_are_refused(bad):
     with pytest.raises(RuntimeInputError, match="TMA ring"):
         tma_rings(MoEConfig(**bad), 7168, 2048, 8)
@@ -53,9 +57,9 @@ TOOL = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin
 out = []
 for name, consts in json.loads(sys.argv[1]):
     fn = getattr(G, name)
-    span = consts["KB"] * consts["SUB"]
-    types = {"wdesc": f"tensordesc<i32[1, {span}, 128],{G._NVMMA3!r}>",
-             "sdesc": f"tensordesc<i32[1, {span}, 8],{G._NVMMA3!r}>",
+    span, nb = consts["KB"] * consts["SUB"], consts["NB"]
+    types = {"wdesc": f"tensordesc<i32[{nb}, {span}, 128],{G._NVMMA3!r}>",
+             "sdesc": f"tensordesc<i32[{nb}, {span}, 8],{G._NVMMA3!r}>",
              "xdesc": f"tensordesc<bf16[1, {64 * span}],{G._NVMMA_X!r}>", "inter_ptr": "*bf16", "b_ptr": "*fp32",
              "part_ptr": "*fp32", "tw_ptr": "*fp32", "out_ptr": "*bf16", "p0": "fp32", "p1": "fp32"}
     sig = {n: "constexpr" if n in consts else types.get(n, "*i32" if n.endswith("_ptr") else "i32")
@@ -76,10 +80,11 @@ print("RESULT" + json.dumps(out))
 _ACT = dict(ACT=triton_moe._ACT_IDS["silu"], HAS_LIMIT=True, HAS_LINEAR=False)
 # (kernel, constexprs): GEMM1 split and unsplit, with and without biases; GEMM2 with its sum in its last programs or
 # not, after GEMM1 (PDL) or not
-JOBS = [("tma_gemm1", dict(KB=1, SUB=2, STAGES=3, **_ACT, HAS_BIAS=False, SPLITS=2, PDL=2)),
-        ("tma_gemm1", dict(KB=2, SUB=2, STAGES=2, **_ACT, HAS_BIAS=True, SPLITS=1, PDL=0)),
-        ("tma_gemm2", dict(KB=1, SUB=2, STAGES=3, HAS_BIAS=False, SPLITS=1, PDL=True, SUM=True, RELEASE=False)),
-        ("tma_gemm2", dict(KB=2, SUB=1, STAGES=4, HAS_BIAS=True, SPLITS=2, PDL=False, SUM=False, RELEASE=True))]
+JOBS = [("tma_gemm1", dict(KB=1, SUB=2, STAGES=3, **_ACT, HAS_BIAS=False, SPLITS=2, PDL=2, NB=1)),
+        ("tma_gemm1", dict(KB=2, SUB=2, STAGES=2, **_ACT, HAS_BIAS=True, SPLITS=1, PDL=0, NB=2)),
+        ("tma_gemm2", dict(KB=1, SUB=2, STAGES=3, HAS_BIAS=False, SPLITS=1, PDL=True, SUM=True, RELEASE=False, NB=1)),
+        ("tma_gemm2", dict(KB=2, SUB=1, STAGES=4, HAS_BIAS=True, SPLITS=2, PDL=False, SUM=False, RELEASE=True,
+                           NB=4))]
 
 
 def _tools_available() -> bool:
@@ -121,8 +126,8 @@ def test_ring_kernels_compile_for_sm90_without_spills(compiled, i):
     assert len(tma) == (2 * matrices + 1) * (consts["STAGES"] + 1), len(tma)
     # a stage's words read back as one 16-byte shared load a lane a step of 64 codes, x as ldmatrix fragments
     steps = consts["KB"] * consts["SUB"]
-    assert ops.count("LDS.128") >= matrices * consts["SUB"] and any(op.startswith("LDSM") for op in ops)
-    assert sum(op.startswith("HMMA.16816.F32.BF16") for op in ops) >= matrices * 4 * steps
+    assert ops.count("LDS.128") >= matrices * consts["SUB"] * consts["NB"] and any(op.startswith("LDSM") for op in ops)
+    assert sum(op.startswith("HMMA.16816.F32.BF16") for op in ops) >= matrices * 4 * steps * consts["NB"]
     assert not any(op == "LDG.E.128" for op in ops)
     # GEMM2 after GEMM1 (PDL) asks for its first stages' weights, then waits for GEMM1, then asks for x
     waits = [n for n, op in enumerate(ops) if op.startswith("ACQBULK")]

@@ -201,10 +201,12 @@ class MoEConfig:
     # 0.999 / 0.998
     gluon_grouped_pdl: int = 2
     # the per-pair kernels in one-warp programs of 16-row slabs whose weights, e8m0 scale words and B operands arrive by
-    # TMA into a ring of shared-memory stages (gluon_tma_pairs; 1 on where x and the intermediate can be TMA sources,
-    # 0 off): each GEMM's ring of gluon_tma_stages stages of gluon_tma_sub steps of 64 gluon_tma_kb codes, lowered to
-    # what its K splits hold, and its K splits (0: automatic, tma_splits)
+    # TMA into a ring of shared-memory stages (gluon_tma_pairs; 1 on where x and the weights can be TMA sources, 0
+    # off): each GEMM's programs of gluon_tma_nb slabs, its ring of gluon_tma_stages stages of gluon_tma_sub steps of
+    # 64 gluon_tma_kb codes, lowered to what its K splits hold, and its K splits (0: automatic, tma_rings)
     gluon_tma: int = 0
+    gluon_tma_nb1: int = 1
+    gluon_tma_nb2: int = 1
     gluon_tma_kb1: int = 1
     gluon_tma_sub1: int = 2
     gluon_tma_stages1: int = 3
@@ -758,25 +760,27 @@ _TMA_PROGRAMS1 = 2048
 _TMA_PROGRAMS2 = 2048
 
 
-def tma_rings(cfg: MoEConfig, H: int, i_pad: int, pairs: int) -> tuple[tuple[int, int, int], tuple[int, int, int],
-                                                                       int, int]:
-    """((KB, SUB, STAGES) of GEMM1, of GEMM2, splits1, splits2) of the ring kernels: cfg's rings, K splits (cfg's or
-    the fewest that give _TMA_PROGRAMS1 / _TMA_PROGRAMS2 programs) lowered to a divisor of the stages, each ring's
-    stages lowered to the stages a split holds."""
+def tma_rings(cfg: MoEConfig, H: int, i_pad: int, pairs: int) -> tuple[tuple[int, int, int, int],
+                                                                       tuple[int, int, int, int], int, int]:
+    """((NB, KB, SUB, STAGES) of GEMM1, of GEMM2, splits1, splits2) of the ring kernels: cfg's programs and rings
+    (NB lowered to a divisor of the slabs), K splits (cfg's or the fewest that give _TMA_PROGRAMS1 / _TMA_PROGRAMS2
+    programs) lowered to a divisor of the stages, each ring's stages lowered to the stages a split holds."""
     rings, splits = [], []
-    for K, rows, kb, sub, stages, split, target in (
-            (H, i_pad, cfg.gluon_tma_kb1, cfg.gluon_tma_sub1, cfg.gluon_tma_stages1, cfg.gluon_tma_split1,
-             _TMA_PROGRAMS1),
-            (i_pad, H, cfg.gluon_tma_kb2, cfg.gluon_tma_sub2, cfg.gluon_tma_stages2, cfg.gluon_tma_split2,
-             _TMA_PROGRAMS2)):
-        if kb not in (1, 2) or sub not in (1, 2, 4) or kb * sub > 4 or not 1 <= stages <= 8:
-            raise RuntimeInputError(f"fused_moe_triton: a TMA ring must have KB 1 or 2, SUB 1, 2 or 4 (KB x SUB <= 4) "
-                                    f"and 1-8 stages, got ({kb}, {sub}, {stages}).")
+    for K, rows, nb, kb, sub, stages, split, target in (
+            (H, i_pad, cfg.gluon_tma_nb1, cfg.gluon_tma_kb1, cfg.gluon_tma_sub1, cfg.gluon_tma_stages1,
+             cfg.gluon_tma_split1, _TMA_PROGRAMS1),
+            (i_pad, H, cfg.gluon_tma_nb2, cfg.gluon_tma_kb2, cfg.gluon_tma_sub2, cfg.gluon_tma_stages2,
+             cfg.gluon_tma_split2, _TMA_PROGRAMS2)):
+        if nb not in (1, 2, 4) or kb not in (1, 2) or sub not in (1, 2, 4) or kb * sub > 4 or not 1 <= stages <= 8:
+            raise RuntimeInputError(f"fused_moe_triton: a TMA ring must have NB 1, 2 or 4, KB 1 or 2, SUB 1, 2 or 4 (KB "
+                                    f"x SUB <= 4) and 1-8 stages, got ({nb}, {kb}, {sub}, {stages}).")
         while K % (64 * kb * sub):
             kb, sub = (1, sub) if kb > 1 else (kb, sub // 2)
+        while rows // 16 % nb:
+            nb //= 2
         n = K // (64 * kb * sub)
-        s = _divisor_splits(split or triton.cdiv(target, rows // 16 * pairs), n)
-        rings.append((kb, sub, min(stages, n // s)))
+        s = _divisor_splits(split or triton.cdiv(target, rows // (16 * nb) * pairs), n)
+        rings.append((nb, kb, sub, min(stages, n // s)))
         splits.append(s)
     return rings[0], rings[1], splits[0], splits[1]
 
@@ -786,7 +790,7 @@ def _gluon_tma_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, 
     sum2_by_kernel would take it for the per-pair kernels in 128-code steps. None as _gluon_forward."""
     i_pad = w13.shape[1] // 2
     ring1, ring2, s1, s2 = tma_rings(cfg, x.shape[1], i_pad, topk_ids.numel())
-    by_kernel = sum2_by_kernel(cfg, i_pad, (64, 128, s1, s2))  # (rows of 128-code steps, as the per-pair kernels)
+    by_kernel = sum2_by_kernel(cfg, i_pad, (64, 128, s1, s2))  # (rows of 128-code steps, as the per-pair kernels')
     tensors = _contiguous(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias)
     sum_pdl = cfg.gluon_sum_pdl == 1 and HK.HAS_GDC
 
