@@ -17,23 +17,26 @@ from mxfp4conv.runtime.triton_moe import MoEConfig, tma_rings
 
 
 def test_rings_and_splits_of_the_measured_layers():
-    # DSV3-like T = 1: 8 pairs; GEMM1 128 slabs a pair, 56 stages of 2 steps: 2 splits give 2048 programs; GEMM2 448
-    # slabs a pair (3584 programs) unsplit, 16 stages of 128 codes
-    assert tma_rings(MoEConfig(), 7168, 2048, 8) == ((1, 1, 2, 3), (1, 1, 2, 3), 2, 1)
-    # K3-like T = 1: 16 pairs; GEMM1 24 slabs a pair (384 programs): 6 splits asked, lowered to 4, the largest divisor
-    # of its 28 stages under that (1536 programs); GEMM2 224 slabs (3584 programs) unsplit, its 3 stages
-    assert tma_rings(MoEConfig(), 3584, 384, 16) == ((1, 1, 2, 3), (1, 1, 2, 3), 4, 1)
-    # programs of 4 slabs: a quarter of the programs, so more K splits: GEMM1 22 asked, 14 taken (2 stages each), GEMM2
-    # 3 (one stage each)
-    assert tma_rings(MoEConfig(gluon_tma_nb1=4, gluon_tma_nb2=4), 3584, 384, 16) == ((4, 1, 2, 2), (4, 1, 2, 1), 14, 3)
+    # DSV3-like T = 1: 8 pairs; GEMM1 128 slabs a pair, 28 stages of 4 steps: 2 splits give 2048 programs; GEMM2 448
+    # slabs a pair (3584 programs) unsplit, 8 stages of 256 codes
+    assert tma_rings(MoEConfig(), 7168, 2048, 8) == ((1, 1, 4, 2), (1, 1, 4, 3), 2, 1)
+    # K3-like T = 1: 16 pairs; GEMM1 24 slabs a pair (384 programs): 6 splits asked, lowered to 2, the largest divisor
+    # of its 14 stages under that; GEMM2's 384 codes hold no stage of 256: stages of 128, two slabs a program (a
+    # stage's scale words fill a 128-byte line), 3 stages, unsplit
+    assert tma_rings(MoEConfig(), 3584, 384, 16) == ((1, 1, 4, 2), (2, 1, 2, 3), 2, 1)
+    # programs of 4 slabs: a quarter of the programs, so more K splits: GEMM1 22 asked, 14 taken (one stage each),
+    # GEMM2 3 (one stage each)
+    cfg = MoEConfig(gluon_tma_nb1=4, gluon_tma_nb2=4, gluon_tma_sub1=2, gluon_tma_sub2=2)
+    assert tma_rings(cfg, 3584, 384, 16) == ((4, 1, 2, 2), (4, 1, 2, 1), 14, 3)
 
 
 def test_rings_are_lowered_to_what_a_split_holds():
     cfg = MoEConfig(gluon_tma_kb2=2, gluon_tma_sub2=2, gluon_tma_stages2=8, gluon_tma_split1=7, gluon_tma_stages1=8,
-                    gluon_tma_nb1=4)
+                    gluon_tma_nb1=4, gluon_tma_sub1=2, gluon_tma_split2=1)
     (nb1, kb1, sub1, st1), (nb2, kb2, sub2, st2), s1, s2 = tma_rings(cfg, 3584, 192, 16)
-    # GEMM2's rows are 192 codes: stages of 256 or 128 do not divide them, 64 does (3 stages): 8 stages lowered to 3
-    assert (nb2, kb2, sub2, st2, s2) == (1, 1, 1, 3, 1)
+    # GEMM2's rows are 192 codes: stages of 256 or 128 do not divide them, 64 does (3 stages): 8 stages lowered to 3,
+    # and 4 slabs a program
+    assert (nb2, kb2, sub2, st2, s2) == (4, 1, 1, 3, 1)
     # GEMM1: 28 stages of 128 codes in 7 splits, 4 stages each; 12 slabs a matrix, programs of 4
     assert (nb1, kb1, sub1, st1, s1) == (4, 1, 2, 4, 7)
 
@@ -80,9 +83,9 @@ print("RESULT" + json.dumps(out))
 _ACT = dict(ACT=triton_moe._ACT_IDS["silu"], HAS_LIMIT=True, HAS_LINEAR=False)
 # (kernel, constexprs): GEMM1 split and unsplit, with and without biases; GEMM2 with its sum in its last programs or
 # not, after GEMM1 (PDL) or not
-JOBS = [("tma_gemm1", dict(KB=1, SUB=2, STAGES=3, **_ACT, HAS_BIAS=False, SPLITS=2, PDL=2, NB=1)),
+JOBS = [("tma_gemm1", dict(KB=1, SUB=4, STAGES=2, **_ACT, HAS_BIAS=False, SPLITS=2, PDL=2, NB=1)),
         ("tma_gemm1", dict(KB=2, SUB=2, STAGES=2, **_ACT, HAS_BIAS=True, SPLITS=1, PDL=0, NB=2)),
-        ("tma_gemm2", dict(KB=1, SUB=2, STAGES=3, HAS_BIAS=False, SPLITS=1, PDL=True, SUM=True, RELEASE=False, NB=1)),
+        ("tma_gemm2", dict(KB=1, SUB=2, STAGES=3, HAS_BIAS=False, SPLITS=1, PDL=True, SUM=True, RELEASE=False, NB=2)),
         ("tma_gemm2", dict(KB=2, SUB=1, STAGES=4, HAS_BIAS=True, SPLITS=2, PDL=False, SUM=False, RELEASE=True,
                            NB=4))]
 

@@ -208,10 +208,10 @@ class MoEConfig:
     gluon_tma_nb1: int = 1
     gluon_tma_nb2: int = 1
     gluon_tma_kb1: int = 1
-    gluon_tma_sub1: int = 2
-    gluon_tma_stages1: int = 3
+    gluon_tma_sub1: int = 4
+    gluon_tma_stages1: int = 2
     gluon_tma_kb2: int = 1
-    gluon_tma_sub2: int = 2
+    gluon_tma_sub2: int = 4
     gluon_tma_stages2: int = 3
     gluon_tma_split1: int = 0
     gluon_tma_split2: int = 0
@@ -763,7 +763,7 @@ _TMA_PROGRAMS2 = 2048
 def tma_rings(cfg: MoEConfig, H: int, i_pad: int, pairs: int) -> tuple[tuple[int, int, int, int],
                                                                        tuple[int, int, int, int], int, int]:
     """((NB, KB, SUB, STAGES) of GEMM1, of GEMM2, splits1, splits2) of the ring kernels: cfg's programs and rings
-    (NB lowered to a divisor of the slabs), K splits (cfg's or the fewest that give _TMA_PROGRAMS1 / _TMA_PROGRAMS2
+    (KB and SUB lowered to divide K, NB raised so that NB x KB x SUB is at least 4), K splits (cfg's or the fewest that give _TMA_PROGRAMS1 / _TMA_PROGRAMS2
     programs) lowered to a divisor of the stages, each ring's stages lowered to the stages a split holds."""
     rings, splits = [], []
     for K, rows, nb, kb, sub, stages, split, target in (
@@ -776,8 +776,11 @@ def tma_rings(cfg: MoEConfig, H: int, i_pad: int, pairs: int) -> tuple[tuple[int
                                     f"x SUB <= 4) and 1-8 stages, got ({nb}, {kb}, {sub}, {stages}).")
         while K % (64 * kb * sub):
             kb, sub = (1, sub) if kb > 1 else (kb, sub // 2)
-        while rows // 16 % nb:
-            nb //= 2
+        # a stage's scale words (32 bytes a slab a 64-code step) must fill whole 128-byte lines: TMA writes shared
+        # memory at 128-byte aligned addresses
+        nb = max(nb, 4 // (kb * sub))
+        if rows // 16 % nb:
+            raise RuntimeInputError(f"fused_moe_triton: a TMA ring's {nb} slabs a program do not divide {rows} rows.")
         n = K // (64 * kb * sub)
         s = _divisor_splits(split or triton.cdiv(target, rows // (16 * nb) * pairs), n)
         rings.append((nb, kb, sub, min(stages, n // s)))
