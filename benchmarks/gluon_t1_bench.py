@@ -45,8 +45,9 @@ from mxfp4conv.shuffle import get_layout  # noqa: E402
 
 # the TMA load's name from triton 3.7 on / before
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
-# tma_stream's rings: (KB, SUB, STAGES)
-TMA_STREAM_RINGS = ((1, 1, 4), (1, 1, 6), (1, 2, 3), (1, 2, 4), (1, 4, 2), (1, 4, 3), (2, 1, 3), (2, 1, 4), (2, 2, 3))
+# tma_stream's rings: (KB, SUB, STAGES); KB x SUB is 4, so that a stage's 32-byte scale words a step fill a
+# 128-byte line (TMA writes shared memory at 128-byte aligned addresses)
+TMA_STREAM_RINGS = ((1, 4, 2), (1, 4, 3), (2, 2, 2), (2, 2, 3))
 KINDS = ("stream", "ro", "contig", "tma", "tma_stream")
 
 

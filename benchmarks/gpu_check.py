@@ -230,8 +230,10 @@ def hopper_variants(T, H, I, k, E):
         out.append(("rows2", dataclasses.replace(default, gluon=1, gluon_rows2=rows2, gluon_sum2=0)))
         # the per-pair kernels in one-warp programs fed by TMA rings: the default rings, and others split in two
         out.append(("tma", dataclasses.replace(default, gluon=1, gluon_tma=1)))
-        out.append(("tma", dataclasses.replace(default, gluon=1, gluon_tma=1, gluon_tma_sub1=4, gluon_tma_kb2=2,
-                                               gluon_tma_split1=2, gluon_tma_split2=2, gluon_sum2=1)))
+        out.append(("tma", dataclasses.replace(default, gluon=1, gluon_tma=2)))
+        out.append(("tma", dataclasses.replace(default, gluon=1, gluon_tma=1, gluon_tma_nb1=2, gluon_tma_sub1=2,
+                                               gluon_tma_kb2=2, gluon_tma_sub2=2, gluon_tma_split1=2,
+                                               gluon_tma_split2=2, gluon_sum2=1)))
         # the K loops the other way (over pairs of steps, or single ones), uncapped
         out.append(("unroll", dataclasses.replace(default, gluon=1, **_other_loops(default, False, H, I, E, T * k, T))))
     else:  # the Gluon kernels on expert blocks: where the default takes them, the variants above on the hopper_mma

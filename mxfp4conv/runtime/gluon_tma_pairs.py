@@ -212,12 +212,13 @@ def _x_desc(x: torch.Tensor, span: int):
 
 def forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias, act, out, *,
             rings: tuple[tuple[int, int, int, int], tuple[int, int, int, int]], splits1: int, splits2: int,
-            pdl: int = 0, k_sum=None, reuse_counters: bool = True, release2: bool = False) -> torch.Tensor:
+            pdl: int = 0, k_sum=None, reuse_counters: bool = True, release2: bool = False, gemm1=None) -> torch.Tensor:
     """out [T, H] bf16 = the layer for a few tokens x [T, H] bf16, a program per (NB 16-row slabs, pair, K split):
     contiguous hopper_mma_rot tensors, scales <= 2, x and the weights 16-byte aligned (TMA sources); rings: (NB, KB,
     SUB, STAGES) of GEMM1 and of GEMM2, programs of NB slabs (of gate and of up in GEMM1), stages of SUB steps of 64
     KB codes, STAGES of them, each K split a whole number (at least STAGES) of stages; pdl, k_sum, reuse_counters and
-    release2 as gluon_few_tokens.forward."""
+    release2 as gluon_few_tokens.forward; gemm1: None, or a callable (inter, part1, counters) that launches another
+    GEMM1 writing inter in plain order (with NB 4: its counters a 64-row block)."""
     E, two_i, _ = w13.shape
     H, I = x.shape[1], two_i // 2
     T, k = topk_ids.shape
@@ -231,12 +232,15 @@ def forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w
     cnt = zeroed_counters(dev, counters, reuse_counters) if counters else inter  # (unread without counters)
     ids = topk_ids.reshape(-1)
     tw = topk_weights.reshape(-1)
-    wd1, sd1 = _descs(w13, w13_scale, E * two_i, H, nb1, kb1 * sub1)
-    tma_gemm1[(I // (16 * nb1), pairs, splits1)](
-        wd1, sd1, _x_desc(x, kb1 * sub1), ids, w13_bias if w13_bias is not None else part1, inter, part1, cnt,
-        I, H // (64 * kb1 * sub1) // splits1, k, act["p0"], act["p1"], KB=kb1, SUB=sub1, STAGES=st1,
-        ACT=act["ACT"], HAS_LIMIT=act["HAS_LIMIT"], HAS_LINEAR=act["HAS_LINEAR"], HAS_BIAS=w13_bias is not None,
-        SPLITS=splits1, PDL=pdl, NB=nb1, num_warps=1)
+    if gemm1 is not None:
+        gemm1(inter, part1, cnt)
+    else:
+        wd1, sd1 = _descs(w13, w13_scale, E * two_i, H, nb1, kb1 * sub1)
+        tma_gemm1[(I // (16 * nb1), pairs, splits1)](
+            wd1, sd1, _x_desc(x, kb1 * sub1), ids, w13_bias if w13_bias is not None else part1, inter, part1, cnt,
+            I, H // (64 * kb1 * sub1) // splits1, k, act["p0"], act["p1"], KB=kb1, SUB=sub1, STAGES=st1,
+            ACT=act["ACT"], HAS_LIMIT=act["HAS_LIMIT"], HAS_LINEAR=act["HAS_LINEAR"], HAS_BIAS=w13_bias is not None,
+            SPLITS=splits1, PDL=pdl, NB=nb1, num_warps=1)
     wd2, sd2 = _descs(w2, w2_scale, E * H, I, nb2, kb2 * sub2)
     tma_gemm2[(H // (16 * nb2), pairs, splits2)](
         wd2, sd2, _x_desc(inter, kb2 * sub2), ids, w2_bias if w2_bias is not None else part2, tw, part2,

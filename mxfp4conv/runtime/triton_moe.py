@@ -492,7 +492,7 @@ def fused_moe_triton(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, *,
     if layout in HOPPER_SETS:
         weights = (w13, w13_scale, w2, w2_scale)
         plan = gluon_plan(cfg, x, weights, top_k, layout)
-        if plan is not None and cfg.gluon_tma == 1 and _tma_pairs_module() is not None and _tma_ok(x, weights):
+        if plan is not None and cfg.gluon_tma in (1, 2) and _tma_pairs_module() is not None and _tma_ok(x, weights):
             done = _gluon_tma_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias,
                                       act, out, cfg)
             if done is not None:
@@ -793,17 +793,34 @@ def _gluon_tma_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, 
     sum2_by_kernel would take it for the per-pair kernels in 128-code steps. None as _gluon_forward."""
     i_pad = w13.shape[1] // 2
     ring1, ring2, s1, s2 = tma_rings(cfg, x.shape[1], i_pad, topk_ids.numel())
-    by_kernel = sum2_by_kernel(cfg, i_pad, (64, 128, s1, s2))  # (rows of 128-code steps, as the per-pair kernels')
     tensors = _contiguous(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias)
     sum_pdl = cfg.gluon_sum_pdl == 1 and HK.HAS_GDC
+    pdl = cfg.gluon_pdl if HK.HAS_GDC else 0
+    gemm1 = None
+    if cfg.gluon_tma == 2:  # GEMM1 the per-pair kernel's, its rows in plain order; its counters a 64-row block
+        G = _gluon_module()
+        T, H = x.shape
+        k1, _, s1, _ = gluon_tiles(cfg, H, i_pad, topk_ids.numel(), T, device_sms(x.device))
+        tune = loop_tuning(cfg, False, k1, 64, i_pad // 64 * topk_ids.numel() * s1, device_sms(x.device))
+        ring1 = (4, *ring1[1:])
+
+        def gemm1(inter, part1, cnt):
+            m = tune["maxnreg"][0]
+            G.few_gemm1[(i_pad // 64, topk_ids.numel(), s1)](
+                G._words(tensors[1]), G._words(tensors[2]), tensors[0], tensors[6].reshape(-1),
+                tensors[7] if tensors[7] is not None else part1, inter, part1, cnt, H, i_pad, H // s1,
+                topk_ids.shape[1], act["p0"], act["p1"], KB=k1 // 64, ACT=act["ACT"], HAS_LIMIT=act["HAS_LIMIT"],
+                HAS_LINEAR=act["HAS_LINEAR"], HAS_BIAS=tensors[7] is not None, SPLITS=s1, PDL=pdl, FRAG_KB=0,
+                UNROLL=tune["unroll"][0], num_warps=4, **({"maxnreg": m} if m else {}))
+    by_kernel = sum2_by_kernel(cfg, i_pad, (64, 128, s1, s2))  # (rows of 128-code steps, as the per-pair kernels')
 
     def k_sum(part2):
         _sum_launch(part2, tensors[6], out, x.shape[1], topk_ids.shape[1], w13.shape[0], s2, sum_pdl)
         return out
 
     return _compiled_or_none(lambda: _tma_pairs_module().forward(
-        *tensors, act, out, rings=(ring1, ring2), splits1=s1, splits2=s2, pdl=cfg.gluon_pdl if HK.HAS_GDC else 0,
-        k_sum=k_sum if by_kernel else None, reuse_counters=cfg.gluon_counters == 1, release2=sum_pdl), cfg.gluon == 1)
+        *tensors, act, out, rings=(ring1, ring2), splits1=s1, splits2=s2, pdl=pdl, k_sum=k_sum if by_kernel else None,
+        reuse_counters=cfg.gluon_counters == 1, release2=sum_pdl, gemm1=gemm1), cfg.gluon == 1)
 
 
 _GLUON_BROKEN: list[str] = []  # why the Gluon kernels failed to compile here, once they have
