@@ -31,7 +31,7 @@ from mxfp4conv.codec import dequantize_mxfp4
 from mxfp4conv.runtime.triton_moe import (ALIGN_GRID_PAIRS, HOPPER_SETS, LAYOUT_SETS, device_sms, fused_moe_triton,
                                           gluon_plan, gluon_rows2, gluon_tiles, grouped_masks, grouped_plan,
                                           grouped_programs1, grouped_takes, grouped_tiles, hopper_options, loop_tuning,
-                                          pairs_take, select_config, sum2_by_kernel, tma_rings, uses_gemv)
+                                          pairs_take, select_config, sum2_by_kernel, uses_gemv)
 from mxfp4conv.shuffle import get_layout
 
 
@@ -228,12 +228,6 @@ def hopper_variants(T, H, I, k, E):
         rows2 = 64 if gluon_rows2(default, H, I, gluon_tiles(default, H, I, T * k, T)[1]) > 64 else 128
         out.append(("rows2", dataclasses.replace(default, gluon=1, gluon_rows2=rows2, gluon_sum2=1)))
         out.append(("rows2", dataclasses.replace(default, gluon=1, gluon_rows2=rows2, gluon_sum2=0)))
-        # the per-pair kernels in one-warp programs fed by TMA rings: the default rings, and others split in two
-        out.append(("tma", dataclasses.replace(default, gluon=1, gluon_tma=1)))
-        out.append(("tma", dataclasses.replace(default, gluon=1, gluon_tma=2)))
-        out.append(("tma", dataclasses.replace(default, gluon=1, gluon_tma=1, gluon_tma_nb1=2, gluon_tma_sub1=2,
-                                               gluon_tma_kb2=2, gluon_tma_sub2=2, gluon_tma_split1=2,
-                                               gluon_tma_split2=2, gluon_sum2=1)))
         # the K loops the other way (over pairs of steps, or single ones), uncapped
         out.append(("unroll", dataclasses.replace(default, gluon=1, **_other_loops(default, False, H, I, E, T * k, T))))
     else:  # the Gluon kernels on expert blocks: where the default takes them, the variants above on the hopper_mma
@@ -362,7 +356,6 @@ def main() -> int:
                         f"{' ksum' if sum2_by_kernel(cfg, I, plan) else ''}"
                         f"{'' if cfg.gluon_sum_pdl or not sum2_by_kernel(cfg, I, plan) else ' nosumpdl'}"
                         f"{'' if cfg.gluon_frag else ' plainrows'}"
-                        f"{f' tma {tma_rings(cfg, H, I, T * k)}' if cfg.gluon_tma else ''}"
                         f" r{r2}{_loops(cfg, False, plan[0], r2, I // 64 * T * k * plan[2], device_sms(dev))}")
             else:
                 path = path_name(cfg, T, k, E, dtype, layout)

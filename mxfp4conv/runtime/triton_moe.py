@@ -200,21 +200,6 @@ class MoEConfig:
     # / 0.995 / 0.996, T = 160 / 256 1.006 / 1.000 (within their rounds' spread), DSV3-like T = 8 / 16 / 64 0.993 /
     # 0.999 / 0.998
     gluon_grouped_pdl: int = 2
-    # the per-pair kernels in one-warp programs of 16-row slabs whose weights, e8m0 scale words and B operands arrive by
-    # TMA into a ring of shared-memory stages (gluon_tma_pairs; 1 on where x and the weights can be TMA sources, 0
-    # off): each GEMM's programs of gluon_tma_nb slabs, its ring of gluon_tma_stages stages of gluon_tma_sub steps of
-    # 64 gluon_tma_kb codes, lowered to what its K splits hold, and its K splits (0: automatic, tma_rings)
-    gluon_tma: int = 0
-    gluon_tma_nb1: int = 1
-    gluon_tma_nb2: int = 1
-    gluon_tma_kb1: int = 1
-    gluon_tma_sub1: int = 4
-    gluon_tma_stages1: int = 2
-    gluon_tma_kb2: int = 1
-    gluon_tma_sub2: int = 4
-    gluon_tma_stages2: int = 3
-    gluon_tma_split1: int = 0
-    gluon_tma_split2: int = 0
 
 
 def layout_of(layout: Mapping[str, str]) -> str | None:
@@ -492,11 +477,6 @@ def fused_moe_triton(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, *,
     if layout in HOPPER_SETS:
         weights = (w13, w13_scale, w2, w2_scale)
         plan = gluon_plan(cfg, x, weights, top_k, layout)
-        if plan is not None and cfg.gluon_tma in (1, 2) and _tma_pairs_module() is not None and _tma_ok(x, weights):
-            done = _gluon_tma_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias,
-                                      act, out, cfg)
-            if done is not None:
-                return done
         if plan is not None:
             rows2 = gluon_rows2(cfg, H, i_pad, plan[1])
             done = _gluon_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias,
@@ -737,90 +717,6 @@ def _gluon_module():
     except (ImportError, AttributeError, TypeError):
         return None
     return gluon_few_tokens
-
-
-def _tma_pairs_module():
-    """mxfp4conv.runtime.gluon_tma_pairs, or None where this Triton lacks the Gluon TMA parts it uses."""
-    try:
-        from mxfp4conv.runtime import gluon_tma_pairs
-    except (ImportError, AttributeError, TypeError):
-        return None
-    return gluon_tma_pairs
-
-
-def _tma_ok(x: torch.Tensor, weights) -> bool:
-    """Whether x (and so the intermediate of its shape) and the weights can be TMA sources for the ring kernels:
-    16-byte aligned storage."""
-    return all(t.data_ptr() % 16 == 0 for t in (x, *weights))
-
-
-# the ring kernels' GEMM1 takes the fewest K splits giving it this many one-warp programs (about 16 an SM on 132 SMs),
-# GEMM2 those giving _TMA_PROGRAMS2
-_TMA_PROGRAMS1 = 2048
-_TMA_PROGRAMS2 = 2048
-
-
-def tma_rings(cfg: MoEConfig, H: int, i_pad: int, pairs: int) -> tuple[tuple[int, int, int, int],
-                                                                       tuple[int, int, int, int], int, int]:
-    """((NB, KB, SUB, STAGES) of GEMM1, of GEMM2, splits1, splits2) of the ring kernels: cfg's programs and rings
-    (KB and SUB lowered to divide K, NB raised so that NB x KB x SUB is at least 4), K splits (cfg's or the fewest that give _TMA_PROGRAMS1 / _TMA_PROGRAMS2
-    programs) lowered to a divisor of the stages, each ring's stages lowered to the stages a split holds."""
-    rings, splits = [], []
-    for K, rows, nb, kb, sub, stages, split, target in (
-            (H, i_pad, cfg.gluon_tma_nb1, cfg.gluon_tma_kb1, cfg.gluon_tma_sub1, cfg.gluon_tma_stages1,
-             cfg.gluon_tma_split1, _TMA_PROGRAMS1),
-            (i_pad, H, cfg.gluon_tma_nb2, cfg.gluon_tma_kb2, cfg.gluon_tma_sub2, cfg.gluon_tma_stages2,
-             cfg.gluon_tma_split2, _TMA_PROGRAMS2)):
-        if nb not in (1, 2, 4) or kb not in (1, 2) or sub not in (1, 2, 4) or kb * sub > 4 or not 1 <= stages <= 8:
-            raise RuntimeInputError(f"fused_moe_triton: a TMA ring must have NB 1, 2 or 4, KB 1 or 2, SUB 1, 2 or 4 (KB "
-                                    f"x SUB <= 4) and 1-8 stages, got ({nb}, {kb}, {sub}, {stages}).")
-        while K % (64 * kb * sub):
-            kb, sub = (1, sub) if kb > 1 else (kb, sub // 2)
-        # a stage's scale words (32 bytes a slab a 64-code step) must fill whole 128-byte lines: TMA writes shared
-        # memory at 128-byte aligned addresses
-        nb = max(nb, 4 // (kb * sub))
-        if rows // 16 % nb:
-            raise RuntimeInputError(f"fused_moe_triton: a TMA ring's {nb} slabs a program do not divide {rows} rows.")
-        n = K // (64 * kb * sub)
-        s = _divisor_splits(split or triton.cdiv(target, rows // (16 * nb) * pairs), n)
-        rings.append((nb, kb, sub, min(stages, n // s)))
-        splits.append(s)
-    return rings[0], rings[1], splits[0], splits[1]
-
-
-def _gluon_tma_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias, act, out, cfg):
-    """The layer in the ring kernels (gluon_tma_pairs) with tma_rings' plan; the sum over k in the k-sum kernel where
-    sum2_by_kernel would take it for the per-pair kernels in 128-code steps. None as _gluon_forward."""
-    i_pad = w13.shape[1] // 2
-    ring1, ring2, s1, s2 = tma_rings(cfg, x.shape[1], i_pad, topk_ids.numel())
-    tensors = _contiguous(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias)
-    sum_pdl = cfg.gluon_sum_pdl == 1 and HK.HAS_GDC
-    pdl = cfg.gluon_pdl if HK.HAS_GDC else 0
-    gemm1 = None
-    if cfg.gluon_tma == 2:  # GEMM1 the per-pair kernel's, its rows in plain order; its counters a 64-row block
-        G = _gluon_module()
-        T, H = x.shape
-        k1, _, s1, _ = gluon_tiles(cfg, H, i_pad, topk_ids.numel(), T, device_sms(x.device))
-        tune = loop_tuning(cfg, False, k1, 64, i_pad // 64 * topk_ids.numel() * s1, device_sms(x.device))
-        ring1 = (4, *ring1[1:])
-
-        def gemm1(inter, part1, cnt):
-            m = tune["maxnreg"][0]
-            G.few_gemm1[(i_pad // 64, topk_ids.numel(), s1)](
-                G._words(tensors[1]), G._words(tensors[2]), tensors[0], tensors[6].reshape(-1),
-                tensors[7] if tensors[7] is not None else part1, inter, part1, cnt, H, i_pad, H // s1,
-                topk_ids.shape[1], act["p0"], act["p1"], KB=k1 // 64, ACT=act["ACT"], HAS_LIMIT=act["HAS_LIMIT"],
-                HAS_LINEAR=act["HAS_LINEAR"], HAS_BIAS=tensors[7] is not None, SPLITS=s1, PDL=pdl, FRAG_KB=0,
-                UNROLL=tune["unroll"][0], num_warps=4, **({"maxnreg": m} if m else {}))
-    by_kernel = sum2_by_kernel(cfg, i_pad, (64, 128, s1, s2))  # (rows of 128-code steps, as the per-pair kernels')
-
-    def k_sum(part2):
-        _sum_launch(part2, tensors[6], out, x.shape[1], topk_ids.shape[1], w13.shape[0], s2, sum_pdl)
-        return out
-
-    return _compiled_or_none(lambda: _tma_pairs_module().forward(
-        *tensors, act, out, rings=(ring1, ring2), splits1=s1, splits2=s2, pdl=pdl, k_sum=k_sum if by_kernel else None,
-        reuse_counters=cfg.gluon_counters == 1, release2=sum_pdl, gemm1=gemm1), cfg.gluon == 1)
 
 
 _GLUON_BROKEN: list[str] = []  # why the Gluon kernels failed to compile here, once they have
