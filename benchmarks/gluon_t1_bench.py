@@ -12,9 +12,9 @@ step's tile one contiguous run (/c, a step-major order no layout has, timed for 
 and the words as TMA bulk copies into shared memory, 2-8 stages deep (/tma; there the "depth"
 column is the stage count). The stream's work itself also runs with its words, scale words and x
 coming by TMA (/tmas: one-warp programs, a ring of STAGES stages of SUB steps in shared memory; the
-"KB" column is 10 KB + SUB, "depth" the stages). Production kernels are timed per kernel from a profile of the whole
-MoE on the same bytes, L2 flushed before each call; the streams by CUDA-graph replay over enough
-copies of the weights to defeat L2.
+"KB" column is 10 KB + SUB, "depth" the stages). Production kernels are timed per kernel from a
+profile of the whole MoE on the same bytes, L2 flushed before each call; the streams by CUDA-graph
+replay over enough copies of the weights to defeat L2.
 
     python benchmarks/gluon_t1_bench.py [--points dsv3:1,k3:1,k3:8] [--kinds stream,tma_stream] [--quick] [--out DIR]
 """
@@ -169,8 +169,7 @@ def tma_read(desc, out_ptr, SLABS, STEPS, HALF_SLABS, STAGES: gl.constexpr, GATE
         mbarrier.expect(bars.index(i), nbytes)
         _tma_load(desc, [row, col0 + i * box], bars.index(i), bufs.index(i))
         if GATE_UP:
-            _tma_load(desc, [row + HALF_SLABS, col0 + i * box], bars.index(i),
-                                            bufs.index(STAGES + i))
+            _tma_load(desc, [row + HALF_SLABS, col0 + i * box], bars.index(i), bufs.index(STAGES + i))
     fold = gl.zeros([4, box], gl.int32, layout=BL)
     for it in range(STEPS):
         st = it % STAGES
@@ -184,8 +183,7 @@ def tma_read(desc, out_ptr, SLABS, STEPS, HALF_SLABS, STAGES: gl.constexpr, GATE
             mbarrier.expect(bars.index(st), nbytes)
             _tma_load(desc, [row, col0 + nxt * box], bars.index(st), bufs.index(st))
             if GATE_UP:
-                _tma_load(desc, [row + HALF_SLABS, col0 + nxt * box], bars.index(st),
-                                                bufs.index(STAGES + st))
+                _tma_load(desc, [row + HALF_SLABS, col0 + nxt * box], bars.index(st), bufs.index(STAGES + st))
     pid = (gl.program_id(2) * gl.num_programs(1) + gl.program_id(1)) * gl.num_programs(0) + gl.program_id(0)
     r = gl.arange(0, 4, layout=gl.SliceLayout(1, BL))
     c = gl.arange(0, box, layout=gl.SliceLayout(0, BL))
@@ -463,7 +461,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--points", default="dsv3:1,k3:1", help="shape:T, comma-separated")
     ap.add_argument("--out", default=None)
-    ap.add_argument("--quick", action="store_true", help="the stream rows in 64- and 128-code steps one step ahead only")
+    ap.add_argument("--quick", action="store_true",
+                    help="the stream rows in 64- and 128-code steps one step ahead only")
     ap.add_argument("--kinds", default=",".join(KINDS), help="which rows, comma-separated, of " + ", ".join(KINDS))
     args = ap.parse_args()
     log, lines, copy_bw = start_log()
