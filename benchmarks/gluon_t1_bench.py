@@ -143,9 +143,17 @@ def stream(w_ptr, s_ptr, x_ptr, out_ptr, K, ROWS, K_SPLIT, X_STRIDE, NB: gl.cons
         gl.store(out_ptr.to(gl.pointer_type(gl.int32)) + pid * (160 * NB * KB) + c_w, fold_w)
         gl.store(out_ptr.to(gl.pointer_type(gl.int32)) + pid * (160 * NB * KB) + 128 * NB * KB + c_s, fold_s)
         return
-    om = gl.arange(0, 16 * NB, layout=gl.SliceLayout(1, mma))
-    on = gl.arange(0, 8, layout=gl.SliceLayout(0, mma))
-    o = out_ptr + (sp * gl.num_programs(1) + e) * ROWS + rb * 16 * NB + om[:, None] + on[None, :] * 0
+    _store_column0(out_ptr + (sp * gl.num_programs(1) + e) * ROWS + rb * 16 * NB, acc_g, acc_u, half, GATE_UP)
+
+
+@gluon.jit
+def _store_column0(o_ptr, acc_g, acc_u, half, GATE_UP: gl.constexpr):
+    """Column 0 of the [rows, 8] MMA accumulator acc_g (every column holds the same token's sums) at o_ptr, and with
+    GATE_UP acc_u's half rows further on."""
+    layout: gl.constexpr = acc_g.type.layout
+    om = gl.arange(0, acc_g.shape[0], layout=gl.SliceLayout(1, layout))
+    on = gl.arange(0, 8, layout=gl.SliceLayout(0, layout))
+    o = o_ptr + om[:, None] + on[None, :] * 0
     gl.store(o, acc_g, mask=on[None, :] == 0)
     if GATE_UP:
         gl.store(o + half, acc_u, mask=on[None, :] == 0)
@@ -264,13 +272,8 @@ def tma_stream(wdesc, sdesc, xdesc, out_ptr, SLABS, STAGE_ITERS, HALF_SLABS, X_R
         if nxt < STAGE_ITERS:
             _tma_stage(wdesc, sdesc, xdesc, row, xrow, st, s0 + nxt * SPAN, HALF_SLABS, wbufs, sbufs, xbufs, bars,
                        STAGES, GATE_UP, SPAN)
-    half = ROWS // 2 if GATE_UP else ROWS
-    om = gl.arange(0, 16, layout=gl.SliceLayout(1, mma))
-    on = gl.arange(0, 8, layout=gl.SliceLayout(0, mma))
-    o = out_ptr + (sp * gl.num_programs(1) + e) * ROWS + rb * 16 + om[:, None] + on[None, :] * 0
-    gl.store(o, acc_g, mask=on[None, :] == 0)
-    if GATE_UP:
-        gl.store(o + half, acc_u, mask=on[None, :] == 0)
+    _store_column0(out_ptr + (sp * gl.num_programs(1) + e) * ROWS + rb * 16, acc_g, acc_u,
+                   ROWS // 2 if GATE_UP else ROWS, GATE_UP)
 
 
 def tma_descs(w, s, x, K, span):
@@ -388,11 +391,14 @@ def bench(name, T, copy_bw, log, kinds=KINDS, quick=False):
             rows.append((name, gemm + ("/ro" if ro else "") + ("/c" if contig else ""), kb, depth, split, programs, t,
                          nbytes / (t * 1e-6) / copy_bw, err, T))
             log(f"  {label}: {programs} programs, {t:.1f} us, {100 * rows[-1][7]:.1f}% copy, rel err {err:.1e}")
+        descs_by_span = {}
         for kb, sub, stages, split in ((kb, sub, n, sp) for kb, sub, n in TMA_STREAM_RINGS for sp in splits):
             span = kb * sub
             if "tma_stream" not in kinds or K % (split * 64 * span) or K // (split * 64 * span) < stages:
                 continue
-            descs = [tma_descs(w, s, xin, K, span) for w, s in st]
+            if span not in descs_by_span:
+                descs_by_span[span] = [tma_descs(w, s, xin, K, span) for w, s in st]
+            descs = descs_by_span[span]
             x_rows = xin.reshape(-1, K).shape[0]
             programs = (nrows // 2 if gate_up else nrows) // 16 * k * split
             outs = [torch.empty(split, k, nrows, device="cuda", dtype=torch.float32) for _ in st]
