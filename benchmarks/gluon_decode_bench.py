@@ -13,8 +13,8 @@ map over GF(2) (order_matrix), not a bit permutation as hopper_np.BITS_ROT is.
   holds row g's 4 codes and R_hi = ((w << 2) ^ (w >> 2)) & 0x9C9C9C9C row g + 8's, 4 instructions a word and no
   multiply, for fp8 MMAs (mma.sync m16n8k32: one MMA a 32-code e8m0 group, from zero, its factor applied by one fp32
   multiply-add an accumulator entry; x as three e4m3 pieces in the B operand's free columns). sm_90 has no fp8
-  mma.sync: ptxas lowers it to F2FP e4m3 -> f16 unpacks, byte permutes and HMMA.16816.F16, so this order is judged
-  from SASS only.
+  mma.sync: ptxas lowers it to F2FP e4m3 -> f16 unpacks, byte permutes and two HMMA.16816 on f16 operands, so this
+  order is judged from SASS only.
 
     python benchmarks/gluon_decode_bench.py --sass            # instructions a K step, no GPU
     python benchmarks/gluon_decode_bench.py [--points dsv3:1,k3:1,k3:10] [--out DIR]
@@ -44,9 +44,6 @@ ORDERS = {
     "f8": (F8_MASK, ([("shl", 0)], [("shl", 2), ("shr", 2)]),
            lambda r, kk, j: (r // 2, 8 * (2 * (r % 2) + kk) + (2, 3, 4, 7)[j])),
 }
-# MMA k (16 j + 4 t + i) of a 32-code group -> the code its A and B elements hold (16 j + 2 t + 8 (i // 2) + i % 2):
-# the f8 order's k32 A fragment made of hopper_mma_w's words 2 c and 2 c + 1
-F8_K_ORDER = np.array([16 * j + 2 * t + 8 * (i // 2) + i % 2 for j in range(2) for t in range(4) for i in range(4)])
 
 
 def _source(op: str, s: int, p: int) -> int | None:
@@ -182,9 +179,10 @@ def f8_stream(w_ptr, s_ptr, x_ptr, cw_ptr, out_ptr, K, ROWS, K_SPLIT, X_STRIDE, 
               DPTX: gl.constexpr):
     """Program (row block, pair, split): rows [64 rb, 64 rb + 64) of pair e's matrix (and with GATE_UP the same
     rows of its up half) over codes [K_SPLIT sp, K_SPLIT (sp + 1)), in 64-code steps of two k32 MMAs. w_ptr: bytes
-    (hopper_mma_w places, F8 bit order); s_ptr: hopper_mma_s as int32 words; x_ptr: e4m3 [pairs, 8, K] in
-    F8_K_ORDER; cw_ptr: fp32 [pairs, 8], the weight of each B column in the sum (2**(6 - kx - 4 n)).
-    out [splits, pairs, ROWS] fp32."""
+    (hopper_mma_w places, the f8 bit order); s_ptr: hopper_mma_s as int32 words; x_ptr: e4m3 [pairs, 8, K], each
+    32-code group in the MMA's k order (k 16 j + 4 t + i holds code 16 j + 2 t + 8 (i // 2) + i % 2); cw_ptr: fp32
+    [pairs, 8], the weight of each B column in the sum (2**(6 - kx - 4 n)). out [splits, pairs, ROWS] fp32. Compiled
+    for its SASS only (sass_table)."""
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[4, 1], instr_shape=[16, 8])
     a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=4)
     b_op: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=4)
@@ -289,25 +287,6 @@ def ordered_words(w: torch.Tensor, name: str) -> torch.Tensor:
     return torch.where(word >= 1 << 31, word - (1 << 32), word).to(torch.int32)
 
 
-def x_pieces(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [P, K] bf16 -> (e4m3 [P, 8, K]: x 2**kx = x0 + x1 / 16 + x2 / 256 in columns 0-2, each 32-code group in
-    F8_K_ORDER; the columns' weights [P, 8] fp32, 2**(6 - kx - 4 n), 0 past column 2)."""
-    xf = x.float()
-    amax = xf.abs().amax(1).clamp_min(2.0 ** -100)
-    kx = 7 - torch.floor(torch.log2(amax))  # amax 2**kx in [128, 256)
-    r = xf * torch.exp2(kx)[:, None]
-    P, K = x.shape
-    xs = torch.zeros(P, 8, K, dtype=torch.float8_e4m3fn, device=x.device)
-    order = torch.from_numpy(F8_K_ORDER).to(x.device)
-    cw = torch.zeros(P, 8, device=x.device)
-    for n in range(3):
-        p = r.to(torch.float8_e4m3fn)
-        xs[:, n] = p.reshape(P, K // 32, 32)[:, :, order].reshape(P, K)
-        cw[:, n] = torch.exp2(6 - kx - 4 * n)
-        r = (r - p.float()) * 16
-    return xs, cw
-
-
 def _tool(name: str) -> str:
     return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", name)
 
@@ -327,7 +306,8 @@ def loop_sass(fn, consts: dict, types: dict) -> tuple[str, list[str]]:
         with open(cubin, "wb") as f:
             f.write(kernel.asm["cubin"])
         sass = subprocess.run([_tool("cuobjdump"), "-sass", cubin], check=True, capture_output=True, text=True).stdout
-        res = subprocess.run([_tool("cuobjdump"), "-res-usage", cubin], check=True, capture_output=True, text=True).stdout
+        res = subprocess.run([_tool("cuobjdump"), "-res-usage", cubin], check=True, capture_output=True,
+                             text=True).stdout
     code = {}
     for line in sass.splitlines():
         m = re.search(r"/\*([0-9a-f]{4})\*/\s+(.*?)\s*;", line)
@@ -362,11 +342,6 @@ def sass_table(log) -> None:
             ops = collections.Counter(re.sub(r"^@!?U?P\w+\s+", "", ins).split()[0].split(".")[0] for ins in loop)
             log(f"{'gemm1' if gate_up else 'gemm2'} {label:4s} {regs:7s} {len(loop):4d} instructions a 64-code step: "
                 + ", ".join(f"{op} {n}" for op, n in ops.most_common(10)))
-
-
-def run_f8(w, s, xs, cw, out, K, rows, split, gate_up, pairs):
-    grid = ((rows // 2 if gate_up else rows) // 64, pairs, split)
-    f8_stream[grid](w, s, xs, cw, out, K, rows, K // split, 8 * K, GATE_UP=gate_up, DPTX=F8_DECODE_PTX, num_warps=4)
 
 
 def bench(name, T, copy_bw, log):

@@ -306,7 +306,8 @@ def run_tma(desc, out, rows, split, gate_up, kb, stages, pairs, K):
 
 def run_stream(w, s, x, out, K, rows, split, gate_up, kb, depth, read_only, pairs, contig=False, wptx=None):
     """w, s: int32 words of pairs matrices (plus padding); x [K] or [pairs, K] bf16; out [split,
-    pairs, rows] fp32 (read_only: 160 * 4 * kb int32 words a program); wptx: the words' decode (None: hopper_mma_w_rot's)."""
+    pairs, rows] fp32 (read_only: 160 * 4 * kb int32 words a program); wptx: the words' decode
+    (None: hopper_mma_w_rot's)."""
     grid = ((rows // 2 if gate_up else rows) // 64, pairs, split)
     stream[grid](w, s, x, out, K, rows, K // split, K if x.dim() == 2 else 0, NB=4, KB=kb,
                  WPTX=wptx or WORDS32_ROT_PTX, FPTX=FACTORS32_PTX, GATE_UP=gate_up, DEPTH=depth, READ_ONLY=read_only,
