@@ -287,14 +287,12 @@ def ordered_words(w: torch.Tensor, name: str) -> torch.Tensor:
     return torch.where(word >= 1 << 31, word - (1 << 32), word).to(torch.int32)
 
 
-def _tool(name: str) -> str:
-    return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", name)
-
-
-def loop_sass(fn, consts: dict, types: dict) -> tuple[str, list[str]]:
-    """(registers, the instructions of the longest loop) of a Gluon kernel compiled for sm_90a."""
+def loop_sass(fn, consts: dict, types: dict) -> tuple[str, int, collections.Counter]:
+    """(registers, instructions and opcodes of the longest loop) of a Gluon kernel compiled for sm_90a."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
+
+    from benchmarks.hopper_sass import _tool, loops
 
     sig = {n: "constexpr" if n in consts else types.get(n, "i32") for n in fn.arg_names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(sig)
@@ -308,19 +306,9 @@ def loop_sass(fn, consts: dict, types: dict) -> tuple[str, list[str]]:
         sass = subprocess.run([_tool("cuobjdump"), "-sass", cubin], check=True, capture_output=True, text=True).stdout
         res = subprocess.run([_tool("cuobjdump"), "-res-usage", cubin], check=True, capture_output=True,
                              text=True).stdout
-    code = {}
-    for line in sass.splitlines():
-        m = re.search(r"/\*([0-9a-f]{4})\*/\s+(.*?)\s*;", line)
-        if m:
-            code[int(m.group(1), 16)] = m.group(2)
-    loop = []
-    for at, ins in code.items():
-        m = re.search(r"BRA (0x[0-9a-f]+)", ins)
-        if m and int(m.group(1), 16) < at:
-            body = [code[a] for a in sorted(code) if int(m.group(1), 16) <= a <= at]
-            loop = body if len(body) > len(loop) else loop
     regs = re.search(r"REG:\d+", res)
-    return regs.group(0) if regs else "?", loop
+    n, ops = max(loops(sass, 1))
+    return regs.group(0) if regs else "?", n, ops
 
 
 def sass_table(log) -> None:
@@ -338,9 +326,8 @@ def sass_table(log) -> None:
                 ("f8", f8_stream, dict(DPTX=F8_DECODE_PTX), f8_types)):
             if fn is stream:
                 consts = dict(consts, NB=4, KB=1, FPTX=FACTORS32_PTX, DEPTH=1, READ_ONLY=False, CONTIG=False)
-            regs, loop = loop_sass(fn, dict(consts, GATE_UP=gate_up), tys)
-            ops = collections.Counter(re.sub(r"^@!?U?P\w+\s+", "", ins).split()[0].split(".")[0] for ins in loop)
-            log(f"{'gemm1' if gate_up else 'gemm2'} {label:4s} {regs:7s} {len(loop):4d} instructions a 64-code step: "
+            regs, n, ops = loop_sass(fn, dict(consts, GATE_UP=gate_up), tys)
+            log(f"{'gemm1' if gate_up else 'gemm2'} {label:4s} {regs:7s} {n:4d} instructions a 64-code step: "
                 + ", ".join(f"{op} {n}" for op, n in ops.most_common(10)))
 
 
