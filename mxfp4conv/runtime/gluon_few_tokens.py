@@ -362,60 +362,6 @@ def few_gemm1(w_ptr, s_ptr, x_ptr, ids_ptr, b_ptr, inter_ptr, part_ptr, cnt_ptr,
 
 
 @gluon.jit
-def few_gemm1_sk(w_ptr, s_ptr, x_ptr, ids_ptr, b_ptr, inter_ptr, part_ptr, cnt_ptr, K, I, TOP_K, p0, p1, S, W, TILES,
-                 MAXSEG, KB: gl.constexpr, ACT: gl.constexpr, HAS_LIMIT: gl.constexpr, HAS_LINEAR: gl.constexpr,
-                 HAS_BIAS: gl.constexpr, PDL: gl.constexpr, FRAG_KB: gl.constexpr = 0, UNROLL: gl.constexpr = 1):
-    """few_gemm1's work dealt out evenly ("stream-K"): the (pair, 64-row block) tiles in order, each S steps of 64 KB
-    codes, as one run of steps cut into runs of W, one a program, so that a grid of as many programs as an SM wave
-    holds has no partial wave. A tile that one program runs whole gets its tail there; one cut between programs has
-    its segments' partials summed, in segment order, by the last of them to arrive (part [tiles, MAXSEG, 2, 64],
-    counters a tile). TILES: I / 64 x pairs."""
-    if PDL == 1:
-        _gdc_launch()
-    RB = I // 64
-    p = gl.program_id(0)
-    g = p * W
-    g_hi = gl.minimum(g + W, TILES * S)
-    while g < g_hi:
-        t = g // S
-        end = gl.minimum(g_hi, (t + 1) * S)
-        rb = t % RB
-        j = t // RB
-        e = gl.load(ids_ptr + j).to(gl.int64)
-        if e >= 0:
-            wt = w_ptr + e * (2 * I * (K // 8)) + rb * 4 * (2 * K)
-            st = s_ptr + e * (2 * I * K // 128) + rb * 4 * (K // 8)
-            acc_g, acc_u = _k_loop(wt, st, _x_operand_ptrs(x_ptr + (j // TOP_K) * K, KB), 0, K, (g - t * S) * (64 * KB),
-                                   (end - g) * (64 * KB), (I // 16) * (2 * K), (I // 16) * (K // 8), KB, True, False,
-                                   False, UNROLL=UNROLL)
-            gv = _column0(acc_g)
-            uv = _column0(acc_u)
-            rows = rb * 64 + gl.arange(0, 64, layout=ROWS)
-            first = (t * S) // W
-            nseg = ((t + 1) * S - 1) // W - first + 1
-            if nseg > 1:
-                slot = part_ptr + (t * MAXSEG) * 128 + gl.arange(0, 64, layout=ROWS)
-                gl.store(slot + (p - first) * 128, gv)
-                gl.store(slot + (p - first) * 128 + 64, uv)
-                _barrier()
-                if _last_arrival(cnt_ptr + t, nseg):
-                    _barrier()
-                    gv = gl.zeros([64], gl.float32, layout=ROWS)
-                    uv = gl.zeros([64], gl.float32, layout=ROWS)
-                    for sg in range(nseg):
-                        gv += gl.load(slot + sg * 128)
-                        uv += gl.load(slot + sg * 128 + 64)
-                    _gemm1_tail(gv, uv, e, j, rows, b_ptr, inter_ptr, I, p0, p1, ACT, HAS_LIMIT, HAS_LINEAR,
-                                HAS_BIAS, FRAG_KB)
-            else:
-                _gemm1_tail(gv, uv, e, j, rows, b_ptr, inter_ptr, I, p0, p1, ACT, HAS_LIMIT, HAS_LINEAR, HAS_BIAS,
-                            FRAG_KB)
-        g = end
-    if PDL == 2:
-        _gdc_launch()
-
-
-@gluon.jit
 def few_gemm2(w_ptr, s_ptr, inter_ptr, ids_ptr, b_ptr, tw_ptr, part_ptr, cnt_ptr, out_ptr, K, N, K_SPLIT, TOP_K,
               KB: gl.constexpr, HAS_BIAS: gl.constexpr, SPLITS: gl.constexpr, PDL: gl.constexpr,
               SUM: gl.constexpr, FRAG: gl.constexpr = False, NB: gl.constexpr = 4, UNROLL: gl.constexpr = 1,
@@ -477,7 +423,7 @@ def _words(t: torch.Tensor) -> torch.Tensor:
 def forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias, act, out, *,
             k1: int, k2: int, splits1: int, splits2: int, pdl: int = 0, k_sum=None, frag: bool = False,
             rows2: int = 64, unroll: tuple[int, int] = (1, 1), maxnreg: tuple[int, int] = (0, 0),
-            reuse_counters: bool = True, release2: bool = False, streamk1: int = 0) -> torch.Tensor:
+            reuse_counters: bool = True, release2: bool = False) -> torch.Tensor:
     """out [T, H] bf16 = the layer for a few tokens x [T, H] bf16, programs per (token, expert) pair
     (contiguous hopper_mma_rot tensors, scales <= 2; k1 / k2 codes a K step of GEMM1 / GEMM2, 64 or
     128, splits dividing H / I into whole steps; the caller checks these; pdl: 0, or GEMM2 launched as
@@ -488,8 +434,7 @@ def forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w
     dividing H; unroll: GEMM1's / GEMM2's K loop over single steps (1) or pairs (2); maxnreg: their register caps, 0
     none; reuse_counters: the arrival counters from counters.zeroed_counters' buffer for the device, which the kernels
     leave zero, else zeroed for this call; release2: k_sum's kernel launched as a programmatic dependent of GEMM2,
-    which releases it from its start; streamk1: GEMM1's tiles dealt out evenly over that many programs, few_gemm1_sk,
-    0 off)."""
+    which releases it from its start)."""
     E, two_i, _ = w13.shape
     H, I = x.shape[1], two_i // 2
     T, k = topk_ids.shape
@@ -498,29 +443,18 @@ def forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w
     inter = torch.empty(pairs, I, dtype=torch.bfloat16, device=dev)
     part1 = torch.empty(splits1, pairs, 2, I, dtype=torch.float32, device=dev)
     part2 = torch.empty(splits2, pairs, H, dtype=torch.float32, device=dev)
-    counters = pairs * (I // 64) * (splits1 > 1 or streamk1 > 0) + T * (H // rows2) * (k_sum is None)  # arrivals
+    counters = pairs * (I // 64) * (splits1 > 1) + T * (H // rows2) * (k_sum is None)  # arrivals to count
     cnt = zeroed_counters(dev, counters, reuse_counters) if counters else inter  # (unread without counters)
     ids = topk_ids.reshape(-1)
     tw = topk_weights.reshape(-1)
-    if streamk1:
-        steps, tiles = H // k1, I // 64 * pairs
-        w = -(-steps * tiles // streamk1)
-        maxseg = -(-steps // w) + 1
-        part1 = torch.empty(tiles * maxseg * 128, dtype=torch.float32, device=dev)
-        few_gemm1_sk[(-(-steps * tiles // w),)](
-            _words(w13), _words(w13_scale), x, ids, w13_bias if w13_bias is not None else part1, inter, part1, cnt,
-            H, I, k, act["p0"], act["p1"], steps, w, tiles, maxseg, KB=k1 // 64, ACT=act["ACT"],
-            HAS_LIMIT=act["HAS_LIMIT"], HAS_LINEAR=act["HAS_LINEAR"], HAS_BIAS=w13_bias is not None, PDL=pdl,
-            FRAG_KB=k2 // 64 if frag else 0, UNROLL=unroll[0], num_warps=4, **_cap(maxnreg[0]))
-    else:
-        few_gemm1[(I // 64, pairs, splits1)](
-            _words(w13), _words(w13_scale), x, ids, w13_bias if w13_bias is not None else part1, inter, part1, cnt,
-            H, I, H // splits1, k, act["p0"], act["p1"], KB=k1 // 64, ACT=act["ACT"], HAS_LIMIT=act["HAS_LIMIT"],
-            HAS_LINEAR=act["HAS_LINEAR"], HAS_BIAS=w13_bias is not None, SPLITS=splits1, PDL=pdl,
-            FRAG_KB=k2 // 64 if frag else 0, UNROLL=unroll[0], num_warps=4, **_cap(maxnreg[0]))
+    few_gemm1[(I // 64, pairs, splits1)](
+        _words(w13), _words(w13_scale), x, ids, w13_bias if w13_bias is not None else part1, inter, part1, cnt,
+        H, I, H // splits1, k, act["p0"], act["p1"], KB=k1 // 64, ACT=act["ACT"], HAS_LIMIT=act["HAS_LIMIT"],
+        HAS_LINEAR=act["HAS_LINEAR"], HAS_BIAS=w13_bias is not None, SPLITS=splits1, PDL=pdl,
+        FRAG_KB=k2 // 64 if frag else 0, UNROLL=unroll[0], num_warps=4, **_cap(maxnreg[0]))
     few_gemm2[(H // rows2, pairs, splits2)](
         _words(w2), _words(w2_scale), inter, ids, w2_bias if w2_bias is not None else part2, tw, part2,
-        cnt[pairs * (I // 64) * (splits1 > 1 or streamk1 > 0):], out, I, H, I // splits2, k, KB=k2 // 64,
+        cnt[pairs * (I // 64) * (splits1 > 1):], out, I, H, I // splits2, k, KB=k2 // 64,
         HAS_BIAS=w2_bias is not None, SPLITS=splits2, PDL=bool(pdl), SUM=k_sum is None, FRAG=frag, NB=rows2 // 16,
         UNROLL=unroll[1], RELEASE=release2 and k_sum is not None, num_warps=4, **_cap(maxnreg[1]),
         **({"launch_pdl": True} if pdl else {}))

@@ -185,9 +185,6 @@ class MoEConfig:
     # row block a program; 0 automatic), and their register caps (0 none, -1 automatic); see loop_tuning
     gluon_unroll1: int = 0
     gluon_unroll2: int = 0
-    # the per-pair GEMM1's (pair, row block) tiles dealt out evenly over this many programs an SM (few_gemm1_sk; its
-    # K splits then unused), or a program a tile and K split (0)
-    gluon_streamk1: int = 0
     gluon_maxnreg1: int = -1
     gluon_maxnreg2: int = -1
     # the per-pair kernels' arrival counters from the device's buffer that they leave zero (1: no fill launch before
@@ -486,9 +483,7 @@ def fused_moe_triton(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, *,
                                   act, out, plan, cfg.gluon == 1, cfg.gluon_pdl, sum2_by_kernel(cfg, i_pad, plan),
                                   cfg.gluon_frag == 1, rows2,
                                   loop_tuning(cfg, False, plan[0], rows2, i_pad // 64 * num_pairs * plan[2],
-                                              device_sms(x.device))
-                                  | ({"streamk1": cfg.gluon_streamk1 * device_sms(x.device)} if cfg.gluon_streamk1
-                                     else {}),
+                                              device_sms(x.device)),
                                   cfg.gluon_counters == 1, cfg.gluon_sum_pdl == 1)
             if done is not None:
                 return done
@@ -871,8 +866,6 @@ def _check_gluon_knobs(cfg: MoEConfig) -> None:
         raise RuntimeInputError(f"fused_moe_triton: gluon_block_t must be 8 or 16, got {cfg.gluon_block_t}.")
     if cfg.gluon_grouped_pdl not in (0, 1, 2):
         raise RuntimeInputError(f"fused_moe_triton: gluon_grouped_pdl must be 0, 1 or 2, got {cfg.gluon_grouped_pdl}.")
-    if not 0 <= cfg.gluon_streamk1 <= 32:
-        raise RuntimeInputError(f"fused_moe_triton: gluon_streamk1 must be 0-32, got {cfg.gluon_streamk1}.")
     for name in ("gluon_counters", "gluon_sum_pdl"):
         if getattr(cfg, name) not in (0, 1):
             raise RuntimeInputError(f"fused_moe_triton: {name} must be 0 or 1, got {getattr(cfg, name)}.")
