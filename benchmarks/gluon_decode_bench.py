@@ -160,6 +160,14 @@ def _ptx_regs(name: str, w: str, out: list[str]) -> str:
 XOR_WORDS_PTX = ("{\n.reg .b32 a, b, r0, r1, r2, r3;\n" + _ptx_regs("xor", "$8", ["r0", "r1", "r2", "r3"])
                  + "mov.b32 {$0, $1}, r0;\nmov.b32 {$2, $3}, r1;\nmov.b32 {$4, $5}, r2;\nmov.b32 {$6, $7}, r3;\n}")
 F8_DECODE_PTX = "{\n.reg .b32 a, b;\n" + _ptx_regs("f8", "$2", ["$0", "$1"]) + "}"
+# hopper_mma_w_rot's own words with its two rotations (by 10 and 14) as 32 x 32 -> 64-bit multiplies by 2**10 and
+# 2**14, whose halves or-ed are the rotation: IMAD.WIDE on the FMA pipe in place of SHF.L.W on the integer pipe
+ROT_WIDE_PTX = ("{\n.reg .b32 a, b, c, r0, r1, r2, r3;\n.reg .b64 d;\n"
+                "and.b32 r0, $8, 0x81C081C0;\nshl.b32 a, $8, 4;\nand.b32 r1, a, 0x81C081C0;\n"
+                "mul.wide.u32 d, $8, 1024;\nmov.b64 {a, b}, d;\nor.b32 a, a, b;\nand.b32 r2, a, 0x81C081C0;\n"
+                "shl.b32 c, $8, 6;\nand.b32 c, c, 0x00400040;\nmul.wide.u32 d, $8, 16384;\nmov.b64 {a, b}, d;\n"
+                "or.b32 a, a, b;\nand.b32 a, a, 0x81808180;\nor.b32 r3, a, c;\n"
+                "mov.b32 {$0, $1}, r0;\nmov.b32 {$2, $3}, r1;\nmov.b32 {$4, $5}, r2;\nmov.b32 {$6, $7}, r3;\n}")
 
 
 if __name__ == "__main__" and "--self-check" in sys.argv:
@@ -312,8 +320,9 @@ def loop_sass(fn, consts: dict, types: dict) -> tuple[str, int, collections.Coun
 
 
 def sass_table(log) -> None:
-    """Instructions a 64-code step of the one-token stream (gluon_t1_bench.stream) in hopper_mma_w_rot's decode and
-    the xor order's, and of f8_stream, each GEMM1 (gate and up) and GEMM2-like (one matrix)."""
+    """Instructions a 64-code step of the one-token stream (gluon_t1_bench.stream) in hopper_mma_w_rot's decode (rot;
+    rotw: its rotations as wide multiplies) and the xor order's, and of f8_stream, each GEMM1 (gate and up) and
+    GEMM2-like (one matrix)."""
     from benchmarks.gluon_t1_bench import stream
     from mxfp4conv.runtime.gluon_few_tokens import FACTORS32_PTX, WORDS32_ROT_PTX
 
@@ -322,6 +331,7 @@ def sass_table(log) -> None:
     for gate_up in (True, False):
         for label, fn, consts, tys in (
                 ("rot", stream, dict(WPTX=WORDS32_ROT_PTX), types),
+                ("rotw", stream, dict(WPTX=ROT_WIDE_PTX), types),
                 ("xor", stream, dict(WPTX=XOR_WORDS_PTX), types),
                 ("f8", f8_stream, dict(DPTX=F8_DECODE_PTX), f8_types)):
             if fn is stream:
@@ -373,7 +383,7 @@ def bench(name, T, copy_bw, log):
             if K % (split * 64) or K // split < 128:
                 continue
             programs = (nrows // 2 if gate_up else nrows) // 64 * pairs * split
-            for order, st, ptx in (("rot", rot, None), ("xor", xor, XOR_WORDS_PTX)):
+            for order, st, ptx in (("rot", rot, None), ("rotw", rot, ROT_WIDE_PTX), ("xor", xor, XOR_WORDS_PTX)):
                 outs = [torch.empty(split, pairs, nrows, device="cuda") for _ in range(copies)]
                 call = [lambda c=c: run_stream(*st[c], xin, outs[c], K, nrows, split, gate_up, 1, 1, False, pairs,
                                                wptx=ptx) for c in range(copies)]
