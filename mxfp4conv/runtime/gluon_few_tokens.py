@@ -44,10 +44,6 @@ WORDS32_ROT_PTX = ("{\n.reg .b32 a, b, c, r0, r1, r2, r3;\n" + HK._decode_ptx(Tr
 FACTORS32_PTX = ("{\n.reg .b32 a, b;\nprmt.b32 a, $4, 0, 0x4140;\nprmt.b32 b, $4, 0, 0x4342;\n"
                  "mad.lo.u32 a, a, 128, 0x3F003F00;\nmad.lo.u32 b, b, 128, 0x3F003F00;\n"
                  "mov.b32 {$0, $1}, a;\nmov.b32 {$2, $3}, b;\n}")
-# the same with the two rotations as wide multiplies (IMAD.WIDE on the FMA pipe, not SHF.L.W on the integer pipe)
-WORDS32_ROT_WIDE_PTX = ("{\n.reg .b32 a, b, c, r0, r1, r2, r3;\n.reg .b64 d;\n"
-                        + HK._decode_ptx(True, ("r0", "r1", "r2", "r3"), "$8", wide=True)
-                        + "mov.b32 {$0, $1}, r0;\nmov.b32 {$2, $3}, r1;\nmov.b32 {$4, $5}, r2;\nmov.b32 {$6, $7}, r3;\n}")
 _WPTX = gl.constexpr(WORDS32_ROT_PTX)
 _FPTX = gl.constexpr(FACTORS32_PTX)
 
@@ -171,7 +167,7 @@ def shared_x_layout(KB):
 @gluon.jit
 def _k_loop(w_ptr, s_ptr, x_ptr, x_mask, K, k_lo, K_SPLIT, up_w, up_s, KB: gl.constexpr, GATE_UP: gl.constexpr,
             WAIT: gl.constexpr, MASKED: gl.constexpr, FRAG: gl.constexpr = False, SHARED: gl.constexpr = False,
-            NB: gl.constexpr = 4, UNROLL: gl.constexpr = 1, WPTX: gl.constexpr = _WPTX):
+            NB: gl.constexpr = 4, UNROLL: gl.constexpr = 1):
     """acc (and with GATE_UP the up rows' acc) [16 NB, N] of 16 NB rows (NB slabs from w_ptr / s_ptr, a warp's
     NB / 4 of them slabs w, w + 4, ...) times
     x over codes [k_lo, k_lo + K_SPLIT): x_ptr the [64 KB, N] B operand's pointers at code 0 (with
@@ -189,7 +185,7 @@ def _k_loop(w_ptr, s_ptr, x_ptr, x_mask, K, k_lo, K_SPLIT, up_w, up_s, KB: gl.co
     acc_u = gl.zeros([16 * NB, N], gl.float32, layout=MMA)
     if UNROLL == 2:
         acc_g, acc_u = _k_loop_pairs(w_ptr, s_ptr, x_ptr, x_mask, w_off, s_off, acc_g, acc_u, k_lo, K_SPLIT, up_w,
-                                     up_s, KB, GATE_UP, WAIT, MASKED, FRAG, SHARED, NB, WPTX)
+                                     up_s, KB, GATE_UP, WAIT, MASKED, FRAG, SHARED, NB)
     else:
         wg, sg, wu, su = _w_loads(w_ptr, s_ptr, w_off, s_off, up_w, up_s, k_lo, GATE_UP)
         if WAIT:
@@ -201,11 +197,11 @@ def _k_loop(w_ptr, s_ptr, x_ptr, x_mask, K, k_lo, K_SPLIT, up_w, up_s, KB: gl.co
             wg_n = gl.load(w_ptr + w_off + k1 * 2)
             sg_n = gl.load(s_ptr + s_off + k1 // 8)
             x, xs = _x_operand(x_ptr, x_mask, xs, k0, k1, KB, MASKED, FRAG, SHARED)
-            acc_g = mma_v2(gl.convert_layout(_decode(wg, sg, NB, KB, WPTX, _FPTX), A_OP), x, acc_g)
+            acc_g = mma_v2(gl.convert_layout(_decode(wg, sg, NB, KB, _WPTX, _FPTX), A_OP), x, acc_g)
             if GATE_UP:
                 wu_n = gl.load(w_ptr + up_w + w_off + k1 * 2)
                 su_n = gl.load(s_ptr + up_s + s_off + k1 // 8)
-                acc_u = mma_v2(gl.convert_layout(_decode(wu, su, NB, KB, WPTX, _FPTX), A_OP), x, acc_u)
+                acc_u = mma_v2(gl.convert_layout(_decode(wu, su, NB, KB, _WPTX, _FPTX), A_OP), x, acc_u)
                 wu = wu_n
                 su = su_n
             wg = wg_n
@@ -251,19 +247,18 @@ def _w_loads(w_ptr, s_ptr, w_off, s_off, up_w, up_s, k, GATE_UP: gl.constexpr):
 
 
 @gluon.jit
-def _mmas(acc_g, acc_u, wg, sg, wu, su, x, NB: gl.constexpr, KB: gl.constexpr, GATE_UP: gl.constexpr,
-          WPTX: gl.constexpr = _WPTX):
+def _mmas(acc_g, acc_u, wg, sg, wu, su, x, NB: gl.constexpr, KB: gl.constexpr, GATE_UP: gl.constexpr):
     """acc_g (and acc_u with GATE_UP) plus the decoded words times the step's B operand x."""
-    acc_g = mma_v2(gl.convert_layout(_decode(wg, sg, NB, KB, WPTX, _FPTX), A_OP), x, acc_g)
+    acc_g = mma_v2(gl.convert_layout(_decode(wg, sg, NB, KB, _WPTX, _FPTX), A_OP), x, acc_g)
     if GATE_UP:
-        acc_u = mma_v2(gl.convert_layout(_decode(wu, su, NB, KB, WPTX, _FPTX), A_OP), x, acc_u)
+        acc_u = mma_v2(gl.convert_layout(_decode(wu, su, NB, KB, _WPTX, _FPTX), A_OP), x, acc_u)
     return acc_g, acc_u
 
 
 @gluon.jit
 def _k_loop_pairs(w_ptr, s_ptr, x_ptr, x_mask, w_off, s_off, acc_g, acc_u, k_lo, K_SPLIT, up_w, up_s, KB: gl.constexpr,
                   GATE_UP: gl.constexpr, WAIT: gl.constexpr, MASKED: gl.constexpr, FRAG: gl.constexpr,
-                  SHARED: gl.constexpr, NB: gl.constexpr, WPTX: gl.constexpr = _WPTX):
+                  SHARED: gl.constexpr, NB: gl.constexpr):
     """_k_loop over pairs of steps, a and b: b's words loaded before a's decode, the next a's before b's, so that
     neither register set is copied into the other between steps; an odd split's last b is not run."""
     S: gl.constexpr = 64 * KB
@@ -277,12 +272,12 @@ def _k_loop_pairs(w_ptr, s_ptr, x_ptr, x_mask, w_off, s_off, acc_g, acc_u, k_lo,
         kb = gl.minimum(k0 + S, last)
         gb, sb, ub, vb = _w_loads(w_ptr, s_ptr, w_off, s_off, up_w, up_s, kb, GATE_UP)
         x, xs_b = _x_operand(x_ptr, x_mask, xs, k0, kb, KB, MASKED, FRAG, SHARED)
-        acc_g, acc_u = _mmas(acc_g, acc_u, ga, sa, ua, va, x, NB, KB, GATE_UP, WPTX)
+        acc_g, acc_u = _mmas(acc_g, acc_u, ga, sa, ua, va, x, NB, KB, GATE_UP)
         if k0 + S < end:
             ka = gl.minimum(k0 + 2 * S, last)
             ga, sa, ua, va = _w_loads(w_ptr, s_ptr, w_off, s_off, up_w, up_s, ka, GATE_UP)
             x, xs = _x_operand(x_ptr, x_mask, xs_b, kb, ka, KB, MASKED, FRAG, SHARED)
-            acc_g, acc_u = _mmas(acc_g, acc_u, gb, sb, ub, vb, x, NB, KB, GATE_UP, WPTX)
+            acc_g, acc_u = _mmas(acc_g, acc_u, gb, sb, ub, vb, x, NB, KB, GATE_UP)
     return acc_g, acc_u
 
 
@@ -331,7 +326,7 @@ def _gemm1_tail(g, u, e, j, rows, b_ptr, inter_ptr, I, p0, p1, ACT: gl.constexpr
 def few_gemm1(w_ptr, s_ptr, x_ptr, ids_ptr, b_ptr, inter_ptr, part_ptr, cnt_ptr, K, I, K_SPLIT, TOP_K, p0, p1,
               KB: gl.constexpr, ACT: gl.constexpr, HAS_LIMIT: gl.constexpr, HAS_LINEAR: gl.constexpr,
               HAS_BIAS: gl.constexpr, SPLITS: gl.constexpr, PDL: gl.constexpr, FRAG_KB: gl.constexpr = 0,
-              UNROLL: gl.constexpr = 1, WPTX: gl.constexpr = _WPTX):
+              UNROLL: gl.constexpr = 1):
     """inter[j, rows] = act(gate . x + b, up . x + b) for pair j (token j // TOP_K) and its expert,
     rows [64 rb, 64 rb + 64) (b13 [E, 2 I] with HAS_BIAS). PDL 1 / 2: GEMM2's programs may launch
     from this program's start / once its K loop is done. FRAG_KB > 0: the rows stored in
@@ -342,7 +337,7 @@ def few_gemm1(w_ptr, s_ptr, x_ptr, ids_ptr, b_ptr, inter_ptr, part_ptr, cnt_ptr,
     if e >= 0:
         acc_g, acc_u = _k_loop(w_ptr, s_ptr, _x_operand_ptrs(x_ptr + (j // TOP_K) * K, KB), 0, K, sp * K_SPLIT,
                                K_SPLIT, (I // 16) * (2 * K), (I // 16) * (K // 8), KB, True, False, False,
-                               UNROLL=UNROLL, WPTX=WPTX)
+                               UNROLL=UNROLL)
         if PDL == 2:
             _gdc_launch()
         g = _column0(acc_g)
@@ -370,7 +365,7 @@ def few_gemm1(w_ptr, s_ptr, x_ptr, ids_ptr, b_ptr, inter_ptr, part_ptr, cnt_ptr,
 def few_gemm2(w_ptr, s_ptr, inter_ptr, ids_ptr, b_ptr, tw_ptr, part_ptr, cnt_ptr, out_ptr, K, N, K_SPLIT, TOP_K,
               KB: gl.constexpr, HAS_BIAS: gl.constexpr, SPLITS: gl.constexpr, PDL: gl.constexpr,
               SUM: gl.constexpr, FRAG: gl.constexpr = False, NB: gl.constexpr = 4, UNROLL: gl.constexpr = 1,
-              RELEASE: gl.constexpr = False, WPTX: gl.constexpr = _WPTX):
+              RELEASE: gl.constexpr = False):
     """out[t, rows] = sum over token t's pairs j of tw[j] * (w2[e_j] rows . inter[j] + b2[e_j] rows),
     rows [16 NB rb, 16 NB rb + 16 NB) (NB 4, 8 or 16 slabs a program): with SUM the last of the TOP_K x SPLITS
     programs of a token's row block sums their partials, pairs then splits in index order (the bias in split 0's);
@@ -389,7 +384,7 @@ def few_gemm2(w_ptr, s_ptr, inter_ptr, ids_ptr, b_ptr, tw_ptr, part_ptr, cnt_ptr
         else:
             x_ptrs = _x_operand_ptrs(inter_ptr + j * K, KB)
         acc, _ = _k_loop(w_ptr, s_ptr, x_ptrs, 0, K, sp * K_SPLIT, K_SPLIT, 0, 0, KB, False, PDL, False, FRAG,
-                         NB=NB, UNROLL=UNROLL, WPTX=WPTX)
+                         NB=NB, UNROLL=UNROLL)
         v = _column0(acc)
         if HAS_BIAS:
             if sp == 0:
@@ -428,7 +423,7 @@ def _words(t: torch.Tensor) -> torch.Tensor:
 def forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias, act, out, *,
             k1: int, k2: int, splits1: int, splits2: int, pdl: int = 0, k_sum=None, frag: bool = False,
             rows2: int = 64, unroll: tuple[int, int] = (1, 1), maxnreg: tuple[int, int] = (0, 0),
-            reuse_counters: bool = True, release2: bool = False, wide: bool = False) -> torch.Tensor:
+            reuse_counters: bool = True, release2: bool = False) -> torch.Tensor:
     """out [T, H] bf16 = the layer for a few tokens x [T, H] bf16, programs per (token, expert) pair
     (contiguous hopper_mma_rot tensors, scales <= 2; k1 / k2 codes a K step of GEMM1 / GEMM2, 64 or
     128, splits dividing H / I into whole steps; the caller checks these; pdl: 0, or GEMM2 launched as
@@ -439,7 +434,7 @@ def forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w
     dividing H; unroll: GEMM1's / GEMM2's K loop over single steps (1) or pairs (2); maxnreg: their register caps, 0
     none; reuse_counters: the arrival counters from counters.zeroed_counters' buffer for the device, which the kernels
     leave zero, else zeroed for this call; release2: k_sum's kernel launched as a programmatic dependent of GEMM2,
-    which releases it from its start; wide: the words' rotations as wide multiplies, WORDS32_ROT_WIDE_PTX)."""
+    which releases it from its start)."""
     E, two_i, _ = w13.shape
     H, I = x.shape[1], two_i // 2
     T, k = topk_ids.shape
@@ -456,13 +451,11 @@ def forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w
         _words(w13), _words(w13_scale), x, ids, w13_bias if w13_bias is not None else part1, inter, part1, cnt,
         H, I, H // splits1, k, act["p0"], act["p1"], KB=k1 // 64, ACT=act["ACT"], HAS_LIMIT=act["HAS_LIMIT"],
         HAS_LINEAR=act["HAS_LINEAR"], HAS_BIAS=w13_bias is not None, SPLITS=splits1, PDL=pdl,
-        FRAG_KB=k2 // 64 if frag else 0, UNROLL=unroll[0], WPTX=WORDS32_ROT_WIDE_PTX if wide else WORDS32_ROT_PTX,
-        num_warps=4, **_cap(maxnreg[0]))
+        FRAG_KB=k2 // 64 if frag else 0, UNROLL=unroll[0], num_warps=4, **_cap(maxnreg[0]))
     few_gemm2[(H // rows2, pairs, splits2)](
         _words(w2), _words(w2_scale), inter, ids, w2_bias if w2_bias is not None else part2, tw, part2,
         cnt[pairs * (I // 64) * (splits1 > 1):], out, I, H, I // splits2, k, KB=k2 // 64,
         HAS_BIAS=w2_bias is not None, SPLITS=splits2, PDL=bool(pdl), SUM=k_sum is None, FRAG=frag, NB=rows2 // 16,
-        UNROLL=unroll[1], RELEASE=release2 and k_sum is not None,
-        WPTX=WORDS32_ROT_WIDE_PTX if wide else WORDS32_ROT_PTX, num_warps=4, **_cap(maxnreg[1]),
+        UNROLL=unroll[1], RELEASE=release2 and k_sum is not None, num_warps=4, **_cap(maxnreg[1]),
         **({"launch_pdl": True} if pdl else {}))
     return out if k_sum is None else k_sum(part2)

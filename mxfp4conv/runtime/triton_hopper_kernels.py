@@ -30,7 +30,7 @@ from mxfp4conv.runtime.triton_moe_kernels import (HAS_GDC, _gdc_launch, _gdc_wai
                                                   gemm1_finish, gemm2_finish)
 
 
-def _decode_ptx(rot: bool, out: tuple[str, str, str, str], w: str, wide: bool = False) -> str:
+def _decode_ptx(rot: bool, out: tuple[str, str, str, str], w: str) -> str:
     """PTX of the integer decode of the word in register w into the bf16 pairs R0..R3 (registers
     out; scratch a, b, c): the ``hopper_np.BITS`` order in 11 instructions, ``BITS_ROT`` in 9. In BITS_ROT, R1's
     rotation by 4 and R3's by 6 wrap no bit their masks keep, so they are plain shifts, which ptxas issues as
@@ -38,12 +38,7 @@ def _decode_ptx(rot: bool, out: tuple[str, str, str, str], w: str, wide: bool = 
     instruction count; on an H200 DSV3-like T = 1 / 8 1.059 / 1.027 and K3-like T = 8 1.054 faster,
     docs/performance.md)."""
     r0, r1, r2, r3 = out
-    if rot and wide:  # the rotations by 10 and 14 as 64-bit products w 2**10, w 2**14, their halves or-ed (scratch d)
-        lines = [f"and.b32 {r0}, {w}, 0x81C081C0", f"shl.b32 a, {w}, 4", f"and.b32 {r1}, a, 0x81C081C0",
-                 f"mul.wide.u32 d, {w}, 1024", "mov.b64 {a, b}, d", "or.b32 a, a, b", f"and.b32 {r2}, a, 0x81C081C0",
-                 f"shl.b32 c, {w}, 6", "and.b32 c, c, 0x00400040", f"mul.wide.u32 d, {w}, 16384", "mov.b64 {a, b}, d",
-                 "or.b32 a, a, b", "and.b32 a, a, 0x81808180", f"or.b32 {r3}, a, c"]
-    elif rot:  # R1 / R2 by one rotation and the R0 mask, R3 from two rotations
+    if rot:  # R1 / R2 by one rotation and the R0 mask, R3 from two rotations
         lines = [f"and.b32 {r0}, {w}, 0x81C081C0", f"shl.b32 a, {w}, 4", f"and.b32 {r1}, a, 0x81C081C0",
                  f"shf.l.wrap.b32 a, {w}, {w}, 10", f"and.b32 {r2}, a, 0x81C081C0", f"shl.b32 a, {w}, 6",
                  f"shf.l.wrap.b32 b, {w}, {w}, 14", "and.b32 a, a, 0x00400040", "and.b32 b, b, 0x81808180",
