@@ -230,10 +230,6 @@ def hopper_variants(T, H, I, k, E):
         out.append(("rows2", dataclasses.replace(default, gluon=1, gluon_rows2=rows2, gluon_sum2=0)))
         # the K loops the other way (over pairs of steps, or single ones), uncapped
         out.append(("unroll", dataclasses.replace(default, gluon=1, **_other_loops(default, False, H, I, E, T * k, T))))
-        # GEMM2 in programs of runs of items (few_gemm2_items), 128- and 64-row items
-        out.append(("items2", dataclasses.replace(default, gluon=1, gluon_items2=6, gluon_sum2=0, gluon_rows2=128)))
-        out.append(("items2", dataclasses.replace(default, gluon=1, gluon_items2=7, gluon_sum2=0, gluon_rows2=64,
-                                                  gluon_maxnreg2=0)))
     else:  # the Gluon kernels on expert blocks: where the default takes them, the variants above on the hopper_mma
         # kernels; and 16-pair blocks, 8-pair ones of 64-code steps, and 4 K splits of GEMM1, forced on
         if grouped_takes(default, T, T * k, E):
@@ -360,8 +356,7 @@ def main() -> int:
                         f"{' ksum' if sum2_by_kernel(cfg, I, plan) else ''}"
                         f"{'' if cfg.gluon_sum_pdl or not sum2_by_kernel(cfg, I, plan) else ' nosumpdl'}"
                         f"{'' if cfg.gluon_frag else ' plainrows'}"
-                        f" r{r2}{_loops(cfg, False, plan[0], r2, I // 64 * T * k * plan[2], device_sms(dev))}"
-                        f"{f' items{cfg.gluon_items2}' if cfg.gluon_items2 else ''}")
+                        f" r{r2}{_loops(cfg, False, plan[0], r2, I // 64 * T * k * plan[2], device_sms(dev))}")
             else:
                 path = path_name(cfg, T, k, E, dtype, layout)
             label = f"{name} [{path}{' splitK' if vname == 'split' else ''}]"

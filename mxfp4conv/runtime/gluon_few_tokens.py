@@ -396,65 +396,6 @@ def few_gemm2(w_ptr, s_ptr, inter_ptr, ids_ptr, b_ptr, tw_ptr, part_ptr, cnt_ptr
 
 
 @gluon.jit
-def few_gemm2_items(w_ptr, s_ptr, inter_ptr, ids_ptr, b_ptr, tw_ptr, part_ptr, K, N, ITEMS, RB, KB: gl.constexpr,
-                    HAS_BIAS: gl.constexpr, PDL: gl.constexpr, NB: gl.constexpr = 4, RELEASE: gl.constexpr = False):
-    """few_gemm2 (unsplit, intermediate rows in fragment order, each program storing its partial) with a program per
-    run of items, not per item: the (pair, 16 NB-row block) items p, p + P, ... of program p of P, their K steps one
-    pipeline, so that the words of an item's first step are loaded during the last step of the item before."""
-    if RELEASE:
-        _gdc_launch()
-    P = gl.num_programs(0)
-    it = gl.program_id(0)
-    S = K // (64 * KB)
-    total = ((ITEMS - 1 - it) // P + 1) * S
-    w_off, s_off = _offsets(K, NB, KB)
-    xo = _fragment_ptrs(inter_ptr + gl.zeros([8], gl.int32, layout=_frag_cols(KB)), KB)
-    rows0 = gl.arange(0, 16 * NB, layout=ROWS)
-    e = gl.load(ids_ptr + it // RB).to(gl.int64)
-    wb = w_ptr + gl.maximum(e, 0) * (N * (K // 8)) + (it % RB) * NB * (2 * K)
-    sb = s_ptr + gl.maximum(e, 0) * (N * K // 128) + (it % RB) * NB * (K // 8)
-    wc = gl.load(wb + w_off)
-    sc = gl.load(sb + s_off)
-    it_n = gl.minimum(it + P, ITEMS - 1)
-    e_n = gl.load(ids_ptr + it_n // RB).to(gl.int64)
-    if PDL:
-        _gdc_wait()
-    acc = gl.zeros([16 * NB, 8], gl.float32, layout=MMA)
-    st = 0
-    for g in range(total):
-        if st == S - 1:
-            wn = w_ptr + gl.maximum(e_n, 0) * (N * (K // 8)) + (it_n % RB) * NB * (2 * K)
-            sn = s_ptr + gl.maximum(e_n, 0) * (N * K // 128) + (it_n % RB) * NB * (K // 8)
-        else:
-            wn = wb + (st + 1) * (128 * KB)
-            sn = sb + (st + 1) * (8 * KB)
-        w_nxt = gl.load(wn + w_off)
-        s_nxt = gl.load(sn + s_off)
-        x = _fragments(xo + (it // RB) * K + st * (64 * KB), 0, KB, False)
-        acc = mma_v2(gl.convert_layout(_decode(wc, sc, NB, KB, _WPTX, _FPTX), A_OP), x, acc)
-        if st == S - 1:
-            j = it // RB
-            rows = (it % RB) * (16 * NB) + rows0
-            v = _column0(acc)
-            if HAS_BIAS:
-                v += gl.load(b_ptr + gl.maximum(e, 0) * N + rows).to(gl.float32)
-            v = v * gl.load(tw_ptr + j).to(gl.float32)
-            gl.store(part_ptr + j * N + rows, gl.where(e >= 0, v, 0.0))
-            acc = gl.zeros([16 * NB, 8], gl.float32, layout=MMA)
-            it = it + P
-            e = e_n
-            wb = wn
-            sb = sn
-            it_n = gl.minimum(it + P, ITEMS - 1)
-            e_n = gl.load(ids_ptr + it_n // RB).to(gl.int64)
-            st = 0
-        else:
-            st = st + 1
-        wc = w_nxt
-        sc = s_nxt
-
-
-@gluon.jit
 def _k_sum(part_ptr, cnt_ptr, out_ptr, j, rb, rows, npair, N, TOP_K, SPLITS: gl.constexpr):
     """The arrival of pair j's partial of row block rb; the last of its token's TOP_K x SPLITS sums
     them, pairs then splits in index order, into out."""
@@ -482,7 +423,7 @@ def _words(t: torch.Tensor) -> torch.Tensor:
 def forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias, act, out, *,
             k1: int, k2: int, splits1: int, splits2: int, pdl: int = 0, k_sum=None, frag: bool = False,
             rows2: int = 64, unroll: tuple[int, int] = (1, 1), maxnreg: tuple[int, int] = (0, 0),
-            reuse_counters: bool = True, release2: bool = False, items2: int = 0) -> torch.Tensor:
+            reuse_counters: bool = True, release2: bool = False) -> torch.Tensor:
     """out [T, H] bf16 = the layer for a few tokens x [T, H] bf16, programs per (token, expert) pair
     (contiguous hopper_mma_rot tensors, scales <= 2; k1 / k2 codes a K step of GEMM1 / GEMM2, 64 or
     128, splits dividing H / I into whole steps; the caller checks these; pdl: 0, or GEMM2 launched as
@@ -493,8 +434,7 @@ def forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w
     dividing H; unroll: GEMM1's / GEMM2's K loop over single steps (1) or pairs (2); maxnreg: their register caps, 0
     none; reuse_counters: the arrival counters from counters.zeroed_counters' buffer for the device, which the kernels
     leave zero, else zeroed for this call; release2: k_sum's kernel launched as a programmatic dependent of GEMM2,
-    which releases it from its start; items2: GEMM2 in that many programs, each a run of (pair, row block) items,
-    few_gemm2_items, where it can: unsplit, fragment order, the k-sum kernel after it; 0 off)."""
+    which releases it from its start)."""
     E, two_i, _ = w13.shape
     H, I = x.shape[1], two_i // 2
     T, k = topk_ids.shape
@@ -512,13 +452,6 @@ def forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w
         H, I, H // splits1, k, act["p0"], act["p1"], KB=k1 // 64, ACT=act["ACT"], HAS_LIMIT=act["HAS_LIMIT"],
         HAS_LINEAR=act["HAS_LINEAR"], HAS_BIAS=w13_bias is not None, SPLITS=splits1, PDL=pdl,
         FRAG_KB=k2 // 64 if frag else 0, UNROLL=unroll[0], num_warps=4, **_cap(maxnreg[0]))
-    if items2 and splits2 == 1 and frag and k_sum is not None:
-        rb2 = H // rows2
-        few_gemm2_items[(min(items2, rb2 * pairs),)](
-            _words(w2), _words(w2_scale), inter, ids, w2_bias if w2_bias is not None else part2, tw, part2, I, H,
-            rb2 * pairs, rb2, KB=k2 // 64, HAS_BIAS=w2_bias is not None, PDL=bool(pdl), NB=rows2 // 16,
-            RELEASE=release2, num_warps=4, **_cap(maxnreg[1]), **({"launch_pdl": True} if pdl else {}))
-        return k_sum(part2)
     few_gemm2[(H // rows2, pairs, splits2)](
         _words(w2), _words(w2_scale), inter, ids, w2_bias if w2_bias is not None else part2, tw, part2,
         cnt[pairs * (I // 64) * (splits1 > 1):], out, I, H, I // splits2, k, KB=k2 // 64,

@@ -185,9 +185,6 @@ class MoEConfig:
     # row block a program; 0 automatic), and their register caps (0 none, -1 automatic); see loop_tuning
     gluon_unroll1: int = 0
     gluon_unroll2: int = 0
-    # the per-pair GEMM2 in this many programs an SM, each a run of (pair, row block) items in one K pipeline
-    # (few_gemm2_items; unsplit, fragment order and the k-sum kernel only), or a program an item (0)
-    gluon_items2: int = 0
     gluon_maxnreg1: int = -1
     gluon_maxnreg2: int = -1
     # the per-pair kernels' arrival counters from the device's buffer that they leave zero (1: no fill launch before
@@ -486,7 +483,7 @@ def fused_moe_triton(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, *,
                                   act, out, plan, cfg.gluon == 1, cfg.gluon_pdl, sum2_by_kernel(cfg, i_pad, plan),
                                   cfg.gluon_frag == 1, rows2,
                                   loop_tuning(cfg, False, plan[0], rows2, i_pad // 64 * num_pairs * plan[2],
-                                              device_sms(x.device)) | {"items2": cfg.gluon_items2 * device_sms(x.device)},
+                                              device_sms(x.device)),
                                   cfg.gluon_counters == 1, cfg.gluon_sum_pdl == 1)
             if done is not None:
                 return done
