@@ -1,5 +1,6 @@
-"""Two other bit orders for the hopper_mma words, judged before any layout would change: their decode's
-instructions from sm_90a SASS (no GPU), and on the GPU the one-token weight stream of gluon_t1_bench.py in each.
+"""Two other bit orders for the hopper_mma words, judged before any layout would change, and another decode of
+hopper_mma_w_rot's own: their instructions from sm_90a SASS (no GPU), and on the GPU the one-token weight stream of
+gluon_t1_bench.py in each (docs/performance.md, "Other decodes of the words").
 
 The words keep hopper_mma_w's places (a lane's 4 words a 64-code block, word kt the codes 16 kt + 8 c + 2 t + kk
 of rows 8 h + g); an order only moves the bits inside a word. Each order is a decode, registers R = mask &
@@ -15,6 +16,8 @@ map over GF(2) (order_matrix), not a bit permutation as hopper_np.BITS_ROT is.
   multiply-add an accumulator entry; x as three e4m3 pieces in the B operand's free columns). sm_90 has no fp8
   mma.sync: ptxas lowers it to F2FP e4m3 -> f16 unpacks, byte permutes and two HMMA.16816 on f16 operands, so this
   order is judged from SASS only.
+- ``rotw`` (no order of its own): hopper_mma_w_rot's words with its two rotations as 64-bit products by 2**10 and
+  2**14 whose halves or-ed are the rotation (IMAD.WIDE on the FMA pipe instead of SHF.L.W on the integer pipe).
 
     python benchmarks/gluon_decode_bench.py --sass            # instructions a K step, no GPU
     python benchmarks/gluon_decode_bench.py [--points dsv3:1,k3:1,k3:10] [--out DIR]
