@@ -287,7 +287,6 @@ def _f8_group(acc, zero, wb, sw, x, C: gl.constexpr, a_op: gl.constexpr, mma: gl
     return acc + d * gl.convert_layout(f, mma)
 
 
-
 def ordered_words(w: torch.Tensor, name: str) -> torch.Tensor:
     """Canonical [E, N, K/2] bytes -> ORDERS[name]'s words in hopper_mma_w's places, as int32 (flat)."""
     E, N, KH = w.shape
@@ -345,8 +344,9 @@ def sass_table(log) -> None:
 
 
 def bench(name, T, copy_bw, log):
-    """Production per kernel at T tokens, then the one-token stream in the rot and xor orders over the touched
-    experts' matrices (gluon_t1_bench's, one token each), each checked against a float64 product."""
+    """Production per kernel at T tokens, then the one-token stream (gluon_t1_bench's, one token a touched expert's
+    matrices) in hopper_mma_w_rot's decode (rot), the same words with its rotations as wide multiplies (rotw) and the
+    xor order, each checked against a float64 product."""
     from benchmarks.gluon_t1_bench import run_stream, stored
     from benchmarks.kernel_split import split as kernel_times
     from benchmarks.moe_bench import SHAPES, graph_time_us, make_weights, routing
