@@ -184,6 +184,15 @@ from triton.experimental import gluon  # noqa: E402
 from triton.experimental.gluon import language as gl  # noqa: E402
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2  # noqa: E402
 
+from mxfp4conv.runtime.gluon_few_tokens import _along  # noqa: E402
+
+
+# f8_stream's group bytes [nb, g, t, j, byte] (warp = slab, lane 4 g + t, its 8 bytes, words 2 c and 2 c + 1, in
+# registers) and scale words [nb, g, t], each axis's 1-D layout for its arange
+_F8_WL = gl.BlockedLayout([1, 1, 1, 2, 4], [1, 8, 4, 1, 1], [4, 1, 1, 1, 1], [4, 3, 2, 1, 0])
+F8_W0, F8_W1, F8_W2, F8_W3, F8_W4 = (_along(_F8_WL, d, 5) for d in range(5))
+F8_S0, F8_S1, F8_S2 = (_along(gl.BlockedLayout([1, 1, 1], [1, 8, 4], [4, 1, 1], [2, 1, 0]), d, 3) for d in range(3))
+
 
 @gluon.jit
 def f8_stream(w_ptr, s_ptr, x_ptr, cw_ptr, out_ptr, K, ROWS, K_SPLIT, X_STRIDE, GATE_UP: gl.constexpr,
@@ -197,9 +206,6 @@ def f8_stream(w_ptr, s_ptr, x_ptr, cw_ptr, out_ptr, K, ROWS, K_SPLIT, X_STRIDE, 
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[4, 1], instr_shape=[16, 8])
     a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=4)
     b_op: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=4)
-    # a group's bytes [nb, g, t, j, byte]: warp = slab, lane 4 g + t, its 8 bytes (words 2c, 2c + 1) in registers
-    wl: gl.constexpr = gl.BlockedLayout([1, 1, 1, 2, 4], [1, 8, 4, 1, 1], [4, 1, 1, 1, 1], [4, 3, 2, 1, 0])
-    sl: gl.constexpr = gl.BlockedLayout([1, 1, 1], [1, 8, 4], [4, 1, 1], [2, 1, 0])
     rb = gl.program_id(0)
     e = gl.program_id(1)
     sp = gl.program_id(2)
@@ -208,16 +214,16 @@ def f8_stream(w_ptr, s_ptr, x_ptr, cw_ptr, out_ptr, K, ROWS, K_SPLIT, X_STRIDE, 
     s_ptr += e * (ROWS * (K // 128)) + rb * 4 * (K // 8)
     up_w = (half // 16) * (8 * K)
     up_s = (half // 16) * (K // 8)
-    w0 = gl.arange(0, 4, layout=gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, gl.SliceLayout(4, wl)))))
-    w1 = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(2, gl.SliceLayout(3, gl.SliceLayout(4, wl)))))
-    w2 = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(3, gl.SliceLayout(4, wl)))))
-    w3 = gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(4, wl)))))
-    w4 = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, wl)))))
+    w0 = gl.arange(0, 4, layout=F8_W0)
+    w1 = gl.arange(0, 8, layout=F8_W1)
+    w2 = gl.arange(0, 4, layout=F8_W2)
+    w3 = gl.arange(0, 2, layout=F8_W3)
+    w4 = gl.arange(0, 4, layout=F8_W4)
     w_off = (w0[:, None, None, None, None] * (8 * K) + w1[None, :, None, None, None] * 64
              + w2[None, None, :, None, None] * 16 + w3[None, None, None, :, None] * 4 + w4[None, None, None, None, :])
-    s0 = gl.arange(0, 4, layout=gl.SliceLayout(1, gl.SliceLayout(2, sl)))
-    s1 = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(2, sl)))
-    s2 = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, sl)))
+    s0 = gl.arange(0, 4, layout=F8_S0)
+    s1 = gl.arange(0, 8, layout=F8_S1)
+    s2 = gl.arange(0, 4, layout=F8_S2)
     s_off = s0[:, None, None] * (K // 8) + s1[None, :, None] + s2[None, None, :] * 0
     xk = gl.arange(0, 32, layout=gl.SliceLayout(1, b_op))
     xn = gl.arange(0, 8, layout=gl.SliceLayout(0, b_op))
@@ -289,12 +295,9 @@ def _f8_group(acc, zero, wb, sw, x, C: gl.constexpr, a_op: gl.constexpr, mma: gl
 
 def ordered_words(w: torch.Tensor, name: str) -> torch.Tensor:
     """Canonical [E, N, K/2] bytes -> ORDERS[name]'s words in hopper_mma_w's places, as int32 (flat)."""
-    E, N, KH = w.shape
-    plain = (w.reshape(E, N // 16, 2, 8, KH // 32, 4, 2, 4)  # e slab h g block kt c t
-             .permute(0, 1, 4, 3, 7, 5, 2, 6).contiguous().reshape(-1, 4).long())  # e slab block g t kt | h c
-    tab = torch.from_numpy(order_tables(name)).to(w.device)
-    word = tab[0][plain[:, 0]] ^ tab[1][plain[:, 1]] ^ tab[2][plain[:, 2]] ^ tab[3][plain[:, 3]]
-    return torch.where(word >= 1 << 31, word - (1 << 32), word).to(torch.int32)
+    from mxfp4conv.shuffle import hopper
+
+    return hopper._forward_torch(w, fwd8=order_tables(name)).reshape(-1).view(torch.int32)
 
 
 def loop_sass(fn, consts: dict, types: dict) -> tuple[str, int, collections.Counter]:
@@ -347,28 +350,23 @@ def bench(name, T, copy_bw, log):
     """Production per kernel at T tokens, then the one-token stream (gluon_t1_bench's, one token a touched expert's
     matrices) in hopper_mma_w_rot's decode (rot), the same words with its rotations as wide multiplies (rotw) and the
     xor order, each checked against a float64 product."""
-    from benchmarks.gluon_t1_bench import run_stream, stored
+    from benchmarks.gluon_t1_bench import layer_point, run_stream, stored
     from benchmarks.kernel_split import split as kernel_times
-    from benchmarks.moe_bench import SHAPES, graph_time_us, make_weights, routing
+    from benchmarks.moe_bench import graph_time_us
     from mxfp4conv.codec import dequantize_mxfp4
     from mxfp4conv.runtime.triton_moe import LAYOUT_SETS, fused_moe_triton
     from mxfp4conv.shuffle import get_layout
 
-    H, I, E, k = SHAPES[name]
-    gen = torch.Generator(device="cuda").manual_seed(7)
-    w13, s13, w2, s2 = make_weights(H, I, E, gen)
-    ids, tw = routing(T, E, k, gen)
-    x = torch.randn(T, H, device="cuda", generator=gen).bfloat16()
-    touched = torch.unique(ids)
+    (H, I, _, _), gen, (w13, s13, w2, s2), (ids, tw), x, touched = layer_point(name, T)
     pairs = int(touched.numel())
     Wl, Sl = (get_layout(n) for n in LAYOUT_SETS["hopper_mma_rot"])
     prod = (Wl.forward(w13), Sl.forward(s13), Wl.forward(w2), Sl.forward(s2))
-    moe = lambda: fused_moe_triton(x, *prod, tw, ids, activation="silu", activation_params={},  # noqa: E731
-                                   layout="hopper_mma_rot")
+    moe = lambda p=prod: fused_moe_triton(x, *p, tw, ids, activation="silu", activation_params={},  # noqa: E731
+                                          layout="hopper_mma_rot")
     ktimes = kernel_times(moe, 20, flush=torch.empty(256 << 20, dtype=torch.uint8, device="cuda"))
     log(f"{name} T={T} production kernels ({pairs} experts touched; us, L2 flushed, mean of 20): "
         + ", ".join(f"{n[:40]} {t:.1f}" for n, t in ktimes))
-    del prod
+    del prod, moe
     w13, s13, w2, s2 = (t[touched] for t in (w13, s13, w2, s2))
     x2 = torch.randn(pairs, I, device="cuda", generator=gen).bfloat16()
     ref1 = torch.einsum("erk,k->er", dequantize_mxfp4(w13, s13).double(), x[0].double())

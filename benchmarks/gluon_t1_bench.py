@@ -323,16 +323,22 @@ def stored(w, s, pad_words):
     return torch.cat([ws, pad]), torch.cat([ss, pad])
 
 
+def layer_point(name, T):
+    """A layer of shape name at T tokens as moe_bench draws it (seed 7): (H, I, E, top_k), the generator after
+    the draw, canonical (w13, s13, w2, s2), routing (ids, tw), x [T, H] bf16 and the touched experts."""
+    H, I, E, k = SHAPES[name]
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    weights = make_weights(H, I, E, gen)
+    ids, tw = routing(T, E, k, gen)
+    x = torch.randn(T, H, device="cuda", generator=gen).bfloat16()
+    return (H, I, E, k), gen, weights, (ids, tw), x, torch.unique(ids)
+
+
 def bench(name, T, copy_bw, log, kinds=KINDS, quick=False):
     """Production per kernel at T tokens (real routing over all experts), then the streams over the
     touched experts' matrices, one token each (at T = 1 exactly the production work; past it the
     same bytes, with the few experts that get two pairs counted once)."""
-    H, I, E, k = SHAPES[name]
-    gen = torch.Generator(device="cuda").manual_seed(7)
-    w13, s13, w2, s2 = make_weights(H, I, E, gen)
-    ids, tw = routing(T, E, k, gen)
-    x = torch.randn(T, H, device="cuda", generator=gen).bfloat16()
-    touched = torch.unique(ids)
+    (H, I, E, k), gen, (w13, s13, w2, s2), (ids, tw), x, touched = layer_point(name, T)
     pairs = int(touched.numel())
     Wl, Sl = (get_layout(n) for n in LAYOUT_SETS["hopper_mma_rot"])
     bytes1 = pairs * (2 * I) * (H // 2 + H // 32)

@@ -84,17 +84,20 @@ def _inverse_cpu(y: torch.Tensor, shape, rot: bool = False) -> torch.Tensor:
 
 
 def _permute_bits_torch(words: torch.Tensor, lut: np.ndarray) -> torch.Tensor:
-    """[M, 4] bytes of little-endian words -> [M, 4] bytes with the bits moved by ``lut`` (any device)."""
+    """[M, 4] bytes of little-endian words -> [M, 4] bytes with the bits moved by ``lut`` (any device): each
+    byte's table entry xor-ed, so a table of any linear map over GF(2) works too, not only a bit permutation."""
     b = words.to(torch.int64)
     lut = torch.from_numpy(lut).to(b.device)
-    out = lut[0][b[..., 0]] | lut[1][b[..., 1]] | lut[2][b[..., 2]] | lut[3][b[..., 3]]
+    out = lut[0][b[..., 0]] ^ lut[1][b[..., 1]] ^ lut[2][b[..., 2]] ^ lut[3][b[..., 3]]
     return torch.stack([(out >> (8 * i)) & 0xFF for i in range(4)], dim=-1).to(torch.uint8)
 
 
-def _forward_torch(x: torch.Tensor, rot: bool = False) -> torch.Tensor:
-    """``weight_forward`` with torch operations only, on any device (one expert at a time)."""
+def _forward_torch(x: torch.Tensor, rot: bool = False, fwd8: np.ndarray | None = None) -> torch.Tensor:
+    """``weight_forward`` with torch operations only, on any device (one expert at a time); fwd8: another bit
+    order's byte tables (``_permute_bits_torch``) in place of BITS / BITS_ROT's."""
     e, n, kb = x.shape
-    fwd8 = HN.FWD8_ROT if rot else HN.FWD8
+    if fwd8 is None:
+        fwd8 = HN.FWD8_ROT if rot else HN.FWD8
     out = torch.empty_like(x)
     for i in range(e):
         # row = 16 nb + 8 h + g ; byte = 32 b + 8 kt + 4 c + t
