@@ -11,7 +11,7 @@ Every case runs the configuration the dispatcher picks (the decode path without 
 when experts see few pairs, else the MMA path) and the other path forced, with and without a
 forced K split; the label names the path each run took.
 
-    python benchmarks/gpu_check.py [--out DIR] [--quick] [--layout identity|hopper_mma_rot|hopper_mma|both]
+    python benchmarks/gpu_check.py [--out DIR] [--quick] [--layout identity|hopper_mma_rot|hopper_mma_xor|hopper_mma|both]
         (--quick: skip the MMA modes 2 and 3, which no default uses; a hopper layout runs its variants
         and the default in the other bit order; both: identity and hopper_mma_rot)
 """
@@ -312,7 +312,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--layout", default="identity", help="identity, hopper_mma_rot, hopper_mma or both")
+    ap.add_argument("--layout", default="identity", help="identity, hopper_mma_rot, hopper_mma_xor, hopper_mma or both")
     ap.add_argument("--cases", default=None, help="comma-separated case indices (default: all)")
     args = ap.parse_args()
     layouts = ("identity", "hopper_mma_rot") if args.layout == "both" else (args.layout,)
@@ -336,9 +336,9 @@ def main() -> int:
 
                 mine = stored(layout)
                 runs += [(layout, v, c, mine) for v, c in hopper_variants(T, H, I, k, E)]
-                # the same weights in the other bit order of the weight words
-                other = next(h for h in HOPPER_SETS if h != layout)
-                runs.append((other, other, select_config(T * k, E, H, I, other), stored(other)))
+                # the same weights in the other bit orders of the weight words
+                runs += [(other, other, select_config(T * k, E, H, I, other), stored(other))
+                         for other in HOPPER_SETS if other != layout]
         for layout, vname, cfg, weights in runs:
             t0 = time.time()
             plan = gluon_plan(cfg, xin, weights, k, layout) if layout in HOPPER_SETS else None

@@ -8,7 +8,7 @@ count and commonest opcodes. The K loop's count is the issue cost of one block_k
 change can be judged here before any GPU time is spent (docs/performance.md).
 
     python benchmarks/hopper_sass.py [--shapes dsv3,k3] [--tokens 1,8,64,4096] [--override JSON]
-        [--layout hopper_mma_rot|hopper_mma] [--keep DIR]
+        [--layout hopper_mma_rot|hopper_mma_xor|hopper_mma] [--keep DIR]
 
 --override '{"factor_pairs": 0}' applies config overrides to every point; --layout hopper_mma
 compiles the decode of the earlier bit order (hopper_mma_w); --keep writes the TTGIR, PTX and
@@ -100,7 +100,7 @@ def point_constants(shape: str, T: int, override: dict, layout: str = "hopper_mm
     cfg = dataclasses.replace(M.select_config(T * k, E, H, I, layout), **override)
     acts = dict(ACT=M.K.ACT_SILU, HAS_LIMIT=False, HAS_LINEAR=False)
     c1, c2, (direct, fused, rows2) = M.hopper_constants(cfg, T, k, H, I, tl.bfloat16, True, cfg.factor_pairs, acts,
-                                                        False, False, rot=layout == "hopper_mma_rot")
+                                                        False, False, rot=HK.ORDER_IDS[M.HOPPER_ORDERS[layout]])
     (s1, _), _ = M.gemm_splits(cfg, T * k, E, H, I, direct, rows2)
     c1.update(SPLIT=s1 > 1, ROWS_FIRST=bool(cfg.rows_first1 and not fused))
     c2.update(ROWS_FIRST=bool(cfg.rows_first2 and not fused))

@@ -1,5 +1,5 @@
 """The hopper_mma transforms on one core: the numpy path against the compiled one (when built),
-for both weight bit orders (hopper_mma_w_rot, what convert writes, and hopper_mma_w).
+for the three weight bit orders (hopper_mma_w_xor, hopper_mma_w_rot and hopper_mma_w).
 
 Same process, same input, interleaved rounds; GB/s of input a second, median (and best) of the
 runs in each round. The output buffers are new arrays every call, as in ``weight_forward``.
@@ -42,11 +42,11 @@ def main(argv=None) -> None:
     w = rng.integers(0, 256, (e, n, kb), dtype=np.uint8)
     s = rng.integers(0, 256, (e, n, kb // 16), dtype=np.uint8)
     paths = []
-    for tag, rot in (("rot", True), ("w", False)):
-        paths.append((f"{tag} numpy", lambda x, rot=rot: hopper_np.weight_forward(x, rot), w))
+    for tag, order in (("xor", "xor"), ("rot", "rot"), ("w", "plain")):
+        paths.append((f"{tag} numpy", lambda x, order=order: hopper_np.weight_forward(x, order), w))
         if hopper_native.enabled():
-            assert np.array_equal(hopper_native.weight_forward(w, rot), hopper_np.weight_forward(w, rot))
-            paths.append((f"{tag} native", lambda x, rot=rot: hopper_native.weight_forward(x, rot), w))
+            assert np.array_equal(hopper_native.weight_forward(w, order), hopper_np.weight_forward(w, order))
+            paths.append((f"{tag} native", lambda x, order=order: hopper_native.weight_forward(x, order), w))
     if not hopper_native.enabled():
         print("the compiled transform is not built or is switched off: numpy only")
     paths.append(("scales numpy", hopper_np.scale_forward, s))

@@ -31,7 +31,7 @@ ours (both with the swigluoai activation, the one triton_kernels fuses).
 --variants '{"1": [{"block_n1": 128}], "8": [{"direct": 1}]}' times config overrides of the
 default at those T, interleaved with the default (ratio: median over rounds of variant / the
 default timed next to it); a "layout" key times the same weights in the other hopper layout
-(hopper_mma_rot: weights in hopper_mma_w_rot, what convert writes; hopper_mma: hopper_mma_w).
+(hopper_mma_rot: weights in hopper_mma_w_rot; hopper_mma_xor: hopper_mma_w_xor; hopper_mma: hopper_mma_w).
 """
 
 from __future__ import annotations

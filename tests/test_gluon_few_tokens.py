@@ -18,6 +18,7 @@ from hypothesis import given, strategies as st
 
 from mxfp4conv.errors import RuntimeInputError
 from mxfp4conv.runtime import triton_moe
+from mxfp4conv.runtime.gluon_few_tokens import WORDS32_PTX
 from mxfp4conv.runtime.triton_moe import (MoEConfig, expected_experts, fused_moe_triton, gluon_plan, gluon_rows2,
                                           gluon_tiles, grouped_masks, grouped_programs1, grouped_takes, grouped_tiles,
                                           loop_tuning, pairs_take, select_config, sum2_by_kernel)
@@ -463,6 +464,9 @@ def compiled():
     for i, (name, consts) in enumerate(CHAINED):
         jobs.append((name, consts))
         keys.append((("chained", i), name))
+    for i, (name, consts, cap) in enumerate(UNROLLED):  # the same kernels decoding hopper_mma_w_xor's words
+        jobs.append((name, dict(consts, UNROLL=2, WPTX=WORDS32_PTX["xor"]), {"maxnreg": cap} if cap else {}))
+        keys.append((("xor", i), name))
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                          env.get("PYTHONPATH", "")])
@@ -566,6 +570,22 @@ def test_k_loop_over_pairs_of_steps_copies_no_registers_between_them(compiled, i
     assert loop2["SHF"] < 3 * words and len(re.findall(r"IMAD\.SHL", sass2)) >= 2 * words, (loop2, words)
     regs = int(re.search(r"REG:(\d+)", res2).group(1))
     assert regs <= cap if cap else re.search(r"STACK:0\b", res2), res2  # uncapped: nothing spilled
+
+
+@pytest.mark.skipif(not _tools_available(), reason="this Triton has no Gluon or ships no NVIDIA tools")
+@pytest.mark.parametrize("i", range(len(UNROLLED)))
+def test_xor_order_decodes_in_fewer_instructions(compiled, i):
+    name, consts, cap = UNROLLED[i]
+    (sass_r, _), (sass_x, res_x) = compiled[(("unroll", i, 2), name)], compiled[(("xor", i), name)]
+    (n_r, loop_r), (n_x, loop_x) = (hopper_sass.loops(s, 50)[0] for s in (sass_r, sass_x))
+    # the same MMAs and loads; a word's R3 one xor-and (a LOP3) in place of two masks and an or (two LOP3): one logic
+    # instruction fewer a word (one word an MMA a lane), and at least half an instruction fewer a word in all
+    assert loop_x["HMMA"] == loop_r["HMMA"] and loop_x["LDG"] == loop_r["LDG"]
+    words = loop_x["HMMA"]
+    assert loop_x["LOP3"] == loop_r["LOP3"] - words, (loop_r, loop_x)
+    assert n_x <= n_r - words // 2, (n_r, n_x, words)
+    regs = int(re.search(r"REG:(\d+)", res_x).group(1))
+    assert regs <= cap if cap else re.search(r"STACK:0\b", res_x), res_x
 
 
 def _ops(sass: str) -> list[str]:

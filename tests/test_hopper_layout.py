@@ -127,8 +127,12 @@ def _run_decode_ptx(text: str, w: torch.Tensor, outs: tuple[str, ...]) -> list[t
             regs[d] = value(src[0]) & value(src[1])
         elif op == "or.b32":
             regs[d] = value(src[0]) | value(src[1])
+        elif op == "xor.b32":
+            regs[d] = value(src[0]) ^ value(src[1])
         elif op == "shl.b32":
             regs[d] = (value(src[0]) << int(src[1])) & 0xFFFFFFFF
+        elif op == "shr.b32":
+            regs[d] = value(src[0]) >> int(src[1])
         elif op == "shf.l.wrap.b32":  # funnel shift of src[1]:src[0], upper word: a rotation when they are one
             assert src[0] == src[1], line
             regs[d] = _rotl(value(src[0]), int(src[2]))
@@ -137,19 +141,27 @@ def _run_decode_ptx(text: str, w: torch.Tensor, outs: tuple[str, ...]) -> list[t
     return [regs[r] for r in outs]
 
 
-def test_rotation_order_decode_ptx_gives_the_registers():
+def _xor_registers(z: torch.Tensor) -> list[torch.Tensor]:
+    """The kernels' 8-instruction decode of hopper_mma_w_xor words, written out."""
+    w = z.reshape(-1).view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+    return [w & MASK, (w << 6) & MASK, _rotl(w, 12) & MASK, ((w << 2) ^ (w >> 6)) & MASK]
+
+
+@pytest.mark.parametrize("order", ["rot", "xor"])
+def test_decode_ptx_gives_the_registers(order):
     """The PTX the kernels inline for hopper_mma_w_rot words (its shifts where no bit wraps: ptxas issues those
-    as IMAD.SHL on the FMA pipe) computes the documented registers of every word, each code in each position."""
+    as IMAD.SHL on the FMA pipe) and hopper_mma_w_xor words computes the registers the hopper_mma_w decode gives in
+    the same place, each code in each position, and the documented decode of any word."""
     HK = pytest.importorskip("mxfp4conv.runtime.triton_hopper_kernels")
     x = rand_u8(2, 32, 96, seed=12)
     x[0, 0, :16] = torch.arange(0, 256, 16, dtype=torch.uint8) + torch.arange(16, dtype=torch.uint8)
-    z = W_ROT.forward(x)
+    z = get_layout(f"hopper_mma_w_{order}").forward(x)
     w = z.reshape(-1).view(torch.int32).to(torch.int64) & 0xFFFFFFFF
     w = torch.cat([w, torch.tensor([0, 0xFFFFFFFF, 0x80000001, 0x7FFFFFFE])])  # every bit set, and the wrap bits
     outs = ("r0", "r1", "r2", "r3")
-    got = _run_decode_ptx(HK._decode_ptx(True, outs, "w"), w, outs)
+    got = _run_decode_ptx(HK._decode_ptx(order, outs, "w"), w, outs)
     want = _registers(W.forward(x))
-    ref = _rot_registers(w.to(torch.int32))
+    ref = (_rot_registers if order == "rot" else _xor_registers)(w.to(torch.int32))
     for r in range(4):
         assert torch.equal(got[r][:-4], want[r]) and torch.equal(got[r], ref[r]), r
 
@@ -170,24 +182,24 @@ def test_shapes_off_the_blocks_are_refused(layout, shape):
         layout.forward(torch.zeros(shape, dtype=torch.uint8))
 
 
-@pytest.mark.parametrize("rot", [False, True], ids=["w", "w_rot"])
+@pytest.mark.parametrize("order", ["plain", "rot", "xor"])
 @PROPS
 @given(data=weights())
-def test_cpu_tables_and_device_path_agree(rot, data):
+def test_cpu_tables_and_device_path_agree(order, data):
     # the numpy path (CPU) and the torch-only path (used on GPU tensors) write the same bytes
     from mxfp4conv.shuffle import hopper
 
     x, _ = data
-    y = hopper._forward_cpu(x, rot)
-    assert torch.equal(hopper._forward_torch(x, rot), y)
-    assert torch.equal(hopper._inverse_torch(y, x.shape, rot), x)
-    assert torch.equal(hopper._inverse_cpu(y, x.shape, rot), x)
+    y = hopper._forward_cpu(x, order)
+    assert torch.equal(hopper._forward_torch(x, order), y)
+    assert torch.equal(hopper._inverse_torch(y, x.shape, order), x)
+    assert torch.equal(hopper._inverse_cpu(y, x.shape, order), x)
 
 
-@pytest.mark.parametrize("rot", [False, True], ids=["w", "w_rot"])
+@pytest.mark.parametrize("order", ["plain", "rot", "xor"])
 @PROPS
 @given(data=weights(), step=st.sampled_from([1, 512, 1 << 20]))
-def test_cpu_weight_path_in_steps_agrees_with_device_path(rot, data, step):
+def test_cpu_weight_path_in_steps_agrees_with_device_path(order, data, step):
     # the numpy path gathers a few slabs at a time; any step size writes the same bytes
     from mxfp4conv.shuffle import hopper, hopper_np
 
@@ -195,7 +207,7 @@ def test_cpu_weight_path_in_steps_agrees_with_device_path(rot, data, step):
     saved = hopper_np.STEP_BYTES
     hopper_np.STEP_BYTES = step
     try:
-        assert torch.equal(torch.from_numpy(hopper_np.weight_forward(x.numpy(), rot)), hopper._forward_torch(x, rot))
+        assert torch.equal(torch.from_numpy(hopper_np.weight_forward(x.numpy(), order)), hopper._forward_torch(x, order))
     finally:
         hopper_np.STEP_BYTES = saved
 
@@ -262,7 +274,8 @@ def _weight_forward_by_byte_gather(x):
     order = ((8 * h + g) * kb + 32 * b + 8 * kt + 4 * c + t).reshape(-1)
     pairs = np.take(x.reshape(-1, 16 * kb), order, axis=1).view(np.uint16)
     half = 4 * kb
-    words = hopper_np.FWD16[0][pairs[:, :half]] | hopper_np.FWD16[1][pairs[:, half:]]
+    fwd16 = hopper_np.LUT16["plain"][0]
+    words = fwd16[0][pairs[:, :half]] | fwd16[1][pairs[:, half:]]
     return words.view(np.uint8).reshape(x.shape)
 
 

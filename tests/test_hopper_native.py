@@ -61,17 +61,17 @@ def inputs(draw):
     return x
 
 
-@pytest.mark.parametrize("rot", [False, True], ids=["w", "w_rot"])
+@pytest.mark.parametrize("order", ["plain", "rot", "xor"])
 @PROPS
 @given(x=inputs())
-def test_native_equals_numpy_and_torch_paths(rot, x):
+def test_native_equals_numpy_and_torch_paths(order, x):
     before = x.copy()
-    y = hopper_native.weight_forward(x, rot)
+    y = hopper_native.weight_forward(x, order)
     assert y.dtype == np.uint8 and y.shape == x.shape and y.flags.c_contiguous
-    assert np.array_equal(y, hopper_np.weight_forward(x, rot))
+    assert np.array_equal(y, hopper_np.weight_forward(x, order))
     assert np.array_equal(x, before)  # the input is left as it was
     if x.size <= 1 << 16:  # the torch path moves single bytes: slow
-        assert torch.equal(torch.from_numpy(y), hopper._forward_torch(torch.from_numpy(x.copy()), rot))
+        assert torch.equal(torch.from_numpy(y), hopper._forward_torch(torch.from_numpy(x.copy()), order))
 
 
 def test_native_is_what_runs(calls):

@@ -221,7 +221,8 @@ def test_gfx1250_layouts_differ_from_the_gfx950_ones():
     assert torch.equal(gl.forward(s)[0, 0, :8], torch.cat([s[0, 0, :4], s[0, 32, :4]]))
 
 
-NUMPY_GRID = {**GRID, "hopper_mma_w": (16, 32), "hopper_mma_w_rot": (16, 32), "hopper_mma_s": (16, 2)}
+NUMPY_GRID = {**GRID, "hopper_mma_w": (16, 32), "hopper_mma_w_rot": (16, 32), "hopper_mma_w_xor": (16, 32),
+              "hopper_mma_s": (16, 2)}
 
 
 def test_numpy_paths_exist_where_convert_needs_them():

@@ -442,9 +442,9 @@ def test_hopper_one_block_per_pair_and_fused_reductions(T, direct, fused, split,
 @pytest.mark.parametrize("T,overrides", [(1, {}), (6, {"rows2": 3}), (6, {"block_t": 32, "tail_t": 16}),
                                          (12, {"block_t": 64, "tail_t": 32, "dual": 1})],
                          ids=["T1-direct-fused", "rows3", "small-tiles", "two-tiles"])
-def test_hopper_rotation_word_order_decodes_to_the_same_result(T, overrides):
-    # layout "hopper_mma" (weights in hopper_mma_w, the order earlier releases wrote: the 11-instruction
-    # decode) must give exactly the hopper_mma_rot result, on every kernel path
+def test_hopper_word_orders_decode_to_the_same_result(T, overrides):
+    # layouts "hopper_mma" (weights in hopper_mma_w, the 11-instruction decode) and "hopper_mma_xor" (hopper_mma_w_xor,
+    # the 8-instruction one) must give exactly the hopper_mma_rot result, on every kernel path
 
     k, E, H, I = 3, 5, 320, 128
     x, w13, s13, w2, s2, tw, ids, b13, b2 = make_problem(12, T, H, I, E, k, bias=True)
@@ -452,8 +452,8 @@ def test_hopper_rotation_word_order_decodes_to_the_same_result(T, overrides):
                                                    split_k2=1), **overrides)
     outs = [triton_moe.fused_moe_triton(x, *_hopper(w13, s13, w2, s2, layout), tw, ids, activation="silu",
                                         activation_params={}, w13_bias=b13, w2_bias=b2, config=cfg, layout=layout)
-            for layout in ("hopper_mma", "hopper_mma_rot")]
-    assert torch.equal(outs[0], outs[1])
+            for layout in ("hopper_mma", "hopper_mma_rot", "hopper_mma_xor")]
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[2], outs[1])
     assert rel_err(outs[1], reference(x, w13, s13, w2, s2, tw, ids, "silu", {}, b13, b2)) < 1e-5
 
 

@@ -36,15 +36,16 @@ from mxfp4conv.runtime.triton_hopper_kernels import _arrive, _gdc_launch, _gdc_w
 from mxfp4conv.runtime.triton_moe_kernels import _activate
 
 # one int32 word in, its 8 codes out as 16-bit halves (R0 low, R0 high, ... R3 high): the hopper
-# kernels' decode of the BITS_ROT order with its four outputs split
-WORDS32_ROT_PTX = ("{\n.reg .b32 a, b, c, r0, r1, r2, r3;\n" + HK._decode_ptx(True, ("r0", "r1", "r2", "r3"), "$8")
-                   + "mov.b32 {$0, $1}, r0;\nmov.b32 {$2, $3}, r1;\nmov.b32 {$4, $5}, r2;\nmov.b32 {$6, $7}, r3;\n}")
+# kernels' decode of the BITS_ROT (hopper_mma_w_rot) or xor (hopper_mma_w_xor) order with its four outputs split
+WORDS32_PTX = {order: "{\n.reg .b32 a, b, c, r0, r1, r2, r3;\n" + HK._decode_ptx(order, ("r0", "r1", "r2", "r3"), "$8")
+               + "mov.b32 {$0, $1}, r0;\nmov.b32 {$2, $3}, r1;\nmov.b32 {$4, $5}, r2;\nmov.b32 {$6, $7}, r3;\n}"
+               for order in ("rot", "xor")}
+WORDS32_ROT_PTX = WORDS32_PTX["rot"]
 # a scale word's 4 e8m0 bytes -> their factors 2**(s - 1) as 16-bit halves (exact for bytes <= 128,
 # which fused_moe_triton checks before it takes this path)
 FACTORS32_PTX = ("{\n.reg .b32 a, b;\nprmt.b32 a, $4, 0, 0x4140;\nprmt.b32 b, $4, 0, 0x4342;\n"
                  "mad.lo.u32 a, a, 128, 0x3F003F00;\nmad.lo.u32 b, b, 128, 0x3F003F00;\n"
                  "mov.b32 {$0, $1}, a;\nmov.b32 {$2, $3}, b;\n}")
-_WPTX = gl.constexpr(WORDS32_ROT_PTX)
 _FPTX = gl.constexpr(FACTORS32_PTX)
 
 
@@ -167,7 +168,7 @@ def shared_x_layout(KB):
 @gluon.jit
 def _k_loop(w_ptr, s_ptr, x_ptr, x_mask, K, k_lo, K_SPLIT, up_w, up_s, KB: gl.constexpr, GATE_UP: gl.constexpr,
             WAIT: gl.constexpr, MASKED: gl.constexpr, FRAG: gl.constexpr = False, SHARED: gl.constexpr = False,
-            NB: gl.constexpr = 4, UNROLL: gl.constexpr = 1):
+            NB: gl.constexpr = 4, UNROLL: gl.constexpr = 1, WPTX: gl.constexpr = WORDS32_ROT_PTX):
     """acc (and with GATE_UP the up rows' acc) [16 NB, N] of 16 NB rows (NB slabs from w_ptr / s_ptr, a warp's
     NB / 4 of them slabs w, w + 4, ...) times
     x over codes [k_lo, k_lo + K_SPLIT): x_ptr the [64 KB, N] B operand's pointers at code 0 (with
@@ -178,14 +179,14 @@ def _k_loop(w_ptr, s_ptr, x_ptr, x_mask, K, k_lo, K_SPLIT, up_w, up_s, KB: gl.co
     step's weight loads are issued. FRAG: x is stored in fragment_order and x_ptr holds its
     _fragment_ptrs (x_mask [N, 1, 1] with MASKED). SHARED: x_ptr in shared_x_layout, each warp loading a
     quarter of the step's B operand (the next step's before this step's decode), which the four warps then
-    read through shared memory (convert_layout), not each from L1 / L2."""
+    read through shared memory (convert_layout), not each from L1 / L2. WPTX: the words' decode (WORDS32_PTX)."""
     w_off, s_off = _offsets(K, NB, KB)
     N: gl.constexpr = x_ptr.shape[0] if FRAG else x_ptr.shape[1]
     acc_g = gl.zeros([16 * NB, N], gl.float32, layout=MMA)
     acc_u = gl.zeros([16 * NB, N], gl.float32, layout=MMA)
     if UNROLL == 2:
         acc_g, acc_u = _k_loop_pairs(w_ptr, s_ptr, x_ptr, x_mask, w_off, s_off, acc_g, acc_u, k_lo, K_SPLIT, up_w,
-                                     up_s, KB, GATE_UP, WAIT, MASKED, FRAG, SHARED, NB)
+                                     up_s, KB, GATE_UP, WAIT, MASKED, FRAG, SHARED, NB, WPTX)
     else:
         wg, sg, wu, su = _w_loads(w_ptr, s_ptr, w_off, s_off, up_w, up_s, k_lo, GATE_UP)
         if WAIT:
@@ -197,11 +198,11 @@ def _k_loop(w_ptr, s_ptr, x_ptr, x_mask, K, k_lo, K_SPLIT, up_w, up_s, KB: gl.co
             wg_n = gl.load(w_ptr + w_off + k1 * 2)
             sg_n = gl.load(s_ptr + s_off + k1 // 8)
             x, xs = _x_operand(x_ptr, x_mask, xs, k0, k1, KB, MASKED, FRAG, SHARED)
-            acc_g = mma_v2(gl.convert_layout(_decode(wg, sg, NB, KB, _WPTX, _FPTX), A_OP), x, acc_g)
+            acc_g = mma_v2(gl.convert_layout(_decode(wg, sg, NB, KB, WPTX, _FPTX), A_OP), x, acc_g)
             if GATE_UP:
                 wu_n = gl.load(w_ptr + up_w + w_off + k1 * 2)
                 su_n = gl.load(s_ptr + up_s + s_off + k1 // 8)
-                acc_u = mma_v2(gl.convert_layout(_decode(wu, su, NB, KB, _WPTX, _FPTX), A_OP), x, acc_u)
+                acc_u = mma_v2(gl.convert_layout(_decode(wu, su, NB, KB, WPTX, _FPTX), A_OP), x, acc_u)
                 wu = wu_n
                 su = su_n
             wg = wg_n
@@ -247,18 +248,19 @@ def _w_loads(w_ptr, s_ptr, w_off, s_off, up_w, up_s, k, GATE_UP: gl.constexpr):
 
 
 @gluon.jit
-def _mmas(acc_g, acc_u, wg, sg, wu, su, x, NB: gl.constexpr, KB: gl.constexpr, GATE_UP: gl.constexpr):
+def _mmas(acc_g, acc_u, wg, sg, wu, su, x, NB: gl.constexpr, KB: gl.constexpr, GATE_UP: gl.constexpr,
+          WPTX: gl.constexpr):
     """acc_g (and acc_u with GATE_UP) plus the decoded words times the step's B operand x."""
-    acc_g = mma_v2(gl.convert_layout(_decode(wg, sg, NB, KB, _WPTX, _FPTX), A_OP), x, acc_g)
+    acc_g = mma_v2(gl.convert_layout(_decode(wg, sg, NB, KB, WPTX, _FPTX), A_OP), x, acc_g)
     if GATE_UP:
-        acc_u = mma_v2(gl.convert_layout(_decode(wu, su, NB, KB, _WPTX, _FPTX), A_OP), x, acc_u)
+        acc_u = mma_v2(gl.convert_layout(_decode(wu, su, NB, KB, WPTX, _FPTX), A_OP), x, acc_u)
     return acc_g, acc_u
 
 
 @gluon.jit
 def _k_loop_pairs(w_ptr, s_ptr, x_ptr, x_mask, w_off, s_off, acc_g, acc_u, k_lo, K_SPLIT, up_w, up_s, KB: gl.constexpr,
                   GATE_UP: gl.constexpr, WAIT: gl.constexpr, MASKED: gl.constexpr, FRAG: gl.constexpr,
-                  SHARED: gl.constexpr, NB: gl.constexpr):
+                  SHARED: gl.constexpr, NB: gl.constexpr, WPTX: gl.constexpr):
     """_k_loop over pairs of steps, a and b: b's words loaded before a's decode, the next a's before b's, so that
     neither register set is copied into the other between steps; an odd split's last b is not run."""
     S: gl.constexpr = 64 * KB
@@ -272,12 +274,12 @@ def _k_loop_pairs(w_ptr, s_ptr, x_ptr, x_mask, w_off, s_off, acc_g, acc_u, k_lo,
         kb = gl.minimum(k0 + S, last)
         gb, sb, ub, vb = _w_loads(w_ptr, s_ptr, w_off, s_off, up_w, up_s, kb, GATE_UP)
         x, xs_b = _x_operand(x_ptr, x_mask, xs, k0, kb, KB, MASKED, FRAG, SHARED)
-        acc_g, acc_u = _mmas(acc_g, acc_u, ga, sa, ua, va, x, NB, KB, GATE_UP)
+        acc_g, acc_u = _mmas(acc_g, acc_u, ga, sa, ua, va, x, NB, KB, GATE_UP, WPTX)
         if k0 + S < end:
             ka = gl.minimum(k0 + 2 * S, last)
             ga, sa, ua, va = _w_loads(w_ptr, s_ptr, w_off, s_off, up_w, up_s, ka, GATE_UP)
             x, xs = _x_operand(x_ptr, x_mask, xs_b, kb, ka, KB, MASKED, FRAG, SHARED)
-            acc_g, acc_u = _mmas(acc_g, acc_u, gb, sb, ub, vb, x, NB, KB, GATE_UP)
+            acc_g, acc_u = _mmas(acc_g, acc_u, gb, sb, ub, vb, x, NB, KB, GATE_UP, WPTX)
     return acc_g, acc_u
 
 
@@ -326,18 +328,19 @@ def _gemm1_tail(g, u, e, j, rows, b_ptr, inter_ptr, I, p0, p1, ACT: gl.constexpr
 def few_gemm1(w_ptr, s_ptr, x_ptr, ids_ptr, b_ptr, inter_ptr, part_ptr, cnt_ptr, K, I, K_SPLIT, TOP_K, p0, p1,
               KB: gl.constexpr, ACT: gl.constexpr, HAS_LIMIT: gl.constexpr, HAS_LINEAR: gl.constexpr,
               HAS_BIAS: gl.constexpr, SPLITS: gl.constexpr, PDL: gl.constexpr, FRAG_KB: gl.constexpr = 0,
-              UNROLL: gl.constexpr = 1):
+              UNROLL: gl.constexpr = 1, WPTX: gl.constexpr = WORDS32_ROT_PTX):
     """inter[j, rows] = act(gate . x + b, up . x + b) for pair j (token j // TOP_K) and its expert,
     rows [64 rb, 64 rb + 64) (b13 [E, 2 I] with HAS_BIAS). PDL 1 / 2: GEMM2's programs may launch
     from this program's start / once its K loop is done. FRAG_KB > 0: the rows stored in
-    fragment_order for GEMM2 steps of 64 FRAG_KB codes. UNROLL: the K loop over single steps (1) or pairs (2)."""
+    fragment_order for GEMM2 steps of 64 FRAG_KB codes. UNROLL: the K loop over single steps (1) or pairs (2). WPTX:
+    the words' decode (WORDS32_PTX)."""
     if PDL == 1:
         _gdc_launch()
     rb, j, sp, e, w_ptr, s_ptr = _program(w_ptr, s_ptr, ids_ptr, 2 * I, K)
     if e >= 0:
         acc_g, acc_u = _k_loop(w_ptr, s_ptr, _x_operand_ptrs(x_ptr + (j // TOP_K) * K, KB), 0, K, sp * K_SPLIT,
                                K_SPLIT, (I // 16) * (2 * K), (I // 16) * (K // 8), KB, True, False, False,
-                               UNROLL=UNROLL)
+                               UNROLL=UNROLL, WPTX=WPTX)
         if PDL == 2:
             _gdc_launch()
         g = _column0(acc_g)
@@ -365,13 +368,14 @@ def few_gemm1(w_ptr, s_ptr, x_ptr, ids_ptr, b_ptr, inter_ptr, part_ptr, cnt_ptr,
 def few_gemm2(w_ptr, s_ptr, inter_ptr, ids_ptr, b_ptr, tw_ptr, part_ptr, cnt_ptr, out_ptr, K, N, K_SPLIT, TOP_K,
               KB: gl.constexpr, HAS_BIAS: gl.constexpr, SPLITS: gl.constexpr, PDL: gl.constexpr,
               SUM: gl.constexpr, FRAG: gl.constexpr = False, NB: gl.constexpr = 4, UNROLL: gl.constexpr = 1,
-              RELEASE: gl.constexpr = False):
+              RELEASE: gl.constexpr = False, WPTX: gl.constexpr = WORDS32_ROT_PTX):
     """out[t, rows] = sum over token t's pairs j of tw[j] * (w2[e_j] rows . inter[j] + b2[e_j] rows),
     rows [16 NB rb, 16 NB rb + 16 NB) (NB 4, 8 or 16 slabs a program): with SUM the last of the TOP_K x SPLITS
     programs of a token's row block sums their partials, pairs then splits in index order (the bias in split 0's);
     without, each program only stores its partial (the caller sums them). PDL: launched as a programmatic
     dependent of GEMM1, whose output is waited for after the first weight loads. UNROLL: the K loop over single
-    steps (1) or pairs (2). RELEASE: the kernel after it (a programmatic dependent) may launch from its start."""
+    steps (1) or pairs (2). RELEASE: the kernel after it (a programmatic dependent) may launch from its start. WPTX:
+    the words' decode (WORDS32_PTX)."""
     if RELEASE:
         _gdc_launch()
     rb, j, sp, e, w_ptr, s_ptr = _program(w_ptr, s_ptr, ids_ptr, N, K, NB)
@@ -384,7 +388,7 @@ def few_gemm2(w_ptr, s_ptr, inter_ptr, ids_ptr, b_ptr, tw_ptr, part_ptr, cnt_ptr
         else:
             x_ptrs = _x_operand_ptrs(inter_ptr + j * K, KB)
         acc, _ = _k_loop(w_ptr, s_ptr, x_ptrs, 0, K, sp * K_SPLIT, K_SPLIT, 0, 0, KB, False, PDL, False, FRAG,
-                         NB=NB, UNROLL=UNROLL)
+                         NB=NB, UNROLL=UNROLL, WPTX=WPTX)
         v = _column0(acc)
         if HAS_BIAS:
             if sp == 0:
@@ -423,10 +427,10 @@ def _words(t: torch.Tensor) -> torch.Tensor:
 def forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias, act, out, *,
             k1: int, k2: int, splits1: int, splits2: int, pdl: int = 0, k_sum=None, frag: bool = False,
             rows2: int = 64, unroll: tuple[int, int] = (1, 1), maxnreg: tuple[int, int] = (0, 0),
-            reuse_counters: bool = True, release2: bool = False) -> torch.Tensor:
+            reuse_counters: bool = True, release2: bool = False, order: str = "rot") -> torch.Tensor:
     """out [T, H] bf16 = the layer for a few tokens x [T, H] bf16, programs per (token, expert) pair
-    (contiguous hopper_mma_rot tensors, scales <= 2; k1 / k2 codes a K step of GEMM1 / GEMM2, 64 or
-    128, splits dividing H / I into whole steps; the caller checks these; pdl: 0, or GEMM2 launched as
+    (contiguous hopper_mma_rot tensors, or with order "xor" hopper_mma_xor ones, scales <= 2; k1 / k2 codes a K
+    step of GEMM1 / GEMM2, 64 or 128, splits dividing H / I into whole steps; the caller checks these; pdl: 0, or GEMM2 launched as
     a programmatic dependent of GEMM1 from the start (1) or the end of GEMM1's K loops (2), where
     Triton has it; k_sum: None, GEMM2's last program of a token's row block sums it, or a callable
     that sums GEMM2's fp32 partials [splits2, pairs, H] into out; frag: the intermediate rows in
@@ -451,11 +455,12 @@ def forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w
         _words(w13), _words(w13_scale), x, ids, w13_bias if w13_bias is not None else part1, inter, part1, cnt,
         H, I, H // splits1, k, act["p0"], act["p1"], KB=k1 // 64, ACT=act["ACT"], HAS_LIMIT=act["HAS_LIMIT"],
         HAS_LINEAR=act["HAS_LINEAR"], HAS_BIAS=w13_bias is not None, SPLITS=splits1, PDL=pdl,
-        FRAG_KB=k2 // 64 if frag else 0, UNROLL=unroll[0], num_warps=4, **_cap(maxnreg[0]))
+        FRAG_KB=k2 // 64 if frag else 0, UNROLL=unroll[0], WPTX=WORDS32_PTX[order], num_warps=4, **_cap(maxnreg[0]))
     few_gemm2[(H // rows2, pairs, splits2)](
         _words(w2), _words(w2_scale), inter, ids, w2_bias if w2_bias is not None else part2, tw, part2,
         cnt[pairs * (I // 64) * (splits1 > 1):], out, I, H, I // splits2, k, KB=k2 // 64,
         HAS_BIAS=w2_bias is not None, SPLITS=splits2, PDL=bool(pdl), SUM=k_sum is None, FRAG=frag, NB=rows2 // 16,
-        UNROLL=unroll[1], RELEASE=release2 and k_sum is not None, num_warps=4, **_cap(maxnreg[1]),
+        UNROLL=unroll[1], RELEASE=release2 and k_sum is not None, WPTX=WORDS32_PTX[order], num_warps=4,
+        **_cap(maxnreg[1]),
         **({"launch_pdl": True} if pdl else {}))
     return out if k_sum is None else k_sum(part2)

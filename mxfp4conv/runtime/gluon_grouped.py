@@ -14,9 +14,9 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
-from mxfp4conv.runtime.gluon_few_tokens import (_FPTX, _WPTX, A_OP, B_OP, MMA, ROWS, _barrier, _cap, _decode,
-                                                _frag_cols, _fragment_ptrs, _fragments, _k_loop, _offsets, _words,
-                                                _x_load, fragment_order, shared_x_layout)
+from mxfp4conv.runtime.gluon_few_tokens import (_FPTX, A_OP, B_OP, MMA, ROWS, WORDS32_PTX, WORDS32_ROT_PTX, _barrier,
+                                                _cap, _decode, _frag_cols, _fragment_ptrs, _fragments, _k_loop,
+                                                _offsets, _words, _x_load, fragment_order, shared_x_layout)
 from mxfp4conv.runtime.triton_hopper_kernels import _arrive, _gdc_launch, _gdc_wait
 from mxfp4conv.runtime.triton_moe_kernels import _activate
 
@@ -39,7 +39,8 @@ def grp_gemm1(w_ptr, s_ptr, x_ptr, sorted_ptr, bexp_ptr, npp_ptr, b_ptr, inter_p
               TOP_K, K, I, K_SPLIT, p0, p1, KB: gl.constexpr, BT: gl.constexpr, ACT: gl.constexpr,
               HAS_LIMIT: gl.constexpr, HAS_LINEAR: gl.constexpr, HAS_BIAS: gl.constexpr, SPLITS: gl.constexpr,
               FRAG_KB: gl.constexpr = 0, MASKED: gl.constexpr = True, SHARED: gl.constexpr = False,
-              UNROLL: gl.constexpr = 1, PDL: gl.constexpr = False, WAIT: gl.constexpr = False):
+              UNROLL: gl.constexpr = 1, PDL: gl.constexpr = False, WAIT: gl.constexpr = False,
+              WPTX: gl.constexpr = WORDS32_ROT_PTX):
     """inter[pair, rows] = act(gate . x[pair // TOP_K] + b, up . x + b) for the block's pairs and its
     expert, rows [64 rb, 64 rb + 64). SPLITS > 1: a program per K split (program_id(2)) stores its
     fp32 partials at part[split, pair, gate / up]; the last of a tile's splits to arrive sums them in
@@ -47,7 +48,8 @@ def grp_gemm1(w_ptr, s_ptr, x_ptr, sorted_ptr, bexp_ptr, npp_ptr, b_ptr, inter_p
     of 64 FRAG_KB codes. MASKED: the padding slots' x read as 0 (else token 0's; their columns are not stored).
     SHARED: each warp loads a quarter of a step's x tile, which the four read through shared memory. UNROLL: the K
     loop over single steps (1) or pairs (2). PDL: GEMM2 (a programmatic dependent) may launch once the K loop is
-    done. WAIT: launched as a programmatic dependent of the align, waited for before its blocks are read."""
+    done. WAIT: launched as a programmatic dependent of the align, waited for before its blocks are read. WPTX: the
+    words' decode (gluon_few_tokens.WORDS32_PTX)."""
     if WAIT:
         _gdc_wait()
     XL: gl.constexpr = shared_x_layout(KB) if SHARED else B_OP
@@ -61,7 +63,7 @@ def grp_gemm1(w_ptr, s_ptr, x_ptr, sorted_ptr, bexp_ptr, npp_ptr, b_ptr, inter_p
         w_ptr += e * (2 * I * (K // 8)) + rb * 4 * (2 * K)
         s_ptr += e * (2 * I * K // 128) + rb * 4 * (K // 8)
         g, u = _k_loop(w_ptr, s_ptr, x_ptrs, x_mask, K, gl.program_id(2) * K_SPLIT, K_SPLIT, (I // 16) * (2 * K),
-                       (I // 16) * (K // 8), KB, True, False, MASKED, False, SHARED, UNROLL=UNROLL)
+                       (I // 16) * (K // 8), KB, True, False, MASKED, False, SHARED, UNROLL=UNROLL, WPTX=WPTX)
         if PDL:
             _gdc_launch()
         rows = rb * 64 + gl.arange(0, 64, layout=ROWS)
@@ -122,7 +124,7 @@ def grp_gemm2(w_ptr, s_ptr, inter_ptr, sorted_ptr, bexp_ptr, npp_ptr, b_ptr, tw_
               KB: gl.constexpr, BT: gl.constexpr, HAS_BIAS: gl.constexpr, BLOCKS: gl.constexpr,
               FRAG: gl.constexpr = False, MASKED: gl.constexpr = True, SHARED: gl.constexpr = False,
               NB: gl.constexpr = 4, UNROLL: gl.constexpr = 1, PDL: gl.constexpr = False,
-              RELEASE: gl.constexpr = False):
+              RELEASE: gl.constexpr = False, WPTX: gl.constexpr = WORDS32_ROT_PTX):
     """pair_out[pair, rows] = tw[pair] * (w2[e] rows . inter[pair] + b2[e] rows) for the block's pairs,
     BLOCKS 64-row blocks a program (more than one: in one loop, the next block's first words loaded during the last
     step of this one; one: a block of 16 NB rows), in pair_out's dtype. FRAG: inter's rows in fragment_order.
@@ -130,7 +132,7 @@ def grp_gemm2(w_ptr, s_ptr, inter_ptr, sorted_ptr, bexp_ptr, npp_ptr, b_ptr, tw_
     (rows in plain order): each warp loads a quarter of a step's B operand, which the four read through shared
     memory. UNROLL (one block a program): the K loop over single steps (1) or pairs (2). PDL: launched as a
     programmatic dependent of GEMM1, whose output is waited for after the first weight loads. RELEASE: the kernel
-    after it (a programmatic dependent) may launch from its start."""
+    after it (a programmatic dependent) may launch from its start. WPTX: the words' decode."""
     if RELEASE:
         _gdc_launch()
     XL: gl.constexpr = shared_x_layout(KB) if SHARED else B_OP
@@ -149,7 +151,7 @@ def grp_gemm2(w_ptr, s_ptr, inter_ptr, sorted_ptr, bexp_ptr, npp_ptr, b_ptr, tw_
         s_ptr += e * (N * K // 128) + rb * NB * (K // 8)
         if BLOCKS == 1:
             y, _ = _k_loop(w_ptr, s_ptr, x_ptrs, x_mask, K, 0, K, 0, 0, KB, False, PDL, MASKED, FRAG, SHARED, NB,
-                           UNROLL)
+                           UNROLL, WPTX)
             _gemm2_tile_tail(y, e, rb, pair_x, num_pairs, b_ptr, tw_ptr, pair_out_ptr, N, HAS_BIAS)
         else:
             steps = K // (64 * KB)
@@ -172,7 +174,7 @@ def grp_gemm2(w_ptr, s_ptr, inter_ptr, sorted_ptr, bexp_ptr, npp_ptr, b_ptr, tw_
                         x = _fragments(x_ptrs + kk * (64 * KB), x_mask, KB, MASKED)
                     else:
                         x = _x_load(x_ptrs + kk * (64 * KB), x_mask, MASKED)
-                    acc = mma_v2(gl.convert_layout(_decode(w, s, 4, KB, _WPTX, _FPTX), A_OP), x, acc)
+                    acc = mma_v2(gl.convert_layout(_decode(w, s, 4, KB, WPTX, _FPTX), A_OP), x, acc)
                     w = w_n
                     s = s_n
                 _gemm2_tile_tail(acc, e, rb + r, pair_x, num_pairs, b_ptr, tw_ptr, pair_out_ptr, N, HAS_BIAS)
@@ -197,8 +199,9 @@ def forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w
             k1: int, k2: int, block_t: int, splits1: int = 1, blocks2: int = 1, frag: bool = False,
             masks: int = 1, shared: bool = False, shared2: bool = False, rows2: int = 64,
             unroll: tuple[int, int] = (1, 1), maxnreg: tuple[int, int] = (0, 0), pdl: int = 0,
-            release2: bool = False) -> torch.Tensor:
-    """The layer for x [T, H] bf16 (contiguous hopper_mma_rot tensors, scales <= 2): align the pairs
+            release2: bool = False, order: str = "rot") -> torch.Tensor:
+    """The layer for x [T, H] bf16 (contiguous hopper_mma_rot tensors, or with order "xor" hopper_mma_xor ones,
+    scales <= 2): align the pairs
     with align(block_t) -> (sorted_ids, block_expert, num_post_pad, max_blocks), run both GEMMs (GEMM1
     in splits1 K splits, dividing H into whole steps of k1; GEMM2 in programs of blocks2 64-row blocks,
     dividing H / 64), and return k_sum(pair_out [1, T k, H]), the caller's sum over k. frag: the
@@ -227,13 +230,15 @@ def forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w
         w13_bias if w13_bias is not None else inter, inter, part, cnt, pairs, k, H, I, H // splits1, act["p0"],
         act["p1"], KB=k1 // 64, BT=block_t, ACT=act["ACT"], HAS_LIMIT=act["HAS_LIMIT"], HAS_LINEAR=act["HAS_LINEAR"],
         HAS_BIAS=w13_bias is not None, SPLITS=splits1, FRAG_KB=k2 // 64 if frag else 0, MASKED=bool(masks & 1),
-        SHARED=shared, UNROLL=unroll[0], PDL=pdl > 0, WAIT=pdl == 2, num_warps=4, **_cap(maxnreg[0]),
+        SHARED=shared, UNROLL=unroll[0], PDL=pdl > 0, WAIT=pdl == 2, WPTX=WORDS32_PTX[order], num_warps=4,
+        **_cap(maxnreg[0]),
         **({"launch_pdl": True} if pdl == 2 else {}))
     rows2 = rows2 if blocks2 == 1 else 64
     grp_gemm2[(H // rows2 // blocks2, max_blocks)](
         _words(w2), _words(w2_scale), inter, sorted_ids, block_expert, num_post_pad,
         w2_bias if w2_bias is not None else pair_out, tw, pair_out, pairs, I, H, KB=k2 // 64, BT=block_t,
         HAS_BIAS=w2_bias is not None, BLOCKS=blocks2, FRAG=frag, MASKED=bool(masks & 2), SHARED=shared2 and not frag,
-        NB=rows2 // 16, UNROLL=unroll[1], PDL=pdl > 0, RELEASE=release2, num_warps=4, **_cap(maxnreg[1]),
+        NB=rows2 // 16, UNROLL=unroll[1], PDL=pdl > 0, RELEASE=release2, WPTX=WORDS32_PTX[order], num_warps=4,
+        **_cap(maxnreg[1]),
         **({"launch_pdl": True} if pdl else {}))
     return k_sum(pair_out)

@@ -381,7 +381,8 @@ def load_moe_layers(
     return result
 
 
-SHAPE_KEEPING = ("identity", "triton_gu1", "hopper_mma_w", "hopper_mma_w_rot", "hopper_mma_s")  # stored with the canonical 3-D shape
+# stored with the canonical 3-D shape
+SHAPE_KEEPING = ("identity", "triton_gu1", "hopper_mma_w", "hopper_mma_w_rot", "hopper_mma_w_xor", "hopper_mma_s")
 
 
 def _check_shapes(ex: MoEExperts, base: str) -> None:

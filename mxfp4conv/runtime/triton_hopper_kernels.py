@@ -30,15 +30,20 @@ from mxfp4conv.runtime.triton_moe_kernels import (HAS_GDC, _gdc_launch, _gdc_wai
                                                   gemm1_finish, gemm2_finish)
 
 
-def _decode_ptx(rot: bool, out: tuple[str, str, str, str], w: str) -> str:
+def _decode_ptx(order: str, out: tuple[str, str, str, str], w: str) -> str:
     """PTX of the integer decode of the word in register w into the bf16 pairs R0..R3 (registers
-    out; scratch a, b, c): the ``hopper_np.BITS`` order in 11 instructions, ``BITS_ROT`` in 9. In BITS_ROT, R1's
+    out; scratch a, b, c) for a ``hopper_np.ORDERS`` bit order: "plain" (``BITS``) in 11 instructions, "rot"
+    (``BITS_ROT``) in 9, "xor" in 8 (ptxas merges its R3's xor and mask into one LOP3). In BITS_ROT, R1's
     rotation by 4 and R3's by 6 wrap no bit their masks keep, so they are plain shifts, which ptxas issues as
     IMAD.SHL on the FMA pipe instead of SHF on the integer pipe the masks and other rotations use (the same
     instruction count; on an H200 DSV3-like T = 1 / 8 1.059 / 1.027 and K3-like T = 8 1.054 faster,
     docs/performance.md)."""
     r0, r1, r2, r3 = out
-    if rot:  # R1 / R2 by one rotation and the R0 mask, R3 from two rotations
+    if order == "xor":  # R1 a shift, R2 a rotation, R3 the xor of two shifts, each then masked
+        lines = [f"and.b32 {r0}, {w}, 0x81C081C0", f"shl.b32 a, {w}, 6", f"and.b32 {r1}, a, 0x81C081C0",
+                 f"shf.l.wrap.b32 a, {w}, {w}, 12", f"and.b32 {r2}, a, 0x81C081C0", f"shl.b32 a, {w}, 2",
+                 f"shr.b32 b, {w}, 6", "xor.b32 a, a, b", f"and.b32 {r3}, a, 0x81C081C0"]
+    elif order == "rot":  # R1 / R2 by one rotation and the R0 mask, R3 from two rotations
         lines = [f"and.b32 {r0}, {w}, 0x81C081C0", f"shl.b32 a, {w}, 4", f"and.b32 {r1}, a, 0x81C081C0",
                  f"shf.l.wrap.b32 a, {w}, {w}, 10", f"and.b32 {r2}, a, 0x81C081C0", f"shl.b32 a, {w}, 6",
                  f"shf.l.wrap.b32 b, {w}, {w}, 14", "and.b32 a, a, 0x00400040", "and.b32 b, b, 0x81808180",
@@ -51,8 +56,10 @@ def _decode_ptx(rot: bool, out: tuple[str, str, str, str], w: str) -> str:
     return "".join(f"{line};\n" for line in lines)
 
 
-_WORDS_PTX = tl.constexpr("{\n.reg .b32 a, b, c;\n" + _decode_ptx(False, ("$0", "$1", "$2", "$3"), "$4") + "}")
-_WORDS_ROT_PTX = tl.constexpr("{\n.reg .b32 a, b, c;\n" + _decode_ptx(True, ("$0", "$1", "$2", "$3"), "$4") + "}")
+ORDER_IDS = {"plain": 0, "rot": 1, "xor": 2}  # the kernels' ROT constexpr for each bit order
+_WORDS_PTX = tl.constexpr("{\n.reg .b32 a, b, c;\n" + _decode_ptx("plain", ("$0", "$1", "$2", "$3"), "$4") + "}")
+_WORDS_ROT_PTX = tl.constexpr("{\n.reg .b32 a, b, c;\n" + _decode_ptx("rot", ("$0", "$1", "$2", "$3"), "$4") + "}")
+_WORDS_XOR_PTX = tl.constexpr("{\n.reg .b32 a, b, c;\n" + _decode_ptx("xor", ("$0", "$1", "$2", "$3"), "$4") + "}")
 
 
 @triton.jit
@@ -68,6 +75,13 @@ def _words_rot_asm(w):
     """``_words_asm`` for words in the ``hopper_np.BITS_ROT`` bit order (9 integer instructions a
     word instead of 11)."""
     return tl.inline_asm_elementwise(asm=_WORDS_ROT_PTX, constraints="=r,=r,=r,=r,r", args=[w],
+                                     dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
+
+
+@triton.jit
+def _words_xor_asm(w):
+    """``_words_asm`` for words in the xor order (8 integer instructions a word)."""
+    return tl.inline_asm_elementwise(asm=_WORDS_XOR_PTX, constraints="=r,=r,=r,=r,r", args=[w],
                                      dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
 
 
@@ -99,15 +113,19 @@ def _rotl(x, k: tl.constexpr):
 
 @triton.jit
 def _words_generic(w, ROT: tl.constexpr):
-    """``_words_asm`` (``_words_rot_asm`` with ROT) in plain Triton integer operations, as fp32
-    ``e2m1 * 2**-126`` (the interpreter's bf16 arithmetic and conversions flush those subnormals;
-    fp32 keeps them)."""
+    """``_words_asm`` (``_words_rot_asm`` with ROT 1, ``_words_xor_asm`` with 2) in plain Triton integer operations,
+    as fp32 ``e2m1 * 2**-126`` (the interpreter's bf16 arithmetic and conversions flush those subnormals; fp32 keeps
+    them)."""
     b02, b13 = tl.split(w.to(tl.int32).reshape(w.shape[0], w.shape[1], 8, 4, 4, 2, 2))
     b0, b2 = tl.split(b02)
     b1, b3 = tl.split(b13)
     word = b0 | (b1 << 8) | (b2 << 16) | (b3 << 24)
     r0 = word & -0x7E3F7E40  # 0x81C081C0 as int32
-    if ROT:
+    if ROT == 2:
+        r1 = (word << 6) & -0x7E3F7E40
+        r2 = _rotl(word, 12) & -0x7E3F7E40
+        r3 = ((word << 2) ^ ((word >> 6) & 0x03FFFFFF)) & -0x7E3F7E40  # (a logical shift)
+    elif ROT:
         r1 = _rotl(word, 4) & -0x7E3F7E40
         r2 = _rotl(word, 10) & -0x7E3F7E40
         r3 = (_rotl(word, 6) & 0x00400040) | (_rotl(word, 14) & -0x7E7F7E80)  # 0x81808180
@@ -130,11 +148,13 @@ def _hopper_tile(w, s, NB: tl.constexpr, KB: tl.constexpr, FACT: tl.constexpr, A
     """w [NB, KB, 512] and s [NB, KB, 128] (each lane's 4 scale bytes, repeated for the 4 lanes of
     a row group) -> the dequantised [16 NB, 64 KB] operand tile: bf16 with ASM (exact: every MXFP4
     value is a bf16), else DTYPE. FACT (with ASM): the e8m0 factors one at a time (0) or two to a
-    word (1), both for scales <= 2; 2: some scale is larger (two multiplies). ROT: the words' bits
-    are in the ``hopper_np.BITS_ROT`` order."""
+    word (1), both for scales <= 2; 2: some scale is larger (two multiplies). ROT: the words' bit
+    order, ``ORDER_IDS`` (0 ``hopper_np.BITS``, 1 ``BITS_ROT``, 2 xor)."""
     w = w.reshape(NB, KB, 8, 4, 4, 4)  # nb b g t kt byte
     if ASM:
-        if ROT:
+        if ROT == 2:
+            a, b = _words_xor_asm(w)
+        elif ROT:
             a, b = _words_rot_asm(w)
         else:
             a, b = _words_asm(w)
@@ -474,7 +494,7 @@ def moe_hgemm1_kernel(
     With SPLIT and FUSED, the last K split of each tile finishes it (module docstring).
     ROWS_FIRST (not with FUSED): grid axis 0 is the row tile, axis 1 the pair block.
     EVEN (the caller checks it): every K step is full and every row tile real, so the loads carry
-    only the pairs' mask (both GEMMs). ROT: the weight words' bits are in the ``BITS_ROT`` order.
+    only the pairs' mask (both GEMMs). ROT: the weight words' bit order (``ORDER_IDS``).
     ABSORB (with TAIL_T, not FUSED; a power of two up to TAIL_T, 0 off): an expert's last block of at
     most ABSORB pairs runs as a second [BLOCK_N, ABSORB] tile in the program of the expert's block
     before it (``_absorbs``; both GEMMs)."""

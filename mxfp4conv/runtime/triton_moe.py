@@ -37,12 +37,16 @@ from mxfp4conv.runtime import triton_hopper_kernels as HK
 from mxfp4conv.runtime import triton_moe_kernels as K
 from mxfp4conv.runtime.activations import activation_params
 
-LAYOUTS = ("identity", "hopper_mma_w", "hopper_mma_w_rot", "hopper_mma_s")  # per tensor; see layout_of
-# layout argument of fused_moe_triton -> (weights, scales) layouts it means; hopper_mma_rot (what convert
-# writes) differs from hopper_mma only in the bit order within the weight words (shuffle.hopper)
+LAYOUTS = ("identity", "hopper_mma_w", "hopper_mma_w_rot", "hopper_mma_w_xor", "hopper_mma_s")  # per tensor
+# layout argument of fused_moe_triton -> (weights, scales) layouts it means; hopper_mma_rot and hopper_mma_xor differ
+# from hopper_mma only in the bit order within the weight words (shuffle.hopper)
 LAYOUT_SETS = {"identity": ("identity", "identity"), "hopper_mma": ("hopper_mma_w", "hopper_mma_s"),
-               "hopper_mma_rot": ("hopper_mma_w_rot", "hopper_mma_s")}
-HOPPER_SETS = ("hopper_mma", "hopper_mma_rot")
+               "hopper_mma_rot": ("hopper_mma_w_rot", "hopper_mma_s"),
+               "hopper_mma_xor": ("hopper_mma_w_xor", "hopper_mma_s")}
+# the hopper_mma sets -> their words' bit order (hopper_np.ORDERS); the Gluon kernels decode the last two
+HOPPER_ORDERS = {"hopper_mma": "plain", "hopper_mma_rot": "rot", "hopper_mma_xor": "xor"}
+HOPPER_SETS = tuple(HOPPER_ORDERS)
+GLUON_SETS = ("hopper_mma_rot", "hopper_mma_xor")
 _ACT_IDS = {"silu": K.ACT_SILU, "situ": K.ACT_SITU, "swigluoai": K.ACT_SWIGLUOAI}
 _TL_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
 
@@ -484,16 +488,16 @@ def fused_moe_triton(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, *,
                                   cfg.gluon_frag == 1, rows2,
                                   loop_tuning(cfg, False, plan[0], rows2, i_pad // 64 * num_pairs * plan[2],
                                               device_sms(x.device)),
-                                  cfg.gluon_counters == 1, cfg.gluon_sum_pdl == 1)
+                                  cfg.gluon_counters == 1, cfg.gluon_sum_pdl == 1, HOPPER_ORDERS[layout])
             if done is not None:
                 return done
         elif (blocks := grouped_plan(cfg, x, weights, topk_ids.shape[1], layout, E)) is not None:
             done = _gluon_grouped_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias,
-                                          act, out, cfg, blocks)
+                                          act, out, cfg, blocks, HOPPER_ORDERS[layout])
             if done is not None:
                 return done
         return _hopper_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias,
-                               act, cfg, out, rot=layout == "hopper_mma_rot")
+                               act, cfg, out, rot=HK.ORDER_IDS[HOPPER_ORDERS[layout]])
     if uses_gemv(cfg, num_pairs, E):
         try:
             w13q, w2q = w13.view(torch.int32), w2.view(torch.int32)
@@ -961,7 +965,7 @@ def _cuda_sms(index: int) -> int:
 def gluon_runnable(cfg: MoEConfig, x: torch.Tensor, weights, layout: str) -> bool:
     """Whether the Gluon kernels can take this call, the number of tokens aside (gluon_plan)."""
     w13, w13_scale, w2, w2_scale = weights
-    if cfg.gluon == 0 or layout != "hopper_mma_rot" or x.dtype != torch.bfloat16:
+    if cfg.gluon == 0 or layout not in GLUON_SETS or x.dtype != torch.bfloat16:
         return False
     if not x.is_cuda or torch.version.cuda is None or os.environ.get("TRITON_INTERPRET") == "1" or _GLUON_BROKEN:
         return False
@@ -973,13 +977,13 @@ def gluon_runnable(cfg: MoEConfig, x: torch.Tensor, weights, layout: str) -> boo
 
 def _gluon_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias, act, out, plan,
                    required, pdl=0, by_kernel=False, frag=False, rows2=64, tune=None, reuse_counters=True,
-                   sum_pdl=False):
+                   sum_pdl=False, order="rot"):
     """The layer in the few-token Gluon kernels; None (the caller runs the hopper_mma kernels) where
     they fail to compile and were not required: a Triton whose Gluon differs from the one they were
     written for. The failure is warned about once. by_kernel: the sum over k in the k-sum kernel; frag: the
     intermediate rows in fragment order; rows2: GEMM2's rows a program; tune: loop_tuning's unroll and maxnreg;
     reuse_counters: the arrival counters from the device's buffer (counters.zeroed_counters); sum_pdl: the k-sum kernel
-    a programmatic dependent of GEMM2."""
+    a programmatic dependent of GEMM2; order: the weight words' bit order (GLUON_SETS')."""
     k1, k2, s1, s2 = plan
     tensors = _contiguous(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias)
     sum_pdl = sum_pdl and HK.HAS_GDC  # (k_sum runs only with by_kernel; forward releases it only then)
@@ -992,7 +996,7 @@ def _gluon_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_
                                                              pdl=pdl if HK.HAS_GDC else 0,
                                                              k_sum=k_sum if by_kernel else None,
                                                              frag=frag, rows2=rows2, reuse_counters=reuse_counters,
-                                                             release2=sum_pdl,
+                                                             release2=sum_pdl, order=order,
                                                              **(tune or {})), required)
 
 
@@ -1065,9 +1069,9 @@ def grouped_programs1(T: int, top_k: int, E: int, i_pad: int, splits1: int) -> i
 
 
 def _gluon_grouped_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias, act, out,
-                           cfg, plan):
+                           cfg, plan, order="rot"):
     """The layer in the Gluon kernels on expert blocks with grouped_plan's (k1, k2, splits1, blocks2): the align
-    and the k-sum are the Triton path's; None as _gluon_forward."""
+    and the k-sum are the Triton path's; None as _gluon_forward; order: the weight words' bit order."""
     H, E, top_k = x.shape[1], w13.shape[0], topk_ids.shape[1]
     k1, k2, splits1, blocks2 = plan
     rows2 = gluon_rows2(cfg, H, w13.shape[1] // 2, k2)
@@ -1084,7 +1088,7 @@ def _gluon_grouped_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_i
         *tensors, act, lambda bt: moe_align(topk_ids, E, bt, cfg.align, pdl == 2), k_sum, k1=k1, k2=k2,
         block_t=cfg.gluon_block_t, splits1=splits1, blocks2=blocks2, frag=cfg.gluon_frag == 1,
         masks=grouped_masks(cfg, w13.shape[1] // 2), shared=bool(cfg.gluon_xshare & 1),
-        shared2=bool(cfg.gluon_xshare & 2), rows2=rows2, pdl=pdl, release2=sum_pdl,
+        shared2=bool(cfg.gluon_xshare & 2), rows2=rows2, pdl=pdl, release2=sum_pdl, order=order,
         **loop_tuning(cfg, True, k1, rows2 if blocks2 == 1 else 64,
                       grouped_programs1(x.shape[0], top_k, E, w13.shape[1] // 2, splits1), device_sms(x.device))),
         cfg.gluon_grouped == 1 and cfg.gluon == 1)
@@ -1108,7 +1112,7 @@ def hopper_options(cfg: MoEConfig, T: int, num_pairs: int, cuda: bool) -> tuple[
 
 
 def hopper_constants(cfg: MoEConfig, T: int, top_k: int, H: int, i_pad: int, dtype, asm: bool, fact: int, acts: dict,
-                     bias13: bool, bias2: bool, rot: bool = False) -> tuple[dict, dict, tuple[bool, bool, int]]:
+                     bias13: bool, bias2: bool, rot: int = 0) -> tuple[dict, dict, tuple[bool, bool, int]]:
     """The compile-time arguments of moe_hgemm1_kernel and moe_hgemm2_kernel for one call (all but
     SPLIT and ROWS_FIRST, which follow from the grid), and (direct, fused, GEMM2 row tiles a program)."""
     direct, fused, pdl = hopper_options(cfg, T, T * top_k, asm)
@@ -1126,8 +1130,9 @@ def hopper_constants(cfg: MoEConfig, T: int, top_k: int, H: int, i_pad: int, dty
 
 
 def _hopper_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias, act, cfg, out,
-                    rot=False):
-    """The MMA path over the hopper_mma layouts (moe_hgemm1/2_kernel); rot: weight words in BITS_ROT order."""
+                    rot=0):
+    """The MMA path over the hopper_mma layouts (moe_hgemm1/2_kernel); rot: the weight words' bit order
+    (triton_hopper_kernels.ORDER_IDS)."""
     T, H = x.shape
     E, two_i, _ = w13.shape
     i_pad = two_i // 2

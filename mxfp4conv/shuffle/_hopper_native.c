@@ -1,4 +1,4 @@
-/* The hopper_mma weight transforms (hopper_np.weight_forward's bytes, both bit orders), compiled.
+/* The hopper_mma weight transforms (hopper_np.weight_forward's bytes, every bit order), compiled.
 
    Optional: mxfp4conv.shuffle.hopper_native uses it when it is built and falls back to numpy
    otherwise. One call transforms whole 16-row slabs with the GIL released, so convert's worker
@@ -63,12 +63,26 @@ static inline uint64_t to_rot(uint64_t u) {
          | ROTL_MASKED(u, 31, 0x081C081Cu);
 }
 
+/* Both words of u from the BITS order to the xor order (hopper_mma_w -> hopper_mma_w_xor), a linear map over
+   GF(2): the xor of eleven masked rotations (hopper_np.order_matrix("xor") times the inverse of BITS's; the tests
+   check the bytes against the numpy path's). */
+static inline uint64_t to_xor(uint64_t u) {
+    return (u & 0x81C081C081C081C0ull) ^ ROTL_MASKED(u, 1, 0x40004000u) ^ ROTL_MASKED(u, 7, 0x00000020u)
+         ^ ROTL_MASKED(u, 8, 0x40004000u) ^ ROTL_MASKED(u, 10, 0x00000020u) ^ ROTL_MASKED(u, 15, 0x00002000u)
+         ^ ROTL_MASKED(u, 18, 0x00102010u) ^ ROTL_MASKED(u, 23, 0x00200020u) ^ ROTL_MASKED(u, 26, 0x1C381C38u)
+         ^ ROTL_MASKED(u, 29, 0x02070207u) ^ ROTL_MASKED(u, 31, 0x20002000u);
+}
+
+static inline uint64_t to_order(uint64_t u, int order) {
+    return order == 1 ? to_rot(u) : order == 2 ? to_xor(u) : u;
+}
+
 /* lanes: the slab's uint64 lanes of rows 0..7 (h = 0); the same lane of rows 8..15 follows 8 kb
-   bytes later. even[i], odd[i]: the words (t = 0, 2) and (t = 1, 3) of lane i; rot: in the
-   BITS_ROT order. */
+   bytes later. even[i], odd[i]: the words (t = 0, 2) and (t = 1, 3) of lane i; order: 0 the BITS
+   order, 1 BITS_ROT, 2 the xor order (hopper_np.ORDERS). */
 CLONES
 static void encode_lanes(const uint8_t *restrict lanes, Py_ssize_t kb, uint64_t *restrict even,
-                         uint64_t *restrict odd, int rot) {
+                         uint64_t *restrict odd, int order) {
     for (Py_ssize_t i = 0; i < kb; i++) {
         /* bytes t of the low half: low nibbles (c = 0, then c = 1); of the high half: high nibbles */
         uint64_t a = delta_swap(load64(lanes + 8 * i), 28, 0x00000000F0F0F0F0ull);
@@ -79,8 +93,8 @@ static void encode_lanes(const uint8_t *restrict lanes, Py_ssize_t kb, uint64_t 
         /* swap the middle quarters: whole words (t = 0 | t = 2), (t = 1 | t = 3) */
         uint64_t ev = encode(delta_swap(p, 16, 0x00000000FFFF0000ull));
         uint64_t od = encode(delta_swap(q, 16, 0x00000000FFFF0000ull));
-        even[i] = rot ? to_rot(ev) : ev; /* loop-invariant: the compiler splits the loop */
-        odd[i] = rot ? to_rot(od) : od;
+        even[i] = to_order(ev, order); /* loop-invariant: the compiler splits the loop */
+        odd[i] = to_order(od, order);
     }
 }
 
@@ -102,21 +116,24 @@ static void place_words(const uint64_t *restrict even, const uint64_t *restrict 
 }
 
 PyDoc_STRVAR(weight_forward_doc,
-"weight_forward(x, out, kb, rot=0)\n\n"
-"Write the hopper_mma_w (rot: hopper_mma_w_rot) bytes of x (C-contiguous bytes: 16-row slabs of\n"
+"weight_forward(x, out, kb, order=0)\n\n"
+"Write the hopper_mma_w (order 1: hopper_mma_w_rot, 2: hopper_mma_w_xor) bytes of x (C-contiguous\n"
+"bytes: 16-row slabs of"
 "kb bytes a row, kb a multiple of 32) into out (writable, C-contiguous, the same size, not\n"
 "overlapping x).");
 
 static PyObject *weight_forward(PyObject *self, PyObject *args) {
     Py_buffer x, y;
     Py_ssize_t kb;
-    int rot = 0;
-    if (!PyArg_ParseTuple(args, "y*w*n|p", &x, &y, &kb, &rot))
+    int order = 0;
+    if (!PyArg_ParseTuple(args, "y*w*n|i", &x, &y, &kb, &order))
         return NULL;
     const uint8_t *in = x.buf;
     uint8_t *out = y.buf;
     uint64_t *lanes = NULL;
-    if (kb <= 0 || kb % 32 || x.len % (16 * kb) || y.len != x.len)
+    if (order < 0 || order > 2)
+        PyErr_Format(PyExc_ValueError, "weight_forward: bit order %d, expected 0, 1 or 2", order);
+    else if (kb <= 0 || kb % 32 || x.len % (16 * kb) || y.len != x.len)
         PyErr_Format(PyExc_ValueError, "weight_forward: %zd input bytes, %zd output bytes, rows of %zd bytes: "
                      "need equal sizes, whole 16-row slabs and rows a positive multiple of 32 bytes",
                      x.len, y.len, kb);
@@ -128,7 +145,7 @@ static PyObject *weight_forward(PyObject *self, PyObject *args) {
         Py_ssize_t slab = 16 * kb, slabs = x.len / slab;
         Py_BEGIN_ALLOW_THREADS
         for (Py_ssize_t s = 0; s < slabs; s++) {
-            encode_lanes(in + s * slab, kb, lanes, lanes + kb, rot);
+            encode_lanes(in + s * slab, kb, lanes, lanes + kb, order);
             place_words(lanes, lanes + kb, kb, out + s * slab);
         }
         Py_END_ALLOW_THREADS

@@ -32,6 +32,12 @@ gives the dequantised weight.
     R0 = w & M,  R1 = rotl(w, 4) & M,  R2 = rotl(w, 10) & M,       M = 0x81C081C0
     R3 = ((rotl(w, 6) & 0x00400040) | (rotl(w, 14) & 0x81808180)) & M
 
+``hopper_mma_w_xor`` holds the same codes with its bits a linear map over GF(2) of the plain word
+(``hopper_np.order_matrix("xor")``, not a permutation), which the kernels decode in 8: R0 as in
+``hopper_mma_w_rot`` (every code where that order's decode puts it) and
+
+    R1 = (w << 6) & M,  R2 = rotl(w, 12) & M,  R3 = ((w << 2) ^ (w >> 6)) & M
+
 Scales (``hopper_mma_s``), per expert, canonical ``[N, K/32]``: the same 16-row slabs and
 64-code blocks, 32 bytes per block stored in K order; byte ``4g + 2h + j`` is the scale of row
 ``8h + g``, K group ``2kb + j``. Lanes ``4g .. 4g + 3`` read the same 4 bytes.
@@ -69,15 +75,15 @@ def check_scale(s) -> None:
     _check("hopper_mma_s", "e8m0 scales", s, 32 * s[2])
 
 
-def _forward_cpu(x: torch.Tensor, rot: bool = False) -> torch.Tensor:
-    return torch.from_numpy(HX.weight_forward(x.contiguous().numpy(), rot))
+def _forward_cpu(x: torch.Tensor, order: str = "plain") -> torch.Tensor:
+    return torch.from_numpy(HX.weight_forward(x.contiguous().numpy(), order))
 
 
-def _inverse_cpu(y: torch.Tensor, shape, rot: bool = False) -> torch.Tensor:
+def _inverse_cpu(y: torch.Tensor, shape, order: str = "plain") -> torch.Tensor:
     e, n, kb = shape
-    inv16 = HN.INV16_ROT if rot else HN.INV16
+    inv16 = HN.LUT16[HN.check_order(order)][1]
     halves = y.contiguous().numpy().view(np.uint16).reshape(-1, 128, 2).transpose(2, 0, 1).copy()
-    plain = inv16[0][halves[0]] | inv16[1][halves[1]]  # bytes (h0 c0, h0 c1, h1 c0, h1 c1) of each word
+    plain = inv16[0][halves[0]] ^ inv16[1][halves[1]]  # bytes (h0 c0, h0 c1, h1 c0, h1 c1) of each word
     parts = plain.view(np.uint16).reshape(-1, 128, 2).transpose(0, 2, 1).reshape(-1, 512 // 2)  # h0 pairs, h1 pairs
     blocks = torch.from_numpy(np.take(parts.view(np.uint8), HN.DST, axis=1))
     return blocks.reshape(e, n // 16, kb // 32, 16, 32).transpose(2, 3).reshape(shape)
@@ -92,12 +98,12 @@ def _permute_bits_torch(words: torch.Tensor, lut: np.ndarray) -> torch.Tensor:
     return torch.stack([(out >> (8 * i)) & 0xFF for i in range(4)], dim=-1).to(torch.uint8)
 
 
-def _forward_torch(x: torch.Tensor, rot: bool = False, fwd8: np.ndarray | None = None) -> torch.Tensor:
+def _forward_torch(x: torch.Tensor, order: str = "plain", fwd8: np.ndarray | None = None) -> torch.Tensor:
     """``weight_forward`` with torch operations only, on any device (one expert at a time); fwd8: another bit
-    order's byte tables (``_permute_bits_torch``) in place of BITS / BITS_ROT's."""
+    order's byte tables (``_permute_bits_torch``) in place of the order's."""
     e, n, kb = x.shape
     if fwd8 is None:
-        fwd8 = HN.FWD8_ROT if rot else HN.FWD8
+        fwd8 = HN.LUT8[HN.check_order(order)][0]
     out = torch.empty_like(x)
     for i in range(e):
         # row = 16 nb + 8 h + g ; byte = 32 b + 8 kt + 4 c + t
@@ -106,9 +112,9 @@ def _forward_torch(x: torch.Tensor, rot: bool = False, fwd8: np.ndarray | None =
     return out
 
 
-def _inverse_torch(y: torch.Tensor, shape, rot: bool = False) -> torch.Tensor:
+def _inverse_torch(y: torch.Tensor, shape, order: str = "plain") -> torch.Tensor:
     e, n, kb = shape
-    inv8 = HN.INV8_ROT if rot else HN.INV8
+    inv8 = HN.LUT8[HN.check_order(order)][1]
     y = y.reshape(e, n * kb // 4, 4)
     out = torch.empty(shape, dtype=torch.uint8, device=y.device)
     for i in range(e):
@@ -117,13 +123,14 @@ def _inverse_torch(y: torch.Tensor, shape, rot: bool = False) -> torch.Tensor:
     return out
 
 
-def weight_forward(x: torch.Tensor, rot: bool = False) -> torch.Tensor:
-    """Canonical ``[E, N, K/2]`` bytes -> hopper_mma_w (with ``rot``: hopper_mma_w_rot) bytes."""
-    return _forward_cpu(x, rot) if x.device.type == "cpu" else _forward_torch(x, rot)
+def weight_forward(x: torch.Tensor, order: str = "plain") -> torch.Tensor:
+    """Canonical ``[E, N, K/2]`` bytes -> hopper_mma_w bytes (order "rot": hopper_mma_w_rot, "xor":
+    hopper_mma_w_xor)."""
+    return _forward_cpu(x, order) if x.device.type == "cpu" else _forward_torch(x, order)
 
 
-def weight_inverse(y: torch.Tensor, shape, rot: bool = False) -> torch.Tensor:
-    return _inverse_cpu(y, shape, rot) if y.device.type == "cpu" else _inverse_torch(y, shape, rot)
+def weight_inverse(y: torch.Tensor, shape, order: str = "plain") -> torch.Tensor:
+    return _inverse_cpu(y, shape, order) if y.device.type == "cpu" else _inverse_torch(y, shape, order)
 
 
 def scale_forward(x: torch.Tensor) -> torch.Tensor:

@@ -35,12 +35,12 @@ def enabled() -> bool:
     return _native is not None and sys.byteorder == "little" and os.environ.get(ENV_OFF, "") in ("", "0")
 
 
-def weight_forward(x: np.ndarray, rot: bool = False) -> np.ndarray:
+def weight_forward(x: np.ndarray, order: str = "plain") -> np.ndarray:
     """``[E, N, K/2]`` uint8 -> the stored bytes, same shape (``hopper_np.weight_forward``)."""
     if (enabled() and isinstance(x, np.ndarray) and x.dtype == np.uint8 and x.ndim == 3 and x.size
             and x.shape[1] % 16 == 0 and x.shape[2] % 32 == 0):
         x = np.ascontiguousarray(x)
         out = np.empty(x.shape, dtype=np.uint8)
-        _native.weight_forward(x, out, x.shape[2], rot)
+        _native.weight_forward(x, out, x.shape[2], HN.ORDERS.index(HN.check_order(order)))
         return out
-    return HN.weight_forward(x, rot)
+    return HN.weight_forward(x, order)

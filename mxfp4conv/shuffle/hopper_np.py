@@ -17,45 +17,105 @@ BITS = ((6, 7, 8, 15), (3, 4, 5, 12), (0, 1, 2, 9), (10, 11, 13, 14))
 # (R1, R2: rotate left by 4, 10, then the R0 mask; R3: rotate by 6 for the m bits, by 14 for the
 # others)
 BITS_ROT = ((6, 7, 8, 15), (2, 3, 4, 11), (28, 29, 30, 5), (0, 25, 26, 1))
+# hopper_mma_w_xor: each register one mask of a shift, a rotation or the xor of two shifts of the word (8 integer
+# instructions a word), every code landing where BITS_ROT's R0 decode puts it. Its stored bits are not a permutation
+# of the plain word's but a linear map over GF(2), solved from this decode (_order_matrix).
+MASK = 0x81C081C0
+XOR_DECODE = ((("shl", 0),), (("shl", 6),), (("rotl", 12),), (("shl", 2), ("shr", 6)))
+ORDERS = ("plain", "rot", "xor")  # hopper_mma_w, hopper_mma_w_rot, hopper_mma_w_xor
 
 
-def _luts(bits=BITS) -> tuple[np.ndarray, np.ndarray]:
-    """Byte lookup tables of the bit re-encoding, a fixed permutation of the 32 bits of a word.
+def _source(op: str, s: int, p: int) -> int | None:
+    """The word bit that bit p of (op w, s) comes from (None: a zero shifted in)."""
+    q = {"shl": p - s, "shr": p + s, "rotl": (p - s) % 32}[op]
+    return q if 0 <= q < 32 else None
 
-    The "plain" word has byte ``2h + c`` = the canonical byte of row ``8h + g`` holding K
-    ``16kt + 8c + 2t`` (low nibble) and ``+1`` (high nibble). ``fwd[p, v]``: encoded bits of
-    plain byte ``p`` = v; ``inv[p, v]``: plain bits of encoded byte ``p`` = v. ``[4, 256]`` int64.
-    """
-    src, dst = [], []  # plain bit -> encoded bit
+
+def _gf2_inverse(a: np.ndarray) -> np.ndarray:
+    n = a.shape[0]
+    m = np.concatenate([a % 2, np.eye(n, dtype=np.uint8)], axis=1).astype(np.uint8)
+    for c in range(n):
+        piv = next((r for r in range(c, n) if m[r, c]), None)
+        if piv is None:
+            raise ValueError("the decode does not determine every bit")
+        m[[c, piv]] = m[[piv, c]]
+        for r in range(n):
+            if r != c and m[r, c]:
+                m[r] ^= m[c]
+    return m[:, n:]
+
+
+def _order_matrix(decode, mask: int = MASK, lands=BITS_ROT[0]) -> np.ndarray:
+    """[32 stored bits, 32 plain bits] over GF(2): the stored word whose decode (registers r = mask & the xor of
+    decode[r]'s shifts) holds plain bit 8 r + 4 kk + j (code (r, kk), bit j) at lands[j] + 16 kk of register r."""
+    targets = [(r, p) for r in range(4) for p in range(32) if mask >> p & 1]
+    dec = np.zeros((32, 32), dtype=np.uint8)  # target bit <- stored bits
+    place = np.zeros((32, 32), dtype=np.uint8)  # target bit <- plain bit
+    for row, (r, p) in enumerate(targets):
+        for op, s in decode[r]:
+            q = _source(op, s, p)
+            if q is not None:
+                dec[row, q] ^= 1
+    for r in range(4):
+        for kk in range(2):
+            for j in range(4):
+                place[targets.index((r, lands[j] + 16 * kk)), 8 * r + 4 * kk + j] = 1
+    return (_gf2_inverse(dec).astype(np.int64) @ place) % 2
+
+
+def _perm_matrix(bits) -> np.ndarray:
+    """The matrix of a bit permutation (a BITS-like table): plain bit 8 r + 4 kk + j -> bits[r][j] + 16 kk."""
+    m = np.zeros((32, 32), dtype=np.int64)
     for r in range(4):
         for kk in range(2):
             for j, pos in enumerate(bits[r]):
-                src.append(8 * r + 4 * kk + j)
-                dst.append((pos + 16 * kk) % 32)
+                m[(pos + 16 * kk) % 32, 8 * r + 4 * kk + j] = 1
+    return m
+
+
+def _byte_tables(m: np.ndarray) -> np.ndarray:
+    """[4, 256] int64 of a [32 out, 32 in] GF(2) matrix: entry [p, v] the output bits of input byte p = v; a word's
+    image is the xor of its four bytes' entries."""
     v = np.arange(256, dtype=np.int64)
-    fwd = np.zeros((4, 256), dtype=np.int64)
-    inv = np.zeros((4, 256), dtype=np.int64)
-    for a, b in zip(src, dst):
-        fwd[a // 8] |= ((v >> (a % 8)) & 1) << b
-        inv[b // 8] |= ((v >> (b % 8)) & 1) << a
-    return fwd, inv
+    tab = np.zeros((4, 256), dtype=np.int64)
+    for p in range(4):
+        for b in range(8):
+            col = sum(int(m[r, 8 * p + b]) << r for r in range(32))
+            tab[p] ^= ((v >> b) & 1) * col
+    return tab
 
 
-FWD8, INV8 = _luts()
-FWD8_ROT, INV8_ROT = _luts(BITS_ROT)
+def order_matrix(order: str) -> np.ndarray:
+    """[32 stored bits, 32 plain bits] over GF(2) of a bit order (ORDERS). The "plain" word has byte ``2h + c`` =
+    the canonical byte of row ``8h + g`` holding K ``16kt + 8c + 2t`` (low nibble) and ``+1`` (high nibble)."""
+    if order == "xor":
+        return _order_matrix(XOR_DECODE)
+    return _perm_matrix({"plain": BITS, "rot": BITS_ROT}[order])
+
+
+def _luts(order: str) -> tuple[np.ndarray, np.ndarray]:
+    """Byte lookup tables of an order: ``fwd[p, v]`` the stored bits of plain byte ``p`` = v, ``inv[p, v]`` the
+    plain bits of stored byte ``p`` = v; a word's image is the xor of its bytes' entries. ``[4, 256]`` int64."""
+    m = order_matrix(order)
+    return _byte_tables(m), _byte_tables(_gf2_inverse(m.astype(np.uint8)).astype(np.int64))
 
 
 def _lut16(t8: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The byte tables merged per 16-bit half-word (bytes 0-1 and 2-3): two gathers a word."""
     v = np.arange(1 << 16)
     t = t8.astype(np.uint32)
-    return t[0][v & 0xFF] | t[1][v >> 8], t[2][v & 0xFF] | t[3][v >> 8]
+    return t[0][v & 0xFF] ^ t[1][v >> 8], t[2][v & 0xFF] ^ t[3][v >> 8]
 
 
-FWD16 = _lut16(FWD8)
-INV16 = _lut16(INV8)
-FWD16_ROT = _lut16(FWD8_ROT)
-INV16_ROT = _lut16(INV8_ROT)
+LUT8 = {o: _luts(o) for o in ORDERS}  # order -> (fwd8, inv8)
+FWD8, INV8 = LUT8["plain"]
+LUT16 = {o: (_lut16(f), _lut16(i)) for o, (f, i) in LUT8.items()}  # order -> (fwd16, inv16)
+
+
+def check_order(order: str) -> str:
+    if order not in ORDERS:
+        raise ValueError(f"hopper_mma bit order {order!r}: expected one of {', '.join(ORDERS)}")
+    return order
 
 
 def _block_order() -> tuple[np.ndarray, np.ndarray]:
@@ -91,15 +151,15 @@ def _word_order(kb: int) -> np.ndarray:
 STEP_BYTES = 1 << 18  # slab bytes transformed at a time: the step's buffers stay in cache
 
 
-def weight_forward(x: np.ndarray, rot: bool = False) -> np.ndarray:
-    """``[E, N, K/2]`` uint8 (contiguous) -> the stored bytes, same shape (hopper_mma_w, or with
-    ``rot`` hopper_mma_w_rot).
+def weight_forward(x: np.ndarray, order: str = "plain") -> np.ndarray:
+    """``[E, N, K/2]`` uint8 (contiguous) -> the stored bytes, same shape (hopper_mma_w; order "rot":
+    hopper_mma_w_rot, "xor": hopper_mma_w_xor).
 
     A cache-sized group of slabs at a time: one delta swap on uint64 lanes makes the (c = 0,
     c = 1) byte pairs adjacent, the two 16-bit table lookups (rows g, h = 0 and h = 1) give the
     words, and one 4-byte gather puts the words in the stored order."""
     e, n, kb = x.shape
-    fwd16 = FWD16_ROT if rot else FWD16
+    fwd16 = LUT16[check_order(order)][0]
     slabs = np.ascontiguousarray(x).reshape(-1, 16 * kb)
     lanes = slabs.view(np.uint64)  # [slab, h, g, block, kt]
     order = _word_order(kb)
@@ -123,7 +183,7 @@ def weight_forward(x: np.ndarray, rot: bool = False) -> np.ndarray:
         pairs = uu.view(np.uint16)  # [slab, h, g, block, kt, pair]
         np.take(fwd16[0], pairs[:, :half], out=w, mode="wrap")  # 65536 entries: wrap never wraps
         np.take(fwd16[1], pairs[:, half:], out=w1, mode="wrap")
-        w |= w1
+        w ^= w1
         np.take(w, order, axis=1, out=out[a:a + m], mode="wrap")  # indices < half: never wraps
     return out.view(np.uint8).reshape(x.shape)
 

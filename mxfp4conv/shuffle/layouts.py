@@ -25,8 +25,10 @@ triton_kernels on ROCm, as vLLM 0.33.0's ``_swizzle_mxfp4`` builds them (``trito
   triton_gfx1250_scale      [E, N/32, K]         shuffle_scale_moe(arch="gfx1250", 32, 4)
   triton_gfx1250_scale_gu1  [E, N/32, K]         interleave_gate_up, then shuffle_scale_moe
 mxfp4conv's own Triton kernels on Hopper (``shuffle/hopper.py``)
-  hopper_mma_w_rot            canonical shape      fp4 in wgmma register-operand order, bits for a
-                                                 9-instruction decode (what convert writes)
+  hopper_mma_w_xor            canonical shape      fp4 in wgmma register-operand order, bits for an
+                                                 8-instruction decode (what convert writes)
+  hopper_mma_w_rot            canonical shape      the same words, bits for a 9-instruction decode
+                                                 (what earlier releases wrote; still read)
   hopper_mma_w                canonical shape      the same words, bits for an 11-instruction decode
                                                  (what earlier releases wrote; still read)
   hopper_mma_s                canonical shape      e8m0 in the order of those words' rows
@@ -206,24 +208,29 @@ def _n32k4_scale(gate_up: bool):
 
 # ---- mxfp4conv's Triton kernel on Hopper (sm90): wgmma register-operand order -------------
 
-def _hopper_weight(rot: bool) -> Layout:
-    name = "hopper_mma_w_rot" if rot else "hopper_mma_w"
+_HOPPER_DECODES = {"plain": "4-op-a-register bf16 decode", "rot": "9-instruction bf16 decode (rotations and masks)",
+                   "xor": "8-instruction bf16 decode (a linear map over GF(2) of the words' bits)"}
+
+
+def _hopper_weight(order: str) -> Layout:
+    name = "hopper_mma_w" if order == "plain" else f"hopper_mma_w_{order}"
     return make_layout(
         name,
         "fp4 in 16-row x 64-code blocks, one 16-byte wgmma A fragment per lane, bits re-encoded for a "
-        + ("9-instruction bf16 decode (rotations and masks)" if rot else "4-op-a-register bf16 decode"),
+        + _HOPPER_DECODES[order],
         None,
         "weight",
         lambda s: Hop.check_weight(s, name),
         lambda s: s,
-        lambda x, s: Hop.weight_forward(x, rot),
-        lambda y, s: Hop.weight_inverse(y, s, rot),
-        np_chunk=lambda x, s: HX.weight_forward(x, rot),
+        lambda x, s: Hop.weight_forward(x, order),
+        lambda y, s: Hop.weight_inverse(y, s, order),
+        np_chunk=lambda x, s: HX.weight_forward(x, order),
     )
 
 
-_HOPPER_W = _hopper_weight(False)
-_HOPPER_W_ROT = _hopper_weight(True)
+_HOPPER_W = _hopper_weight("plain")
+_HOPPER_W_ROT = _hopper_weight("rot")
+_HOPPER_W_XOR = _hopper_weight("xor")
 
 _HOPPER_S = make_layout(
     "hopper_mma_s",
@@ -242,7 +249,7 @@ _REGISTRY: dict[str, Layout] = {
     lay.name: lay
     for lay in (
         _IDENTITY, _P16, _P16_GU16, _E8M0, _a16w4_scale(False), _a16w4_scale(True),
-        _GFX1250_GU1, _n32k4_scale(False), _n32k4_scale(True), _HOPPER_W, _HOPPER_W_ROT, _HOPPER_S,
+        _GFX1250_GU1, _n32k4_scale(False), _n32k4_scale(True), _HOPPER_W, _HOPPER_W_ROT, _HOPPER_W_XOR, _HOPPER_S,
         TRITON_GU1, TRITON_CDNA4_SCALE, TRITON_CDNA4_SCALE_GU1, TRITON_GFX1250_SCALE, TRITON_GFX1250_SCALE_GU1,
     )
 }

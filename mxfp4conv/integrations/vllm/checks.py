@@ -33,7 +33,8 @@ from mxfp4conv.integrations.vllm.weights import KERNEL_READY
 from mxfp4conv.runtime.experts import WEIGHT_KINDS
 
 MXFP4CONV_FORMAT = "EMULATION"  # the backend name of mxfp4conv's own format
-OWN_LAYOUTS = ("identity", "hopper_mma_w", "hopper_mma_w_rot", "hopper_mma_s")  # what mxfp4conv's Triton kernel reads
+# what mxfp4conv's Triton kernel reads
+OWN_LAYOUTS = ("identity", "hopper_mma_w", "hopper_mma_w_rot", "hopper_mma_w_xor", "hopper_mma_s")
 
 log = logging.getLogger(__name__)
 
