@@ -37,6 +37,8 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
+from mxfp4conv.shuffle.hopper_np import _gf2_inverse, _source  # noqa: E402
+
 BF16_MASK = 0x81C081C0
 F8_MASK = 0x9C9C9C9C
 # (mask, the registers' sources as (op, shift): "shl", "shr" or "rotl"; where code (r, kk, j) of the plain word
@@ -47,26 +49,6 @@ ORDERS = {
     "f8": (F8_MASK, ([("shl", 0)], [("shl", 2), ("shr", 2)]),
            lambda r, kk, j: (r // 2, 8 * (2 * (r % 2) + kk) + (2, 3, 4, 7)[j])),
 }
-
-
-def _source(op: str, s: int, p: int) -> int | None:
-    """The stored bit that (op w, s)'s bit p comes from (None: a zero shifted in)."""
-    q = {"shl": p - s, "shr": p + s, "rotl": (p - s) % 32}[op]
-    return q if 0 <= q < 32 else None
-
-
-def _gf2_inverse(a: np.ndarray) -> np.ndarray:
-    n = a.shape[0]
-    m = np.concatenate([a % 2, np.eye(n, dtype=np.uint8)], axis=1).astype(np.uint8)
-    for c in range(n):
-        piv = next((r for r in range(c, n) if m[r, c]), None)
-        if piv is None:
-            raise ValueError("the decode does not determine every bit")
-        m[[c, piv]] = m[[piv, c]]
-        for r in range(n):
-            if r != c and m[r, c]:
-                m[r] ^= m[c]
-    return m[:, n:]
 
 
 def order_matrix(name: str) -> np.ndarray:
@@ -159,9 +141,7 @@ def _ptx_regs(name: str, w: str, out: list[str]) -> str:
     return "".join(f"{line};\n" for line in lines)
 
 
-# the bf16 orders' word -> 8 bf16 halves (gluon_few_tokens.WORDS32_ROT_PTX's shape); the f8 order's word -> 2 registers
-XOR_WORDS_PTX = ("{\n.reg .b32 a, b, r0, r1, r2, r3;\n" + _ptx_regs("xor", "$8", ["r0", "r1", "r2", "r3"])
-                 + "mov.b32 {$0, $1}, r0;\nmov.b32 {$2, $3}, r1;\nmov.b32 {$4, $5}, r2;\nmov.b32 {$6, $7}, r3;\n}")
+# the f8 order's word -> 2 registers (the xor order's decode is the runtime's, gluon_few_tokens.WORDS32_PTX["xor"])
 F8_DECODE_PTX = "{\n.reg .b32 a, b;\n" + _ptx_regs("f8", "$2", ["$0", "$1"]) + "}"
 # hopper_mma_w_rot's own words with its two rotations (by 10 and 14) as 32 x 32 -> 64-bit multiplies by 2**10 and
 # 2**14, whose halves or-ed are the rotation: IMAD.WIDE on the FMA pipe in place of SHF.L.W on the integer pipe
@@ -184,7 +164,7 @@ from triton.experimental import gluon  # noqa: E402
 from triton.experimental.gluon import language as gl  # noqa: E402
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2  # noqa: E402
 
-from mxfp4conv.runtime.gluon_few_tokens import _along  # noqa: E402
+from mxfp4conv.runtime.gluon_few_tokens import WORDS32_PTX, _along  # noqa: E402
 
 
 # f8_stream's group bytes [nb, g, t, j, byte] (warp = slab, lane 4 g + t, its 8 bytes, words 2 c and 2 c + 1, in
@@ -337,7 +317,7 @@ def sass_table(log) -> None:
         for label, fn, consts, tys in (
                 ("rot", stream, dict(WPTX=WORDS32_ROT_PTX), types),
                 ("rotw", stream, dict(WPTX=ROT_WIDE_PTX), types),
-                ("xor", stream, dict(WPTX=XOR_WORDS_PTX), types),
+                ("xor", stream, dict(WPTX=WORDS32_PTX["xor"]), types),
                 ("f8", f8_stream, dict(DPTX=F8_DECODE_PTX), f8_types)):
             if fn is stream:
                 consts = dict(consts, NB=4, KB=1, FPTX=FACTORS32_PTX, DEPTH=1, READ_ONLY=False, CONTIG=False)
@@ -384,7 +364,7 @@ def bench(name, T, copy_bw, log):
             if K % (split * 64) or K // split < 128:
                 continue
             programs = (nrows // 2 if gate_up else nrows) // 64 * pairs * split
-            for order, st, ptx in (("rot", rot, None), ("rotw", rot, ROT_WIDE_PTX), ("xor", xor, XOR_WORDS_PTX)):
+            for order, st, ptx in (("rot", rot, None), ("rotw", rot, ROT_WIDE_PTX), ("xor", xor, WORDS32_PTX["xor"])):
                 outs = [torch.empty(split, pairs, nrows, device="cuda") for _ in range(copies)]
                 call = [lambda c=c: run_stream(*st[c], xin, outs[c], K, nrows, split, gate_up, 1, 1, False, pairs,
                                                wptx=ptx) for c in range(copies)]
