@@ -33,16 +33,18 @@ from mxfp4conv.runtime.triton_moe_kernels import (HAS_GDC, _gdc_launch, _gdc_wai
 def _decode_ptx(order: str, out: tuple[str, str, str, str], w: str) -> str:
     """PTX of the integer decode of the word in register w into the bf16 pairs R0..R3 (registers
     out; scratch a, b, c) for a ``hopper_np.ORDERS`` bit order: "plain" (``BITS``) in 11 instructions, "rot"
-    (``BITS_ROT``) in 9, "xor" in 8 (ptxas merges its R3's xor and mask into one LOP3). In BITS_ROT, R1's
+    (``BITS_ROT``) in 9, "xor" (``hopper_mma_w_xor``) in 8 (ptxas merges R3's xor and mask into one LOP3). In BITS_ROT, R1's
     rotation by 4 and R3's by 6 wrap no bit their masks keep, so they are plain shifts, which ptxas issues as
     IMAD.SHL on the FMA pipe instead of SHF on the integer pipe the masks and other rotations use (the same
     instruction count; on an H200 DSV3-like T = 1 / 8 1.059 / 1.027 and K3-like T = 8 1.054 faster,
     docs/performance.md)."""
     r0, r1, r2, r3 = out
-    if order == "xor":  # R1 a shift, R2 a rotation, R3 the xor of two shifts, each then masked
+    if order == "xor":  # R1 a shift, R2 a rotation, each then masked; R3 = ((w << 2) ^ (w >> 6)) & M, computed as
+        # ((w ^ (w >> 8)) & (M >> 2)) << 2 (the same bits: M holds none below bit 2), which keeps one scratch register
+        # live, not two
         lines = [f"and.b32 {r0}, {w}, 0x81C081C0", f"shl.b32 a, {w}, 6", f"and.b32 {r1}, a, 0x81C081C0",
-                 f"shf.l.wrap.b32 a, {w}, {w}, 12", f"and.b32 {r2}, a, 0x81C081C0", f"shl.b32 a, {w}, 2",
-                 f"shr.b32 b, {w}, 6", "xor.b32 a, a, b", f"and.b32 {r3}, a, 0x81C081C0"]
+                 f"shf.l.wrap.b32 a, {w}, {w}, 12", f"and.b32 {r2}, a, 0x81C081C0", f"shr.b32 a, {w}, 8",
+                 f"xor.b32 a, a, {w}", "and.b32 a, a, 0x20702070", f"shl.b32 {r3}, a, 2"]
     elif order == "rot":  # R1 / R2 by one rotation and the R0 mask, R3 from two rotations
         lines = [f"and.b32 {r0}, {w}, 0x81C081C0", f"shl.b32 a, {w}, 4", f"and.b32 {r1}, a, 0x81C081C0",
                  f"shf.l.wrap.b32 a, {w}, {w}, 10", f"and.b32 {r2}, a, 0x81C081C0", f"shl.b32 a, {w}, 6",
