@@ -33,9 +33,9 @@ from mxfp4conv.runtime.triton_moe_kernels import (HAS_GDC, _gdc_launch, _gdc_wai
 def _decode_ptx(order: str, out: tuple[str, str, str, str], w: str) -> str:
     """PTX of the integer decode of the word in register w into the bf16 pairs R0..R3 (registers
     out; scratch a, b, c) for a ``hopper_np.ORDERS`` bit order: "plain" (``BITS``) in 11 instructions, "rot"
-    (``BITS_ROT``) in 9, "xor" (``hopper_mma_w_xor``) in 8 (ptxas merges R3's xor and mask into one LOP3). In BITS_ROT, R1's
-    rotation by 4 and R3's by 6 wrap no bit their masks keep, so they are plain shifts, which ptxas issues as
-    IMAD.SHL on the FMA pipe instead of SHF on the integer pipe the masks and other rotations use (the same
+    (``BITS_ROT``) in 9, "xor" (``hopper_mma_w_xor``) in 8 (ptxas merges R3's xor and mask into one LOP3). In
+    BITS_ROT, R1's rotation by 4 and R3's by 6 wrap no bit their masks keep, so they are plain shifts, which ptxas
+    issues as IMAD.SHL on the FMA pipe instead of SHF on the integer pipe the masks and other rotations use (the same
     instruction count; on an H200 DSV3-like T = 1 / 8 1.059 / 1.027 and K3-like T = 8 1.054 faster,
     docs/performance.md)."""
     r0, r1, r2, r3 = out
