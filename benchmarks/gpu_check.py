@@ -28,8 +28,8 @@ import torch
 
 from mxfp4conv.codec import dequantize_mxfp4
 
-from mxfp4conv.runtime.triton_moe import (ALIGN_GRID_PAIRS, HOPPER_SETS, LAYOUT_SETS, device_sms, fused_moe_triton,
-                                          gluon_plan, gluon_rows2, gluon_tiles, grouped_masks, grouped_plan,
+from mxfp4conv.runtime.triton_moe import (ALIGN_GRID_PAIRS, HOPPER_ORDERS, HOPPER_SETS, LAYOUT_SETS, device_sms,
+                                          fused_moe_triton, gluon_plan, gluon_rows2, gluon_tiles, grouped_masks, grouped_plan,
                                           grouped_programs1, grouped_takes, grouped_tiles, hopper_options, loop_tuning,
                                           pairs_take, select_config, sum2_by_kernel, uses_gemv)
 from mxfp4conv.shuffle import get_layout
@@ -287,10 +287,10 @@ def _other_loops(cfg, grouped, H, I, E, pairs, T):
     return dict(gluon_unroll1=3 - u1, gluon_unroll2=3 - u2, gluon_maxnreg1=0, gluon_maxnreg2=0)
 
 
-def _loops(cfg, grouped, k1, rows2, programs1=0, sms=0):
+def _loops(cfg, grouped, k1, rows2, programs1=0, sms=0, order="rot"):
     """The Gluon K loops' label: u<GEMM1>/<GEMM2> (1 single steps, 2 pairs), and their register caps (the per-pair
     GEMM1's for programs1 programs on sms SMs)."""
-    t = loop_tuning(cfg, grouped, k1, rows2, programs1, sms)
+    t = loop_tuning(cfg, grouped, k1, rows2, programs1, sms, order)
     caps = "/".join(str(m) for m in t["maxnreg"])
     return f" u{t['unroll'][0]}/{t['unroll'][1]}{'' if caps == '0/0' else ' cap' + caps}"
 
@@ -345,18 +345,20 @@ def main() -> int:
             blocks = grouped_plan(cfg, xin, weights, k, layout, E) if layout in HOPPER_SETS else None
             if blocks:
                 r2 = gluon_rows2(cfg, H, I, blocks[1]) if blocks[3] == 1 else 64
-                loops = _loops(cfg, True, blocks[0], r2, grouped_programs1(T, k, E, I, blocks[2]), device_sms(dev))
+                loops = _loops(cfg, True, blocks[0], r2, grouped_programs1(T, k, E, I, blocks[2]), device_sms(dev),
+                               HOPPER_ORDERS[layout])
                 path = (f"gluon grouped bt{cfg.gluon_block_t} k{blocks[0]}/{blocks[1]} s{blocks[2]} b{blocks[3]}"
                         f"{'' if cfg.gluon_frag else ' plainrows'} xmask{grouped_masks(cfg, I)} r{r2}"
                         f" pdl{cfg.gluon_grouped_pdl}{'' if cfg.gluon_sum_pdl else ' nosumpdl'}"
                         f"{loops}")
             elif plan:
                 r2 = gluon_rows2(cfg, H, I, plan[1])
+                loops = _loops(cfg, False, plan[0], r2, I // 64 * T * k * plan[2], device_sms(dev), HOPPER_ORDERS[layout])
                 path = (f"gluon k{plan[0]}/{plan[1]} s{plan[2]}/{plan[3]}{f' pdl{cfg.gluon_pdl}' if cfg.gluon_pdl else ''}"
                         f"{' ksum' if sum2_by_kernel(cfg, I, plan) else ''}"
                         f"{'' if cfg.gluon_sum_pdl or not sum2_by_kernel(cfg, I, plan) else ' nosumpdl'}"
                         f"{'' if cfg.gluon_frag else ' plainrows'}"
-                        f" r{r2}{_loops(cfg, False, plan[0], r2, I // 64 * T * k * plan[2], device_sms(dev))}")
+                        f" r{r2}{loops}")
             else:
                 path = path_name(cfg, T, k, E, dtype, layout)
             label = f"{name} [{path}{' splitK' if vname == 'split' else ''}]"

@@ -107,6 +107,14 @@ def test_k_loops_over_pairs_of_steps_where_measured_faster():
     assert loop_tuning(MoEConfig(gluon_unroll1=2, gluon_unroll2=2), True, 128, 64)["unroll"] == (2, 2)
     assert loop_tuning(MoEConfig(gluon_maxnreg1=0, gluon_maxnreg2=72), False, 128, 128)["maxnreg"] == (0, 72)
     assert loop_tuning(auto, False, 128, 256)["maxnreg"] == (80, 0)
+    # hopper_mma_w_xor's words: the per-pair 128-row GEMM2 over single steps, GEMM1 in 128-code single steps capped
+    assert loop_tuning(auto, False, 128, 128, order="xor") == {"unroll": (2, 1), "maxnreg": (80, 0)}
+    assert loop_tuning(auto, False, 64, 64, order="xor") == {"unroll": (2, 2), "maxnreg": (0, 0)}
+    assert loop_tuning(auto, False, 128, 128, 864, 132, "xor") == {"unroll": (1, 1), "maxnreg": (72, 0)}
+    assert loop_tuning(auto, True, 128, 64, order="xor") == {"unroll": (1, 1), "maxnreg": (96, 0)}
+    assert loop_tuning(auto, True, 128, 128, order="xor") == {"unroll": (1, 2), "maxnreg": (96, 80)}
+    assert loop_tuning(MoEConfig(gluon_maxnreg1=0, gluon_unroll2=2), True, 128, 64, order="xor") == \
+        {"unroll": (1, 2), "maxnreg": (0, 0)}
 
 
 @given(tokens=st.integers(2, 16), top_k=st.integers(1, 16), i=st.integers(1, 32), h=st.integers(1, 112),
@@ -421,6 +429,14 @@ UNROLLED = [("few_gemm1", dict(KB=1, ACT=ACTS["silu+limit"][0], HAS_LIMIT=True, 
             ("grp_gemm1", dict(KB=2, BT=8, ACT=ACTS["situ"][0], HAS_LIMIT=False, HAS_LINEAR=True, HAS_BIAS=True,
                                SPLITS=1, FRAG_KB=2, MASKED=True, SHARED=True), 0)]
 
+# hopper_mma_w_xor's loops as loop_tuning runs them: the per-pair 128-row GEMM2 over single steps uncapped, the per-pair
+# GEMM1 in 128-code single steps capped at 72, the expert blocks' GEMM1 at 96
+XOR_TUNED = [("few_gemm2", dict(KB=2, HAS_BIAS=False, SPLITS=1, PDL=True, SUM=False, FRAG=True, NB=8, UNROLL=1), 0),
+             ("few_gemm1", dict(KB=2, ACT=ACTS["situ"][0], HAS_LIMIT=False, HAS_LINEAR=True, HAS_BIAS=True, SPLITS=1,
+                                PDL=2, FRAG_KB=2, UNROLL=1), 72),
+             ("grp_gemm1", dict(KB=2, BT=8, ACT=ACTS["situ"][0], HAS_LIMIT=False, HAS_LINEAR=True, HAS_BIAS=True,
+                                SPLITS=1, FRAG_KB=2, MASKED=True, SHARED=True, UNROLL=1), 96)]
+
 # programmatic dependent launches on the GEMM2s' two sides: the per-pair GEMM2 releasing the k-sum kernel after it, the
 # expert blocks' GEMM1 releasing their GEMM2 after its K loop (and waiting for the align before it), which waits for it
 # (one block a program and four) and releases the k-sum kernel
@@ -467,6 +483,9 @@ def compiled():
     for i, (name, consts, cap) in enumerate(UNROLLED):  # the same kernels decoding hopper_mma_w_xor's words
         jobs.append((name, dict(consts, UNROLL=2, WPTX=WORDS32_PTX["xor"]), {"maxnreg": cap} if cap else {}))
         keys.append((("xor", i), name))
+    for i, (name, consts, cap) in enumerate(XOR_TUNED):
+        jobs.append((name, dict(consts, WPTX=WORDS32_PTX["xor"]), {"maxnreg": cap} if cap else {}))
+        keys.append((("xor_tuned", i), name))
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                          env.get("PYTHONPATH", "")])
@@ -586,6 +605,16 @@ def test_xor_order_decodes_in_fewer_instructions(compiled, i):
     assert n_x <= n_r - words // 2, (n_r, n_x, words)
     regs = int(re.search(r"REG:(\d+)", res_x).group(1))
     assert regs <= cap if cap else re.search(r"STACK:0\b", res_x), res_x
+
+
+@pytest.mark.skipif(not _tools_available(), reason="this Triton has no Gluon or ships no NVIDIA tools")
+@pytest.mark.parametrize("i", range(len(XOR_TUNED)))
+def test_xor_order_loops_fit_their_caps_without_spills(compiled, i):
+    name, consts, cap = XOR_TUNED[i]
+    sass, res = compiled[(("xor_tuned", i), name)]
+    regs = int(re.search(r"REG:(\d+)", res).group(1))
+    assert re.search(r"STACK:0\b", res) and "LDL" not in sass and "STL" not in sass, res
+    assert regs <= (cap or 80), res  # uncapped, the 128-row GEMM2 keeps to 6 programs an SM
 
 
 def _ops(sass: str) -> list[str]:

@@ -487,7 +487,7 @@ def fused_moe_triton(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, *,
                                   act, out, plan, cfg.gluon == 1, cfg.gluon_pdl, sum2_by_kernel(cfg, i_pad, plan),
                                   cfg.gluon_frag == 1, rows2,
                                   loop_tuning(cfg, False, plan[0], rows2, i_pad // 64 * num_pairs * plan[2],
-                                              device_sms(x.device)),
+                                              device_sms(x.device), HOPPER_ORDERS[layout]),
                                   cfg.gluon_counters == 1, cfg.gluon_sum_pdl == 1, HOPPER_ORDERS[layout])
             if done is not None:
                 return done
@@ -1019,6 +1019,12 @@ _UNROLLED_MAXNREG = 80
 # 10 / 11 0.970 / 0.979 / 0.955. Past that it loses: K3-like T = 13 / 14 / 16 / 20 / 24 / 32 1.051-1.064 / 1.041 /
 # 1.017 / 1.018 / 1.030 / 1.022, DSV3-like T = 8 / 12 / 16 1.054 / 1.033 / 1.047 (3 rounds)
 _GROUPED_PAIRS_AN_SM = 4
+# hopper_mma_w_xor's decode moves three loops' registers (sm_90a SASS, triton 3.6): the per-pair 128-row GEMM2 over
+# pairs of steps spills in its loop under the cap of 80, so it runs over single steps (80 registers, nothing spilled); the
+# per-pair GEMM1 in 128-code single steps takes 74 (6 programs an SM where BITS_ROT's 72 fit 7), the expert blocks'
+# GEMM1 100 (4 where 96 fit 5), so they are capped at those. On an H100 against hopper_mma_w_rot: K3-like T = 1 / 8 / 9
+# / 10 0.974 / 0.999 / 0.994 / 1.000 with them, 0.989 / 1.017 / 1.130 / 1.014 without (docs/performance.md)
+_XOR_MAXNREG1 = {False: 72, True: 96}  # grouped -> the cap of GEMM1 in 128-code single steps
 
 
 def expected_experts(T: int, top_k: int, E: int) -> float:
@@ -1026,24 +1032,28 @@ def expected_experts(T: int, top_k: int, E: int) -> float:
     return E * (1.0 - (1.0 - top_k / E) ** T)
 
 
-def loop_tuning(cfg: MoEConfig, grouped: bool, k1: int, rows2: int, programs1: int = 0, sms: int = 0) -> dict:
+def loop_tuning(cfg: MoEConfig, grouped: bool, k1: int, rows2: int, programs1: int = 0, sms: int = 0,
+                order: str = "rot") -> dict:
     """The Gluon kernels' K loops (1 single steps, 2 pairs) and register caps (0 none), (GEMM1, GEMM2) each, for the
     per-pair kernels (grouped False; GEMM1 of programs1 programs on a GPU of sms SMs, 0 where not known) or the expert
     blocks' with GEMM1 steps of k1 codes and GEMM2 programs of rows2 rows: cfg's, or automatically (see
     _UNROLLED_MAXNREG) pairs but for the expert blocks' GEMM1 and 64-row GEMM2, capped where the per-pair GEMM1 takes
     128-code steps and where GEMM2 takes 128 rows; the per-pair GEMM1 in 128-code steps over single steps where its
     grid is over a wave of _PAIRS_AN_SM programs an SM and at most one of _SINGLE_AN_SM; the expert blocks' GEMM1 in
-    128-code steps over pairs where its expected programs1 fit two waves of _GROUPED_PAIRS_AN_SM programs an SM."""
+    128-code steps over pairs where its expected programs1 fit two waves of _GROUPED_PAIRS_AN_SM programs an SM. order:
+    the weight words' bit order ("xor": see _XOR_MAXNREG1)."""
     if grouped:
         two_waves = sms and 0 < programs1 <= 2 * _GROUPED_PAIRS_AN_SM * sms
         u1 = cfg.gluon_unroll1 or (2 if k1 == 128 and two_waves else 1)
     else:
         one_wave = sms and _PAIRS_AN_SM * sms < programs1 <= _SINGLE_AN_SM * sms
         u1 = cfg.gluon_unroll1 or (1 if k1 == 128 and one_wave else 2)
-    u2 = cfg.gluon_unroll2 or (2 if not grouped or rows2 > 64 else 1)
+    xor = order == "xor"
+    u2 = cfg.gluon_unroll2 or (1 if xor and not grouped and rows2 == 128 else 2 if not grouped or rows2 > 64 else 1)
     capped1 = u1 == 2 and k1 == 128 and not grouped
     capped2 = u2 == 2 and rows2 == 128
-    m1 = cfg.gluon_maxnreg1 if cfg.gluon_maxnreg1 >= 0 else _UNROLLED_MAXNREG * capped1
+    auto1 = _XOR_MAXNREG1[grouped] if xor and u1 == 1 and k1 == 128 else _UNROLLED_MAXNREG * capped1
+    m1 = cfg.gluon_maxnreg1 if cfg.gluon_maxnreg1 >= 0 else auto1
     m2 = cfg.gluon_maxnreg2 if cfg.gluon_maxnreg2 >= 0 else _UNROLLED_MAXNREG * capped2
     return {"unroll": (u1, u2), "maxnreg": (m1, m2)}
 
@@ -1090,7 +1100,8 @@ def _gluon_grouped_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_i
         masks=grouped_masks(cfg, w13.shape[1] // 2), shared=bool(cfg.gluon_xshare & 1),
         shared2=bool(cfg.gluon_xshare & 2), rows2=rows2, pdl=pdl, release2=sum_pdl, order=order,
         **loop_tuning(cfg, True, k1, rows2 if blocks2 == 1 else 64,
-                      grouped_programs1(x.shape[0], top_k, E, w13.shape[1] // 2, splits1), device_sms(x.device))),
+                      grouped_programs1(x.shape[0], top_k, E, w13.shape[1] // 2, splits1), device_sms(x.device),
+                      order)),
         cfg.gluon_grouped == 1 and cfg.gluon == 1)
 
 
