@@ -140,8 +140,6 @@ def apply_layout(name: str, x: torch.Tensor) -> torch.Tensor:
         return hopper_words(x, HOPPER_BITS)
     if name == "hopper_mma_w_rot":
         return hopper_words(x, HOPPER_BITS_ROT)
-    if name == "hopper_mma_w_xor":
-        return hopper_xor_words(hopper_words(x, HOPPER_BITS_ROT))
     if name == "hopper_mma_s":  # byte 4g + 2h + j of a 16-row x 2-group block: row 8h + g, group 2b + j
         return x.reshape(E, N // 16, 2, 8, K // 2, 2).permute(0, 1, 4, 3, 2, 5).reshape(E, N, K)
     # triton_kernels layouts, from docs/kernel-ready-format.md
@@ -177,31 +175,6 @@ def hopper_words(x: torch.Tensor, bits) -> torch.Tensor:
                     word |= ((codes[..., h, c, kk] >> j) & 1) << ((pos + 16 * kk) % 32)
     b = torch.stack([(word >> (8 * i)) & 0xFF for i in range(4)], -1).to(torch.uint8)
     return b.reshape(E, N, K2)
-
-
-def hopper_xor_words(rot: torch.Tensor) -> torch.Tensor:
-    """hopper_mma_w_xor from its definition: the word whose decode (docs/kernel-ready-format.md) gives the registers
-    hopper_mma_w_rot's decode gives, its bits solved one by one from the four registers."""
-    w = rot.reshape(-1, 4).to(torch.int64)
-    w = w[:, 0] | w[:, 1] << 8 | w[:, 2] << 16 | w[:, 3] << 24
-    M = 0x81C081C0
-    rotl = lambda v, s: ((v << s) | (v >> (32 - s))) & 0xFFFFFFFF  # noqa: E731
-    regs = [w & M, rotl(w, 4) & M, rotl(w, 10) & M, (rotl(w, 6) & 0x00400040) | (rotl(w, 14) & 0x81808180)]
-    bit = lambda v, p: (v >> p) & 1  # noqa: E731
-    out = {}
-    for p in (6, 7, 8, 15, 22, 23, 24, 31):  # R0 = w & M, R1 = (w << 6) & M, R2 = rotl(w, 12) & M
-        out[p] = bit(regs[0], p)
-        out[p - 6] = bit(regs[1], p)
-        out[(p - 12) % 32] = bit(regs[2], p)
-    # R3 = ((w << 2) ^ (w >> 6)) & M: bit p is w[p - 2] ^ w[p + 6] (w[37] = 0)
-    out[29] = bit(regs[3], 31)
-    for p, known, unknown in ((23, 29, 21), (15, 21, 13), (7, 13, 5), (6, 12, 4), (8, 6, 14), (22, 28, 20),
-                              (24, 22, 30)):
-        a, b = (p - 2, p + 6)
-        out[unknown] = bit(regs[3], p) ^ out[known]
-        assert {a, b} == {known, unknown}
-    word = sum(out[p] << p for p in range(32))
-    return torch.stack([(word >> (8 * i)) & 0xFF for i in range(4)], -1).to(torch.uint8).reshape(rot.shape)
 
 
 def expected_rank_tensors(src: dict, d, rank: int) -> dict[str, torch.Tensor]:

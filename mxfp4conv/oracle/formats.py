@@ -32,8 +32,7 @@ HOPPER_MMA_ALIGN = 64  # rows in 16-row slabs, K in 64-code blocks
 PRODUCIBLE_LAYOUTS = frozenset({
     "identity", "aiter_p16", "aiter_p16_gu16", "aiter_e8m0_shuffle", "aiter_scale_a16w4",
     "aiter_scale_a16w4_gu16", "hopper_mma_w", "hopper_mma_w_rot", "hopper_mma_w_xor", "hopper_mma_s", "triton_gu1",
-    "triton_cdna4_scale",
-    "triton_cdna4_scale_gu1", "triton_gfx1250_scale", "triton_gfx1250_scale_gu1",
+    "triton_cdna4_scale", "triton_cdna4_scale_gu1", "triton_gfx1250_scale", "triton_gfx1250_scale_gu1",
 })
 
 AITER_ENV = {"VLLM_ROCM_USE_AITER": "1"}

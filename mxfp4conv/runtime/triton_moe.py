@@ -465,8 +465,9 @@ def fused_moe_triton(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, *,
     [gate | up]; w13_scale [E, 2*I_pad, H_pad/32]; w2 [E, H_pad, I_pad/2]; w2_scale
     [E, H_pad, I_pad/32]; topk_ids [T, k] local expert ids, -1 = not on this rank.
     ``layout``: "identity" (those canonical bytes), "hopper_mma_rot" (weights in hopper_mma_w_rot,
-    scales in hopper_mma_s, same shapes; H_pad and I_pad multiples of 64: what convert writes) or
-    "hopper_mma" (weights in hopper_mma_w, the bit order earlier releases wrote).
+    scales in hopper_mma_s, same shapes; H_pad and I_pad multiples of 64: what convert writes),
+    "hopper_mma" (weights in hopper_mma_w, the bit order earlier releases wrote) or "hopper_mma_xor"
+    (weights in hopper_mma_w_xor, an 8-instruction decode; read, not written by convert).
     Returns [T, H_pad] in x's dtype.
     """
     T, H, E, i_pad = _check_inputs(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids,

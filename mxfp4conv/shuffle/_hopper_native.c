@@ -118,9 +118,8 @@ static void place_words(const uint64_t *restrict even, const uint64_t *restrict 
 PyDoc_STRVAR(weight_forward_doc,
 "weight_forward(x, out, kb, order=0)\n\n"
 "Write the hopper_mma_w (order 1: hopper_mma_w_rot, 2: hopper_mma_w_xor) bytes of x (C-contiguous\n"
-"bytes: 16-row slabs of"
-"kb bytes a row, kb a multiple of 32) into out (writable, C-contiguous, the same size, not\n"
-"overlapping x).");
+"bytes: 16-row slabs of kb bytes a row, kb a multiple of 32) into out (writable, C-contiguous, the\n"
+"same size, not overlapping x).");
 
 static PyObject *weight_forward(PyObject *self, PyObject *args) {
     Py_buffer x, y;

@@ -32,6 +32,7 @@ def _source(op: str, s: int, p: int) -> int | None:
 
 
 def _gf2_inverse(a: np.ndarray) -> np.ndarray:
+    """The inverse of a square 0/1 matrix over GF(2) (Gauss-Jordan; ValueError where it is singular)."""
     n = a.shape[0]
     m = np.concatenate([a % 2, np.eye(n, dtype=np.uint8)], axis=1).astype(np.uint8)
     for c in range(n):
@@ -108,7 +109,6 @@ def _lut16(t8: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 LUT8 = {o: _luts(o) for o in ORDERS}  # order -> (fwd8, inv8)
-FWD8, INV8 = LUT8["plain"]
 LUT16 = {o: (_lut16(f), _lut16(i)) for o, (f, i) in LUT8.items()}  # order -> (fwd16, inv16)
 
 
@@ -162,7 +162,7 @@ def weight_forward(x: np.ndarray, order: str = "plain") -> np.ndarray:
     fwd16 = LUT16[check_order(order)][0]
     slabs = np.ascontiguousarray(x).reshape(-1, 16 * kb)
     lanes = slabs.view(np.uint64)  # [slab, h, g, block, kt]
-    order = _word_order(kb)
+    places = _word_order(kb)
     half = 4 * kb  # words per slab = uint16 pairs per slab and h
     ns = slabs.shape[0]
     out = np.empty((ns, half), dtype=np.uint32)
@@ -184,7 +184,7 @@ def weight_forward(x: np.ndarray, order: str = "plain") -> np.ndarray:
         np.take(fwd16[0], pairs[:, :half], out=w, mode="wrap")  # 65536 entries: wrap never wraps
         np.take(fwd16[1], pairs[:, half:], out=w1, mode="wrap")
         w ^= w1
-        np.take(w, order, axis=1, out=out[a:a + m], mode="wrap")  # indices < half: never wraps
+        np.take(w, places, axis=1, out=out[a:a + m], mode="wrap")  # indices < half: never wraps
     return out.view(np.uint8).reshape(x.shape)
 
 
