@@ -37,15 +37,13 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from mxfp4conv.shuffle.hopper_np import _gf2_inverse, _source  # noqa: E402
+from mxfp4conv.shuffle.hopper_np import MASK, XOR_DECODE, _bf16_lands, _byte_tables, _order_matrix  # noqa: E402
 
-BF16_MASK = 0x81C081C0
 F8_MASK = 0x9C9C9C9C
 # (mask, the registers' sources as (op, shift): "shl", "shr" or "rotl"; where code (r, kk, j) of the plain word
 # (plain bit 8 r + 4 kk + j; r = 2 h + c, j = m, e0, e1, s) must land: (register, bit))
 ORDERS = {
-    "xor": (BF16_MASK, ([("shl", 0)], [("shl", 6)], [("rotl", 12)], [("shl", 2), ("shr", 6)]),
-            lambda r, kk, j: (r, (6, 7, 8, 15)[j] + 16 * kk)),
+    "xor": (MASK, XOR_DECODE, _bf16_lands),
     "f8": (F8_MASK, ([("shl", 0)], [("shl", 2), ("shr", 2)]),
            lambda r, kk, j: (r // 2, 8 * (2 * (r % 2) + kk) + (2, 3, 4, 7)[j])),
 }
@@ -54,32 +52,12 @@ ORDERS = {
 def order_matrix(name: str) -> np.ndarray:
     """[32 stored bits, 32 plain bits] over GF(2) for ORDERS[name]: decode(stored) puts every code where it lands."""
     mask, regs, lands = ORDERS[name]
-    decode = np.zeros((32, 32), dtype=np.uint8)  # target bit (register's masked bits in order) <- stored bits
-    place = np.zeros((32, 32), dtype=np.uint8)  # target bit <- plain bit
-    targets = [(r, p) for r in range(len(regs)) for p in range(32) if mask >> p & 1]
-    assert len(targets) == 32
-    for row, (r, p) in enumerate(targets):
-        for op, s in regs[r]:
-            q = _source(op, s, p)
-            if q is not None:
-                decode[row, q] ^= 1
-    for r in range(4):
-        for kk in range(2):
-            for j in range(4):
-                place[targets.index(lands(r, kk, j)), 8 * r + 4 * kk + j] = 1
-    return (_gf2_inverse(decode).astype(np.int64) @ place) % 2
+    return _order_matrix(regs, mask, lands)
 
 
 def order_tables(name: str) -> np.ndarray:
     """[4, 256] int64: the stored word's bits from plain byte p = v (xor the four)."""
-    m = order_matrix(name)
-    v = np.arange(256)
-    tab = np.zeros((4, 256), dtype=np.int64)
-    for p in range(4):
-        for b in range(8):
-            col = sum(int(m[r, 8 * p + b]) << r for r in range(32))
-            tab[p] ^= ((v >> b) & 1) * col
-    return tab
+    return _byte_tables(order_matrix(name))
 
 
 def decode_np(name: str, w: np.ndarray) -> list[np.ndarray]:

@@ -305,7 +305,7 @@ def _weight_forward_by_byte_gather(x):
     order = ((8 * h + g) * kb + 32 * b + 8 * kt + 4 * c + t).reshape(-1)
     pairs = np.take(x.reshape(-1, 16 * kb), order, axis=1).view(np.uint16)
     half = 4 * kb
-    fwd16 = hopper_np.LUT16["plain"][0]
+    fwd16 = hopper_np.lut16("plain")[0]
     words = fwd16[0][pairs[:, :half]] | fwd16[1][pairs[:, half:]]
     return words.view(np.uint8).reshape(x.shape)
 

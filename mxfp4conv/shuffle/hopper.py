@@ -81,7 +81,7 @@ def _forward_cpu(x: torch.Tensor, order: str = "plain") -> torch.Tensor:
 
 def _inverse_cpu(y: torch.Tensor, shape, order: str = "plain") -> torch.Tensor:
     e, n, kb = shape
-    inv16 = HN.LUT16[HN.check_order(order)][1]
+    inv16 = HN.lut16(order)[1]
     halves = y.contiguous().numpy().view(np.uint16).reshape(-1, 128, 2).transpose(2, 0, 1).copy()
     plain = inv16[0][halves[0]] ^ inv16[1][halves[1]]  # bytes (h0 c0, h0 c1, h1 c0, h1 c1) of each word
     parts = plain.view(np.uint16).reshape(-1, 128, 2).transpose(0, 2, 1).reshape(-1, 512 // 2)  # h0 pairs, h1 pairs
@@ -103,7 +103,7 @@ def _forward_torch(x: torch.Tensor, order: str = "plain", fwd8: np.ndarray | Non
     order's byte tables (``_permute_bits_torch``) in place of the order's."""
     e, n, kb = x.shape
     if fwd8 is None:
-        fwd8 = HN.LUT8[HN.check_order(order)][0]
+        fwd8 = HN.lut8(order)[0]
     out = torch.empty_like(x)
     for i in range(e):
         # row = 16 nb + 8 h + g ; byte = 32 b + 8 kt + 4 c + t
@@ -114,7 +114,7 @@ def _forward_torch(x: torch.Tensor, order: str = "plain", fwd8: np.ndarray | Non
 
 def _inverse_torch(y: torch.Tensor, shape, order: str = "plain") -> torch.Tensor:
     e, n, kb = shape
-    inv8 = HN.LUT8[HN.check_order(order)][1]
+    inv8 = HN.lut8(order)[1]
     y = y.reshape(e, n * kb // 4, 4)
     out = torch.empty(shape, dtype=torch.uint8, device=y.device)
     for i in range(e):

@@ -46,10 +46,16 @@ def _gf2_inverse(a: np.ndarray) -> np.ndarray:
     return m[:, n:]
 
 
-def _order_matrix(decode, mask: int = MASK, lands=BITS_ROT[0]) -> np.ndarray:
+def _bf16_lands(r: int, kk: int, j: int) -> tuple[int, int]:
+    """Where the bf16 decodes put bit j of code (r, kk): bit BITS_ROT[0][j] + 16 kk of register r."""
+    return r, BITS_ROT[0][j] + 16 * kk
+
+
+def _order_matrix(decode, mask: int = MASK, lands=_bf16_lands) -> np.ndarray:
     """[32 stored bits, 32 plain bits] over GF(2): the stored word whose decode (registers r = mask & the xor of
-    decode[r]'s shifts) holds plain bit 8 r + 4 kk + j (code (r, kk), bit j) at lands[j] + 16 kk of register r."""
-    targets = [(r, p) for r in range(4) for p in range(32) if mask >> p & 1]
+    decode[r]'s shifts) holds plain bit 8 r + 4 kk + j (code r = 2 h + c, half kk, bit j) where lands(r, kk, j) says
+    (register, bit)."""
+    targets = [(r, p) for r in range(len(decode)) for p in range(32) if mask >> p & 1]
     dec = np.zeros((32, 32), dtype=np.uint8)  # target bit <- stored bits
     place = np.zeros((32, 32), dtype=np.uint8)  # target bit <- plain bit
     for row, (r, p) in enumerate(targets):
@@ -60,7 +66,7 @@ def _order_matrix(decode, mask: int = MASK, lands=BITS_ROT[0]) -> np.ndarray:
     for r in range(4):
         for kk in range(2):
             for j in range(4):
-                place[targets.index((r, lands[j] + 16 * kk)), 8 * r + 4 * kk + j] = 1
+                place[targets.index(lands(r, kk, j)), 8 * r + 4 * kk + j] = 1
     return (_gf2_inverse(dec).astype(np.int64) @ place) % 2
 
 
@@ -94,10 +100,12 @@ def order_matrix(order: str) -> np.ndarray:
     return _perm_matrix({"plain": BITS, "rot": BITS_ROT}[order])
 
 
-def _luts(order: str) -> tuple[np.ndarray, np.ndarray]:
-    """Byte lookup tables of an order: ``fwd[p, v]`` the stored bits of plain byte ``p`` = v, ``inv[p, v]`` the
-    plain bits of stored byte ``p`` = v; a word's image is the xor of its bytes' entries. ``[4, 256]`` int64."""
-    m = order_matrix(order)
+@lru_cache(maxsize=None)
+def lut8(order: str) -> tuple[np.ndarray, np.ndarray]:
+    """Byte lookup tables of an order (made on first use): ``fwd[p, v]`` the stored bits of plain byte ``p`` = v,
+    ``inv[p, v]`` the plain bits of stored byte ``p`` = v; a word's image is the xor of its bytes' entries.
+    ``[4, 256]`` int64."""
+    m = order_matrix(check_order(order))
     return _byte_tables(m), _byte_tables(_gf2_inverse(m.astype(np.uint8)).astype(np.int64))
 
 
@@ -108,8 +116,11 @@ def _lut16(t8: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return t[0][v & 0xFF] ^ t[1][v >> 8], t[2][v & 0xFF] ^ t[3][v >> 8]
 
 
-LUT8 = {o: _luts(o) for o in ORDERS}  # order -> (fwd8, inv8)
-LUT16 = {o: (_lut16(f), _lut16(i)) for o, (f, i) in LUT8.items()}  # order -> (fwd16, inv16)
+@lru_cache(maxsize=None)
+def lut16(order: str) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
+    """(fwd16, inv16) of an order: lut8's tables merged per 16-bit half-word (made on first use)."""
+    fwd8, inv8 = lut8(order)
+    return _lut16(fwd8), _lut16(inv8)
 
 
 def check_order(order: str) -> str:
@@ -159,7 +170,7 @@ def weight_forward(x: np.ndarray, order: str = "plain") -> np.ndarray:
     c = 1) byte pairs adjacent, the two 16-bit table lookups (rows g, h = 0 and h = 1) give the
     words, and one 4-byte gather puts the words in the stored order."""
     e, n, kb = x.shape
-    fwd16 = LUT16[check_order(order)][0]
+    fwd16 = lut16(order)[0]
     slabs = np.ascontiguousarray(x).reshape(-1, 16 * kb)
     lanes = slabs.view(np.uint64)  # [slab, h, g, block, kt]
     places = _word_order(kb)
