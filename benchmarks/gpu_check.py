@@ -13,7 +13,7 @@ forced K split; the label names the path each run took.
 
     python benchmarks/gpu_check.py [--out DIR] [--quick] [--layout identity|hopper_mma_rot|hopper_mma_xor|hopper_mma|both]
         (--quick: skip the MMA modes 2 and 3, which no default uses; a hopper layout runs its variants
-        and the default in the other bit order; both: identity and hopper_mma_rot)
+        and the default in the other bit order; both: identity and hopper_mma_xor, what convert writes)
 """
 
 from __future__ import annotations
@@ -315,7 +315,7 @@ def main() -> int:
     ap.add_argument("--layout", default="identity", help="identity, hopper_mma_rot, hopper_mma_xor, hopper_mma or both")
     ap.add_argument("--cases", default=None, help="comma-separated case indices (default: all)")
     args = ap.parse_args()
-    layouts = ("identity", "hopper_mma_rot") if args.layout == "both" else (args.layout,)
+    layouts = ("identity", "hopper_mma_xor") if args.layout == "both" else (args.layout,)
     dev = torch.device("cuda")
     rows, ok_all = [], True
     only = None if args.cases is None else {int(c) for c in args.cases.split(",")}

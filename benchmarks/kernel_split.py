@@ -68,17 +68,17 @@ def main() -> int:
         if tk is not None:
             import tk_moe
             tkm = tk_moe.TkMoE(tk, *canon)
-        Wl, Sl = get_layout("hopper_mma_w_rot"), get_layout("hopper_mma_s")
+        Wl, Sl = get_layout("hopper_mma_w_xor"), get_layout("hopper_mma_s")
         w = (Wl.forward(canon[0]), Sl.forward(canon[1]), Wl.forward(canon[2]), Sl.forward(canon[3]))
         del canon
         for T in (int(t) for t in args.tokens.split(",")):
             ids, tw = routing(T, E, k, gen)
             x = torch.randn(T, H, device="cuda", generator=gen).to(torch.bfloat16)
-            base = select_config(T * k, E, H, I, "hopper_mma_rot")
+            base = select_config(T * k, E, H, I, "hopper_mma_xor")
 
             def ours(cfg):
                 return fused_moe_triton(x, *w, tw, ids, activation="situ", activation_params=SITU,
-                                        layout="hopper_mma_rot", config=cfg)
+                                        layout="hopper_mma_xor", config=cfg)
 
             runs = {" ".join(["ours"] + [f"{key}={val}" for key, val in v.items()]):
                     functools.partial(ours, dataclasses.replace(base, **v)) for v in [{}] + variants}

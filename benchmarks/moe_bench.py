@@ -17,7 +17,7 @@ uses the next copy and its own routing, so L2 never serves weights. Columns:
   emulation shape of work)
 
     python benchmarks/moe_bench.py --out DIR [--sweep] [--gemv-sweep] [--shapes dsv3,k3] [--tokens 1,8,...]
-        [--layout hopper_mma_rot|hopper_mma] [--grid rows2|t1] [--no-baselines] [--random-layout] [--compile-workers N]
+        [--layout hopper_mma_xor|hopper_mma_rot|hopper_mma] [--grid rows2|t1] [--no-baselines] [--random-layout] [--compile-workers N]
         [--before PKG.runtime.triton_moe [--before-layout L] --rounds 3] [--triton-kernels DIR] [--variants JSON]
 
 --before times another tree's default beside ours, interleaved round by round (the same config
@@ -486,8 +486,8 @@ def main() -> int:
     ap.add_argument("--shapes", default="dsv3,k3")
     ap.add_argument("--tokens", default="1,8,64,256,4096")
     ap.add_argument("--layout", default="identity",
-                    help="weight layout the kernel reads: identity, hopper_mma_rot (what convert writes for sm90) "
-                         "or hopper_mma (the earlier bit order)")
+                    help="weight layout the kernel reads: identity, hopper_mma_xor (what convert writes for sm90), "
+                         "hopper_mma_rot or hopper_mma (the earlier bit orders)")
     ap.add_argument("--no-baselines", action="store_true", help="skip the bf16 grouped_mm and emulation columns")
     ap.add_argument("--random-layout", action="store_true",
                     help="hopper_mma: time on random bytes as stored, without converting them (same timing)")

@@ -9,7 +9,7 @@ time). Under that limit, a configuration that spends less energy per call runs a
     python benchmarks/moe_power.py [--points JSON] [--secs 3] [--out DIR]
 
 --points: [[shape, T, {config overrides}], ...], shapes dsv3 (7168, 2048, 256 experts, top-8) and k3
-(3584, 384, 896, top-16), weights random bytes in hopper_mma_rot. Needs a CUDA GPU and nvidia-smi.
+(3584, 384, 896, top-16), weights random bytes in hopper_mma_xor. Needs a CUDA GPU and nvidia-smi.
 """
 
 from __future__ import annotations
@@ -64,9 +64,9 @@ def layer(shape: str, T: int, overrides: dict, gen, cache: dict):
     w13, s13, w2, s2 = cache[shape]
     x = torch.randn(T, H, device="cuda", generator=gen).to(torch.bfloat16)
     ids, tw = routing(T, E, k, gen)
-    cfg = dataclasses.replace(M.select_config(T * k, E, H, I, "hopper_mma_rot"), **overrides)
+    cfg = dataclasses.replace(M.select_config(T * k, E, H, I, "hopper_mma_xor"), **overrides)
     return lambda: M.fused_moe_triton(x, w13, s13, w2, s2, tw, ids, activation="silu", activation_params={},
-                                      layout="hopper_mma_rot", config=cfg)
+                                      layout="hopper_mma_xor", config=cfg)
 
 
 def samples(text: str) -> list[tuple[float, ...]]:

@@ -1,7 +1,7 @@
 """One fused MoE call per kernel mode, for a profiler (ncu) to attach to.
 
     ncu --clock-control none -k regex:moe_gemm -c 4 python benchmarks/profile_moe.py --shape dsv3 --tokens 64
-    ncu --clock-control none -k regex:moe_ python benchmarks/profile_moe.py --layout hopper_mma_rot --shape k3 --tokens 8
+    ncu --clock-control none -k regex:moe_ python benchmarks/profile_moe.py --layout hopper_mma_xor --shape k3 --tokens 8
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ def main() -> None:
     ap.add_argument("--shape", default="dsv3")
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--modes", default="0,1")
-    ap.add_argument("--layout", default="identity", help="identity, hopper_mma_rot or hopper_mma (then --modes is ignored)")
+    ap.add_argument("--layout", default="identity", help="identity, hopper_mma_xor (what convert writes for sm90), hopper_mma_rot or hopper_mma (then --modes is ignored)")
     args = ap.parse_args()
     H, I, E, k = SHAPES[args.shape]
     T = args.tokens

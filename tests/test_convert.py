@@ -17,6 +17,8 @@ import pytest
 import torch
 from safetensors import safe_open
 
+from hopper_words import HOPPER_BITS, HOPPER_BITS_ROT, hopper_words, xor_words_solved
+
 from mxfp4conv.checkpoint import load_model, open_source
 from mxfp4conv.checkpoint.synthetic import make_checkpoint
 from mxfp4conv.convert.run import convert
@@ -140,6 +142,8 @@ def apply_layout(name: str, x: torch.Tensor) -> torch.Tensor:
         return hopper_words(x, HOPPER_BITS)
     if name == "hopper_mma_w_rot":
         return hopper_words(x, HOPPER_BITS_ROT)
+    if name == "hopper_mma_w_xor":
+        return xor_words_solved(hopper_words(x, HOPPER_BITS_ROT))
     if name == "hopper_mma_s":  # byte 4g + 2h + j of a 16-row x 2-group block: row 8h + g, group 2b + j
         return x.reshape(E, N // 16, 2, 8, K // 2, 2).permute(0, 1, 4, 3, 2, 5).reshape(E, N, K)
     # triton_kernels layouts, from docs/kernel-ready-format.md
@@ -153,28 +157,6 @@ def apply_layout(name: str, x: torch.Tensor) -> torch.Tensor:
     if name == "triton_gfx1250_scale":  # (32a + r, 4c + q) -> [a, 128c + 4r + q]
         return x.reshape(E, N // 32, 32, K // 4, 4).permute(0, 1, 3, 2, 4).reshape(E, N // 32, 32 * K)
     raise AssertionError(f"test does not know layout {name}")
-
-
-# docs/kernel-ready-format.md: magnitude bits (m, e0, e1) and sign of the low-half code of the
-# registers (h, c) = (0, 0), (0, 1), (1, 0), (1, 1); the high-half code (kk = 1) sits 16 bits up
-HOPPER_BITS = ((6, 7, 8, 15), (3, 4, 5, 12), (0, 1, 2, 9), (10, 11, 13, 14))
-HOPPER_BITS_ROT = ((6, 7, 8, 15), (2, 3, 4, 11), (28, 29, 30, 5), (0, 25, 26, 1))  # hopper_mma_w_rot (modulo 32)
-
-
-def hopper_words(x: torch.Tensor, bits) -> torch.Tensor:
-    """hopper_mma_w / hopper_mma_w_rot written out from their definition, bit by bit."""
-    E, N, K2 = x.shape
-    codes = torch.stack((x & 0xF, x >> 4), -1).reshape(E, N, 2 * K2).long()
-    # row = 16 nb + 8 h + g, k = 64 b + 16 kt + 8 c + 2 t + kk  ->  [E, nb, b, g, t, kt, h, c, kk]
-    codes = codes.reshape(E, N // 16, 2, 8, 2 * K2 // 64, 4, 2, 4, 2).permute(0, 1, 4, 3, 7, 5, 2, 6, 8)
-    word = torch.zeros(codes.shape[:6], dtype=torch.long)
-    for h in range(2):
-        for c in range(2):
-            for kk in range(2):
-                for j, pos in enumerate(bits[2 * h + c]):
-                    word |= ((codes[..., h, c, kk] >> j) & 1) << ((pos + 16 * kk) % 32)
-    b = torch.stack([(word >> (8 * i)) & 0xFF for i in range(4)], -1).to(torch.uint8)
-    return b.reshape(E, N, K2)
 
 
 def expected_rank_tensors(src: dict, d, rank: int) -> dict[str, torch.Tensor]:

@@ -7,6 +7,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hopper_words import xor_words_solved
+
 from mxfp4conv.codec import dequantize_mxfp4
 from mxfp4conv.errors import LayoutError
 from mxfp4conv.shuffle.layouts import get_layout
@@ -147,34 +149,9 @@ def _xor_registers(z: torch.Tensor) -> list[torch.Tensor]:
     return [w & MASK, (w << 6) & MASK, _rotl(w, 12) & MASK, ((w << 2) ^ (w >> 6)) & MASK]
 
 
-def _xor_words_solved(rot: torch.Tensor) -> torch.Tensor:
-    """hopper_mma_w_xor from its definition, independent of the library's GF(2) tables: the word whose decode
-    (docs/kernel-ready-format.md) gives the registers hopper_mma_w_rot's decode gives, its bits solved one by one."""
-    w = rot.reshape(-1, 4).to(torch.int64)
-    w = w[:, 0] | w[:, 1] << 8 | w[:, 2] << 16 | w[:, 3] << 24
-    M = 0x81C081C0
-    rotl = lambda v, s: ((v << s) | (v >> (32 - s))) & 0xFFFFFFFF  # noqa: E731
-    regs = [w & M, rotl(w, 4) & M, rotl(w, 10) & M, (rotl(w, 6) & 0x00400040) | (rotl(w, 14) & 0x81808180)]
-    bit = lambda v, p: (v >> p) & 1  # noqa: E731
-    out = {}
-    for p in (6, 7, 8, 15, 22, 23, 24, 31):  # R0 = w & M, R1 = (w << 6) & M, R2 = rotl(w, 12) & M
-        out[p] = bit(regs[0], p)
-        out[p - 6] = bit(regs[1], p)
-        out[(p - 12) % 32] = bit(regs[2], p)
-    # R3 = ((w << 2) ^ (w >> 6)) & M: bit p is w[p - 2] ^ w[p + 6] (w[37] = 0)
-    out[29] = bit(regs[3], 31)
-    for p, known, unknown in ((23, 29, 21), (15, 21, 13), (7, 13, 5), (6, 12, 4), (8, 6, 14), (22, 28, 20),
-                              (24, 22, 30)):
-        a, b = (p - 2, p + 6)
-        out[unknown] = bit(regs[3], p) ^ out[known]
-        assert {a, b} == {known, unknown}
-    word = sum(out[p] << p for p in range(32))
-    return torch.stack([(word >> (8 * i)) & 0xFF for i in range(4)], -1).to(torch.uint8).reshape(rot.shape)
-
-
 def test_xor_order_words_are_the_ones_their_decode_defines():
     x = rand_u8(3, 48, 96, seed=13)
-    assert torch.equal(get_layout("hopper_mma_w_xor").forward(x), _xor_words_solved(W_ROT.forward(x)))
+    assert torch.equal(get_layout("hopper_mma_w_xor").forward(x), xor_words_solved(W_ROT.forward(x)))
 
 
 @pytest.mark.parametrize("order", ["rot", "xor"])

@@ -55,7 +55,7 @@ W4A4 = dict(w13="aiter_p16", w13_scale="aiter_e8m0_shuffle", w2="aiter_p16",
 CDNA4 = dict(w13="identity", w13_scale="triton_cdna4_scale", w2="identity",
              w2_scale="triton_cdna4_scale")
 IDENT = dict(w13="identity", w13_scale="identity", w2="identity", w2_scale="identity")
-HOPPER = dict(w13="hopper_mma_w_rot", w13_scale="hopper_mma_s", w2="hopper_mma_w_rot", w2_scale="hopper_mma_s")
+HOPPER = dict(w13="hopper_mma_w_xor", w13_scale="hopper_mma_s", w2="hopper_mma_w_xor", w2_scale="hopper_mma_s")
 AITER_ENV = {"VLLM_ROCM_USE_AITER": "1"}
 S_ENV = {"VLLM_ROCM_USE_AITER": "1", "AITER_BF16_FP8_MOE_BOUND": "0"}
 
@@ -268,7 +268,7 @@ def _check_invariants(d: Decision) -> None:
     if vllm != d.backend:
         kernel_layout = d.options["kernel_layout"]
         assert d.backend == "EMULATION" and d.layout.as_dict()["w13"] == {"identity": "identity",
-                                                                          "hopper_mma": "hopper_mma_w_rot"}[kernel_layout]
+                                                                          "hopper_mma": "hopper_mma_w_xor"}[kernel_layout]
         assert any("cannot write" in n or "raises" in n for n in d.notes)
         align = 64 if kernel_layout == "hopper_mma" else 32
         assert d.hidden_padded % align == 0 and d.intermediate_per_rank_padded % align == 0

@@ -47,7 +47,7 @@ PLANS = [
     ("kimi_k3", ["--arch", "gfx942", "--tp", "2"], Target("gfx942", tp=2),
      dict(backend="EMULATION", intermediate_per_rank_padded=256, layout_w13="identity")),
     ("kimi_k3", ["--arch", "h200"], Target("sm90"),
-     dict(backend="EMULATION", vllm_backend="HUMMING", layout_w13="hopper_mma_w_rot")),
+     dict(backend="EMULATION", vllm_backend="HUMMING", layout_w13="hopper_mma_w_xor")),
     ("kimi_k3", ["--arch", "h200", "--layout", "identity"], Target("sm90", layout="identity"),
      dict(backend="EMULATION", vllm_backend="HUMMING", layout_w13="identity")),
     ("kimi_k3", ["--arch", "gfx950", "--no-aiter"], Target("gfx950", aiter=False),

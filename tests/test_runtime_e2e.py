@@ -154,7 +154,7 @@ def test_triton_backend_through_dispatcher(sources, tmp_path, target):
         with warnings.catch_warnings():
             warnings.simplefilter("error")
             ex = next(iter(load_moe_layers(out, rank=0, backend="triton").values()))
-        assert ex.layout == ex.stored_layout and ex.layout["w13"] == "hopper_mma_w_rot"
+        assert ex.layout == ex.stored_layout and ex.layout["w13"] == "hopper_mma_w_xor"
     model, oracle = _source_oracle(src)
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     # on a GPU the kernel's fp32 tl.dot runs in TF32 (10-bit mantissa): bf16-class tolerance there

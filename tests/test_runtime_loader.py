@@ -249,10 +249,11 @@ def test_aiter_checkpoint_kept_for_aiter(tmp_path, layout, monkeypatch):
 
 # ---- the Hopper layouts ----------------------------------------------------------------------
 HOPPER = {"w13": "hopper_mma_w", "w13_scale": "hopper_mma_s", "w2": "hopper_mma_w", "w2_scale": "hopper_mma_s"}
-HOPPER_ROT = {**HOPPER, "w13": "hopper_mma_w_rot", "w2": "hopper_mma_w_rot"}  # what convert writes
+HOPPER_ROT = {**HOPPER, "w13": "hopper_mma_w_rot", "w2": "hopper_mma_w_rot"}
+HOPPER_XOR = {**HOPPER, "w13": "hopper_mma_w_xor", "w2": "hopper_mma_w_xor"}  # what convert writes
 
 
-@pytest.mark.parametrize("stored", [HOPPER_ROT, HOPPER], ids=["w_rot", "w"])
+@pytest.mark.parametrize("stored", [HOPPER_XOR, HOPPER_ROT, HOPPER], ids=["w_xor", "w_rot", "w"])
 def test_hopper_layout_is_inverted_for_torch_and_shape_checked(tmp_path, stored):
     from mxfp4conv.shuffle.layouts import get_layout
 

@@ -23,8 +23,9 @@ LITERAL_G_ROWS = "[gate; up] read as interleaved: rows 0::2 then 1::2 (vLLM conv
 
 IDENTITY = LayoutRecipe(w13="identity", w13_scale="identity", w2="identity", w2_scale="identity")
 # mxfp4conv's Triton kernel on Hopper: weights and scales in the wgmma register-operand order (the
-# weights' bits in the rotation order; the kernel also reads hopper_mma_w, which earlier releases wrote)
-HOPPER_MMA = LayoutRecipe(w13="hopper_mma_w_rot", w13_scale="hopper_mma_s", w2="hopper_mma_w_rot",
+# weights' bits in the xor order, an 8-instruction decode; the kernel also reads hopper_mma_w_rot and
+# hopper_mma_w, which earlier releases wrote)
+HOPPER_MMA = LayoutRecipe(w13="hopper_mma_w_xor", w13_scale="hopper_mma_s", w2="hopper_mma_w_xor",
                           w2_scale="hopper_mma_s")
 KERNEL_LAYOUTS = {"identity": IDENTITY, "hopper_mma": HOPPER_MMA}
 HOPPER_MMA_ALIGN = 64  # rows in 16-row slabs, K in 64-code blocks

@@ -9,7 +9,7 @@ fifth small kernel sums them and applies the activation; GEMM2's partials are su
 final k-sum.
 On the Hopper layouts one token takes two kernels and a memset instead: no align (one block per
 pair), the split-K activation and the k-sum in the GEMMs' tails (``hopper_options``); and on
-hopper_mma_rot, 1 to 9 bf16 tokens on an sm_90 GPU go to the Gluon kernels of
+hopper_mma_xor and hopper_mma_rot, 1 to 9 bf16 tokens on an sm_90 GPU go to the Gluon kernels of
 ``gluon_few_tokens`` (``gluon_plan``), a program per (token, expert) pair, while their pairs
 number under a fifth of the experts, and past that, at up to 5.5 pairs an expert (gluon_grouped_pairs), to those of
 ``gluon_grouped`` (``grouped_plan``) on 8-pair expert blocks.
@@ -110,7 +110,7 @@ class MoEConfig:
     # hopper_mma decode: the e8m0 factors of scales <= 2 two to a word (1: a byte permute and a
     # multiply-add per two) or one at a time (0: the v13 instructions)
     factor_pairs: int = 1
-    # up to gluon_max_tokens tokens over hopper_mma_rot with bf16 x: the Gluon MMA v2 kernels of
+    # up to gluon_max_tokens tokens over hopper_mma_xor / _rot with bf16 x: the Gluon MMA v2 kernels of
     # gluon_few_tokens, a program per (token, expert) pair (1 on where they can run, 0 off, -1 automatic: on
     # GPUs of compute capability 9.x, where they were measured), codes a K step of their GEMM1 / GEMM2
     # (64 or 128; 64 where K is no multiple; GEMM1's 0: 64 at one token, 128 from two but see short_steps_fit) and K
@@ -464,10 +464,10 @@ def fused_moe_triton(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, *,
     x [T, H_pad] bf16/fp16/fp32 (zero-padded); w13 uint8 [E, 2*I_pad, H_pad/2] rows
     [gate | up]; w13_scale [E, 2*I_pad, H_pad/32]; w2 [E, H_pad, I_pad/2]; w2_scale
     [E, H_pad, I_pad/32]; topk_ids [T, k] local expert ids, -1 = not on this rank.
-    ``layout``: "identity" (those canonical bytes), "hopper_mma_rot" (weights in hopper_mma_w_rot,
-    scales in hopper_mma_s, same shapes; H_pad and I_pad multiples of 64: what convert writes),
-    "hopper_mma" (weights in hopper_mma_w, the bit order earlier releases wrote) or "hopper_mma_xor"
-    (weights in hopper_mma_w_xor, an 8-instruction decode; read, not written by convert).
+    ``layout``: "identity" (those canonical bytes), "hopper_mma_xor" (weights in hopper_mma_w_xor, an
+    8-instruction decode, scales in hopper_mma_s, same shapes; H_pad and I_pad multiples of 64: what convert
+    writes), "hopper_mma_rot" (weights in hopper_mma_w_rot, a 9-instruction decode) or "hopper_mma" (weights in
+    hopper_mma_w), the bit orders earlier releases wrote.
     Returns [T, H_pad] in x's dtype.
     """
     T, H, E, i_pad = _check_inputs(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids,
@@ -1024,7 +1024,8 @@ _GROUPED_PAIRS_AN_SM = 4
 # pairs of steps spills in its loop under the cap of 80, so it runs over single steps (80 registers, nothing spilled); the
 # per-pair GEMM1 in 128-code single steps takes 74 (6 programs an SM where BITS_ROT's 72 fit 7), the expert blocks'
 # GEMM1 100 (4 where 96 fit 5), so they are capped at those. On an H100 against hopper_mma_w_rot: K3-like T = 1 / 8 / 9
-# / 10 0.974 / 0.999 / 0.994 / 1.000 with them, 0.989 / 1.017 / 1.130 / 1.014 without (docs/performance.md)
+# / 10 0.974 / 0.999 / 0.994 / 1.000 with them, 0.989 / 1.017 / 1.130 / 1.014 without; on an H200 with them 0.965-0.969 /
+# 0.996-0.999 / 0.977-0.979 / 0.983-0.988 (docs/performance.md)
 _XOR_MAXNREG1 = {False: 72, True: 96}  # grouped -> the cap of GEMM1 in 128-code single steps
 
 
