@@ -22,7 +22,9 @@ def main() -> None:
     ap.add_argument("--shape", default="dsv3")
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--modes", default="0,1")
-    ap.add_argument("--layout", default="identity", help="identity, hopper_mma_xor (what convert writes for sm90), hopper_mma_rot or hopper_mma (then --modes is ignored)")
+    ap.add_argument("--layout", default="identity",
+                    help="identity, hopper_mma_xor (what convert writes for sm90), hopper_mma_rot or hopper_mma (then "
+                         "--modes is ignored)")
     args = ap.parse_args()
     H, I, E, k = SHAPES[args.shape]
     T = args.tokens

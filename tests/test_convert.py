@@ -17,7 +17,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from hopper_words import HOPPER_BITS, HOPPER_BITS_ROT, hopper_words, xor_words_solved
+from hopper_words import HOPPER_BITS_ROT, hopper_words, xor_words_solved
 
 from mxfp4conv.checkpoint import load_model, open_source
 from mxfp4conv.checkpoint.synthetic import make_checkpoint
@@ -138,11 +138,7 @@ def apply_layout(name: str, x: torch.Tensor) -> torch.Tensor:
         return aiter.shuffle_scale_a16w4(x.reshape(E * N, K), E, False)
     if name == "aiter_scale_a16w4_gu16":
         return aiter.shuffle_scale_a16w4(x.reshape(E * N, K), E, True)
-    if name == "hopper_mma_w":
-        return hopper_words(x, HOPPER_BITS)
-    if name == "hopper_mma_w_rot":
-        return hopper_words(x, HOPPER_BITS_ROT)
-    if name == "hopper_mma_w_xor":
+    if name == "hopper_mma_w_xor":  # what convert writes for sm90
         return xor_words_solved(hopper_words(x, HOPPER_BITS_ROT))
     if name == "hopper_mma_s":  # byte 4g + 2h + j of a 16-row x 2-group block: row 8h + g, group 2b + j
         return x.reshape(E, N // 16, 2, 8, K // 2, 2).permute(0, 1, 4, 3, 2, 5).reshape(E, N, K)

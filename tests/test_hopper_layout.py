@@ -7,14 +7,14 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hopper_words import xor_words_solved
+from hopper_words import HOPPER_BITS, HOPPER_BITS_ROT, hopper_words, xor_words_solved
 
 from mxfp4conv.codec import dequantize_mxfp4
 from mxfp4conv.errors import LayoutError
 from mxfp4conv.shuffle.layouts import get_layout
 
 W, S = get_layout("hopper_mma_w"), get_layout("hopper_mma_s")
-W_ROT = get_layout("hopper_mma_w_rot")  # the same words, bits in the rotation order (what convert writes)
+W_ROT = get_layout("hopper_mma_w_rot")  # the same words, bits in the rotation order (what convert wrote before xor)
 PROPS = settings(max_examples=25, deadline=None)
 E2M1 = torch.tensor([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6], dtype=torch.float64)
 MASK = 0x81C081C0
@@ -149,9 +149,15 @@ def _xor_registers(z: torch.Tensor) -> list[torch.Tensor]:
     return [w & MASK, (w << 6) & MASK, _rotl(w, 12) & MASK, ((w << 2) ^ (w >> 6)) & MASK]
 
 
+@pytest.mark.parametrize("layout,bits", [(W, HOPPER_BITS), (W_ROT, HOPPER_BITS_ROT)], ids=["plain", "rot"])
+def test_words_hold_each_code_at_its_documented_bits(layout, bits):
+    x = rand_u8(3, 48, 96, seed=14)
+    assert torch.equal(layout.forward(x), hopper_words(x, bits))
+
+
 def test_xor_order_words_are_the_ones_their_decode_defines():
     x = rand_u8(3, 48, 96, seed=13)
-    assert torch.equal(get_layout("hopper_mma_w_xor").forward(x), xor_words_solved(W_ROT.forward(x)))
+    assert torch.equal(get_layout("hopper_mma_w_xor").forward(x), xor_words_solved(hopper_words(x, HOPPER_BITS_ROT)))
 
 
 @pytest.mark.parametrize("order", ["rot", "xor"])
