@@ -1,4 +1,4 @@
-"""A few tokens' MoE layer over hopper_mma_rot (or _xor) weights in two Gluon kernels with MMA v2 (mma.sync),
+"""A few tokens' MoE layer over hopper_mma_xor (or _rot) weights in two Gluon kernels with MMA v2 (mma.sync),
 a program per (token, expert) pair: the path of fused_moe_triton for up to gluon_max_tokens bf16
 tokens whose pairs number under gluon_pair_share x the experts (pairs_take) on NVIDIA GPUs
 (measured on an H200 against the hopper_mma kernels and the expert blocks on the same bytes:

@@ -1,4 +1,4 @@
-"""The MoE layer over hopper_mma_rot (or _xor) weights in two Gluon MMA v2 kernels on expert blocks: the
+"""The MoE layer over hopper_mma_xor (or _rot) weights in two Gluon MMA v2 kernels on expert blocks: the
 (token, expert) pairs sorted by expert into blocks of BT (moe_align), a program per (64-row block,
 pair block), each block's tokens the N columns of its m16n8k16 MMAs; the pairs' outputs summed over
 k by the Triton k-sum kernel. The decode and K loop are gluon_few_tokens'; this covers the batches

@@ -65,25 +65,12 @@ _WORDS_XOR_PTX = tl.constexpr("{\n.reg .b32 a, b, c;\n" + _decode_ptx("xor", ("$
 
 
 @triton.jit
-def _words_asm(w):
+def _words_asm(w, PTX: tl.constexpr):
     """[..., 4] bytes (one encoded word) -> the 8 codes as two bf16 [..., 4] (``e2m1 * 2**-126``):
-    output A holds registers R0, R1, output B holds R2, R3 (see ``mxfp4conv.shuffle.hopper``)."""
-    return tl.inline_asm_elementwise(asm=_WORDS_PTX, constraints="=r,=r,=r,=r,r", args=[w],
-                                     dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
-
-
-@triton.jit
-def _words_rot_asm(w):
-    """``_words_asm`` for words in the ``hopper_np.BITS_ROT`` bit order (9 integer instructions a
-    word instead of 11)."""
-    return tl.inline_asm_elementwise(asm=_WORDS_ROT_PTX, constraints="=r,=r,=r,=r,r", args=[w],
-                                     dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
-
-
-@triton.jit
-def _words_xor_asm(w):
-    """``_words_asm`` for words in the xor order (8 integer instructions a word)."""
-    return tl.inline_asm_elementwise(asm=_WORDS_XOR_PTX, constraints="=r,=r,=r,=r,r", args=[w],
+    output A holds registers R0, R1, output B holds R2, R3 (see ``mxfp4conv.shuffle.hopper``); PTX: the
+    decode of the words' bit order (_WORDS_PTX, _WORDS_ROT_PTX or _WORDS_XOR_PTX: 11, 9 or 8 integer
+    instructions a word)."""
+    return tl.inline_asm_elementwise(asm=PTX, constraints="=r,=r,=r,=r,r", args=[w],
                                      dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
 
 
@@ -115,7 +102,7 @@ def _rotl(x, k: tl.constexpr):
 
 @triton.jit
 def _words_generic(w, ROT: tl.constexpr):
-    """``_words_asm`` (``_words_rot_asm`` with ROT 1, ``_words_xor_asm`` with 2) in plain Triton integer operations,
+    """``_words_asm`` (with ROT 0, 1 or 2: the plain, rot or xor order's decode) in plain Triton integer operations,
     as fp32 ``e2m1 * 2**-126`` (the interpreter's bf16 arithmetic and conversions flush those subnormals; fp32 keeps
     them)."""
     b02, b13 = tl.split(w.to(tl.int32).reshape(w.shape[0], w.shape[1], 8, 4, 4, 2, 2))
@@ -155,11 +142,11 @@ def _hopper_tile(w, s, NB: tl.constexpr, KB: tl.constexpr, FACT: tl.constexpr, A
     w = w.reshape(NB, KB, 8, 4, 4, 4)  # nb b g t kt byte
     if ASM:
         if ROT == 2:
-            a, b = _words_xor_asm(w)
+            a, b = _words_asm(w, _WORDS_XOR_PTX)
         elif ROT:
-            a, b = _words_rot_asm(w)
+            a, b = _words_asm(w, _WORDS_ROT_PTX)
         else:
-            a, b = _words_asm(w)
+            a, b = _words_asm(w, _WORDS_PTX)
         if FACT == 2:  # some scale > 2 (2**(s-1) would overflow bf16): restore 2**126 first, then 2**(s-127)
             s16 = s.to(tl.int16)
             bits = tl.where(s16 == 255, 0x7FC0, tl.where(s16 == 0, 0x0040, s16 << 7))
