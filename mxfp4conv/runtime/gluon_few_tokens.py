@@ -35,11 +35,14 @@ from mxfp4conv.runtime.counters import zeroed_counters
 from mxfp4conv.runtime.triton_hopper_kernels import _arrive, _gdc_launch, _gdc_wait
 from mxfp4conv.runtime.triton_moe_kernels import _activate
 
-# one int32 word in, its 8 codes out as 16-bit halves (R0 low, R0 high, ... R3 high): the hopper
-# kernels' decode of the BITS_ROT (hopper_mma_w_rot) or xor (hopper_mma_w_xor) order with its four outputs split
-WORDS32_PTX = {order: "{\n.reg .b32 a, b, c, r0, r1, r2, r3;\n" + HK._decode_ptx(order, ("r0", "r1", "r2", "r3"), "$8")
-               + "mov.b32 {$0, $1}, r0;\nmov.b32 {$2, $3}, r1;\nmov.b32 {$4, $5}, r2;\nmov.b32 {$6, $7}, r3;\n}"
-               for order in ("rot", "xor")}
+def words32_ptx(order: str) -> str:
+    """One int32 word in, its 8 codes out as 16-bit halves (R0 low, R0 high, ... R3 high): the hopper kernels'
+    decode of a bit order (``triton_hopper_kernels._decode_ptx``) with its four outputs split."""
+    return ("{\n.reg .b32 a, b, c, r0, r1, r2, r3;\n" + HK._decode_ptx(order, ("r0", "r1", "r2", "r3"), "$8")
+            + "mov.b32 {$0, $1}, r0;\nmov.b32 {$2, $3}, r1;\nmov.b32 {$4, $5}, r2;\nmov.b32 {$6, $7}, r3;\n}")
+
+
+WORDS32_PTX = {order: words32_ptx(order) for order in ("rot", "xor")}  # hopper_mma_w_rot, hopper_mma_w_xor
 WORDS32_ROT_PTX = WORDS32_PTX["rot"]
 # a scale word's 4 e8m0 bytes -> their factors 2**(s - 1) as 16-bit halves (exact for bytes <= 128,
 # which fused_moe_triton checks before it takes this path)

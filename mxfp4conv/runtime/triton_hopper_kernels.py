@@ -39,7 +39,10 @@ def _decode_ptx(order: str, out: tuple[str, str, str, str], w: str) -> str:
     instruction count; on an H200 DSV3-like T = 1 / 8 1.059 / 1.027 and K3-like T = 8 1.054 faster,
     docs/performance.md)."""
     r0, r1, r2, r3 = out
-    if order == "xor":  # R1 a shift, R2 a rotation, each then masked; R3 = ((w << 2) ^ (w >> 6)) & M, computed as
+    if order == "nodecode":  # a timing probe (PROBE_IDS): four distinct pairs in three instructions, wrong values
+        lines = [f"mov.b32 {r0}, {w}", f"not.b32 {r1}, {w}", f"xor.b32 {r2}, {w}, 0x55555555",
+                 f"xor.b32 {r3}, {w}, 0x33333333"]
+    elif order == "xor":  # R1 a shift, R2 a rotation, each then masked; R3 = ((w << 2) ^ (w >> 6)) & M, computed as
         # ((w ^ (w >> 8)) & (M >> 2)) << 2 (the same bits: M holds none below bit 2), which keeps one scratch register
         # live, not two
         lines = [f"and.b32 {r0}, {w}, 0x81C081C0", f"shl.b32 a, {w}, 6", f"and.b32 {r1}, a, 0x81C081C0",
@@ -59,9 +62,25 @@ def _decode_ptx(order: str, out: tuple[str, str, str, str], w: str) -> str:
 
 
 ORDER_IDS = {"plain": 0, "rot": 1, "xor": 2}  # the kernels' ROT constexpr for each bit order
+# ROT values no layout maps to: timing probes for benchmarks/decode_probe.py, whose outputs are wrong. 3: a word's
+# four bf16 pairs in three logic instructions in place of the decode's 8, the e8m0 factors applied as usual; 4: in
+# one, each word xor-ed with its lane's scale word (so every scale byte is still loaded), no factors
+PROBE_IDS = {"nodecode": 3, "noscale": 4}
 _WORDS_PTX = tl.constexpr("{\n.reg .b32 a, b, c;\n" + _decode_ptx("plain", ("$0", "$1", "$2", "$3"), "$4") + "}")
 _WORDS_ROT_PTX = tl.constexpr("{\n.reg .b32 a, b, c;\n" + _decode_ptx("rot", ("$0", "$1", "$2", "$3"), "$4") + "}")
 _WORDS_XOR_PTX = tl.constexpr("{\n.reg .b32 a, b, c;\n" + _decode_ptx("xor", ("$0", "$1", "$2", "$3"), "$4") + "}")
+_PROBE3_PTX = tl.constexpr("{\n" + _decode_ptx("nodecode", ("$0", "$1", "$2", "$3"), "$4") + "}")
+_PROBE4_PTX = tl.constexpr("{\nxor.b32 $0, $4, $5;\nmov.b32 $1, $4;\nmov.b32 $2, $5;\nmov.b32 $3, $0;\n}")
+
+
+@triton.jit
+def _probe4_tile(w, s, NB: tl.constexpr, KB: tl.constexpr):
+    """Timing probe 4's (PROBE_IDS) operand tile from the words w [NB, KB, 8, 4, 4, 4] and the lanes' scale words
+    s [NB, KB, 128]: each word xor-ed with its lane's scale word, no factors (wrong values)."""
+    sw = tl.broadcast_to(s.reshape(NB, KB, 8, 4, 1, 4), (NB, KB, 8, 4, 4, 4))
+    a, b = tl.inline_asm_elementwise(asm=_PROBE4_PTX, constraints="=r,=r,=r,=r,r,r", args=[w, sw],
+                                     dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
+    return tl.join(a, b).reshape(NB, KB, 8, 4, 4, 2, 2, 2).permute(0, 7, 2, 1, 4, 5, 3, 6).reshape(NB * 16, KB * 64)
 
 
 @triton.jit
@@ -138,9 +157,14 @@ def _hopper_tile(w, s, NB: tl.constexpr, KB: tl.constexpr, FACT: tl.constexpr, A
     a row group) -> the dequantised [16 NB, 64 KB] operand tile: bf16 with ASM (exact: every MXFP4
     value is a bf16), else DTYPE. FACT (with ASM): the e8m0 factors one at a time (0) or two to a
     word (1), both for scales <= 2; 2: some scale is larger (two multiplies). ROT: the words' bit
-    order, ``ORDER_IDS`` (0 ``hopper_np.BITS``, 1 ``BITS_ROT``, 2 xor)."""
+    order, ``ORDER_IDS`` (0 ``hopper_np.BITS``, 1 ``BITS_ROT``, 2 xor), or a timing probe's (``PROBE_IDS``)."""
     w = w.reshape(NB, KB, 8, 4, 4, 4)  # nb b g t kt byte
-    if ASM:
+    if ROT == 4:
+        return _probe4_tile(w, s, NB, KB)
+    if ROT == 3:  # timing probe (PROBE_IDS): four distinct pairs from the word in three instructions
+        a, b = _words_asm(w, _PROBE3_PTX)
+        f = _factors_asm(s)
+    elif ASM:
         if ROT == 2:
             a, b = _words_asm(w, _WORDS_XOR_PTX)
         elif ROT:

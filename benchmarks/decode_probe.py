@@ -1,0 +1,175 @@
+"""What the weight decode costs the MoE layer's kernels: the layer beside the same kernels with the decode taken out.
+
+Two timing probes, whose outputs are wrong (``triton_hopper_kernels.PROBE_IDS``): ``nodecode`` makes each weight
+word's four bf16 pairs in three logic instructions in place of the decode's 8 and applies the e8m0 factors as usual
+(in the hopper_mma kernels and in the Gluon kernels of a few pairs an expert); ``noscale`` (hopper_mma kernels only)
+xors each word with its lane's scale word and takes that as the pairs: every weight and scale byte still loaded, one
+integer instruction a word, no factors. Everything else is the hopper_mma_w_xor layer's: grids, loads, x tiles, MMAs,
+epilogues, the align and the k-sum. Where the default runs a point on the hopper_mma kernels both probes run beside
+it; where it runs on the Gluon kernels, ``nodecode`` does (on the rot order's loop tuning).
+
+Two measurements a point: moe_bench.py's (CUDA-graph replays over weight copies that defeat L2, rounds interleaved,
+ratio = median over rounds of a probe / the default timed beside it; % of the copy bandwidth measured in the same
+run), then moe_power.py's (each kernel set sustained for --secs on one weight copy, nvidia-smi sampled every 100 ms:
+W, SM clock, energy a call).
+
+    python benchmarks/decode_probe.py [--points dsv3:256,dsv3:1024,k3:1024] [--rounds 3] [--secs 3] [--out DIR]
+        [--compile-workers 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import torch  # noqa: E402
+
+from mxfp4conv.runtime import gluon_few_tokens as GF  # noqa: E402
+from mxfp4conv.runtime import triton_hopper_kernels as HK  # noqa: E402
+from mxfp4conv.runtime import triton_moe as M  # noqa: E402
+from moe_bench import (SHAPES, SITU, _warm_worker, copy_bandwidth, graph_time_us, make_weights, model_bytes,  # noqa: E402
+                       routing)
+from moe_power import QUERY, samples, sustained  # noqa: E402
+
+BASE = "hopper_mma_xor"
+
+
+def register_probes() -> dict[str, str]:
+    """The probes as layouts of this process only, {probe: layout}: hopper_mma_xor's bytes, read with a probe's
+    decode (nodecode in the Gluon kernels too)."""
+    layouts = {}
+    for probe, rot in HK.PROBE_IDS.items():
+        layouts[probe] = f"hopper_mma_probe_{probe}"
+        M.LAYOUT_SETS[layouts[probe]] = M.LAYOUT_SETS[BASE]
+        M.HOPPER_ORDERS[layouts[probe]] = probe
+        HK.ORDER_IDS[probe] = rot
+    M.HOPPER_SETS = tuple(M.HOPPER_ORDERS)
+    GF.WORDS32_PTX["nodecode"] = GF.words32_ptx("nodecode")
+    M.GLUON_SETS = M.GLUON_SETS + (layouts["nodecode"],)
+    return layouts
+
+
+def _warm(args):
+    """moe_bench's compile worker, with the probes registered in its process."""
+    register_probes()
+    return _warm_worker(args)
+
+
+def warm_compile(points, probes, workers: int, log) -> None:
+    """Every point's kernel sets compiled first in worker processes (Triton's on-disk cache)."""
+    import multiprocessing as mp
+    t0 = time.perf_counter()
+    jobs = {}
+    for shape, T in points:
+        H, I, E, k = SHAPES[shape]
+        cfg = M.select_config(T * k, E, H, I, BASE)
+        jobs.setdefault(shape, []).extend((T, cfg, lay) for lay in (BASE, *probes.values()))
+    args = [(shape, js[i::workers], None, None, None) for shape, js in jobs.items() for i in range(workers)]
+    with mp.get_context("spawn").Pool(workers) as pool:
+        failed = sum(pool.map(_warm, [a for a in args if a[1]]))
+    log(f"  compiled {sum(map(len, jobs.values()))} kernel sets in {workers} processes, "
+        f"{time.perf_counter() - t0:.0f} s{f' ({failed} failed)' if failed else ''}")
+
+
+def calls(inputs, layout: str, cfg) -> list:
+    """One layer call a (x, weights, routing) of inputs, as closures."""
+    return [lambda x=x, w=w, r=r: M.fused_moe_triton(x, *w, r[1], r[0], activation="situ", activation_params=SITU,
+                                                     config=cfg, layout=layout)
+            for x, w, r in inputs]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--points", default="dsv3:256,dsv3:1024,k3:1024", help="shape:T,... (shapes dsv3, k3)")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--secs", type=float, default=3.0, help="seconds each kernel set runs sustained (0: skip)")
+    ap.add_argument("--out", default=None, help="directory for the log")
+    ap.add_argument("--compile-workers", type=int, default=8, help="processes that compile the kernels first (1: none)")
+    args = ap.parse_args()
+    probes = register_probes()
+    points = [(p.split(":")[0], int(p.split(":")[1])) for p in args.points.split(",")]
+    lines: list[str] = []
+
+    def log(msg: str) -> None:
+        print(msg, flush=True)
+        lines.append(msg)
+
+    copy_bw = copy_bandwidth()
+    log(f"{torch.cuda.get_device_name()} copy bandwidth {copy_bw / 1e12:.2f} TB/s; torch {torch.__version__}")
+    if args.compile_workers > 1:
+        warm_compile(points, probes, args.compile_workers, log)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    table, power_sets = [], []
+    for shape, T in points:
+        H, I, E, k = SHAPES[shape]
+        ncopies = max(2, math.ceil(4.5e9 / (E * 3 * H * I * 0.53)))
+        copies = [make_weights(H, I, E, gen) for _ in range(ncopies)]  # random bytes: valid stored bytes
+        routes = [routing(T, E, k, gen) for _ in range(ncopies)]
+        xs = [torch.randn(T, H, device="cuda", generator=gen).to(torch.bfloat16) for _ in range(ncopies)]
+        mb = model_bytes(statistics.mean(int(torch.unique(r[0]).numel()) for r in routes), T, H, I, k)
+        cfg = M.select_config(T * k, E, H, I, BASE)
+        gluon = (M.gluon_plan(cfg, xs[0], copies[0], k, BASE) is not None
+                 or M.grouped_plan(cfg, xs[0], copies[0], k, BASE, E) is not None)
+        inputs = list(zip(xs, copies, routes))
+        del copies, routes, xs
+        kernels = "Gluon" if gluon else "hopper_mma"
+        sets = {f"xor ({kernels})": calls(inputs, BASE, cfg)}
+        sets |= {f"{p} ({kernels})": calls(inputs, probes[p], cfg) for p in (("nodecode",) if gluon else probes)}
+        times = {n: [] for n in sets}
+        for _ in range(args.rounds):
+            for n, fns in sets.items():
+                times[n].append(graph_time_us(fns))
+        base = times[f"xor ({kernels})"]
+        for n in sets:
+            t = statistics.median(times[n])
+            ratio = statistics.median(a / b for a, b in zip(times[n], base))
+            table.append((f"{shape} T={T}", n, t, 100 * mb / (t * 1e-6) / copy_bw, ratio))
+            log(f"  {shape} T={T} {n}: {t:.1f} us, {table[-1][3]:.1f}% copy, / xor {ratio:.3f} "
+                f"(rounds {' '.join(f'{v:.1f}' for v in times[n])})")
+        log(f"  {shape} T={T}: 60% of copy is {mb / (0.6 * copy_bw) * 1e6:.1f} us, 75% {mb / (0.75 * copy_bw) * 1e6:.1f}")
+        # sustained on the first weight copy (over 1.8 GB a layer: L2 serves none of it)
+        power_sets += [(f"{shape} T={T} {n}", fns[0]) for n, fns in sets.items()] if args.secs > 0 else []
+        del inputs, sets
+        torch.cuda.empty_cache()
+    log(f"\n{'point':14} {'kernels':24} {'us':>8} {'% copy':>7} {'/ xor':>6}")
+    for row in table:
+        log(f"{row[0]:14} {row[1]:24} {row[2]:8.1f} {row[3]:7.1f} {row[4]:6.3f}")
+    if power_sets:
+        _power(power_sets, args.secs, log)
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "decode_probe.txt"), "w") as f:
+            f.write("\n".join(lines) + "\n")
+    return 0
+
+
+def _power(power_sets, secs, log) -> None:
+    """moe_power.py's sustained runs, nvidia-smi sampled meanwhile."""
+    smi = subprocess.Popen(["nvidia-smi", f"--query-gpu={QUERY}", "--format=csv,noheader", "-lms", "100"],
+                           stdout=subprocess.PIPE, text=True)
+    windows = []
+    for name, fn in power_sets:
+        t0, t1, us = sustained(fn, secs)
+        windows.append((name, t0 + 0.7, t1, us))
+    time.sleep(0.5)
+    smi.terminate()
+    rows = samples(smi.communicate()[0])
+    log(f"\nsustained {secs:.0f} s each\n{'configuration':40} {'us/call':>9} {'W':>5} {'SM MHz':>6} {'mJ/call':>8}")
+    for name, a0, a1, us in windows:
+        sel = [r for r in rows if a0 <= r[0] <= a1]
+        if not sel:
+            log(f"{name:40} {us:9.1f}  (no nvidia-smi samples)")
+            continue
+        mhz, watts = (sum(r[i] for r in sel) / len(sel) for i in (1, 2))
+        log(f"{name:40} {us:9.1f} {watts:5.0f} {mhz:6.0f} {watts * us * 1e-3:8.1f}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
