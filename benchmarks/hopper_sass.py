@@ -8,11 +8,11 @@ count and commonest opcodes. The K loop's count is the issue cost of one block_k
 change can be judged here before any GPU time is spent (docs/performance.md).
 
     python benchmarks/hopper_sass.py [--shapes dsv3,k3] [--tokens 1,8,64,4096] [--override JSON]
-        [--layout hopper_mma_rot|hopper_mma_xor|hopper_mma] [--keep DIR]
+        [--layout hopper_mma_xor|hopper_mma_rot|hopper_mma] [--keep DIR]
 
---override '{"factor_pairs": 0}' applies config overrides to every point; --layout hopper_mma
-compiles the decode of the earlier bit order (hopper_mma_w); --keep writes the TTGIR, PTX and
-SASS there.
+--override '{"factor_pairs": 0}' applies config overrides to every point; --layout hopper_mma_rot or
+hopper_mma compiles the decode of an earlier bit order (hopper_mma_w_rot, hopper_mma_w; the default is
+hopper_mma_w_xor, what convert writes); --keep writes the TTGIR, PTX and SASS there.
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ def loops(sass: str, least: int = 100) -> list[tuple[int, collections.Counter]]:
     return out
 
 
-def point_constants(shape: str, T: int, override: dict, layout: str = "hopper_mma_rot"):
+def point_constants(shape: str, T: int, override: dict, layout: str = "hopper_mma_xor"):
     """(config, GEMM1 and GEMM2 compile-time arguments) of a bf16 call with the silu activation."""
     H, I, E, k = SHAPES[shape]
     cfg = dataclasses.replace(M.select_config(T * k, E, H, I, layout), **override)
@@ -112,7 +112,7 @@ def main() -> int:
     ap.add_argument("--shapes", default="dsv3,k3")
     ap.add_argument("--tokens", default="1,8,64,4096")
     ap.add_argument("--override", default="{}", help="JSON config overrides applied at every point")
-    ap.add_argument("--layout", default="hopper_mma_rot", choices=M.HOPPER_SETS)
+    ap.add_argument("--layout", default="hopper_mma_xor", choices=M.HOPPER_SETS)
     ap.add_argument("--keep", default=None, help="directory for the TTGIR, PTX and SASS")
     args = ap.parse_args()
     override = json.loads(args.override)

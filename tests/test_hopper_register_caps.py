@@ -1,6 +1,6 @@
 """The register caps select_config gives the hopper_mma kernels on 16-pair blocks (and on 32-pair blocks where
-GEMM2's rows are short), compiled for sm_90a with this Triton (its ptxas) without a GPU: ptxas fits both GEMMs
-under them with nothing spilled (docs/performance.md, "The power limit; register caps on 16- and 32-pair
+GEMM2's rows are short), compiled for sm_90a with this Triton (its ptxas) without a GPU, with the decode of
+hopper_mma_w_xor (what convert writes): ptxas fits both GEMMs under them with nothing spilled (docs/performance.md, "The power limit; register caps on 16- and 32-pair
 blocks")."""
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def test_caps_where_measured():
                                    ("dsv3", 512, 32, 0), ("k3", 1024, 32, 112), ("dsv3", 1024, 64, 0),
                                    ("k3", 4096, 128, 0)):
         H, I, E, k = SHAPES[shape]
-        cfg = triton_moe.select_config(T * k, E, H, I, "hopper_mma_rot")
+        cfg = triton_moe.select_config(T * k, E, H, I, "hopper_mma_xor")
         assert (cfg.block_t, cfg.maxnreg) == (block_t, cap), (shape, T)
 
 
