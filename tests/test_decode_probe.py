@@ -1,8 +1,8 @@
 """benchmarks/decode_probe.py's timing probes compiled for sm_90a with this Triton (its ptxas) without a GPU: in every
-K loop of the hopper_mma GEMMs a probe issues the same global loads and MMAs as the hopper_mma_w_xor decode it stands
-in for; ``nodecode`` keeps the e8m0 factor multiplies and drops at least 4 of the decode's 8 instructions a word,
-``noscale`` has no factor multiplies and one logic instruction a word. What the probes time is then the decode's
-cost and nothing else of the kernels."""
+K loop of the hopper_mma GEMMs and of the Gluon kernels a probe issues the same loads and MMAs as the hopper_mma_w_xor
+decode it stands in for; ``nodecode`` keeps the e8m0 factor multiplies and drops at least 4 of the decode's 8
+instructions a word, ``noscale`` (hopper_mma kernels) has no factor multiplies and one logic instruction a word. What
+the probes time is then the decode's cost and nothing else of the kernels."""
 
 from __future__ import annotations
 
@@ -13,6 +13,9 @@ import sys
 
 import pytest
 import triton
+
+import test_gluon_few_tokens as gluon_tests
+from mxfp4conv.runtime.gluon_few_tokens import WORDS32_PTX, words32_ptx
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -63,3 +66,26 @@ def test_probes_drop_the_decode_and_keep_the_loads_and_mmas():
                 assert words > 0 and "HMUL2" not in s, (shape, T, second, s)
                 assert d["HMUL2"] == x["HMUL2"] > 0, (shape, T, second)
                 assert n_x - n_d >= 4 * words and n_d - n_s >= x["HMUL2"], (shape, T, second, n_x, n_d, n_s)
+
+
+@pytest.mark.skipif(not gluon_tests._tools_available(), reason="this Triton has no Gluon or ships no NVIDIA tools")
+def test_gluon_probe_drops_the_decode_and_keeps_the_loads_and_mmas():
+    jobs = []
+    for name, consts, cap in gluon_tests.XOR_TUNED:  # the per-pair GEMMs and the expert blocks' GEMM1, as tuned
+        for ptx in (WORDS32_PTX["xor"], words32_ptx("nodecode")):
+            jobs.append((name, dict(consts, WPTX=ptx), {"maxnreg": cap} if cap else {}))
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([ROOT, env.get("PYTHONPATH", "")])
+    run = subprocess.run([sys.executable, "-c", gluon_tests._COMPILE, json.dumps(jobs)], capture_output=True,
+                         text=True, env=env, cwd=ROOT, timeout=900)
+    assert run.returncode == 0, run.stderr[-3000:]
+    out = json.loads(next(x for x in run.stdout.splitlines() if x.startswith("RESULT"))[len("RESULT"):])
+    for i, (name, _, _) in enumerate(gluon_tests.XOR_TUNED):
+        (xor_sass, _), (probe_sass, _) = out[2 * i], out[2 * i + 1]
+        xor, probe = gluon_tests.hopper_sass.loops(xor_sass), gluon_tests.hopper_sass.loops(probe_sass)
+        assert xor and len(xor) == len(probe), name
+        for (n_x, x), (n_p, p) in zip(xor, probe):
+            for op in ("HMMA", "LDG", "LDS", "LDSM", "HMUL2"):  # the MMAs, the loads, the factor multiplies
+                assert x.get(op, 0) == p.get(op, 0), (name, op)
+            assert x["HMMA"] > 0 and x["HMUL2"] > 0, (name, x)
+            assert n_x - n_p >= x["HMUL2"], (name, n_x, n_p)  # 4 factor multiplies a word, >= 4 fewer a word
