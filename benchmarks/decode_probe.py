@@ -6,7 +6,8 @@ word's four bf16 pairs in three logic instructions in place of the decode's 8 an
 xors each word with its lane's scale word and takes that as the pairs: every weight and scale byte still loaded, one
 integer instruction a word, no factors. Everything else is the hopper_mma_w_xor layer's: grids, loads, x tiles, MMAs,
 epilogues, the align and the k-sum. Where the default runs a point on the hopper_mma kernels both probes run beside
-it; where it runs on the Gluon kernels, ``nodecode`` does (on the rot order's loop tuning).
+it, each GEMM of theirs capped at the default's registers where ptxas would take more (``probe_caps``); where it runs
+on the Gluon kernels, ``nodecode`` does (on the rot order's loop tuning).
 
 Two measurements a point: moe_bench.py's (CUDA-graph replays over weight copies that defeat L2, rounds interleaved,
 ratio = median over rounds of a probe / the default timed beside it; % of the copy bandwidth measured in the same
@@ -20,6 +21,7 @@ W, SM clock, energy a call).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import os
 import statistics
@@ -78,6 +80,44 @@ def warm_compile(points, probes, workers: int, log) -> None:
         f"{time.perf_counter() - t0:.0f} s{f' ({failed} failed)' if failed else ''}")
 
 
+def programs_an_sm(registers: int, smem_kb: int, warps: int) -> int:
+    """Programs of a kernel one Hopper SM holds at once: its 64K registers (allocated 8 a thread at a time) and its
+    228 KB of shared memory."""
+    return min(65536 // (32 * warps * -(-registers // 8) * 8), 228 // max(smem_kb, 1))
+
+
+def probe_caps(shape: str, T: int, cfg, probes: dict[str, str]) -> dict[str, dict]:
+    """{probe: config overrides}: with fewer instructions ptxas may give a probe's hopper_mma GEMM more registers, and
+    fewer of its programs would then share an SM than the default's; there the GEMM is capped at the most registers
+    that keep the default's count. From their sm_90a SASS compiled with this Triton as the runtime compiles them
+    (hopper_sass.py)."""
+    import hopper_sass as S
+
+    def usage(layout, c):
+        _, c1, c2 = S.point_constants(shape, T, {}, layout, "situ", SITU)
+        out = []
+        for fn, consts, second in ((HK.moe_hgemm1_kernel, c1, False), (HK.moe_hgemm2_kernel, c2, True)):
+            launch = M._launch_options(c, second=second)
+            _, text = S.compile_sass(fn, consts, launch["num_warps"], launch["num_stages"], None, "",
+                                     launch.get("maxnreg"))
+            regs, smem = (int(text.split(key)[1].split()[0].rstrip("K")) for key in ("REG:", "SMEM:"))
+            out.append(programs_an_sm(regs, smem, launch["num_warps"]))
+        return out
+
+    base = usage(BASE, cfg)
+    caps = {}
+    for probe, layout in probes.items():
+        over = {}
+        for second, (want, got) in enumerate(zip(base, usage(layout, cfg))):
+            warps = M._launch_options(cfg, second=bool(second))["num_warps"]
+            if got < want:
+                over["maxnreg2" if second else "maxnreg"] = 65536 // (32 * warps * want) // 8 * 8
+        if "maxnreg" in over and "maxnreg2" not in over:  # (maxnreg caps GEMM2 too unless maxnreg2 is set)
+            over["maxnreg2"] = M._launch_options(cfg, second=True).get("maxnreg", 0)
+        caps[probe] = over
+    return caps
+
+
 def calls(inputs, layout: str, cfg) -> list:
     """One layer call a (x, weights, routing) of inputs, as closures."""
     return [lambda x=x, w=w, r=r: M.fused_moe_triton(x, *w, r[1], r[0], activation="situ", activation_params=SITU,
@@ -121,7 +161,11 @@ def main() -> int:
         del copies, routes, xs
         kernels = "Gluon" if gluon else "hopper_mma"
         sets = {f"xor ({kernels})": calls(inputs, BASE, cfg)}
-        sets |= {f"{p} ({kernels})": calls(inputs, probes[p], cfg) for p in (("nodecode",) if gluon else probes)}
+        caps = {} if gluon else probe_caps(shape, T, cfg, probes)
+        for p in ("nodecode",) if gluon else probes:
+            over = caps.get(p, {})
+            name = f"{p} ({kernels}{''.join(f', {n}={v}' for n, v in over.items())})"
+            sets[name] = calls(inputs, probes[p], dataclasses.replace(cfg, **over))
         times = {n: [] for n in sets}
         for _ in range(args.rounds):
             for n, fns in sets.items():

@@ -94,11 +94,12 @@ def loops(sass: str, least: int = 100) -> list[tuple[int, collections.Counter]]:
     return out
 
 
-def point_constants(shape: str, T: int, override: dict, layout: str = "hopper_mma_xor"):
-    """(config, GEMM1 and GEMM2 compile-time arguments) of a bf16 call with the silu activation."""
+def point_constants(shape: str, T: int, override: dict, layout: str = "hopper_mma_xor", act: str = "silu",
+                    act_params: dict | None = None):
+    """(config, GEMM1 and GEMM2 compile-time arguments) of a bf16 call with this activation (silu: no limit)."""
     H, I, E, k = SHAPES[shape]
     cfg = dataclasses.replace(M.select_config(T * k, E, H, I, layout), **override)
-    acts = dict(ACT=M.K.ACT_SILU, HAS_LIMIT=False, HAS_LINEAR=False)
+    acts = {n: v for n, v in M._activation_args(act, act_params).items() if n in ("ACT", "HAS_LIMIT", "HAS_LINEAR")}
     c1, c2, (direct, fused, rows2) = M.hopper_constants(cfg, T, k, H, I, tl.bfloat16, True, cfg.factor_pairs, acts,
                                                         False, False, rot=HK.ORDER_IDS[M.HOPPER_ORDERS[layout]])
     (s1, _), _ = M.gemm_splits(cfg, T * k, E, H, I, direct, rows2)

@@ -89,3 +89,11 @@ def test_gluon_probe_drops_the_decode_and_keeps_the_loads_and_mmas():
                 assert x.get(op, 0) == p.get(op, 0), (name, op)
             assert x["HMMA"] > 0 and x["HMUL2"] > 0, (name, x)
             assert n_x - n_p >= x["HMUL2"], (name, n_x, n_p)  # 4 factor multiplies a word, >= 4 fewer a word
+
+
+def test_programs_an_sm_by_registers_and_shared_memory():
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    from decode_probe import programs_an_sm
+    # DSV3-like T = 1024's GEMM1 (4 warps, 68 KB): 168 registers hold 3 programs an SM, 169-184 only 2
+    assert [programs_an_sm(r, 68, 4) for r in (168, 169, 184)] == [3, 2, 2]
+    assert programs_an_sm(56, 32, 4) == 7 and programs_an_sm(255, 160, 8) == 1  # shared memory, then registers
