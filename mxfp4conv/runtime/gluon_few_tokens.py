@@ -430,9 +430,9 @@ def _words(t: torch.Tensor) -> torch.Tensor:
 def forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias, act, out, *,
             k1: int, k2: int, splits1: int, splits2: int, pdl: int = 0, k_sum=None, frag: bool = False,
             rows2: int = 64, unroll: tuple[int, int] = (1, 1), maxnreg: tuple[int, int] = (0, 0),
-            reuse_counters: bool = True, release2: bool = False, order: str = "rot") -> torch.Tensor:
+            reuse_counters: bool = True, release2: bool = False, order: str) -> torch.Tensor:
     """out [T, H] bf16 = the layer for a few tokens x [T, H] bf16, programs per (token, expert) pair (contiguous
-    hopper_mma_rot tensors, or with order "xor" hopper_mma_xor ones, scales <= 2; k1 / k2 codes a K step of GEMM1 /
+    tensors of the hopper_mma layout whose words are in ``order``, "xor" or "rot" (WORDS32_PTX), scales <= 2; k1 / k2 codes a K step of GEMM1 /
     GEMM2, 64 or 128, splits dividing H / I into whole steps; the caller checks these; pdl: 0, or GEMM2 launched as a
     programmatic dependent of GEMM1 from the start (1) or the end of GEMM1's K loops (2), where Triton has it; k_sum:
     None, GEMM2's last program of a token's row block sums it, or a callable that sums GEMM2's fp32 partials [splits2,

@@ -199,9 +199,9 @@ def forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w
             k1: int, k2: int, block_t: int, splits1: int = 1, blocks2: int = 1, frag: bool = False,
             masks: int = 1, shared: bool = False, shared2: bool = False, rows2: int = 64,
             unroll: tuple[int, int] = (1, 1), maxnreg: tuple[int, int] = (0, 0), pdl: int = 0,
-            release2: bool = False, order: str = "rot") -> torch.Tensor:
-    """The layer for x [T, H] bf16 (contiguous hopper_mma_rot tensors, or with order "xor" hopper_mma_xor ones, scales
-    <= 2): align the pairs with align(block_t) -> (sorted_ids, block_expert, num_post_pad, max_blocks), run both GEMMs
+            release2: bool = False, order: str) -> torch.Tensor:
+    """The layer for x [T, H] bf16 (contiguous tensors of the hopper_mma layout whose words are in ``order``, "xor" or
+    "rot" (WORDS32_PTX), scales <= 2): align the pairs with align(block_t) -> (sorted_ids, block_expert, num_post_pad, max_blocks), run both GEMMs
     (GEMM1 in splits1 K splits, dividing H into whole steps of k1; GEMM2 in programs of blocks2 64-row blocks, dividing
     H / 64), and return k_sum(pair_out [1, T k, H]), the caller's sum over k. frag: the intermediate rows in
     fragment_order, GEMM2's B operand loaded in 16-byte words. masks: bit 1 GEMM1's x operand masked, bit 2 GEMM2's

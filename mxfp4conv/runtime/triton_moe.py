@@ -489,7 +489,7 @@ def fused_moe_triton(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, *,
                                   cfg.gluon_frag == 1, rows2,
                                   loop_tuning(cfg, False, plan[0], rows2, i_pad // 64 * num_pairs * plan[2],
                                               device_sms(x.device), HOPPER_ORDERS[layout]),
-                                  cfg.gluon_counters == 1, cfg.gluon_sum_pdl == 1, HOPPER_ORDERS[layout])
+                                  cfg.gluon_counters == 1, cfg.gluon_sum_pdl == 1, order=HOPPER_ORDERS[layout])
             if done is not None:
                 return done
         elif (blocks := grouped_plan(cfg, x, weights, topk_ids.shape[1], layout, E)) is not None:
@@ -978,7 +978,7 @@ def gluon_runnable(cfg: MoEConfig, x: torch.Tensor, weights, layout: str) -> boo
 
 def _gluon_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias, act, out, plan,
                    required, pdl=0, by_kernel=False, frag=False, rows2=64, tune=None, reuse_counters=True,
-                   sum_pdl=False, order="rot"):
+                   sum_pdl=False, *, order):
     """The layer in the few-token Gluon kernels; None (the caller runs the hopper_mma kernels) where
     they fail to compile and were not required: a Triton whose Gluon differs from the one they were
     written for. The failure is warned about once. by_kernel: the sum over k in the k-sum kernel; frag: the
@@ -1081,7 +1081,7 @@ def grouped_programs1(T: int, top_k: int, E: int, i_pad: int, splits1: int) -> i
 
 
 def _gluon_grouped_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias, act, out,
-                           cfg, plan, order="rot"):
+                           cfg, plan, order):
     """The layer in the Gluon kernels on expert blocks with grouped_plan's (k1, k2, splits1, blocks2): the align
     and the k-sum are the Triton path's; None as _gluon_forward; order: the weight words' bit order."""
     H, E, top_k = x.shape[1], w13.shape[0], topk_ids.shape[1]
