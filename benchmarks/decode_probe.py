@@ -7,7 +7,7 @@ xors each word with its lane's scale word and takes that as the pairs: every wei
 integer instruction a word, no factors. Everything else is the hopper_mma_w_xor layer's: grids, loads, x tiles, MMAs,
 epilogues, the align and the k-sum. Where the default runs a point on the hopper_mma kernels both probes run beside
 it, each GEMM of theirs capped at the default's registers where ptxas would take more (``probe_caps``); where it runs
-on the Gluon kernels, ``nodecode`` does (on the rot order's loop tuning).
+on the Gluon kernels, ``nodecode`` does, on the default's loops (``loop_tuning`` of the xor order).
 
 Two measurements a point: moe_bench.py's (CUDA-graph replays over weight copies that defeat L2, rounds interleaved,
 ratio = median over rounds of a probe / the default timed beside it; % of the copy bandwidth measured in the same
@@ -55,6 +55,11 @@ def register_probes() -> dict[str, str]:
     M.HOPPER_SETS = tuple(M.HOPPER_ORDERS)
     GF.WORDS32_PTX["nodecode"] = GF.words32_ptx("nodecode")
     M.GLUON_SETS = M.GLUON_SETS + (layouts["nodecode"],)
+    tuning = M.loop_tuning
+
+    def xor_tuning(cfg, grouped, k1, rows2, programs1=0, sms=0, order="rot"):  # the Gluon probe on the default's loops
+        return tuning(cfg, grouped, k1, rows2, programs1, sms, "xor" if order == "nodecode" else order)
+    M.loop_tuning = xor_tuning
     return layouts
 
 
