@@ -36,8 +36,8 @@ import torch  # noqa: E402
 from mxfp4conv.runtime import gluon_few_tokens as GF  # noqa: E402
 from mxfp4conv.runtime import triton_hopper_kernels as HK  # noqa: E402
 from mxfp4conv.runtime import triton_moe as M  # noqa: E402
-from moe_bench import (SHAPES, SITU, _warm_worker, copy_bandwidth, graph_time_us, make_weights, model_bytes,  # noqa: E402
-                       routing)
+from moe_bench import (SHAPES, SITU, _warm_worker, copy_bandwidth, graph_time_us, make_weights,  # noqa: E402
+                       model_bytes, routing)
 from moe_power import QUERY, samples, sustained  # noqa: E402
 
 BASE = "hopper_mma_xor"
@@ -182,7 +182,8 @@ def main() -> int:
             table.append((f"{shape} T={T}", n, t, 100 * mb / (t * 1e-6) / copy_bw, ratio))
             log(f"  {shape} T={T} {n}: {t:.1f} us, {table[-1][3]:.1f}% copy, / xor {ratio:.3f} "
                 f"(rounds {' '.join(f'{v:.1f}' for v in times[n])})")
-        log(f"  {shape} T={T}: 60% of copy is {mb / (0.6 * copy_bw) * 1e6:.1f} us, 75% {mb / (0.75 * copy_bw) * 1e6:.1f}")
+        log(f"  {shape} T={T}: 60% of copy is {mb / (0.6 * copy_bw) * 1e6:.1f} us, "
+            f"75% {mb / (0.75 * copy_bw) * 1e6:.1f}")
         # sustained on the first weight copy (over 1.8 GB a layer: L2 serves none of it)
         power_sets += [(f"{shape} T={T} {n}", fns[0]) for n, fns in sets.items()] if args.secs > 0 else []
         del inputs, sets

@@ -56,7 +56,8 @@ def test_probes_drop_the_decode_and_keep_the_loads_and_mmas():
     assert len(loops) == len(POINTS) * 3 * 2
     for shape, T in POINTS:
         for second in (0, 1):
-            xor, nodecode, noscale = (loops[shape, T, name, second] for name in ("hopper_mma_xor", "nodecode", "noscale"))
+            xor, nodecode, noscale = (loops[shape, T, name, second]
+                                      for name in ("hopper_mma_xor", "nodecode", "noscale"))
             assert xor and len(xor) == len(nodecode) == len(noscale), (shape, T, second)
             for (n_x, x), (n_d, d), (n_s, s) in zip(xor, nodecode, noscale):
                 for op in ("HGMMA", "LDGSTS", "LDG", "LDS", "LDSM"):  # the MMAs, the weight, scale and x loads

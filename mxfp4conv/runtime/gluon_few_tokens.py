@@ -431,16 +431,16 @@ def forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w
             k1: int, k2: int, splits1: int, splits2: int, pdl: int = 0, k_sum=None, frag: bool = False,
             rows2: int = 64, unroll: tuple[int, int] = (1, 1), maxnreg: tuple[int, int] = (0, 0),
             reuse_counters: bool = True, release2: bool = False, order: str) -> torch.Tensor:
-    """out [T, H] bf16 = the layer for a few tokens x [T, H] bf16, programs per (token, expert) pair (contiguous
-    tensors of the hopper_mma layout whose words are in ``order``, "xor" or "rot" (WORDS32_PTX), scales <= 2; k1 / k2 codes a K step of GEMM1 /
-    GEMM2, 64 or 128, splits dividing H / I into whole steps; the caller checks these; pdl: 0, or GEMM2 launched as a
-    programmatic dependent of GEMM1 from the start (1) or the end of GEMM1's K loops (2), where Triton has it; k_sum:
-    None, GEMM2's last program of a token's row block sums it, or a callable that sums GEMM2's fp32 partials [splits2,
-    pairs, H] into out; frag: the intermediate rows in fragment_order, GEMM2's B operand loaded in 16-byte words; rows2:
-    GEMM2's rows a program, 64, 128 or 256 dividing H; unroll: GEMM1's / GEMM2's K loop over single steps (1) or pairs
-    (2); maxnreg: their register caps, 0 none; reuse_counters: the arrival counters from counters.zeroed_counters'
-    buffer for the device, which the kernels leave zero, else zeroed for this call; release2: k_sum's kernel launched as
-    a programmatic dependent of GEMM2, which releases it from its start)."""
+    """out [T, H] bf16 = the layer for a few tokens x [T, H] bf16, programs per (token, expert) pair (contiguous tensors
+    of the hopper_mma layout whose words are in ``order``, "xor" or "rot" (WORDS32_PTX), scales <= 2; k1 / k2 codes a
+    K step of GEMM1 / GEMM2, 64 or 128, splits dividing H / I into whole steps; the caller checks these; pdl: 0, or
+    GEMM2 launched as a programmatic dependent of GEMM1 from the start (1) or the end of GEMM1's K loops (2), where
+    Triton has it; k_sum: None, GEMM2's last program of a token's row block sums it, or a callable that sums GEMM2's
+    fp32 partials [splits2, pairs, H] into out; frag: the intermediate rows in fragment_order, GEMM2's B operand
+    loaded in 16-byte words; rows2: GEMM2's rows a program, 64, 128 or 256 dividing H; unroll: GEMM1's / GEMM2's K
+    loop over single steps (1) or pairs (2); maxnreg: their register caps, 0 none; reuse_counters: the arrival
+    counters from counters.zeroed_counters' buffer for the device, which the kernels leave zero, else zeroed for this
+    call; release2: k_sum's kernel launched as a programmatic dependent of GEMM2, which releases it from its start)."""
     E, two_i, _ = w13.shape
     H, I = x.shape[1], two_i // 2
     T, k = topk_ids.shape

@@ -201,16 +201,16 @@ def forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w
             unroll: tuple[int, int] = (1, 1), maxnreg: tuple[int, int] = (0, 0), pdl: int = 0,
             release2: bool = False, order: str) -> torch.Tensor:
     """The layer for x [T, H] bf16 (contiguous tensors of the hopper_mma layout whose words are in ``order``, "xor" or
-    "rot" (WORDS32_PTX), scales <= 2): align the pairs with align(block_t) -> (sorted_ids, block_expert, num_post_pad, max_blocks), run both GEMMs
-    (GEMM1 in splits1 K splits, dividing H into whole steps of k1; GEMM2 in programs of blocks2 64-row blocks, dividing
-    H / 64), and return k_sum(pair_out [1, T k, H]), the caller's sum over k. frag: the intermediate rows in
-    fragment_order, GEMM2's B operand loaded in 16-byte words. masks: bit 1 GEMM1's x operand masked, bit 2 GEMM2's
-    (unmasked, a padding slot reads row 0 into a column that is never stored). shared: GEMM1's x tile loaded once a
-    program and read by its warps through shared memory; shared2: GEMM2's too (rows in plain order only: frag off).
-    rows2: with one block a program, GEMM2's rows a program (64, 128 or 256 dividing H). unroll: GEMM1's / GEMM2's (one
-    block a program) K loop over single steps (1) or pairs (2); maxnreg: their register caps, 0 none. pdl: GEMM2 a
-    programmatic dependent of GEMM1 (1), and GEMM1 one of the align (2: align releases it); release2: k_sum's kernel one
-    of GEMM2 (GEMM2 releases it from its start)."""
+    "rot" (WORDS32_PTX), scales <= 2): align the pairs with align(block_t) -> (sorted_ids, block_expert,
+    num_post_pad, max_blocks), run both GEMMs (GEMM1 in splits1 K splits, dividing H into whole steps of k1; GEMM2 in
+    programs of blocks2 64-row blocks, dividing H / 64), and return k_sum(pair_out [1, T k, H]), the caller's sum
+    over k. frag: the intermediate rows in fragment_order, GEMM2's B operand loaded in 16-byte words. masks: bit 1
+    GEMM1's x operand masked, bit 2 GEMM2's (unmasked, a padding slot reads row 0 into a column that is never
+    stored). shared: GEMM1's x tile loaded once a program and read by its warps through shared memory; shared2:
+    GEMM2's too (rows in plain order only: frag off). rows2: with one block a program, GEMM2's rows a program (64,
+    128 or 256 dividing H). unroll: GEMM1's / GEMM2's (one block a program) K loop over single steps (1) or pairs
+    (2); maxnreg: their register caps, 0 none. pdl: GEMM2 a programmatic dependent of GEMM1 (1), and GEMM1 one of the
+    align (2: align releases it); release2: k_sum's kernel one of GEMM2 (GEMM2 releases it from its start)."""
     E, two_i, _ = w13.shape
     T, H = x.shape
     I = two_i // 2
