@@ -87,8 +87,8 @@ def warm_compile(points, probes, workers: int, log) -> None:
 
 def programs_an_sm(registers: int, smem_kb: int, warps: int) -> int:
     """Programs of a kernel one Hopper SM holds at once: its 64K registers (allocated 8 a thread at a time) and its
-    228 KB of shared memory."""
-    return min(65536 // (32 * warps * -(-registers // 8) * 8), 228 // max(smem_kb, 1))
+    228 KB of shared memory (1 KB of it kept by the driver for each program)."""
+    return min(65536 // (32 * warps * -(-registers // 8) * 8), 228 // (smem_kb + 1))
 
 
 def probe_caps(shape: str, T: int, cfg, probes: dict[str, str]) -> dict[str, dict]:

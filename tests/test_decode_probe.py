@@ -97,4 +97,5 @@ def test_programs_an_sm_by_registers_and_shared_memory():
     from decode_probe import programs_an_sm
     # DSV3-like T = 1024's GEMM1 (4 warps, 68 KB): 168 registers hold 3 programs an SM, 169-184 only 2
     assert [programs_an_sm(r, 68, 4) for r in (168, 169, 184)] == [3, 2, 2]
-    assert programs_an_sm(56, 32, 4) == 7 and programs_an_sm(255, 160, 8) == 1  # shared memory, then registers
+    # 32 KB of shared memory and the 1 KB the driver keeps a program: 6; 255 registers at 8 warps: 1
+    assert programs_an_sm(56, 32, 4) == 6 and programs_an_sm(255, 160, 8) == 1
