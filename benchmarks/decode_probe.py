@@ -160,8 +160,11 @@ def main() -> int:
         xs = [torch.randn(T, H, device="cuda", generator=gen).to(torch.bfloat16) for _ in range(ncopies)]
         mb = model_bytes(statistics.mean(int(torch.unique(r[0]).numel()) for r in routes), T, H, I, k)
         cfg = M.select_config(T * k, E, H, I, BASE)
-        gluon = (M.gluon_plan(cfg, xs[0], copies[0], k, BASE) is not None
-                 or M.grouped_plan(cfg, xs[0], copies[0], k, BASE, E) is not None)
+        per_pair = M.gluon_plan(cfg, xs[0], copies[0], k, BASE) is not None
+        grouped = not per_pair and M.grouped_plan(cfg, xs[0], copies[0], k, BASE, E) is not None
+        gluon = per_pair or grouped
+        if gluon:  # the same kernels, required: a probe that failed to compile would raise, not run other kernels
+            cfg = dataclasses.replace(cfg, gluon=1, **({"gluon_grouped": 1} if grouped else {}))
         inputs = list(zip(xs, copies, routes))
         del copies, routes, xs
         kernels = "Gluon" if gluon else "hopper_mma"
