@@ -6,18 +6,14 @@ the probes time is then the decode's cost and nothing else of the kernels."""
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 import sys
 
 import pytest
-import triton
 
 import test_gluon_few_tokens as gluon_tests
 from mxfp4conv.runtime.gluon_few_tokens import WORDS32_PTX, words32_ptx
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from sm90_child import ROOT, nvidia_tools, run_child
 
 _COMPILE = r"""
 import json, sys
@@ -40,18 +36,9 @@ print("RESULT" + json.dumps(out))
 POINTS = [("k3", 1024)]  # 32-pair blocks: GEMM1 in 64-code steps, GEMM2's rows four 128-code steps
 
 
-def _tools_available() -> bool:
-    return os.path.exists(os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump"))
-
-
-@pytest.mark.skipif(not _tools_available(), reason="this Triton ships no NVIDIA tools")
+@pytest.mark.skipif(not nvidia_tools(), reason="this Triton ships no NVIDIA tools")
 def test_probes_drop_the_decode_and_keep_the_loads_and_mmas():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([ROOT, env.get("PYTHONPATH", "")])
-    run = subprocess.run([sys.executable, "-c", _COMPILE, json.dumps(POINTS)], capture_output=True, text=True,
-                         env=env, cwd=ROOT, timeout=900)
-    assert run.returncode == 0, run.stderr[-3000:]
-    rows = json.loads(next(x for x in run.stdout.splitlines() if x.startswith("RESULT"))[len("RESULT"):])
+    rows = run_child(_COMPILE, POINTS, timeout=900)
     loops = {(shape, T, layout.removeprefix("hopper_mma_probe_"), second): lp for shape, T, layout, second, lp in rows}
     assert len(loops) == len(POINTS) * 3 * 2
     for shape, T in POINTS:
@@ -75,12 +62,7 @@ def test_gluon_probe_drops_the_decode_and_keeps_the_loads_and_mmas():
     for name, consts, cap in gluon_tests.XOR_TUNED:  # the per-pair GEMMs and the expert blocks' GEMM1, as tuned
         for ptx in (WORDS32_PTX["xor"], words32_ptx("nodecode")):
             jobs.append((name, dict(consts, WPTX=ptx), {"maxnreg": cap} if cap else {}))
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([ROOT, env.get("PYTHONPATH", "")])
-    run = subprocess.run([sys.executable, "-c", gluon_tests._COMPILE, json.dumps(jobs)], capture_output=True,
-                         text=True, env=env, cwd=ROOT, timeout=900)
-    assert run.returncode == 0, run.stderr[-3000:]
-    out = json.loads(next(x for x in run.stdout.splitlines() if x.startswith("RESULT"))[len("RESULT"):])
+    out = run_child(gluon_tests._COMPILE, jobs, timeout=900)
     for i, (name, _, _) in enumerate(gluon_tests.XOR_TUNED):
         (xor_sass, _), (probe_sass, _) = out[2 * i], out[2 * i + 1]
         xor, probe = gluon_tests.hopper_sass.loops(xor_sass), gluon_tests.hopper_sass.loops(probe_sass)

@@ -6,10 +6,8 @@ checks their results on a GPU)."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import re
-import subprocess
 import sys
 
 import pytest
@@ -19,6 +17,7 @@ from hypothesis import given, strategies as st
 from mxfp4conv.errors import RuntimeInputError
 from mxfp4conv.runtime import triton_moe
 from mxfp4conv.runtime.gluon_few_tokens import WORDS32_PTX
+from sm90_child import nvidia_tools, run_child
 from mxfp4conv.runtime.triton_moe import (MoEConfig, expected_experts, fused_moe_triton, gluon_plan, gluon_rows2,
                                           gluon_tiles, grouped_masks, grouped_programs1, grouped_takes, grouped_tiles,
                                           loop_tuning, pairs_take, select_config, sum2_by_kernel)
@@ -387,11 +386,10 @@ print("RESULT" + json.dumps(out))
 
 def _tools_available() -> bool:
     try:
-        import triton
         from triton.experimental import gluon  # noqa: F401
     except ImportError:
         return False
-    return os.path.exists(os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump"))
+    return nvidia_tools()
 
 
 ACTS = {"silu+limit": (triton_moe._ACT_IDS["silu"], True, False), "situ": (triton_moe._ACT_IDS["situ"], False, True),
@@ -486,14 +484,7 @@ def compiled():
     for i, (name, consts, cap) in enumerate(XOR_TUNED):
         jobs.append((name, dict(consts, WPTX=WORDS32_PTX["xor"]), {"maxnreg": cap} if cap else {}))
         keys.append((("xor_tuned", i), name))
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                         env.get("PYTHONPATH", "")])
-    run = subprocess.run([sys.executable, "-c", _COMPILE, json.dumps(jobs)], capture_output=True, text=True, env=env,
-                         timeout=600)
-    assert run.returncode == 0, run.stderr[-3000:]
-    line = next(x for x in run.stdout.splitlines() if x.startswith("RESULT"))
-    return dict(zip(keys, json.loads(line[len("RESULT"):])))
+    return dict(zip(keys, run_child(_COMPILE, jobs)))
 
 
 @pytest.mark.skipif(not _tools_available(), reason="this Triton has no Gluon or ships no NVIDIA tools")

@@ -5,17 +5,11 @@ hopper_mma_w_xor (what convert writes): ptxas fits both GEMMs under them with no
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-
 import pytest
-import triton
 
 from mxfp4conv.runtime import triton_moe
+from sm90_child import nvidia_tools, run_child
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHAPES = {"dsv3": (7168, 2048, 256, 8), "k3": (3584, 384, 896, 16)}
 
 _COMPILE = r"""
@@ -37,10 +31,6 @@ print("RESULT" + json.dumps(out))
 POINTS = [("dsv3", 256), ("k3", 512), ("k3", 1024)]
 
 
-def _tools_available() -> bool:
-    return os.path.exists(os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump"))
-
-
 def test_caps_where_measured():
     for shape, T, block_t, cap in (("dsv3", 160, 16, 96), ("dsv3", 384, 16, 96), ("k3", 512, 16, 96),
                                    ("dsv3", 512, 32, 0), ("k3", 1024, 32, 112), ("dsv3", 1024, 64, 0),
@@ -50,14 +40,9 @@ def test_caps_where_measured():
         assert (cfg.block_t, cfg.maxnreg) == (block_t, cap), (shape, T)
 
 
-@pytest.mark.skipif(not _tools_available(), reason="this Triton ships no NVIDIA tools")
+@pytest.mark.skipif(not nvidia_tools(), reason="this Triton ships no NVIDIA tools")
 def test_capped_kernels_compile_for_sm90_without_spills():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([ROOT, env.get("PYTHONPATH", "")])
-    run = subprocess.run([sys.executable, "-c", _COMPILE, json.dumps(POINTS)], capture_output=True, text=True,
-                         env=env, cwd=ROOT, timeout=600)
-    assert run.returncode == 0, run.stderr[-3000:]
-    rows = json.loads(next(x for x in run.stdout.splitlines() if x.startswith("RESULT"))[len("RESULT"):])
+    rows = run_child(_COMPILE, POINTS)
     assert len(rows) == 2 * len(POINTS)
     capped = 0
     for shape, T, second, cap, usage, local in rows:
