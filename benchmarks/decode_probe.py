@@ -36,8 +36,8 @@ import torch  # noqa: E402
 from mxfp4conv.runtime import gluon_few_tokens as GF  # noqa: E402
 from mxfp4conv.runtime import triton_hopper_kernels as HK  # noqa: E402
 from mxfp4conv.runtime import triton_moe as M  # noqa: E402
-from moe_bench import (SHAPES, SITU, _warm_worker, copy_bandwidth, graph_time_us, make_weights,  # noqa: E402
-                       model_bytes, routing)
+from moe_bench import (SHAPES, SITU, _warm_worker, copy_bandwidth, fit_workers, graph_time_us,  # noqa: E402
+                       make_weights, model_bytes, routing)
 from moe_power import QUERY, samples, sustained  # noqa: E402
 
 BASE = "hopper_mma_xor"
@@ -78,6 +78,7 @@ def warm_compile(points, probes, workers: int, log) -> None:
         H, I, E, k = SHAPES[shape]
         cfg = M.select_config(T * k, E, H, I, BASE)
         jobs.setdefault(shape, []).extend((T, cfg, lay) for lay in (BASE, *probes.values()))
+    workers = min(fit_workers(shape, js, workers, log) for shape, js in jobs.items())
     args = [(shape, js[i::workers], None, None, None) for shape, js in jobs.items() for i in range(workers)]
     with mp.get_context("spawn").Pool(workers) as pool:
         failed = sum(pool.map(_warm, [a for a in args if a[1]]))

@@ -236,6 +236,32 @@ def _warm_worker(args):
     return failed
 
 
+# a compile worker that also builds triton_kernels' copy of the weights held 18.7 GB against 6.2 GB without it
+# (DSV3-like, on an H100)
+TK_WORKER_FACTOR = 3
+
+
+def fit_workers(name, jobs, workers, log) -> int:
+    """The most of ``workers`` compile processes (each ``jobs[i::workers]``) whose weights fit the GPU's free
+    memory: each holds its shape's weights once, three times if one of its jobs is triton_kernels', and about
+    1 GiB of context and activations. Eight DSV3-like workers with triton_kernels beside them need more than an
+    H100's 80 GB."""
+    H, I, E, _ = SHAPES[name]
+    weights = E * 3 * H * I * BPW
+    free = torch.cuda.mem_get_info()[0] - (2 << 30)
+    fitted = workers
+    while fitted > 1:
+        need = sum(weights * (TK_WORKER_FACTOR if any(j[1] == "tk" for j in jobs[i::fitted]) else 1) + (1 << 30)
+                   for i in range(fitted) if jobs[i::fitted])
+        if need <= free:
+            break
+        fitted -= 1
+    if fitted < workers:
+        log(f"  {name}: compiling in {fitted} processes, not {workers}: their weights would not fit the "
+            f"{free / 2**30:.0f} GiB the GPU has free")
+    return fitted
+
+
 def warm_compile(name, tokens, sweep, layout, workers, log, before=None, tk_path=None, variants=None,
                  before_layout=None):
     if workers <= 1:
@@ -254,6 +280,7 @@ def warm_compile(name, tokens, sweep, layout, workers, log, before=None, tk_path
         for v in (variants or {}).get(str(T), []):
             cfg, lay = _variant(default, v, layout)
             jobs.append((T, cfg, lay))
+    workers = fit_workers(name, jobs, workers, log)
     chunks = [jobs[i::workers] for i in range(workers)]
     t0 = time.perf_counter()
     with mp.get_context("spawn").Pool(workers) as pool:
@@ -491,7 +518,8 @@ def main() -> int:
     ap.add_argument("--no-baselines", action="store_true", help="skip the bf16 grouped_mm and emulation columns")
     ap.add_argument("--random-layout", action="store_true",
                     help="hopper_mma: time on random bytes as stored, without converting them (same timing)")
-    ap.add_argument("--compile-workers", type=int, default=1, help="compile every config first in N processes")
+    ap.add_argument("--compile-workers", type=int, default=1, help="compile every config first in N processes (fewer where their weights would not fit the GPU's "
+                         "free memory)")
     ap.add_argument("--compile-only", action="store_true", help="only that compilation (fills Triton's cache)")
     ap.add_argument("--before", default=None,
                     help="module path of another tree's triton_moe (e.g. a copy of the previous release under "
