@@ -257,8 +257,8 @@ def fit_workers(name, jobs, workers, log) -> int:
             break
         fitted -= 1
     if fitted < workers:
-        log(f"  {name}: compiling in {fitted} processes, not {workers}: their weights would not fit the "
-            f"{free / 2**30:.0f} GiB the GPU has free")
+        log(f"  {name}: compiling in {fitted} process{'es' if fitted > 1 else ''}, not {workers}: their weights "
+            f"would not fit the {free / 2**30:.0f} GiB the GPU has free")
     return fitted
 
 
@@ -518,8 +518,9 @@ def main() -> int:
     ap.add_argument("--no-baselines", action="store_true", help="skip the bf16 grouped_mm and emulation columns")
     ap.add_argument("--random-layout", action="store_true",
                     help="hopper_mma: time on random bytes as stored, without converting them (same timing)")
-    ap.add_argument("--compile-workers", type=int, default=1, help="compile every config first in N processes (fewer where their weights would not fit the GPU's "
-                         "free memory)")
+    ap.add_argument("--compile-workers", type=int, default=1,
+                    help="compile every config first in N processes (fewer where their weights would not fit the "
+                         "GPU's free memory)")
     ap.add_argument("--compile-only", action="store_true", help="only that compilation (fills Triton's cache)")
     ap.add_argument("--before", default=None,
                     help="module path of another tree's triton_moe (e.g. a copy of the previous release under "
