@@ -484,6 +484,8 @@ def compiled():
     for i, (name, consts, cap) in enumerate(XOR_TUNED):
         jobs.append((name, dict(consts, WPTX=WORDS32_PTX["xor"]), {"maxnreg": cap} if cap else {}))
         keys.append((("xor_tuned", i), name))
+    for _, consts, *_ in jobs:  # the kernels take the decode from their caller: the others decode hopper_mma_w_rot's
+        consts.setdefault("WPTX", WORDS32_PTX["rot"])
     return dict(zip(keys, run_child(_COMPILE, jobs)))
 
 

@@ -93,7 +93,9 @@ def _offsets(K, NB: gl.constexpr, KB: gl.constexpr):
 
 @gluon.jit
 def _decode(w, s, NB: gl.constexpr, KB: gl.constexpr, WPTX: gl.constexpr, FPTX: gl.constexpr):
-    """A lane's words w and scale words s of a [16 NB, 64 KB] tile -> the dequantised tile (bf16)."""
+    """A lane's words w and scale words s of a [16 NB, 64 KB] tile -> the dequantised tile (bf16). WPTX: the decode
+    of the words' bit order, WORDS32_PTX[order]; the kernels take it from their caller, with no default order."""
+    gl.static_assert(WPTX is not None, "WPTX (the words' decode, WORDS32_PTX[order]) not given")
     o = gl.inline_asm_elementwise(asm=WPTX, constraints="=h,=h,=h,=h,=h,=h,=h,=h,r", args=[w],
                                   dtype=(gl.bfloat16,) * 8, is_pure=True, pack=1)
     a = gl.join(gl.join(o[0], o[2]), gl.join(o[1], o[3])).reshape(NB, KB, 8, 4, 4, 4)
@@ -171,7 +173,7 @@ def shared_x_layout(KB):
 @gluon.jit
 def _k_loop(w_ptr, s_ptr, x_ptr, x_mask, K, k_lo, K_SPLIT, up_w, up_s, KB: gl.constexpr, GATE_UP: gl.constexpr,
             WAIT: gl.constexpr, MASKED: gl.constexpr, FRAG: gl.constexpr = False, SHARED: gl.constexpr = False,
-            NB: gl.constexpr = 4, UNROLL: gl.constexpr = 1, WPTX: gl.constexpr = WORDS32_ROT_PTX):
+            NB: gl.constexpr = 4, UNROLL: gl.constexpr = 1, WPTX: gl.constexpr = None):
     """acc (and with GATE_UP the up rows' acc) [16 NB, N] of 16 NB rows (NB slabs from w_ptr / s_ptr, a warp's
     NB / 4 of them slabs w, w + 4, ...) times
     x over codes [k_lo, k_lo + K_SPLIT): x_ptr the [64 KB, N] B operand's pointers at code 0 (with
@@ -331,7 +333,7 @@ def _gemm1_tail(g, u, e, j, rows, b_ptr, inter_ptr, I, p0, p1, ACT: gl.constexpr
 def few_gemm1(w_ptr, s_ptr, x_ptr, ids_ptr, b_ptr, inter_ptr, part_ptr, cnt_ptr, K, I, K_SPLIT, TOP_K, p0, p1,
               KB: gl.constexpr, ACT: gl.constexpr, HAS_LIMIT: gl.constexpr, HAS_LINEAR: gl.constexpr,
               HAS_BIAS: gl.constexpr, SPLITS: gl.constexpr, PDL: gl.constexpr, FRAG_KB: gl.constexpr = 0,
-              UNROLL: gl.constexpr = 1, WPTX: gl.constexpr = WORDS32_ROT_PTX):
+              UNROLL: gl.constexpr = 1, WPTX: gl.constexpr = None):
     """inter[j, rows] = act(gate . x + b, up . x + b) for pair j (token j // TOP_K) and its expert,
     rows [64 rb, 64 rb + 64) (b13 [E, 2 I] with HAS_BIAS). PDL 1 / 2: GEMM2's programs may launch
     from this program's start / once its K loop is done. FRAG_KB > 0: the rows stored in
@@ -371,7 +373,7 @@ def few_gemm1(w_ptr, s_ptr, x_ptr, ids_ptr, b_ptr, inter_ptr, part_ptr, cnt_ptr,
 def few_gemm2(w_ptr, s_ptr, inter_ptr, ids_ptr, b_ptr, tw_ptr, part_ptr, cnt_ptr, out_ptr, K, N, K_SPLIT, TOP_K,
               KB: gl.constexpr, HAS_BIAS: gl.constexpr, SPLITS: gl.constexpr, PDL: gl.constexpr,
               SUM: gl.constexpr, FRAG: gl.constexpr = False, NB: gl.constexpr = 4, UNROLL: gl.constexpr = 1,
-              RELEASE: gl.constexpr = False, WPTX: gl.constexpr = WORDS32_ROT_PTX):
+              RELEASE: gl.constexpr = False, WPTX: gl.constexpr = None):
     """out[t, rows] = sum over token t's pairs j of tw[j] * (w2[e_j] rows . inter[j] + b2[e_j] rows),
     rows [16 NB rb, 16 NB rb + 16 NB) (NB 4, 8 or 16 slabs a program): with SUM the last of the TOP_K x SPLITS
     programs of a token's row block sums their partials, pairs then splits in index order (the bias in split 0's);

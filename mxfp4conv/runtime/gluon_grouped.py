@@ -14,7 +14,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
-from mxfp4conv.runtime.gluon_few_tokens import (_FPTX, A_OP, B_OP, MMA, ROWS, WORDS32_PTX, WORDS32_ROT_PTX, _barrier,
+from mxfp4conv.runtime.gluon_few_tokens import (_FPTX, A_OP, B_OP, MMA, ROWS, WORDS32_PTX, _barrier,
                                                 _cap, _decode, _frag_cols, _fragment_ptrs, _fragments, _k_loop,
                                                 _offsets, _words, _x_load, fragment_order, shared_x_layout)
 from mxfp4conv.runtime.triton_hopper_kernels import _arrive, _gdc_launch, _gdc_wait
@@ -40,7 +40,7 @@ def grp_gemm1(w_ptr, s_ptr, x_ptr, sorted_ptr, bexp_ptr, npp_ptr, b_ptr, inter_p
               HAS_LIMIT: gl.constexpr, HAS_LINEAR: gl.constexpr, HAS_BIAS: gl.constexpr, SPLITS: gl.constexpr,
               FRAG_KB: gl.constexpr = 0, MASKED: gl.constexpr = True, SHARED: gl.constexpr = False,
               UNROLL: gl.constexpr = 1, PDL: gl.constexpr = False, WAIT: gl.constexpr = False,
-              WPTX: gl.constexpr = WORDS32_ROT_PTX):
+              WPTX: gl.constexpr = None):
     """inter[pair, rows] = act(gate . x[pair // TOP_K] + b, up . x + b) for the block's pairs and its
     expert, rows [64 rb, 64 rb + 64). SPLITS > 1: a program per K split (program_id(2)) stores its
     fp32 partials at part[split, pair, gate / up]; the last of a tile's splits to arrive sums them in
@@ -124,7 +124,7 @@ def grp_gemm2(w_ptr, s_ptr, inter_ptr, sorted_ptr, bexp_ptr, npp_ptr, b_ptr, tw_
               KB: gl.constexpr, BT: gl.constexpr, HAS_BIAS: gl.constexpr, BLOCKS: gl.constexpr,
               FRAG: gl.constexpr = False, MASKED: gl.constexpr = True, SHARED: gl.constexpr = False,
               NB: gl.constexpr = 4, UNROLL: gl.constexpr = 1, PDL: gl.constexpr = False,
-              RELEASE: gl.constexpr = False, WPTX: gl.constexpr = WORDS32_ROT_PTX):
+              RELEASE: gl.constexpr = False, WPTX: gl.constexpr = None):
     """pair_out[pair, rows] = tw[pair] * (w2[e] rows . inter[pair] + b2[e] rows) for the block's pairs,
     BLOCKS 64-row blocks a program (more than one: in one loop, the next block's first words loaded during the last
     step of this one; one: a block of 16 NB rows), in pair_out's dtype. FRAG: inter's rows in fragment_order.
