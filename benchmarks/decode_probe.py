@@ -22,10 +22,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import math
 import os
 import statistics
-import subprocess
 import sys
 import time
 
@@ -37,8 +35,8 @@ from mxfp4conv.runtime import gluon_few_tokens as GF  # noqa: E402
 from mxfp4conv.runtime import triton_hopper_kernels as HK  # noqa: E402
 from mxfp4conv.runtime import triton_moe as M  # noqa: E402
 from moe_bench import (SHAPES, SITU, _warm_worker, copy_bandwidth, fit_workers, graph_time_us,  # noqa: E402
-                       make_weights, model_bytes, routing)
-from moe_power import QUERY, samples, sustained  # noqa: E402
+                       make_weights, model_bytes, routing, weight_copies)
+from moe_power import sampled  # noqa: E402
 
 BASE = "hopper_mma_xor"
 
@@ -155,7 +153,7 @@ def main() -> int:
     table, power_sets = [], []
     for shape, T in points:
         H, I, E, k = SHAPES[shape]
-        ncopies = max(2, math.ceil(4.5e9 / (E * 3 * H * I * 0.53)))
+        ncopies = weight_copies(H, I, E)
         copies = [make_weights(H, I, E, gen) for _ in range(ncopies)]  # random bytes: valid stored bytes
         routes = [routing(T, E, k, gen) for _ in range(ncopies)]
         xs = [torch.randn(T, H, device="cuda", generator=gen).to(torch.bfloat16) for _ in range(ncopies)]
@@ -206,24 +204,14 @@ def main() -> int:
 
 def _power(power_sets, secs, log) -> None:
     """moe_power.py's sustained runs, nvidia-smi sampled meanwhile."""
-    smi = subprocess.Popen(["nvidia-smi", f"--query-gpu={QUERY}", "--format=csv,noheader", "-lms", "100"],
-                           stdout=subprocess.PIPE, text=True)
-    windows = []
-    for name, fn in power_sets:
-        t0, t1, us = sustained(fn, secs)
-        windows.append((name, t0 + 0.7, t1, us))
-    time.sleep(0.5)
-    smi.terminate()
-    rows = samples(smi.communicate()[0])
+    windows, _ = sampled(power_sets, secs)
     log(f"\nsustained {secs:.0f} s each\n{'configuration':40} {'us/call':>9} {'W':>5} {'SM MHz':>6} {'mJ/call':>8}")
-    for name, a0, a1, us in windows:
-        sel = [r for r in rows if a0 <= r[0] <= a1]
+    for name, us, sel in windows:
         if not sel:
             log(f"{name:40} {us:9.1f}  (no nvidia-smi samples)")
             continue
         mhz, watts = (sum(r[i] for r in sel) / len(sel) for i in (1, 2))
         log(f"{name:40} {us:9.1f} {watts:5.0f} {mhz:6.0f} {watts * us * 1e-3:8.1f}")
-
 
 if __name__ == "__main__":
     sys.exit(main())

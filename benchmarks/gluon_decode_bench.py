@@ -287,13 +287,13 @@ def sass_table(log) -> None:
     rotw: its rotations as wide multiplies) and the xor order's, and of f8_stream, each GEMM1 (gate and up) and
     GEMM2-like (one matrix)."""
     from benchmarks.gluon_t1_bench import stream
-    from mxfp4conv.runtime.gluon_few_tokens import FACTORS32_PTX, WORDS32_ROT_PTX
+    from mxfp4conv.runtime.gluon_few_tokens import FACTORS32_PTX, WORDS32_PTX
 
     types = {"w_ptr": "*i32", "s_ptr": "*i32", "x_ptr": "*bf16", "out_ptr": "*fp32"}
     f8_types = {"w_ptr": "*u8", "s_ptr": "*i32", "x_ptr": "*fp8e4nv", "cw_ptr": "*fp32", "out_ptr": "*fp32"}
     for gate_up in (True, False):
         for label, fn, consts, tys in (
-                ("rot", stream, dict(WPTX=WORDS32_ROT_PTX), types),
+                ("rot", stream, dict(WPTX=WORDS32_PTX["rot"]), types),
                 ("rotw", stream, dict(WPTX=ROT_WIDE_PTX), types),
                 ("xor", stream, dict(WPTX=WORDS32_PTX["xor"]), types),
                 ("f8", f8_stream, dict(DPTX=F8_DECODE_PTX), f8_types)):

@@ -35,7 +35,7 @@ from triton.experimental.gluon.language.nvidia.ampere import mma_v2  # noqa: E40
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma  # noqa: E402
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: E402
 
-from mxfp4conv.runtime.gluon_few_tokens import FACTORS32_PTX, WORDS32_ROT_PTX, _barrier, _decode, _offsets  # noqa: E402
+from mxfp4conv.runtime.gluon_few_tokens import FACTORS32_PTX, WORDS32_PTX, _barrier, _decode, _offsets  # noqa: E402
 from benchmarks.kernel_split import split as kernel_times  # noqa: E402
 from benchmarks.moe_bench import SHAPES, copy_bandwidth, graph_time_us, make_weights, routing  # noqa: E402
 from mxfp4conv.codec import dequantize_mxfp4  # noqa: E402
@@ -293,7 +293,7 @@ def run_tma_stream(descs, x_rows, out, K, rows, split, gate_up, kb, sub, stages,
     """tma_stream over pairs matrices of rows rows and K codes; out [split, pairs, rows] fp32."""
     grid = ((rows // 2 if gate_up else rows) // 16, pairs, split)
     tma_stream[grid](*descs, out, rows // 16, K // (64 * kb * sub) // split, rows // 32, x_rows, rows,
-                     KB=kb, SUB=sub, STAGES=stages, GATE_UP=gate_up, WPTX=WORDS32_ROT_PTX, FPTX=FACTORS32_PTX,
+                     KB=kb, SUB=sub, STAGES=stages, GATE_UP=gate_up, WPTX=WORDS32_PTX["rot"], FPTX=FACTORS32_PTX,
                      num_warps=1)
 
 
@@ -310,7 +310,7 @@ def run_stream(w, s, x, out, K, rows, split, gate_up, kb, depth, read_only, pair
     (None: hopper_mma_w_rot's)."""
     grid = ((rows // 2 if gate_up else rows) // 64, pairs, split)
     stream[grid](w, s, x, out, K, rows, K // split, K if x.dim() == 2 else 0, NB=4, KB=kb,
-                 WPTX=wptx or WORDS32_ROT_PTX, FPTX=FACTORS32_PTX, GATE_UP=gate_up, DEPTH=depth, READ_ONLY=read_only,
+                 WPTX=wptx or WORDS32_PTX["rot"], FPTX=FACTORS32_PTX, GATE_UP=gate_up, DEPTH=depth, READ_ONLY=read_only,
                  CONTIG=contig, num_warps=4)
 
 

@@ -33,7 +33,7 @@ from triton.experimental.gluon._runtime import GluonASTSource  # noqa: E402
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2  # noqa: E402
 
 from benchmarks.hopper_sass import _tool, loops  # noqa: E402
-from mxfp4conv.runtime.gluon_few_tokens import FACTORS32_PTX, WORDS32_ROT_PTX, _decode, _offsets  # noqa: E402
+from mxfp4conv.runtime.gluon_few_tokens import FACTORS32_PTX, WORDS32_PTX, _decode, _offsets  # noqa: E402
 
 
 @gluon.jit
@@ -103,7 +103,7 @@ def main() -> int:
     ap.add_argument("--kb", type=int, default=2, help="64-code blocks a K step (2: 128 codes)")
     ap.add_argument("--keep", default=None, help="directory for the TTGIR and SASS")
     args = ap.parse_args()
-    consts = {"NB": 4, "KB": args.kb, "WPTX": WORDS32_ROT_PTX, "FPTX": FACTORS32_PTX}
+    consts = {"NB": 4, "KB": args.kb, "WPTX": WORDS32_PTX["rot"], "FPTX": FACTORS32_PTX}
     words = 16 * 4 * 64 * args.kb // 8 // 128  # int32 words a thread a step, a matrix
     print(f"triton {triton.__version__}, sm_90a, Gluon MMA v2, 4 warps, 64 rows x {64 * args.kb} codes a step "
           f"({words} words a thread a matrix)")

@@ -81,43 +81,54 @@ def samples(text: str) -> list[tuple[float, ...]]:
     return rows
 
 
+def sampled(configs, secs: float) -> tuple[list[tuple[str, float, list]], str]:
+    """Each (name, fn) of configs (an iterable, so that each fn may be built after the one before has run) sustained
+    for secs while nvidia-smi samples every 100 ms: ([(name, us a call, its samples)], nvidia-smi's CSV)."""
+    smi = subprocess.Popen(["nvidia-smi", f"--query-gpu={QUERY}", "--format=csv,noheader", "-lms", "100"],
+                           stdout=subprocess.PIPE, text=True)
+    windows = []
+    for name, fn in configs:
+        t0, t1, us = sustained(fn, secs)
+        windows.append((name, t0 + 0.7, t1, us))
+    time.sleep(0.5)
+    smi.terminate()
+    text = smi.communicate()[0]
+    rows = samples(text)
+    return [(name, us, [r for r in rows if a0 <= r[0] <= a1]) for name, a0, a1, us in windows], text
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--points", default=json.dumps(DEFAULT_POINTS))
     ap.add_argument("--secs", type=float, default=3.0)
     ap.add_argument("--out", default=None, help="directory for the table and nvidia-smi's samples")
     args = ap.parse_args()
-    smi = subprocess.Popen(["nvidia-smi", f"--query-gpu={QUERY}", "--format=csv,noheader", "-lms", "100"],
-                           stdout=subprocess.PIPE, text=True)
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    cache: dict = {}
-    windows = []
-    for shape, T, overrides in json.loads(args.points):
-        t0, t1, us = sustained(layer(shape, T, overrides, gen, cache), args.secs)
-        windows.append((f"{shape} T={T} {json.dumps(overrides) if overrides else 'default'}", t0 + 0.7, t1, us))
-    cache.clear()
-    torch.cuda.empty_cache()
-    a = torch.empty(4 << 30, dtype=torch.uint8, device="cuda").random_()
-    b = torch.empty_like(a)
-    t0, t1, us = sustained(lambda: b.copy_(a), args.secs)
-    windows.append(("copy 4 GiB (read + write 8 GiB)", t0 + 0.7, t1, us))
-    words, total = a.view(torch.float32), torch.empty((), device="cuda")
-    t0, t1, us = sustained(lambda: torch.sum(words, dim=0, out=total), args.secs)
-    windows.append(("read 4 GiB (a float32 sum over it)", t0 + 0.7, t1, us))
-    time.sleep(0.5)
-    smi.terminate()
-    text = smi.communicate()[0]
-    rows = samples(text)
+
+    def configs():
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        cache: dict = {}
+        for shape, T, overrides in json.loads(args.points):
+            yield (f"{shape} T={T} {json.dumps(overrides) if overrides else 'default'}",
+                   layer(shape, T, overrides, gen, cache))
+        cache.clear()
+        torch.cuda.empty_cache()
+        a = torch.empty(4 << 30, dtype=torch.uint8, device="cuda").random_()
+        b = torch.empty_like(a)
+        yield "copy 4 GiB (read + write 8 GiB)", lambda: b.copy_(a)
+        words, total = a.view(torch.float32), torch.empty((), device="cuda")
+        yield "read 4 GiB (a float32 sum over it)", lambda: torch.sum(words, dim=0, out=total)
+
+    windows, text = sampled(configs(), args.secs)
     lines = [f"{torch.cuda.get_device_name()}; torch {torch.__version__}; sustained {args.secs:.0f} s a configuration",
              f"{'configuration':58} {'us/call':>9} {'W':>5} {'SM MHz':>6} {'mJ/call':>8} {'mem MHz':>7} {'HBM C':>5}"]
-    for name, a0, a1, us in windows:
-        sel = [r for r in rows if a0 <= r[0] <= a1]
+    for name, us, sel in windows:
         if not sel:
             lines.append(f"{name:58} {us:9.1f}  (no nvidia-smi samples)")
             continue
         mean = [sum(r[i] for r in sel) / len(sel) for i in range(1, 4)]
         lines.append(f"{name:58} {us:9.1f} {mean[1]:5.0f} {mean[0]:6.0f} {mean[1] * us * 1e-3:8.1f} {mean[2]:7.0f} "
                      f"{max(r[4] for r in sel):5.0f}")
+    rows = samples(text)
     if rows:
         lines.append(f"power limit {rows[-1][5]:.0f} W")
     print("\n".join(lines))
@@ -128,7 +139,6 @@ def main() -> int:
         with open(os.path.join(args.out, "nvidia_smi.csv"), "w") as f:
             f.write(text)
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -43,7 +43,6 @@ def words32_ptx(order: str) -> str:
 
 
 WORDS32_PTX = {order: words32_ptx(order) for order in ("rot", "xor")}  # hopper_mma_w_rot, hopper_mma_w_xor
-WORDS32_ROT_PTX = WORDS32_PTX["rot"]
 # a scale word's 4 e8m0 bytes -> their factors 2**(s - 1) as 16-bit halves (exact for bytes <= 128,
 # which fused_moe_triton checks before it takes this path)
 FACTORS32_PTX = ("{\n.reg .b32 a, b;\nprmt.b32 a, $4, 0, 0x4140;\nprmt.b32 b, $4, 0, 0x4342;\n"
