@@ -263,7 +263,8 @@ def select_config(num_pairs: int, num_experts: int, hidden: int, inter: int, lay
         # times _TARGET_PROGRAMS (K3-like T = 8-32: 0.951-0.985 of one tile a program; T = 2 and 4,
         # fewer programs, 1.003-1.073); row tiles first in both grids, so a block's row tiles run side
         # by side (DSV3-like T = 1024 0.934 of pair blocks first on an H200; on an H100 with the xor
-        # decode, DSV3-like T = 256-768 0.864-0.945, K3-like T = 320-1024 0.956-0.972)
+        # decode, DSV3-like T = 192-768 0.864-0.962, K3-like T = 320-1024 0.956-0.972; below 5.5 pairs an expert,
+        # where the Gluon kernels take bf16 calls, not timed)
         # register caps on 16-pair blocks, and on 32-pair ones where GEMM2's rows are short (both GEMMs where
         # GEMM2 runs one row tile a program): under them ptxas schedules GEMM1 in 54 / 78 registers, not 116 /
         # 138, with the same instructions and nothing spilled, so 7 / 5 programs share an SM, not 4 / 3
@@ -277,9 +278,8 @@ def select_config(num_pairs: int, num_experts: int, hidden: int, inter: int, lay
         rows2 = 1
         if short and bt < 64:
             rows2 = 4 if per_expert > 1.05 else 3 if num_pairs * triton.cdiv(hidden, 128) >= 3 * _TARGET_PROGRAMS else 1
-        first = 1
         return MoEConfig(block_t=bt, block_n1=64, block_n2=128, block_k=128, num_warps=4, num_stages=3, maxnreg=maxnreg,
-                         rows2=rows2, maxnreg2=0 if rows2 > 1 else -1, rows_first1=first, rows_first2=first,
+                         rows2=rows2, maxnreg2=0 if rows2 > 1 else -1, rows_first1=1, rows_first2=1,
                          tail_t=tail, dual=int(tail >= 32))
     if per_expert <= 32:
         # decode path without tensor cores (taken at <= 1 pair per touched expert): 16-row tiles
