@@ -213,5 +213,6 @@ def _power(power_sets, secs, log) -> None:
         mhz, watts = (sum(r[i] for r in sel) / len(sel) for i in (1, 2))
         log(f"{name:40} {us:9.1f} {watts:5.0f} {mhz:6.0f} {watts * us * 1e-3:8.1f}")
 
+
 if __name__ == "__main__":
     sys.exit(main())

@@ -140,5 +140,6 @@ def main() -> int:
             f.write(text)
     return 0
 
+
 if __name__ == "__main__":
     sys.exit(main())
