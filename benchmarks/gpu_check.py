@@ -141,6 +141,10 @@ CASES = [
     ("k3 T160 silu bias ragged", 160, 3584, 384, 896, 16, "silu", {}, True, torch.bfloat16, "ragged"),
     # expert blocks whose GEMM1 runs over pairs of steps (its expected grid in two waves of 4 programs an SM)
     ("k3 T12 silu", 12, 3584, 384, 896, 16, "silu", {}, False, torch.bfloat16, "uniform"),
+    # the middle's expert blocks: 64-pair blocks in 32-pair tiles or whole (DSV3-like), 32-pair ones in 16 or whole
+    # (K3-like), biases, slots on no local expert
+    ("dsv3 T1024 silu+limit bias ragged", 1024, 7168, 2048, 256, 8, "silu", {"swiglu_limit": 10.0}, True, torch.bfloat16, "ragged"),
+    ("k3 T1024 situ ragged", 1024, 3584, 384, 896, 16, "situ", {"beta": 4.0, "linear_beta": 25.0}, False, torch.bfloat16, "ragged"),
 ]
 
 
@@ -206,6 +210,8 @@ def hopper_variants(T, H, I, k, E):
         out.append(("absorb", dataclasses.replace(default, absorb=on, absorb2=on)))
     # the e8m0 factors of the decode computed the other way (two to a word or one at a time)
     out.append(("factors", dataclasses.replace(default, factor_pairs=1 - default.factor_pairs)))
+    # GEMM1 in gluon_wgmma's kernel (where it runs: expert blocks of up to 64 pairs, bf16 x)
+    out.append(("wgmma1", dataclasses.replace(default, wgmma1=1)))
     if T > 1:  # the other align (many programs below ALIGN_GRID_PAIRS, one program from it)
         out.append(("align", dataclasses.replace(default, align=int(T * k < ALIGN_GRID_PAIRS))))
     if pairs_take(default, T, T * k, E):  # the Gluon kernels take these tokens where they can: the variants above on
@@ -361,7 +367,7 @@ def main() -> int:
                         f" r{r2}{loops}")
             else:
                 path = path_name(cfg, T, k, E, dtype, layout)
-            label = f"{name} [{path}{' splitK' if vname == 'split' else ''}]"
+            label = f"{name} [{path}{' splitK' if vname == 'split' else ' wgmma1' if vname == 'wgmma1' else ''}]"
             outs = []
             try:
                 for _ in range(2):

@@ -204,6 +204,15 @@ class MoEConfig:
     # / 0.995 / 0.996, T = 160 / 256 1.006 / 1.000 (within their rounds' spread), DSV3-like T = 8 / 16 / 64 0.993 /
     # 0.999 / 0.998
     gluon_grouped_pdl: int = 2
+    # the hopper_mma path's GEMM1 on expert blocks of up to 64 pairs in gluon_wgmma's kernel (warpgroup MMAs, weights
+    # straight into registers, x through shared memory; 1) instead of moe_hgemm1_kernel (0), where it can run
+    # (wgmma1_runs); wgmma1_cap: its register cap (0 none, -1 automatic: 168 on 64-pair blocks)
+    wgmma1: int = 0
+    wgmma1_cap: int = -1
+    # GEMM2 the same way (wgmma2: 1 each MMA waited for at once, 2 run while the next step decodes), in programs of
+    # wgmma2_rows rows (64 or 128)
+    wgmma2: int = 0
+    wgmma2_rows: int = 128
 
 
 def layout_of(layout: Mapping[str, str]) -> str | None:
@@ -1143,6 +1152,53 @@ def hopper_constants(cfg: MoEConfig, T: int, top_k: int, H: int, i_pad: int, dty
     return c1, c2, (direct, fused, rows2)
 
 
+def _wgmma_can_run(cfg, x, w, s, splits, direct, fused, fact, rot) -> bool:
+    """Whether a gluon_wgmma kernel can take a GEMM: bf16 x on CUDA, expert blocks of at most 64 pairs in one K split,
+    every e8m0 scale <= 2, the xor or rot bit order, word-aligned weights and Gluon here."""
+    return bool(x.dtype == torch.bfloat16 and x.is_cuda and torch.version.cuda is not None
+                and os.environ.get("TRITON_INTERPRET") != "1" and cfg.block_t <= 64 and splits == 1 and not direct
+                and not fused and fact != 2 and rot in (1, 2) and w.data_ptr() % 16 == 0 and s.data_ptr() % 4 == 0
+                and _gluon_module() is not None)
+
+
+def wgmma1_runs(cfg, x, w13, w13_scale, i_pad, splits, direct, fused, fact, rot) -> bool:
+    """Whether GEMM1 runs in gluon_wgmma.wg_gemm1: asked for (wgmma1), 128-code steps of H, and x's offsets in int32."""
+    return bool(cfg.wgmma1 and x.shape[1] % 128 == 0 and i_pad % 64 == 0 and x.numel() < 2 ** 31
+                and _wgmma_can_run(cfg, x, w13, w13_scale, splits, direct, fused, fact, rot))
+
+
+def wgmma2_runs(cfg, x, w2, w2_scale, H, i_pad, pairs, splits, direct, fused, fact, rot) -> bool:
+    """Whether GEMM2 runs in gluon_wgmma.wg_gemm2: asked for (wgmma2), rows of wgmma2_rows dividing H, 128-code steps
+    of I, and the intermediate's offsets in int32."""
+    return bool(cfg.wgmma2 and cfg.wgmma2_rows in (64, 128) and H % cfg.wgmma2_rows == 0 and i_pad % 128 == 0
+                and pairs * i_pad < 2 ** 31 and _wgmma_can_run(cfg, x, w2, w2_scale, splits, direct, fused, fact, rot))
+
+
+def _wgmma_gemm1(x, w13, w13_scale, w13_bias, act, cfg, r, num_pairs, top_k, i_pad, max_blocks, rot):
+    """GEMM1 of the hopper_mma path in gluon_wgmma.wg_gemm1: r.inter = act(gate . x, up . x) per pair."""
+    from mxfp4conv.runtime import gluon_wgmma
+    from mxfp4conv.runtime.gluon_few_tokens import WORDS32_PTX, _words
+    cap = cfg.wgmma1_cap if cfg.wgmma1_cap >= 0 else 168 if cfg.block_t > 32 else 0
+    gluon_wgmma.wg_gemm1[(i_pad // 64, max_blocks)](
+        _words(w13), _words(w13_scale), x, r.sorted_ids, r.block_expert, r.num_post_pad,
+        w13_bias if w13_bias is not None else r.inter, r.inter, num_pairs, top_k, x.shape[1], i_pad, act["p0"],
+        act["p1"], KB=2, BT=cfg.block_t, TAIL=cfg.tail_t, STAGES=3, ACT=act["ACT"], HAS_LIMIT=act["HAS_LIMIT"],
+        HAS_LINEAR=act["HAS_LINEAR"], HAS_BIAS=w13_bias is not None, OVERLAP={1: 0, 2: 3, 3: 2}.get(cfg.wgmma1, 3),
+        WPTX=WORDS32_PTX["xor" if rot == 2 else "rot"], num_warps=4, **({"maxnreg": cap} if cap else {}))
+
+
+def _wgmma_gemm2(w2, w2_scale, w2_bias, cfg, r, num_pairs, H, i_pad, max_blocks, rot):
+    """GEMM2 of the hopper_mma path in gluon_wgmma.wg_gemm2: r.pair_out[0] = tw * (w2 . inter + b2) per pair."""
+    from mxfp4conv.runtime import gluon_wgmma
+    from mxfp4conv.runtime.gluon_few_tokens import WORDS32_PTX, _words
+    rows = cfg.wgmma2_rows
+    gluon_wgmma.wg_gemm2[(H // rows, max_blocks)](
+        _words(w2), _words(w2_scale), r.inter, r.sorted_ids, r.block_expert, r.num_post_pad,
+        w2_bias if w2_bias is not None else r.tw, r.tw, r.pair_out, num_pairs, i_pad, H, KB=2, BT=cfg.block_t,
+        TAIL=cfg.tail_t if cfg.tail_t2 < 0 else cfg.tail_t2, ROWS=rows, STAGES=3, HAS_BIAS=w2_bias is not None,
+        OVERLAP=3 if cfg.wgmma2 == 2 else 0, WPTX=WORDS32_PTX["xor" if rot == 2 else "rot"], num_warps=4)
+
+
 def _hopper_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias, act, cfg, out,
                     rot=0):
     """The MMA path over the hopper_mma layouts (moe_hgemm1/2_kernel); rot: the weight words' bit order
@@ -1186,6 +1242,8 @@ def _hopper_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13
         return grid, False
 
     def gemm1(grid, r):
+        if wgmma1_runs(cfg, x, w13, w13_scale, i_pad, r.s1, direct, fused, fact, rot):
+            return _wgmma_gemm1(x, w13, w13_scale, w13_bias, act, cfg, r, num_pairs, top_k, i_pad, grid[0], rot)
         grid, rf = order(grid, cfg.rows_first1)
         HK.moe_hgemm1_kernel[grid](
             x, w13, w13_scale, r.b13, r.inter, r.part, r.sorted_ids, r.block_expert, r.num_post_pad,
@@ -1195,6 +1253,8 @@ def _hopper_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13
         )
 
     def gemm2(grid, r):
+        if wgmma2_runs(cfg, x, w2, w2_scale, H, i_pad, num_pairs, r.s2, direct, fused, fact, rot):
+            return _wgmma_gemm2(w2, w2_scale, w2_bias, cfg, r, num_pairs, H, i_pad, grid[0], rot)
         grid, rf = order(grid, cfg.rows_first2)
         HK.moe_hgemm2_kernel[grid](
             r.inter, w2, w2_scale, r.b2, r.tw, r.pair_out, r.sorted_ids, r.block_expert, r.num_post_pad,

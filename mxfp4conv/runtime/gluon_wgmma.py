@@ -1,0 +1,237 @@
+"""GEMM1 of the MoE layer over hopper_mma_xor (or _rot) weights on expert blocks, in Gluon with warpgroup MMAs
+(wgmma): a program per (64 rows of gate and of up, pair block), the block's pairs the N columns. Each lane loads its
+weight words straight into registers a step ahead and decodes them into its A fragments (gluon_few_tokens' decode);
+the block's x tile comes into a ring of shared-memory stages by cp.async, from which the wgmmas read it.
+"""
+
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia import hopper
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
+
+from mxfp4conv.runtime.gluon_few_tokens import _FPTX, _barrier, _decode, _offsets
+from mxfp4conv.runtime.triton_moe_kernels import _activate
+
+# cp.async of a tile into shared memory: async_load from triton 3.9 on, async_copy_global_to_shared before
+_async_load = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
+
+
+@gluon.constexpr_function
+def acc_layout(BT):
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BT, 16])
+
+
+@gluon.constexpr_function
+def a_layout(BT):
+    return gl.DotOperandLayout(operand_index=0, parent=acc_layout(BT), k_width=2)
+
+
+@gluon.constexpr_function
+def x_shared_layout():
+    return gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2, transposed=True)
+
+
+@gluon.constexpr_function
+def x_copy_layout(KB):
+    """[64 KB, BT] x tile, codes contiguous: a lane copies 8 codes (16 bytes) of one column."""
+    along = min(8 * KB, 32)
+    return gl.BlockedLayout([8, 1], [along, 32 // along], [1, 4], [0, 1])
+
+
+@gluon.jit
+def wg_gemm1(w_ptr, s_ptr, x_ptr, sorted_ptr, bexp_ptr, npp_ptr, b_ptr, inter_ptr, num_pairs, TOP_K, K, I, p0, p1,
+             KB: gl.constexpr, BT: gl.constexpr, TAIL: gl.constexpr, STAGES: gl.constexpr, ACT: gl.constexpr,
+             HAS_LIMIT: gl.constexpr, HAS_LINEAR: gl.constexpr, HAS_BIAS: gl.constexpr, OVERLAP: gl.constexpr = 3,
+             WPTX: gl.constexpr = None):
+    """inter[pair, rows] = act(gate . x[pair // TOP_K] + b, up . x + b) for pair block program_id(1) (BT slots) and
+    rows [64 rb, 64 rb + 64), rb = program_id(0): in a [64, TAIL] tile where the block holds at most TAIL pairs
+    (TAIL 0: never), else a [64, BT] one. OVERLAP (bit 0: the BT tile, bit 1: the TAIL tile): each warpgroup MMA runs
+    while the next matrix's rows decode (else it is waited for at once)."""
+    m = gl.program_id(1)
+    live = m * BT < gl.load(npp_ptr)
+    e = gl.load(bexp_ptr + m, mask=live, other=-1).to(gl.int64)
+    if e >= 0:
+        rb = gl.program_id(0)
+        w_ptr += e * (2 * I * (K // 8)) + rb * 4 * (2 * K)
+        s_ptr += e * (2 * I * K // 128) + rb * 4 * (K // 8)
+        if TAIL > 0:
+            n = gl.sum((gl.load(sorted_ptr + m * BT + gl.arange(0, BT, layout=gl.BlockedLayout([1], [32], [4], [0])))
+                        < num_pairs).to(gl.int32), axis=0)
+            if n <= TAIL:
+                _wg_tile(w_ptr, s_ptr, x_ptr, sorted_ptr + m * BT, b_ptr, inter_ptr, e, rb, num_pairs, TOP_K, K, I,
+                         p0, p1, KB, TAIL, STAGES, ACT, HAS_LIMIT, HAS_LINEAR, HAS_BIAS, (OVERLAP >> 1) & 1, WPTX)
+            else:
+                _wg_tile(w_ptr, s_ptr, x_ptr, sorted_ptr + m * BT, b_ptr, inter_ptr, e, rb, num_pairs, TOP_K, K, I,
+                         p0, p1, KB, BT, STAGES, ACT, HAS_LIMIT, HAS_LINEAR, HAS_BIAS, OVERLAP & 1, WPTX)
+        else:
+            _wg_tile(w_ptr, s_ptr, x_ptr, sorted_ptr + m * BT, b_ptr, inter_ptr, e, rb, num_pairs, TOP_K, K, I, p0,
+                     p1, KB, BT, STAGES, ACT, HAS_LIMIT, HAS_LINEAR, HAS_BIAS, OVERLAP & 1, WPTX)
+
+
+@gluon.jit
+def _wg_tile(w_ptr, s_ptr, x_ptr, slots_ptr, b_ptr, inter_ptr, e, rb, num_pairs, TOP_K, K, I, p0, p1,
+             KB: gl.constexpr, BT: gl.constexpr, STAGES: gl.constexpr, ACT: gl.constexpr, HAS_LIMIT: gl.constexpr,
+             HAS_LINEAR: gl.constexpr, HAS_BIAS: gl.constexpr, OVERLAP: gl.constexpr, WPTX: gl.constexpr):
+    """GEMM1's K loop and epilogue for the [64, BT] tile of the pairs in slots slots_ptr[0:BT]."""
+    ACC: gl.constexpr = acc_layout(BT)
+    A_OP: gl.constexpr = a_layout(BT)
+    XL: gl.constexpr = x_copy_layout(KB)
+    S: gl.constexpr = 64 * KB
+    pair_x = gl.load(slots_ptr + gl.arange(0, BT, layout=gl.SliceLayout(0, XL)))
+    ok_x = pair_x < num_pairs
+    tok = gl.where(ok_x, pair_x // TOP_K, 0)
+    xk = gl.arange(0, S, layout=gl.SliceLayout(1, XL))
+    x_ptrs = x_ptr + (tok[None, :] * K + xk[:, None])  # (int32 offsets: the caller checks T K < 2**31)
+    x_mask = ok_x[None, :] & (xk[:, None] >= 0)
+    up_w = (I // 16) * (2 * K)
+    up_s = (I // 16) * (K // 8)
+    w_off, s_off = _offsets(K, 4, KB)
+    xs = gl.allocate_shared_memory(gl.bfloat16, [STAGES, S, BT], x_shared_layout())
+    steps = K // S
+    for i in gl.static_range(STAGES - 1):
+        _async_load(xs.index(i), x_ptrs + i * S, mask=x_mask)
+        async_copy.commit_group()
+    wg = gl.load(w_ptr + w_off)
+    sg = gl.load(s_ptr + s_off)
+    wu = gl.load(w_ptr + up_w + w_off)
+    su = gl.load(s_ptr + up_s + s_off)
+    acc_g = gl.zeros([64, BT], gl.float32, layout=ACC)
+    acc_u = gl.zeros([64, BT], gl.float32, layout=ACC)
+    a_u = gl.zeros([64, S], gl.bfloat16, layout=A_OP)  # (the up MMA before the first step's: none)
+    if OVERLAP:  # carried through the loop in flight
+        acc_u = hopper.warpgroup_mma_init(acc_u)
+    for i in range(steps):
+        kn = gl.minimum(i + 1, steps - 1) * S
+        j = i + STAGES - 1
+        if not OVERLAP:
+            _async_load(xs.index(j % STAGES), x_ptrs + gl.minimum(j, steps - 1) * S,
+                                                   mask=x_mask)
+            async_copy.commit_group()
+        # each matrix's next words are loaded once its words are decoded, into their registers
+        a_g = gl.convert_layout(_decode(wg, sg, 4, KB, WPTX, _FPTX), A_OP)
+        wg = gl.load(w_ptr + w_off + kn * 2)
+        sg = gl.load(s_ptr + s_off + kn // 8)
+        async_copy.wait_group(STAGES - 2 if OVERLAP else STAGES - 1)
+        _barrier()
+        hopper.fence_async_shared()
+        x = xs.index(i % STAGES)
+        acc_g = hopper.warpgroup_mma(a_g, x, acc_g, is_async=True)
+        if OVERLAP:  # the up MMA of the step before is done (its operands free): its x stage takes step j's tile
+            acc_u, a_u = hopper.warpgroup_mma_wait(1, deps=[acc_u, a_u])
+            _async_load(xs.index(j % STAGES), x_ptrs + gl.minimum(j, steps - 1) * S,
+                                                   mask=x_mask)
+            async_copy.commit_group()
+        else:
+            acc_g = hopper.warpgroup_mma_wait(0, deps=[acc_g])
+        a_u = gl.convert_layout(_decode(wu, su, 4, KB, WPTX, _FPTX), A_OP)
+        wu = gl.load(w_ptr + up_w + w_off + kn * 2)
+        su = gl.load(s_ptr + up_s + s_off + kn // 8)
+        acc_u = hopper.warpgroup_mma(a_u, x, acc_u, is_async=True)
+        if OVERLAP:  # the gate MMA is done: the next step's gate rows may decode while the up MMA runs
+            acc_g, a_g = hopper.warpgroup_mma_wait(1, deps=[acc_g, a_g])
+        else:
+            acc_u = hopper.warpgroup_mma_wait(0, deps=[acc_u])
+    acc_u, a_u = hopper.warpgroup_mma_wait(0, deps=[acc_u, a_u])
+    async_copy.wait_group(0)
+    rows = rb * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, ACC))
+    if HAS_BIAS:
+        acc_g += gl.load(b_ptr + e * (2 * I) + rows).to(gl.float32)[:, None]
+        acc_u += gl.load(b_ptr + e * (2 * I) + I + rows).to(gl.float32)[:, None]
+    h = _activate(acc_g, acc_u, p0, p1, ACT, HAS_LIMIT, HAS_LINEAR).to(gl.bfloat16)
+    pair = gl.convert_layout(pair_x, gl.SliceLayout(0, ACC))
+    ok = pair < num_pairs
+    gl.store(inter_ptr + pair[None, :].to(gl.int64) * I + rows[:, None], h, mask=ok[None, :] & (rows[:, None] >= 0))
+
+
+@gluon.jit
+def wg_gemm2(w_ptr, s_ptr, a_ptr, sorted_ptr, bexp_ptr, npp_ptr, b_ptr, tw_ptr, out_ptr, num_pairs, K, N,
+             KB: gl.constexpr, BT: gl.constexpr, TAIL: gl.constexpr, ROWS: gl.constexpr, STAGES: gl.constexpr,
+             HAS_BIAS: gl.constexpr, OVERLAP: gl.constexpr = 0, WPTX: gl.constexpr = None):
+    """out[pair, rows] = tw[pair] * (w2[e] rows . a[pair] + b2[e] rows) for pair block program_id(1) (BT slots) and
+    rows [ROWS rb, ROWS rb + ROWS), rb = program_id(0), in out's dtype: in a [ROWS, TAIL] tile where the block holds
+    at most TAIL pairs (TAIL 0: never), else a [ROWS, BT] one. OVERLAP (bit 0: the BT tile, bit 1: the TAIL tile):
+    each step's MMA runs while the next step's rows decode (else it is waited for at once)."""
+    m = gl.program_id(1)
+    live = m * BT < gl.load(npp_ptr)
+    e = gl.load(bexp_ptr + m, mask=live, other=-1).to(gl.int64)
+    if e >= 0:
+        rb = gl.program_id(0)
+        NB: gl.constexpr = ROWS // 16
+        w_ptr += e * (N * (K // 8)) + rb * NB * (2 * K)
+        s_ptr += e * (N * K // 128) + rb * NB * (K // 8)
+        if TAIL > 0:
+            n = gl.sum((gl.load(sorted_ptr + m * BT + gl.arange(0, BT, layout=gl.BlockedLayout([1], [32], [4], [0])))
+                        < num_pairs).to(gl.int32), axis=0)
+            if n <= TAIL:
+                _wg_tile2(w_ptr, s_ptr, a_ptr, sorted_ptr + m * BT, b_ptr, tw_ptr, out_ptr, e, rb, num_pairs, K, N,
+                          KB, TAIL, ROWS, STAGES, HAS_BIAS, (OVERLAP >> 1) & 1, WPTX)
+            else:
+                _wg_tile2(w_ptr, s_ptr, a_ptr, sorted_ptr + m * BT, b_ptr, tw_ptr, out_ptr, e, rb, num_pairs, K, N,
+                          KB, BT, ROWS, STAGES, HAS_BIAS, OVERLAP & 1, WPTX)
+        else:
+            _wg_tile2(w_ptr, s_ptr, a_ptr, sorted_ptr + m * BT, b_ptr, tw_ptr, out_ptr, e, rb, num_pairs, K, N, KB,
+                      BT, ROWS, STAGES, HAS_BIAS, OVERLAP & 1, WPTX)
+
+
+@gluon.jit
+def _wg_tile2(w_ptr, s_ptr, a_ptr, slots_ptr, b_ptr, tw_ptr, out_ptr, e, rb, num_pairs, K, N, KB: gl.constexpr,
+              BT: gl.constexpr, ROWS: gl.constexpr, STAGES: gl.constexpr, HAS_BIAS: gl.constexpr,
+              OVERLAP: gl.constexpr, WPTX: gl.constexpr):
+    """GEMM2's K loop and epilogue for the [ROWS, BT] tile of the pairs in slots slots_ptr[0:BT]."""
+    ACC: gl.constexpr = acc_layout(BT)
+    A_OP: gl.constexpr = a_layout(BT)
+    XL: gl.constexpr = x_copy_layout(KB)
+    S: gl.constexpr = 64 * KB
+    NB: gl.constexpr = ROWS // 16
+    pair_x = gl.load(slots_ptr + gl.arange(0, BT, layout=gl.SliceLayout(0, XL)))
+    ok_x = pair_x < num_pairs
+    xk = gl.arange(0, S, layout=gl.SliceLayout(1, XL))
+    x_ptrs = a_ptr + (gl.where(ok_x, pair_x, 0)[None, :] * K + xk[:, None])  # (int32: the caller checks pairs K)
+    x_mask = ok_x[None, :] & (xk[:, None] >= 0)
+    w_off, s_off = _offsets(K, NB, KB)
+    xs = gl.allocate_shared_memory(gl.bfloat16, [STAGES, S, BT], x_shared_layout())
+    steps = K // S
+    for i in gl.static_range(STAGES - 1):
+        _async_load(xs.index(i), x_ptrs + i * S, mask=x_mask)
+        async_copy.commit_group()
+    w = gl.load(w_ptr + w_off)
+    sc = gl.load(s_ptr + s_off)
+    acc = gl.zeros([ROWS, BT], gl.float32, layout=ACC)
+    a_prev = gl.zeros([ROWS, S], gl.bfloat16, layout=A_OP)  # (the MMA before the first step's: none)
+    if OVERLAP:
+        acc = hopper.warpgroup_mma_init(acc)
+    for i in range(steps):
+        kn = gl.minimum(i + 1, steps - 1) * S
+        j = i + STAGES - 1
+        if not OVERLAP:
+            _async_load(xs.index(j % STAGES), x_ptrs + gl.minimum(j, steps - 1) * S,
+                                                   mask=x_mask)
+            async_copy.commit_group()
+        a = gl.convert_layout(_decode(w, sc, NB, KB, WPTX, _FPTX), A_OP)
+        w = gl.load(w_ptr + w_off + kn * 2)
+        sc = gl.load(s_ptr + s_off + kn // 8)
+        async_copy.wait_group(STAGES - 2 if OVERLAP else STAGES - 1)
+        _barrier()
+        hopper.fence_async_shared()
+        if OVERLAP:  # the MMA of the step before is done (its x stage takes step j's tile) once this one is issued
+            acc = hopper.warpgroup_mma(a, xs.index(i % STAGES), acc, is_async=True)
+            a_prev = hopper.warpgroup_mma_wait(1, deps=[a_prev])
+            a_prev = a
+            _async_load(xs.index(j % STAGES), x_ptrs + gl.minimum(j, steps - 1) * S,
+                                                   mask=x_mask)
+            async_copy.commit_group()
+        else:
+            acc = hopper.warpgroup_mma(a, xs.index(i % STAGES), acc, is_async=True)
+            acc = hopper.warpgroup_mma_wait(0, deps=[acc])
+    acc = hopper.warpgroup_mma_wait(0, deps=[acc])
+    async_copy.wait_group(0)
+    rows = rb * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, ACC))
+    if HAS_BIAS:
+        acc += gl.load(b_ptr + e * N + rows).to(gl.float32)[:, None]
+    pair = gl.convert_layout(pair_x, gl.SliceLayout(0, ACC))
+    ok = pair < num_pairs
+    acc = acc * gl.load(tw_ptr + pair, mask=ok, other=0.0).to(gl.float32)[None, :]
+    gl.store(out_ptr + pair[None, :].to(gl.int64) * N + rows[:, None], acc.to(out_ptr.dtype.element_ty),
+             mask=ok[None, :] & (rows[:, None] >= 0))
