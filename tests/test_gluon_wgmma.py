@@ -1,0 +1,103 @@
+"""gluon_wgmma's GEMMs compiled for sm_90a with this Triton (its ptxas) without a GPU, at the tiles fused_moe_triton
+launches them with: nothing spilled, every K step's MMAs as warpgroup MMAs that read the x tile from shared memory
+(eight a matrix, one fence before them), the weights loaded straight into registers (no shared-memory round trip),
+and fewer instructions a 128-code step than moe_hgemm1_kernel / moe_hgemm2_kernel take for the same tile. Their
+results are checked on a GPU by benchmarks/gpu_check.py (variant "wgmma1") against a float64 reference."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from sm90_child import nvidia_tools, run_child
+
+_COMPILE = r"""
+import inspect, json, os, re, subprocess, sys, tempfile
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.experimental.gluon._runtime import GluonASTSource
+sys.path.insert(0, "benchmarks")
+import hopper_sass as S
+from mxfp4conv.runtime import gluon_wgmma as G
+from mxfp4conv.runtime.gluon_few_tokens import WORDS32_PTX
+TYPES = {"x_ptr": "*bf16", "a_ptr": "*bf16", "inter_ptr": "*bf16", "out_ptr": "*bf16", "b_ptr": "*fp32",
+         "tw_ptr": "*fp32", "p0": "fp32", "p1": "fp32"}
+TOOL = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+out = []
+for name, consts, cap in json.loads(sys.argv[1]):
+    fn = getattr(G, name)
+    consts = dict(consts, WPTX=WORDS32_PTX["xor"])
+    consts.update({p.name: p.default for p in fn.params
+                   if p.is_constexpr and p.name not in consts and p.default is not inspect.Parameter.empty})
+    sig = {n: "constexpr" if n in consts else TYPES.get(n, "*i32" if n.endswith("_ptr") else "i32")
+           for n in fn.arg_names}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(sig) if n.endswith("_ptr") or n in ("K", "I", "N")}
+    kernel = triton.compile(GluonASTSource(fn, sig, constexprs=consts, attrs=attrs), target=GPUTarget("cuda", 90, 32),
+                            options=dict(num_warps=4, **({"maxnreg": cap} if cap else {})))
+    with tempfile.TemporaryDirectory() as tmp:
+        cubin = os.path.join(tmp, "k.cubin")
+        with open(cubin, "wb") as f:
+            f.write(kernel.asm["cubin"])
+        sass = subprocess.run([TOOL, "-sass", cubin], check=True, capture_output=True, text=True).stdout
+        res = subprocess.run([TOOL, "-res-usage", cubin], check=True, capture_output=True, text=True).stdout
+    out.append([res, [[n, dict(ops)] for n, ops in S.loops(sass)], sass.count("LDL")])
+# the hopper_mma kernels' K loops at the same points, for the instruction counts
+from mxfp4conv.runtime import triton_hopper_kernels as HK, triton_moe as M
+ref = {}
+for shape, T in (("dsv3", 1024), ("k3", 1024)):
+    cfg, c1, c2 = S.point_constants(shape, T, {})
+    for fn, consts, second in ((HK.moe_hgemm1_kernel, c1, False), (HK.moe_hgemm2_kernel, c2, True)):
+        launch = M._launch_options(cfg, second=second)
+        sass, _ = S.compile_sass(fn, consts, launch["num_warps"], launch["num_stages"], None, "", launch.get("maxnreg"))
+        ref[f"{shape}{int(second) + 1}"] = [n for n, _ in S.loops(sass)]
+print("RESULT" + json.dumps([out, ref]))
+"""
+
+# (kernel, compile-time arguments, register cap) as fused_moe_triton launches them: DSV3-like T = 1024 (64-pair
+# blocks, 32-pair tiles) and K3-like T = 1024 (32-pair blocks, 16-pair tiles) and a 16-pair block; GEMM2 in 128- and
+# 64-row programs
+_ACT = dict(ACT=0, HAS_LIMIT=False, HAS_LINEAR=False, HAS_BIAS=False)
+JOBS = [
+    ("wg_gemm1", dict(KB=2, BT=64, TAIL=32, STAGES=3, OVERLAP=2, **_ACT), 168, "dsv3"),
+    ("wg_gemm1", dict(KB=2, BT=32, TAIL=16, STAGES=3, OVERLAP=3, **_ACT), 0, "k3"),
+    ("wg_gemm1", dict(KB=2, BT=16, TAIL=0, STAGES=3, OVERLAP=3, **_ACT), 0, None),
+    ("wg_gemm2", dict(KB=2, BT=64, TAIL=32, ROWS=128, STAGES=3, OVERLAP=3, HAS_BIAS=True), 0, "dsv3"),
+    ("wg_gemm2", dict(KB=2, BT=32, TAIL=16, ROWS=64, STAGES=3, OVERLAP=3, HAS_BIAS=False), 0, None),
+]
+
+
+def _tools_available() -> bool:
+    try:
+        from triton.experimental import gluon  # noqa: F401
+    except ImportError:
+        return False
+    return nvidia_tools()
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    return run_child(_COMPILE, [[name, consts, cap] for name, consts, cap, _ in JOBS], timeout=900)
+
+
+@pytest.mark.skipif(not _tools_available(), reason="this Triton has no Gluon or ships no NVIDIA tools")
+@pytest.mark.parametrize("job", range(len(JOBS)))
+def test_kernel_compiles_with_warpgroup_mmas_and_no_spills(compiled, job):
+    (res, loops, ldl), ref = compiled[0][job], compiled[1]
+    name, consts, cap, shape = JOBS[job]
+    assert re.search(r"STACK:0\b", res) and ldl == 0, res  # nothing spilled to local memory
+    regs = int(re.search(r"REG:(\d+)", res).group(1))
+    assert regs <= (cap or 255)
+    gate_up = 2 if name == "wg_gemm1" else 1
+    rows = consts.get("ROWS", 64)
+    k_loops = [(n, ops) for n, ops in loops if ops.get("HGMMA")]
+    assert len(k_loops) == (2 if consts["TAIL"] else 1), loops  # one K loop a tile width
+    for n, ops in k_loops:
+        assert ops["HGMMA"] == gate_up * 8 * rows // 64, ops  # 128 codes: 8 k16 MMAs a matrix and 64 rows
+        assert ops.get("WARPGROUP", 0) <= 2 * gate_up, ops  # a fence a matrix and a wait, not one a k16 MMA
+        assert ops.get("LDG", 0) > 0 and ops.get("LDGSTS", 0) > 0, ops  # weights into registers, x into shared memory
+        assert "STS" not in ops and "LDSM" not in ops, ops  # no operand through shared memory but x
+        assert ops.get("LDS", 0) <= 8, ops  # (ptxas' predicated-off placeholders only)
+    if shape:  # fewer instructions a step than the hopper_mma kernel's loops for this point
+        theirs = ref[shape + ("1" if gate_up == 2 else "2")]  # (the same rows a program: 64, GEMM2 128)
+        assert max(n for n, _ in k_loops) < min(theirs), (k_loops, theirs)
