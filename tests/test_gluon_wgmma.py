@@ -62,8 +62,8 @@ JOBS = [
     ("wg_gemm1", dict(KB=2, BT=64, TAIL=32, STAGES=3, OVERLAP=2, **_ACT), 168, "dsv3"),
     ("wg_gemm1", dict(KB=2, BT=32, TAIL=16, STAGES=3, OVERLAP=3, **_ACT), 0, "k3"),
     ("wg_gemm1", dict(KB=2, BT=16, TAIL=0, STAGES=3, OVERLAP=3, **_ACT), 0, None),
-    ("wg_gemm2", dict(KB=2, BT=64, TAIL=32, ROWS=128, STAGES=3, OVERLAP=3, HAS_BIAS=True), 0, "dsv3"),
-    ("wg_gemm2", dict(KB=2, BT=32, TAIL=16, ROWS=64, STAGES=3, OVERLAP=3, HAS_BIAS=False), 0, None),
+    ("wg_gemm2", dict(KB=2, BT=64, TAIL=32, ROWS=128, STAGES=3, HAS_BIAS=True), 0, "dsv3"),
+    ("wg_gemm2", dict(KB=2, BT=32, TAIL=16, ROWS=64, STAGES=3, HAS_BIAS=False), 0, None),
 ]
 
 

@@ -44,11 +44,12 @@ def x_copy_layout(KB):
 def wg_gemm1(w_ptr, s_ptr, x_ptr, sorted_ptr, bexp_ptr, npp_ptr, b_ptr, inter_ptr, num_pairs, TOP_K, K, I, p0, p1,
              KB: gl.constexpr, BT: gl.constexpr, TAIL: gl.constexpr, STAGES: gl.constexpr, ACT: gl.constexpr,
              HAS_LIMIT: gl.constexpr, HAS_LINEAR: gl.constexpr, HAS_BIAS: gl.constexpr, OVERLAP: gl.constexpr = 3,
-             WPTX: gl.constexpr = None):
+             EARLY: gl.constexpr = False, WPTX: gl.constexpr = None):
     """inter[pair, rows] = act(gate . x[pair // TOP_K] + b, up . x + b) for pair block program_id(1) (BT slots) and
     rows [64 rb, 64 rb + 64), rb = program_id(0): in a [64, TAIL] tile where the block holds at most TAIL pairs
     (TAIL 0: never), else a [64, BT] one. OVERLAP (bit 0: the BT tile, bit 1: the TAIL tile): each warpgroup MMA runs
-    while the next matrix's rows decode (else it is waited for at once)."""
+    while the next matrix's rows decode (else it is waited for at once). EARLY: a step's next words are loaded at its
+    start (else each matrix's once its words are decoded, into their registers)."""
     m = gl.program_id(1)
     live = m * BT < gl.load(npp_ptr)
     e = gl.load(bexp_ptr + m, mask=live, other=-1).to(gl.int64)
@@ -61,19 +62,20 @@ def wg_gemm1(w_ptr, s_ptr, x_ptr, sorted_ptr, bexp_ptr, npp_ptr, b_ptr, inter_pt
                         < num_pairs).to(gl.int32), axis=0)
             if n <= TAIL:
                 _wg_tile(w_ptr, s_ptr, x_ptr, sorted_ptr + m * BT, b_ptr, inter_ptr, e, rb, num_pairs, TOP_K, K, I,
-                         p0, p1, KB, TAIL, STAGES, ACT, HAS_LIMIT, HAS_LINEAR, HAS_BIAS, (OVERLAP >> 1) & 1, WPTX)
+                         p0, p1, KB, TAIL, STAGES, ACT, HAS_LIMIT, HAS_LINEAR, HAS_BIAS, (OVERLAP >> 1) & 1, EARLY, WPTX)
             else:
                 _wg_tile(w_ptr, s_ptr, x_ptr, sorted_ptr + m * BT, b_ptr, inter_ptr, e, rb, num_pairs, TOP_K, K, I,
-                         p0, p1, KB, BT, STAGES, ACT, HAS_LIMIT, HAS_LINEAR, HAS_BIAS, OVERLAP & 1, WPTX)
+                         p0, p1, KB, BT, STAGES, ACT, HAS_LIMIT, HAS_LINEAR, HAS_BIAS, OVERLAP & 1, EARLY, WPTX)
         else:
             _wg_tile(w_ptr, s_ptr, x_ptr, sorted_ptr + m * BT, b_ptr, inter_ptr, e, rb, num_pairs, TOP_K, K, I, p0,
-                     p1, KB, BT, STAGES, ACT, HAS_LIMIT, HAS_LINEAR, HAS_BIAS, OVERLAP & 1, WPTX)
+                     p1, KB, BT, STAGES, ACT, HAS_LIMIT, HAS_LINEAR, HAS_BIAS, OVERLAP & 1, EARLY, WPTX)
 
 
 @gluon.jit
 def _wg_tile(w_ptr, s_ptr, x_ptr, slots_ptr, b_ptr, inter_ptr, e, rb, num_pairs, TOP_K, K, I, p0, p1,
              KB: gl.constexpr, BT: gl.constexpr, STAGES: gl.constexpr, ACT: gl.constexpr, HAS_LIMIT: gl.constexpr,
-             HAS_LINEAR: gl.constexpr, HAS_BIAS: gl.constexpr, OVERLAP: gl.constexpr, WPTX: gl.constexpr):
+             HAS_LINEAR: gl.constexpr, HAS_BIAS: gl.constexpr, OVERLAP: gl.constexpr, EARLY: gl.constexpr,
+             WPTX: gl.constexpr):
     """GEMM1's K loop and epilogue for the [64, BT] tile of the pairs in slots slots_ptr[0:BT]."""
     ACC: gl.constexpr = acc_layout(BT)
     A_OP: gl.constexpr = a_layout(BT)
@@ -109,10 +111,18 @@ def _wg_tile(w_ptr, s_ptr, x_ptr, slots_ptr, b_ptr, inter_ptr, e, rb, num_pairs,
             _async_load(xs.index(j % STAGES), x_ptrs + gl.minimum(j, steps - 1) * S,
                                                    mask=x_mask)
             async_copy.commit_group()
-        # each matrix's next words are loaded once its words are decoded, into their registers
-        a_g = gl.convert_layout(_decode(wg, sg, 4, KB, WPTX, _FPTX), A_OP)
-        wg = gl.load(w_ptr + w_off + kn * 2)
-        sg = gl.load(s_ptr + s_off + kn // 8)
+        if EARLY:  # the step's next words in registers of their own, loaded before this step's decode
+            wg_n = gl.load(w_ptr + w_off + kn * 2)
+            sg_n = gl.load(s_ptr + s_off + kn // 8)
+            wu_n = gl.load(w_ptr + up_w + w_off + kn * 2)
+            su_n = gl.load(s_ptr + up_s + s_off + kn // 8)
+            a_g = gl.convert_layout(_decode(wg, sg, 4, KB, WPTX, _FPTX), A_OP)
+            wg = wg_n
+            sg = sg_n
+        else:  # each matrix's next words loaded once its words are decoded, into their registers
+            a_g = gl.convert_layout(_decode(wg, sg, 4, KB, WPTX, _FPTX), A_OP)
+            wg = gl.load(w_ptr + w_off + kn * 2)
+            sg = gl.load(s_ptr + s_off + kn // 8)
         async_copy.wait_group(STAGES - 2 if OVERLAP else STAGES - 1)
         _barrier()
         hopper.fence_async_shared()
@@ -126,8 +136,12 @@ def _wg_tile(w_ptr, s_ptr, x_ptr, slots_ptr, b_ptr, inter_ptr, e, rb, num_pairs,
         else:
             acc_g = hopper.warpgroup_mma_wait(0, deps=[acc_g])
         a_u = gl.convert_layout(_decode(wu, su, 4, KB, WPTX, _FPTX), A_OP)
-        wu = gl.load(w_ptr + up_w + w_off + kn * 2)
-        su = gl.load(s_ptr + up_s + s_off + kn // 8)
+        if EARLY:
+            wu = wu_n
+            su = su_n
+        else:
+            wu = gl.load(w_ptr + up_w + w_off + kn * 2)
+            su = gl.load(s_ptr + up_s + s_off + kn // 8)
         acc_u = hopper.warpgroup_mma(a_u, x, acc_u, is_async=True)
         if OVERLAP:  # the gate MMA is done: the next step's gate rows may decode while the up MMA runs
             acc_g, a_g = hopper.warpgroup_mma_wait(1, deps=[acc_g, a_g])
@@ -148,11 +162,10 @@ def _wg_tile(w_ptr, s_ptr, x_ptr, slots_ptr, b_ptr, inter_ptr, e, rb, num_pairs,
 @gluon.jit
 def wg_gemm2(w_ptr, s_ptr, a_ptr, sorted_ptr, bexp_ptr, npp_ptr, b_ptr, tw_ptr, out_ptr, num_pairs, K, N,
              KB: gl.constexpr, BT: gl.constexpr, TAIL: gl.constexpr, ROWS: gl.constexpr, STAGES: gl.constexpr,
-             HAS_BIAS: gl.constexpr, OVERLAP: gl.constexpr = 0, WPTX: gl.constexpr = None):
+             HAS_BIAS: gl.constexpr, WPTX: gl.constexpr = None):
     """out[pair, rows] = tw[pair] * (w2[e] rows . a[pair] + b2[e] rows) for pair block program_id(1) (BT slots) and
     rows [ROWS rb, ROWS rb + ROWS), rb = program_id(0), in out's dtype: in a [ROWS, TAIL] tile where the block holds
-    at most TAIL pairs (TAIL 0: never), else a [ROWS, BT] one. OVERLAP (bit 0: the BT tile, bit 1: the TAIL tile):
-    each step's MMA runs while the next step's rows decode (else it is waited for at once)."""
+    at most TAIL pairs (TAIL 0: never), else a [ROWS, BT] one. Each step's MMA is waited for at once."""
     m = gl.program_id(1)
     live = m * BT < gl.load(npp_ptr)
     e = gl.load(bexp_ptr + m, mask=live, other=-1).to(gl.int64)
@@ -166,19 +179,19 @@ def wg_gemm2(w_ptr, s_ptr, a_ptr, sorted_ptr, bexp_ptr, npp_ptr, b_ptr, tw_ptr, 
                         < num_pairs).to(gl.int32), axis=0)
             if n <= TAIL:
                 _wg_tile2(w_ptr, s_ptr, a_ptr, sorted_ptr + m * BT, b_ptr, tw_ptr, out_ptr, e, rb, num_pairs, K, N,
-                          KB, TAIL, ROWS, STAGES, HAS_BIAS, (OVERLAP >> 1) & 1, WPTX)
+                          KB, TAIL, ROWS, STAGES, HAS_BIAS, WPTX)
             else:
                 _wg_tile2(w_ptr, s_ptr, a_ptr, sorted_ptr + m * BT, b_ptr, tw_ptr, out_ptr, e, rb, num_pairs, K, N,
-                          KB, BT, ROWS, STAGES, HAS_BIAS, OVERLAP & 1, WPTX)
+                          KB, BT, ROWS, STAGES, HAS_BIAS, WPTX)
         else:
             _wg_tile2(w_ptr, s_ptr, a_ptr, sorted_ptr + m * BT, b_ptr, tw_ptr, out_ptr, e, rb, num_pairs, K, N, KB,
-                      BT, ROWS, STAGES, HAS_BIAS, OVERLAP & 1, WPTX)
+                      BT, ROWS, STAGES, HAS_BIAS, WPTX)
 
 
 @gluon.jit
 def _wg_tile2(w_ptr, s_ptr, a_ptr, slots_ptr, b_ptr, tw_ptr, out_ptr, e, rb, num_pairs, K, N, KB: gl.constexpr,
               BT: gl.constexpr, ROWS: gl.constexpr, STAGES: gl.constexpr, HAS_BIAS: gl.constexpr,
-              OVERLAP: gl.constexpr, WPTX: gl.constexpr):
+              WPTX: gl.constexpr):
     """GEMM2's K loop and epilogue for the [ROWS, BT] tile of the pairs in slots slots_ptr[0:BT]."""
     ACC: gl.constexpr = acc_layout(BT)
     A_OP: gl.constexpr = a_layout(BT)
@@ -199,33 +212,19 @@ def _wg_tile2(w_ptr, s_ptr, a_ptr, slots_ptr, b_ptr, tw_ptr, out_ptr, e, rb, num
     w = gl.load(w_ptr + w_off)
     sc = gl.load(s_ptr + s_off)
     acc = gl.zeros([ROWS, BT], gl.float32, layout=ACC)
-    a_prev = gl.zeros([ROWS, S], gl.bfloat16, layout=A_OP)  # (the MMA before the first step's: none)
-    if OVERLAP:
-        acc = hopper.warpgroup_mma_init(acc)
     for i in range(steps):
         kn = gl.minimum(i + 1, steps - 1) * S
         j = i + STAGES - 1
-        if not OVERLAP:
-            _async_load(xs.index(j % STAGES), x_ptrs + gl.minimum(j, steps - 1) * S,
-                                                   mask=x_mask)
-            async_copy.commit_group()
+        _async_load(xs.index(j % STAGES), x_ptrs + gl.minimum(j, steps - 1) * S, mask=x_mask)
+        async_copy.commit_group()
         a = gl.convert_layout(_decode(w, sc, NB, KB, WPTX, _FPTX), A_OP)
-        w = gl.load(w_ptr + w_off + kn * 2)
+        w = gl.load(w_ptr + w_off + kn * 2)  # the next step's words, once these are decoded, into their registers
         sc = gl.load(s_ptr + s_off + kn // 8)
-        async_copy.wait_group(STAGES - 2 if OVERLAP else STAGES - 1)
+        async_copy.wait_group(STAGES - 1)
         _barrier()
         hopper.fence_async_shared()
-        if OVERLAP:  # the MMA of the step before is done (its x stage takes step j's tile) once this one is issued
-            acc = hopper.warpgroup_mma(a, xs.index(i % STAGES), acc, is_async=True)
-            a_prev = hopper.warpgroup_mma_wait(1, deps=[a_prev])
-            a_prev = a
-            _async_load(xs.index(j % STAGES), x_ptrs + gl.minimum(j, steps - 1) * S,
-                                                   mask=x_mask)
-            async_copy.commit_group()
-        else:
-            acc = hopper.warpgroup_mma(a, xs.index(i % STAGES), acc, is_async=True)
-            acc = hopper.warpgroup_mma_wait(0, deps=[acc])
-    acc = hopper.warpgroup_mma_wait(0, deps=[acc])
+        acc = hopper.warpgroup_mma(a, xs.index(i % STAGES), acc, is_async=True)
+        acc = hopper.warpgroup_mma_wait(0, deps=[acc])
     async_copy.wait_group(0)
     rows = rb * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, ACC))
     if HAS_BIAS:

@@ -209,8 +209,8 @@ class MoEConfig:
     # (wgmma1_runs); wgmma1_cap: its register cap (0 none, -1 automatic: 168 on 64-pair blocks)
     wgmma1: int = 0
     wgmma1_cap: int = -1
-    # GEMM2 the same way (wgmma2: 1 each MMA waited for at once, 2 run while the next step decodes), in programs of
-    # wgmma2_rows rows (64 or 128)
+    wgmma1_early: int = 0
+    # GEMM2 the same way (wgmma2 1, each MMA waited for at once), in programs of wgmma2_rows rows (64 or 128)
     wgmma2: int = 0
     wgmma2_rows: int = 128
 
@@ -1184,7 +1184,7 @@ def _wgmma_gemm1(x, w13, w13_scale, w13_bias, act, cfg, r, num_pairs, top_k, i_p
         w13_bias if w13_bias is not None else r.inter, r.inter, num_pairs, top_k, x.shape[1], i_pad, act["p0"],
         act["p1"], KB=2, BT=cfg.block_t, TAIL=cfg.tail_t, STAGES=3, ACT=act["ACT"], HAS_LIMIT=act["HAS_LIMIT"],
         HAS_LINEAR=act["HAS_LINEAR"], HAS_BIAS=w13_bias is not None, OVERLAP={1: 0, 2: 3, 3: 2}.get(cfg.wgmma1, 3),
-        WPTX=WORDS32_PTX["xor" if rot == 2 else "rot"], num_warps=4, **({"maxnreg": cap} if cap else {}))
+        EARLY=bool(cfg.wgmma1_early), WPTX=WORDS32_PTX["xor" if rot == 2 else "rot"], num_warps=4, **({"maxnreg": cap} if cap else {}))
 
 
 def _wgmma_gemm2(w2, w2_scale, w2_bias, cfg, r, num_pairs, H, i_pad, max_blocks, rot):
@@ -1196,7 +1196,7 @@ def _wgmma_gemm2(w2, w2_scale, w2_bias, cfg, r, num_pairs, H, i_pad, max_blocks,
         _words(w2), _words(w2_scale), r.inter, r.sorted_ids, r.block_expert, r.num_post_pad,
         w2_bias if w2_bias is not None else r.tw, r.tw, r.pair_out, num_pairs, i_pad, H, KB=2, BT=cfg.block_t,
         TAIL=cfg.tail_t if cfg.tail_t2 < 0 else cfg.tail_t2, ROWS=rows, STAGES=3, HAS_BIAS=w2_bias is not None,
-        OVERLAP=3 if cfg.wgmma2 == 2 else 0, WPTX=WORDS32_PTX["xor" if rot == 2 else "rot"], num_warps=4)
+        WPTX=WORDS32_PTX["xor" if rot == 2 else "rot"], num_warps=4)
 
 
 def _hopper_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias, act, cfg, out,
