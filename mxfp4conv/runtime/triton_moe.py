@@ -205,12 +205,17 @@ class MoEConfig:
     # 0.999 / 0.998
     gluon_grouped_pdl: int = 2
     # the hopper_mma path's GEMM1 on expert blocks of up to 64 pairs in gluon_wgmma's kernel (warpgroup MMAs, weights
-    # straight into registers, x through shared memory; 1) instead of moe_hgemm1_kernel (0), where it can run
-    # (wgmma1_runs); wgmma1_cap: its register cap (0 none, -1 automatic: 168 on 64-pair blocks)
+    # straight into registers, x through shared memory) instead of moe_hgemm1_kernel (0), where it can run
+    # (wgmma1_runs): 1 each MMA waited for at once, 2 each running while the next matrix decodes, 3 that on the tail
+    # tiles only; wgmma1_cap its register cap (0 none, -1 automatic: 168 on 64-pair blocks), wgmma1_early the next
+    # words loaded at a step's start (1) or once a matrix is decoded (0). A fifth fewer instructions a step than the
+    # hopper_mma kernels, bit-equal outputs, but on an H100 every variant as fast or slower (DSV3-like T = 1024
+    # 1.027-1.092, K3-like 1.013-1.071; docs/performance.md): off until an H200 times it
     wgmma1: int = 0
     wgmma1_cap: int = -1
     wgmma1_early: int = 0
-    # GEMM2 the same way (wgmma2 1, each MMA waited for at once), in programs of wgmma2_rows rows (64 or 128)
+    # GEMM2 the same way (wgmma2 1, each MMA waited for at once), in programs of wgmma2_rows rows (64 or 128); with
+    # GEMM1's, on an H100, DSV3-like / K3-like T = 1024 1.075 / 1.160
     wgmma2: int = 0
     wgmma2_rows: int = 128
 
