@@ -1,7 +1,7 @@
-"""GEMM1 of the MoE layer over hopper_mma_xor (or _rot) weights on expert blocks, in Gluon with warpgroup MMAs
-(wgmma): a program per (64 rows of gate and of up, pair block), the block's pairs the N columns. Each lane loads its
-weight words straight into registers a step ahead and decodes them into its A fragments (gluon_few_tokens' decode);
-the block's x tile comes into a ring of shared-memory stages by cp.async, from which the wgmmas read it. GEMM2 the
+"""The MoE layer's GEMMs over hopper_mma_xor (or _rot) weights on expert blocks, in Gluon with warpgroup MMAs
+(wgmma). GEMM1: a program per (64 rows of gate and of up, pair block), the block's pairs the N columns. Each lane
+loads its weight words straight into registers a step ahead and decodes them into its A fragments (gluon_few_tokens'
+decode); the block's x tile comes into a ring of shared-memory stages by cp.async, from which the wgmmas read it. GEMM2 the
 same way over 64 or 128 rows of w2. A fifth fewer instructions a 128-code step than the hopper_mma kernels and
 bit-equal outputs, but not faster on an H100: fused_moe_triton runs them only where MoEConfig.wgmma1 / wgmma2 ask
 (docs/performance.md, section "GEMM1 and GEMM2 in Gluon with warpgroup MMAs").
@@ -65,7 +65,8 @@ def wg_gemm1(w_ptr, s_ptr, x_ptr, sorted_ptr, bexp_ptr, npp_ptr, b_ptr, inter_pt
                         < num_pairs).to(gl.int32), axis=0)
             if n <= TAIL:
                 _wg_tile(w_ptr, s_ptr, x_ptr, sorted_ptr + m * BT, b_ptr, inter_ptr, e, rb, num_pairs, TOP_K, K, I,
-                         p0, p1, KB, TAIL, STAGES, ACT, HAS_LIMIT, HAS_LINEAR, HAS_BIAS, (OVERLAP >> 1) & 1, EARLY, WPTX)
+                         p0, p1, KB, TAIL, STAGES, ACT, HAS_LIMIT, HAS_LINEAR, HAS_BIAS, (OVERLAP >> 1) & 1, EARLY,
+                         WPTX)
             else:
                 _wg_tile(w_ptr, s_ptr, x_ptr, sorted_ptr + m * BT, b_ptr, inter_ptr, e, rb, num_pairs, TOP_K, K, I,
                          p0, p1, KB, BT, STAGES, ACT, HAS_LIMIT, HAS_LINEAR, HAS_BIAS, OVERLAP & 1, EARLY, WPTX)

@@ -1189,7 +1189,8 @@ def _wgmma_gemm1(x, w13, w13_scale, w13_bias, act, cfg, r, num_pairs, top_k, i_p
         w13_bias if w13_bias is not None else r.inter, r.inter, num_pairs, top_k, x.shape[1], i_pad, act["p0"],
         act["p1"], KB=2, BT=cfg.block_t, TAIL=cfg.tail_t, STAGES=3, ACT=act["ACT"], HAS_LIMIT=act["HAS_LIMIT"],
         HAS_LINEAR=act["HAS_LINEAR"], HAS_BIAS=w13_bias is not None, OVERLAP={1: 0, 2: 3, 3: 2}.get(cfg.wgmma1, 3),
-        EARLY=bool(cfg.wgmma1_early), WPTX=WORDS32_PTX["xor" if rot == 2 else "rot"], num_warps=4, **({"maxnreg": cap} if cap else {}))
+        EARLY=bool(cfg.wgmma1_early), WPTX=WORDS32_PTX["xor" if rot == 2 else "rot"], num_warps=4,
+        **({"maxnreg": cap} if cap else {}))
 
 
 def _wgmma_gemm2(w2, w2_scale, w2_bias, cfg, r, num_pairs, H, i_pad, max_blocks, rot):
