@@ -212,6 +212,7 @@ def hopper_variants(T, H, I, k, E):
     out.append(("factors", dataclasses.replace(default, factor_pairs=1 - default.factor_pairs)))
     # GEMM1 in gluon_wgmma's kernel (where it runs: expert blocks of up to 64 pairs, bf16 x)
     out.append(("wgmma1", dataclasses.replace(default, wgmma1=1)))
+    out.append(("wgmma1", dataclasses.replace(default, wgmma1=1, wgmma1_ring=1)))
     if T > 1:  # the other align (many programs below ALIGN_GRID_PAIRS, one program from it)
         out.append(("align", dataclasses.replace(default, align=int(T * k < ALIGN_GRID_PAIRS))))
     if pairs_take(default, T, T * k, E):  # the Gluon kernels take these tokens where they can: the variants above on

@@ -62,6 +62,9 @@ JOBS = [
     ("wg_gemm1", dict(KB=2, BT=64, TAIL=32, STAGES=3, OVERLAP=2, **_ACT), 168, "dsv3"),
     ("wg_gemm1", dict(KB=2, BT=32, TAIL=16, STAGES=3, OVERLAP=3, **_ACT), 0, "k3"),
     ("wg_gemm1", dict(KB=2, BT=16, TAIL=0, STAGES=3, OVERLAP=3, **_ACT), 0, None),
+    # the words through the ring of shared-memory stages (wgmma1_ring)
+    ("wg_gemm1", dict(KB=2, BT=64, TAIL=32, STAGES=3, RING=True, **_ACT), 168, "dsv3"),
+    ("wg_gemm1", dict(KB=2, BT=32, TAIL=16, STAGES=3, RING=True, **_ACT), 0, "k3"),
     ("wg_gemm2", dict(KB=2, BT=64, TAIL=32, ROWS=128, STAGES=3, HAS_BIAS=True), 0, "dsv3"),
     ("wg_gemm2", dict(KB=2, BT=32, TAIL=16, ROWS=64, STAGES=3, HAS_BIAS=False), 0, None),
 ]
@@ -95,9 +98,13 @@ def test_kernel_compiles_with_warpgroup_mmas_and_no_spills(compiled, job):
     for n, ops in k_loops:
         assert ops["HGMMA"] == gate_up * 8 * rows // 64, ops  # 128 codes: 8 k16 MMAs a matrix and 64 rows
         assert ops.get("WARPGROUP", 0) <= 2 * gate_up, ops  # a fence a matrix and a wait, not one a k16 MMA
-        assert ops.get("LDG", 0) > 0 and ops.get("LDGSTS", 0) > 0, ops  # weights into registers, x into shared memory
-        assert "STS" not in ops and "LDSM" not in ops, ops  # no operand through shared memory but x
-        assert ops.get("LDS", 0) <= 8, ops  # (ptxas' predicated-off placeholders only)
+        if consts.get("RING"):  # weights and x by cp.async, the words read back once a step (no other shared-memory
+            # traffic: no stores)
+            assert ops.get("LDGSTS", 0) >= 8 and "LDG" not in ops and "STS" not in ops, ops
+        else:  # weights into registers, x into shared memory; no operand through shared memory but x
+            assert ops.get("LDG", 0) > 0 and ops.get("LDGSTS", 0) > 0, ops
+            assert "STS" not in ops and "LDSM" not in ops, ops
+            assert ops.get("LDS", 0) <= 8, ops  # (ptxas' predicated-off placeholders only)
     if shape:  # fewer instructions a step than the hopper_mma kernel's loops for this point
         theirs = ref[shape + ("1" if gate_up == 2 else "2")]  # (the same rows a program: 64, GEMM2 128)
         assert max(n for n, _ in k_loops) < min(theirs), (k_loops, theirs)

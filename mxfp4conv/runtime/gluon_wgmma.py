@@ -1,7 +1,7 @@
 """The MoE layer's GEMMs over hopper_mma_xor (or _rot) weights on expert blocks, in Gluon with warpgroup MMAs
 (wgmma). GEMM1: a program per (64 rows of gate and of up, pair block), the block's pairs the N columns. Each lane
-loads its weight words straight into registers a step ahead and decodes them into its A fragments (gluon_few_tokens'
-decode); the block's x tile comes into a ring of shared-memory stages by cp.async, from which the wgmmas read it.
+loads its weight words straight into registers a step ahead (or through the x tile's ring) and decodes them into its
+A fragments (gluon_few_tokens' decode); the block's x tile comes into a ring of shared-memory stages by cp.async, from which the wgmmas read it.
 GEMM2 the same way over 64 or 128 rows of w2. A fifth fewer instructions a 128-code step than the hopper_mma kernels and
 bit-equal outputs, but not faster on an H100: fused_moe_triton runs them only where MoEConfig.wgmma1 / wgmma2 ask
 (docs/performance.md, section "GEMM1 and GEMM2 in Gluon with warpgroup MMAs").
@@ -47,12 +47,13 @@ def x_copy_layout(KB):
 def wg_gemm1(w_ptr, s_ptr, x_ptr, sorted_ptr, bexp_ptr, npp_ptr, b_ptr, inter_ptr, num_pairs, TOP_K, K, I, p0, p1,
              KB: gl.constexpr, BT: gl.constexpr, TAIL: gl.constexpr, STAGES: gl.constexpr, ACT: gl.constexpr,
              HAS_LIMIT: gl.constexpr, HAS_LINEAR: gl.constexpr, HAS_BIAS: gl.constexpr, OVERLAP: gl.constexpr = 3,
-             EARLY: gl.constexpr = False, WPTX: gl.constexpr = None):
+             EARLY: gl.constexpr = False, RING: gl.constexpr = False, WPTX: gl.constexpr = None):
     """inter[pair, rows] = act(gate . x[pair // TOP_K] + b, up . x + b) for pair block program_id(1) (BT slots) and
     rows [64 rb, 64 rb + 64), rb = program_id(0): in a [64, TAIL] tile where the block holds at most TAIL pairs
     (TAIL 0: never), else a [64, BT] one. OVERLAP (bit 0: the BT tile, bit 1: the TAIL tile): each warpgroup MMA runs
     while the next matrix's rows decode (else it is waited for at once). EARLY: a step's next words are loaded at its
-    start (else each matrix's once its words are decoded, into their registers)."""
+    start (else each matrix's once its words are decoded, into their registers). RING: the words come through the x
+    tile's ring of shared-memory stages by cp.async instead (each MMA waited for at once)."""
     m = gl.program_id(1)
     live = m * BT < gl.load(npp_ptr)
     e = gl.load(bexp_ptr + m, mask=live, other=-1).to(gl.int64)
@@ -66,20 +67,20 @@ def wg_gemm1(w_ptr, s_ptr, x_ptr, sorted_ptr, bexp_ptr, npp_ptr, b_ptr, inter_pt
             if n <= TAIL:
                 _wg_tile(w_ptr, s_ptr, x_ptr, sorted_ptr + m * BT, b_ptr, inter_ptr, e, rb, num_pairs, TOP_K, K, I,
                          p0, p1, KB, TAIL, STAGES, ACT, HAS_LIMIT, HAS_LINEAR, HAS_BIAS, (OVERLAP >> 1) & 1, EARLY,
-                         WPTX)
+                         RING, WPTX)
             else:
                 _wg_tile(w_ptr, s_ptr, x_ptr, sorted_ptr + m * BT, b_ptr, inter_ptr, e, rb, num_pairs, TOP_K, K, I,
-                         p0, p1, KB, BT, STAGES, ACT, HAS_LIMIT, HAS_LINEAR, HAS_BIAS, OVERLAP & 1, EARLY, WPTX)
+                         p0, p1, KB, BT, STAGES, ACT, HAS_LIMIT, HAS_LINEAR, HAS_BIAS, OVERLAP & 1, EARLY, RING, WPTX)
         else:
             _wg_tile(w_ptr, s_ptr, x_ptr, sorted_ptr + m * BT, b_ptr, inter_ptr, e, rb, num_pairs, TOP_K, K, I, p0,
-                     p1, KB, BT, STAGES, ACT, HAS_LIMIT, HAS_LINEAR, HAS_BIAS, OVERLAP & 1, EARLY, WPTX)
+                     p1, KB, BT, STAGES, ACT, HAS_LIMIT, HAS_LINEAR, HAS_BIAS, OVERLAP & 1, EARLY, RING, WPTX)
 
 
 @gluon.jit
 def _wg_tile(w_ptr, s_ptr, x_ptr, slots_ptr, b_ptr, inter_ptr, e, rb, num_pairs, TOP_K, K, I, p0, p1,
              KB: gl.constexpr, BT: gl.constexpr, STAGES: gl.constexpr, ACT: gl.constexpr, HAS_LIMIT: gl.constexpr,
              HAS_LINEAR: gl.constexpr, HAS_BIAS: gl.constexpr, OVERLAP: gl.constexpr, EARLY: gl.constexpr,
-             WPTX: gl.constexpr):
+             RING: gl.constexpr, WPTX: gl.constexpr):
     """GEMM1's K loop and epilogue for the [64, BT] tile of the pairs in slots slots_ptr[0:BT]."""
     ACC: gl.constexpr = acc_layout(BT)
     A_OP: gl.constexpr = a_layout(BT)
@@ -96,6 +97,30 @@ def _wg_tile(w_ptr, s_ptr, x_ptr, slots_ptr, b_ptr, inter_ptr, e, rb, num_pairs,
     w_off, s_off = _offsets(K, 4, KB)
     xs = gl.allocate_shared_memory(gl.bfloat16, [STAGES, S, BT], x_shared_layout())
     steps = K // S
+    if RING:
+        acc_g, acc_u = _ring_k_loop(w_ptr, s_ptr, x_ptrs, x_mask, xs, w_off, s_off, up_w, up_s, steps, KB, BT, STAGES,
+                                    WPTX)
+    else:
+        acc_g, acc_u = _reg_k_loop(w_ptr, s_ptr, x_ptrs, x_mask, xs, w_off, s_off, up_w, up_s, steps, KB, BT, STAGES,
+                                   OVERLAP, EARLY, WPTX)
+    async_copy.wait_group(0)
+    rows = rb * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, ACC))
+    if HAS_BIAS:
+        acc_g += gl.load(b_ptr + e * (2 * I) + rows).to(gl.float32)[:, None]
+        acc_u += gl.load(b_ptr + e * (2 * I) + I + rows).to(gl.float32)[:, None]
+    h = _activate(acc_g, acc_u, p0, p1, ACT, HAS_LIMIT, HAS_LINEAR).to(gl.bfloat16)
+    pair = gl.convert_layout(pair_x, gl.SliceLayout(0, ACC))
+    ok = pair < num_pairs
+    gl.store(inter_ptr + pair[None, :].to(gl.int64) * I + rows[:, None], h, mask=ok[None, :] & (rows[:, None] >= 0))
+
+
+@gluon.jit
+def _reg_k_loop(w_ptr, s_ptr, x_ptrs, x_mask, xs, w_off, s_off, up_w, up_s, steps, KB: gl.constexpr, BT: gl.constexpr,
+                STAGES: gl.constexpr, OVERLAP: gl.constexpr, EARLY: gl.constexpr, WPTX: gl.constexpr):
+    """GEMM1's K loop with each lane's words loaded into registers a step ahead: (gate, up) sums [64, BT]."""
+    ACC: gl.constexpr = acc_layout(BT)
+    A_OP: gl.constexpr = a_layout(BT)
+    S: gl.constexpr = 64 * KB
     for i in gl.static_range(STAGES - 1):
         _async_load(xs.index(i), x_ptrs + i * S, mask=x_mask)
         async_copy.commit_group()
@@ -112,8 +137,7 @@ def _wg_tile(w_ptr, s_ptr, x_ptr, slots_ptr, b_ptr, inter_ptr, e, rb, num_pairs,
         kn = gl.minimum(i + 1, steps - 1) * S
         j = i + STAGES - 1
         if not OVERLAP:
-            _async_load(xs.index(j % STAGES), x_ptrs + gl.minimum(j, steps - 1) * S,
-                                                   mask=x_mask)
+            _async_load(xs.index(j % STAGES), x_ptrs + gl.minimum(j, steps - 1) * S, mask=x_mask)
             async_copy.commit_group()
         if EARLY:  # the step's next words in registers of their own, loaded before this step's decode
             wg_n = gl.load(w_ptr + w_off + kn * 2)
@@ -134,8 +158,7 @@ def _wg_tile(w_ptr, s_ptr, x_ptr, slots_ptr, b_ptr, inter_ptr, e, rb, num_pairs,
         acc_g = hopper.warpgroup_mma(a_g, x, acc_g, is_async=True)
         if OVERLAP:  # the up MMA of the step before is done (its operands free): its x stage takes step j's tile
             acc_u, a_u = hopper.warpgroup_mma_wait(1, deps=[acc_u, a_u])
-            _async_load(xs.index(j % STAGES), x_ptrs + gl.minimum(j, steps - 1) * S,
-                                                   mask=x_mask)
+            _async_load(xs.index(j % STAGES), x_ptrs + gl.minimum(j, steps - 1) * S, mask=x_mask)
             async_copy.commit_group()
         else:
             acc_g = hopper.warpgroup_mma_wait(0, deps=[acc_g])
@@ -152,15 +175,57 @@ def _wg_tile(w_ptr, s_ptr, x_ptr, slots_ptr, b_ptr, inter_ptr, e, rb, num_pairs,
         else:
             acc_u = hopper.warpgroup_mma_wait(0, deps=[acc_u])
     acc_u, a_u = hopper.warpgroup_mma_wait(0, deps=[acc_u, a_u])
-    async_copy.wait_group(0)
-    rows = rb * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, ACC))
-    if HAS_BIAS:
-        acc_g += gl.load(b_ptr + e * (2 * I) + rows).to(gl.float32)[:, None]
-        acc_u += gl.load(b_ptr + e * (2 * I) + I + rows).to(gl.float32)[:, None]
-    h = _activate(acc_g, acc_u, p0, p1, ACT, HAS_LIMIT, HAS_LINEAR).to(gl.bfloat16)
-    pair = gl.convert_layout(pair_x, gl.SliceLayout(0, ACC))
-    ok = pair < num_pairs
-    gl.store(inter_ptr + pair[None, :].to(gl.int64) * I + rows[:, None], h, mask=ok[None, :] & (rows[:, None] >= 0))
+    return acc_g, acc_u
+
+
+@gluon.jit
+def _ring_k_loop(w_ptr, s_ptr, x_ptrs, x_mask, xs, w_off, s_off, up_w, up_s, steps, KB: gl.constexpr,
+                 BT: gl.constexpr, STAGES: gl.constexpr, WPTX: gl.constexpr):
+    """GEMM1's K loop with each lane's words brought by cp.async into a ring of shared-memory stages beside the x
+    tile's (a stage's words read back by the lane that copied them), each MMA waited for at once: (gate, up) sums."""
+    ACC: gl.constexpr = acc_layout(BT)
+    A_OP: gl.constexpr = a_layout(BT)
+    S: gl.constexpr = 64 * KB
+    WS: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [4, 3, 2, 1, 0])  # (a stage's dimensions)
+    SS: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [3, 2, 1, 0])
+    wgs = gl.allocate_shared_memory(gl.int32, [STAGES] + list(w_off.shape), WS)
+    wus = gl.allocate_shared_memory(gl.int32, [STAGES] + list(w_off.shape), WS)
+    sgs = gl.allocate_shared_memory(gl.int32, [STAGES] + list(s_off.shape), SS)
+    sus = gl.allocate_shared_memory(gl.int32, [STAGES] + list(s_off.shape), SS)
+    for i in gl.static_range(STAGES - 1):
+        _ring_issue(w_ptr, s_ptr, x_ptrs, x_mask, xs, wgs, sgs, wus, sus, w_off, s_off, up_w, up_s, i, i, S)
+    acc_g = gl.zeros([64, BT], gl.float32, layout=ACC)
+    acc_u = gl.zeros([64, BT], gl.float32, layout=ACC)
+    for i in range(steps):
+        async_copy.wait_group(STAGES - 2)  # step i's tiles are in
+        _barrier()  # and every warp is past step i - 1, whose stage the next copies take
+        j = i + STAGES - 1
+        _ring_issue(w_ptr, s_ptr, x_ptrs, x_mask, xs, wgs, sgs, wus, sus, w_off, s_off, up_w, up_s,
+                    gl.minimum(j, steps - 1), j % STAGES, S)
+        hopper.fence_async_shared()
+        st = i % STAGES
+        x = xs.index(st)
+        a_g = gl.convert_layout(_decode(wgs.index(st).load(w_off.type.layout), sgs.index(st).load(s_off.type.layout),
+                                        4, KB, WPTX, _FPTX), A_OP)
+        acc_g = hopper.warpgroup_mma(a_g, x, acc_g, is_async=True)
+        acc_g = hopper.warpgroup_mma_wait(0, deps=[acc_g])
+        a_u = gl.convert_layout(_decode(wus.index(st).load(w_off.type.layout), sus.index(st).load(s_off.type.layout),
+                                        4, KB, WPTX, _FPTX), A_OP)
+        acc_u = hopper.warpgroup_mma(a_u, x, acc_u, is_async=True)
+        acc_u = hopper.warpgroup_mma_wait(0, deps=[acc_u])
+    return acc_g, acc_u
+
+
+@gluon.jit
+def _ring_issue(w_ptr, s_ptr, x_ptrs, x_mask, xs, wgs, sgs, wus, sus, w_off, s_off, up_w, up_s, step, st, S):
+    """One commit group of cp.async: step's x tile and gate / up words and scale words into ring stage st."""
+    k = step * S
+    _async_load(xs.index(st), x_ptrs + k, mask=x_mask)
+    _async_load(wgs.index(st), w_ptr + w_off + k * 2)
+    _async_load(sgs.index(st), s_ptr + s_off + k // 8)
+    _async_load(wus.index(st), w_ptr + up_w + w_off + k * 2)
+    _async_load(sus.index(st), s_ptr + up_s + s_off + k // 8)
+    async_copy.commit_group()
 
 
 @gluon.jit

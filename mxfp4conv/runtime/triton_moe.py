@@ -211,9 +211,13 @@ class MoEConfig:
     # words loaded at a step's start (1) or once a matrix is decoded (0). A fifth fewer instructions a step than the
     # hopper_mma kernels, bit-equal outputs, but on an H100 every variant as fast or slower (DSV3-like T = 1024
     # 1.027-1.092, K3-like 1.013-1.071; docs/performance.md): off until an H200 times it
+    # wgmma1_ring 1: the words through the x tile's ring of shared-memory stages by cp.async instead (each MMA waited
+    # for at once; not yet run on a GPU); wgmma1_stages: that ring's depth
     wgmma1: int = 0
     wgmma1_cap: int = -1
     wgmma1_early: int = 0
+    wgmma1_ring: int = 0
+    wgmma1_stages: int = 3
     # GEMM2 the same way (wgmma2 1, each MMA waited for at once), in programs of wgmma2_rows rows (64 or 128); with
     # GEMM1's, on an H100, DSV3-like / K3-like T = 1024 1.075 / 1.160
     wgmma2: int = 0
@@ -1187,9 +1191,9 @@ def _wgmma_gemm1(x, w13, w13_scale, w13_bias, act, cfg, r, num_pairs, top_k, i_p
     gluon_wgmma.wg_gemm1[(i_pad // 64, max_blocks)](
         _words(w13), _words(w13_scale), x, r.sorted_ids, r.block_expert, r.num_post_pad,
         w13_bias if w13_bias is not None else r.inter, r.inter, num_pairs, top_k, x.shape[1], i_pad, act["p0"],
-        act["p1"], KB=2, BT=cfg.block_t, TAIL=cfg.tail_t, STAGES=3, ACT=act["ACT"], HAS_LIMIT=act["HAS_LIMIT"],
+        act["p1"], KB=2, BT=cfg.block_t, TAIL=cfg.tail_t, STAGES=cfg.wgmma1_stages, ACT=act["ACT"], HAS_LIMIT=act["HAS_LIMIT"],
         HAS_LINEAR=act["HAS_LINEAR"], HAS_BIAS=w13_bias is not None, OVERLAP={1: 0, 2: 3, 3: 2}.get(cfg.wgmma1, 3),
-        EARLY=bool(cfg.wgmma1_early), WPTX=WORDS32_PTX["xor" if rot == 2 else "rot"], num_warps=4,
+        EARLY=bool(cfg.wgmma1_early), RING=bool(cfg.wgmma1_ring), WPTX=WORDS32_PTX["xor" if rot == 2 else "rot"], num_warps=4,
         **({"maxnreg": cap} if cap else {}))
 
 
