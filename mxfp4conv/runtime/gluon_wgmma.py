@@ -1,10 +1,10 @@
 """The MoE layer's GEMMs over hopper_mma_xor (or _rot) weights on expert blocks, in Gluon with warpgroup MMAs
 (wgmma). GEMM1: a program per (64 rows of gate and of up, pair block), the block's pairs the N columns. Each lane
 loads its weight words straight into registers a step ahead (or through the x tile's ring) and decodes them into its
-A fragments (gluon_few_tokens' decode); the block's x tile comes into a ring of shared-memory stages by cp.async, from which the wgmmas read it.
-GEMM2 the same way over 64 or 128 rows of w2. A fifth fewer instructions a 128-code step than the hopper_mma kernels and
-bit-equal outputs, but not faster on an H100: fused_moe_triton runs them only where MoEConfig.wgmma1 / wgmma2 ask
-(docs/performance.md, section "GEMM1 and GEMM2 in Gluon with warpgroup MMAs").
+A fragments (gluon_few_tokens' decode); the block's x tile comes into a ring of shared-memory stages by cp.async,
+from which the wgmmas read it. GEMM2 the same way over 64 or 128 rows of w2. A fifth fewer instructions a 128-code
+step than the hopper_mma kernels and bit-equal outputs, but not faster on an H100: fused_moe_triton runs them only
+where MoEConfig.wgmma1 / wgmma2 ask (docs/performance.md, section "GEMM1 and GEMM2 in Gluon with warpgroup MMAs").
 """
 
 from __future__ import annotations
