@@ -208,11 +208,11 @@ class MoEConfig:
     # straight into registers, x through shared memory) instead of moe_hgemm1_kernel (0), where it can run
     # (wgmma1_runs): 1 each MMA waited for at once, 2 each running while the next matrix decodes, 3 that on the tail
     # tiles only; wgmma1_cap its register cap (0 none, -1 automatic: 168 on 64-pair blocks), wgmma1_early the next
-    # words loaded at a step's start (1) or once a matrix is decoded (0). A fifth fewer instructions a step than the
-    # hopper_mma kernels, bit-equal outputs, but on an H100 every variant as fast or slower (DSV3-like T = 1024
-    # 1.027-1.092, K3-like 1.013-1.071; docs/performance.md): off until an H200 times it
-    # wgmma1_ring 1: the words through the x tile's ring of shared-memory stages by cp.async instead (each MMA waited
-    # for at once; not yet run on a GPU); wgmma1_stages: that ring's depth
+    # words loaded at a step's start (1) or once a matrix is decoded (0), wgmma1_ring 1 the words through the x tile's
+    # ring of shared-memory stages by cp.async instead (each MMA waited for at once; not yet run on a GPU),
+    # wgmma1_stages that ring's depth. A fifth fewer instructions a step than the hopper_mma kernels, bit-equal
+    # outputs, but on an H100 every variant timed as fast or slower (DSV3-like T = 1024 1.027-1.092, K3-like
+    # 1.013-1.071; docs/performance.md): off until an H200 times it
     wgmma1: int = 0
     wgmma1_cap: int = -1
     wgmma1_early: int = 0
@@ -1190,11 +1190,11 @@ def _wgmma_gemm1(x, w13, w13_scale, w13_bias, act, cfg, r, num_pairs, top_k, i_p
     cap = cfg.wgmma1_cap if cfg.wgmma1_cap >= 0 else 168 if cfg.block_t > 32 else 0
     gluon_wgmma.wg_gemm1[(i_pad // 64, max_blocks)](
         _words(w13), _words(w13_scale), x, r.sorted_ids, r.block_expert, r.num_post_pad,
-        w13_bias if w13_bias is not None else r.inter, r.inter, num_pairs, top_k, x.shape[1], i_pad, act["p0"],
-        act["p1"], KB=2, BT=cfg.block_t, TAIL=cfg.tail_t, STAGES=cfg.wgmma1_stages, ACT=act["ACT"], HAS_LIMIT=act["HAS_LIMIT"],
+        r.b13 if w13_bias is not None else r.inter, r.inter, num_pairs, top_k, x.shape[1], i_pad, act["p0"], act["p1"],
+        KB=2, BT=cfg.block_t, TAIL=cfg.tail_t, STAGES=cfg.wgmma1_stages, ACT=act["ACT"], HAS_LIMIT=act["HAS_LIMIT"],
         HAS_LINEAR=act["HAS_LINEAR"], HAS_BIAS=w13_bias is not None, OVERLAP={1: 0, 2: 3, 3: 2}.get(cfg.wgmma1, 3),
-        EARLY=bool(cfg.wgmma1_early), RING=bool(cfg.wgmma1_ring), WPTX=WORDS32_PTX["xor" if rot == 2 else "rot"], num_warps=4,
-        **({"maxnreg": cap} if cap else {}))
+        EARLY=bool(cfg.wgmma1_early), RING=bool(cfg.wgmma1_ring), WPTX=WORDS32_PTX["xor" if rot == 2 else "rot"],
+        num_warps=4, **({"maxnreg": cap} if cap else {}))
 
 
 def _wgmma_gemm2(w2, w2_scale, w2_bias, cfg, r, num_pairs, H, i_pad, max_blocks, rot):
@@ -1204,7 +1204,7 @@ def _wgmma_gemm2(w2, w2_scale, w2_bias, cfg, r, num_pairs, H, i_pad, max_blocks,
     rows = cfg.wgmma2_rows
     gluon_wgmma.wg_gemm2[(H // rows, max_blocks)](
         _words(w2), _words(w2_scale), r.inter, r.sorted_ids, r.block_expert, r.num_post_pad,
-        w2_bias if w2_bias is not None else r.tw, r.tw, r.pair_out, num_pairs, i_pad, H, KB=2, BT=cfg.block_t,
+        r.b2 if w2_bias is not None else r.tw, r.tw, r.pair_out, num_pairs, i_pad, H, KB=2, BT=cfg.block_t,
         TAIL=cfg.tail_t if cfg.tail_t2 < 0 else cfg.tail_t2, ROWS=rows, STAGES=3, HAS_BIAS=w2_bias is not None,
         WPTX=WORDS32_PTX["xor" if rot == 2 else "rot"], num_warps=4)
 
