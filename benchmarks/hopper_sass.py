@@ -62,12 +62,7 @@ def compile_sass(fn, consts: dict, num_warps: int, num_stages: int, keep: str | 
     src = ASTSource(fn, sig, constexprs=dict(consts), attrs=attrs)
     options = dict(num_warps=num_warps, num_stages=num_stages, **({"maxnreg": maxnreg} if maxnreg else {}))
     kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
-    with tempfile.TemporaryDirectory() as tmp:
-        cubin = os.path.join(tmp, "k.cubin")
-        with open(cubin, "wb") as f:
-            f.write(kernel.asm["cubin"])
-        sass = subprocess.run([_tool("cuobjdump"), "-sass", cubin], check=True, capture_output=True, text=True).stdout
-        res = subprocess.run([_tool("cuobjdump"), "-res-usage", cubin], check=True, capture_output=True, text=True).stdout
+    sass, res = _dump(kernel)
     if keep:
         os.makedirs(keep, exist_ok=True)
         for ext in ("ttgir", "ptx"):
@@ -77,6 +72,35 @@ def compile_sass(fn, consts: dict, num_warps: int, num_stages: int, keep: str | 
             f.write(sass)
     usage = re.search(r"REG:\d+ STACK:\d+", res)
     return sass, f"{usage.group(0) if usage else '?'} SMEM:{kernel.metadata.shared // 1024}K"
+
+
+def _dump(kernel) -> tuple[str, str]:
+    """(SASS, cuobjdump's resource usage) of a compiled kernel's cubin."""
+    with tempfile.TemporaryDirectory() as tmp:
+        cubin = os.path.join(tmp, "k.cubin")
+        with open(cubin, "wb") as f:
+            f.write(kernel.asm["cubin"])
+        sass = subprocess.run([_tool("cuobjdump"), "-sass", cubin], check=True, capture_output=True, text=True).stdout
+        res = subprocess.run([_tool("cuobjdump"), "-res-usage", cubin], check=True, capture_output=True, text=True).stdout
+    return sass, res
+
+
+def compile_gluon_sass(fn, consts: dict, types: dict, shape_args, options: dict) -> tuple[str, str]:
+    """(SASS, resource usage) of Gluon kernel ``fn`` for sm_90a: constexprs not in ``consts`` take their defaults (as
+    at a launch), other arguments are typed by ``types`` (pointers not named there *i32, the rest i32), and pointers
+    and ``shape_args`` are specialised as multiples of 16, as a launch from torch specialises them."""
+    import inspect
+
+    from triton.experimental.gluon._runtime import GluonASTSource
+    consts = dict(consts)
+    consts.update({p.name: p.default for p in fn.params
+                   if p.is_constexpr and p.name not in consts and p.default is not inspect.Parameter.empty})
+    sig = {n: "constexpr" if n in consts else types.get(n, "*i32" if n.endswith("_ptr") else "i32")
+           for n in fn.arg_names}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(sig) if n.endswith("_ptr") or n in shape_args}
+    kernel = triton.compile(GluonASTSource(fn, sig, constexprs=consts, attrs=attrs), target=GPUTarget("cuda", 90, 32),
+                            options=dict(num_warps=4, **options))
+    return _dump(kernel)
 
 
 def loops(sass: str, least: int = 100) -> list[tuple[int, collections.Counter]]:

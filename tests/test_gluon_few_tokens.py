@@ -350,36 +350,19 @@ def test_one_token_off_gpu_runs_the_hopper_kernels(monkeypatch):
 
 # Compiled in a child process: this session runs Triton in its interpreter, which cannot compile.
 _COMPILE = r"""
-import inspect, json, os, subprocess, sys, tempfile
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.experimental.gluon._runtime import GluonASTSource
+import json, sys
+sys.path.insert(0, "benchmarks")
+import hopper_sass
 from mxfp4conv.runtime import gluon_few_tokens, gluon_grouped
 
+# as a launch specialises them: the shape arguments (H_pad, I_pad and whole K splits of them) are multiples of 64
 SHAPE_ARGS = {"K", "N", "I", "K_SPLIT"}
 TYPES = {"x_ptr": "*bf16", "ids_ptr": "*i32", "b_ptr": "*fp32", "inter_ptr": "*bf16", "part_ptr": "*fp32",
          "tw_ptr": "*fp32", "out_ptr": "*bf16", "pair_out_ptr": "*bf16", "p0": "fp32", "p1": "fp32"}
-TOOL = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
 out = []
 for name, consts, *options in json.loads(sys.argv[1]):
     fn = getattr(gluon_few_tokens if name.startswith("few_") else gluon_grouped, name)
-    # constexprs left out take their defaults, as at a launch (not runtime arguments)
-    consts.update({p.name: p.default for p in fn.params
-                   if p.is_constexpr and p.name not in consts and p.default is not inspect.Parameter.empty})
-    sig = {n: "constexpr" if n in consts else TYPES.get(n, "*i32" if n.endswith("_ptr") else "i32")
-           for n in fn.arg_names}
-    # as a launch specialises them: pointers from torch are 16-byte aligned, and the shape arguments (H_pad, I_pad
-    # and whole K splits of them) are multiples of 64
-    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(sig) if n.endswith("_ptr") or n in SHAPE_ARGS}
-    kernel = triton.compile(GluonASTSource(fn, sig, constexprs=consts, attrs=attrs),
-                            target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4, **(options or [{}])[0]))
-    with tempfile.TemporaryDirectory() as tmp:
-        cubin = os.path.join(tmp, "k.cubin")
-        with open(cubin, "wb") as f:
-            f.write(kernel.asm["cubin"])
-        sass = subprocess.run([TOOL, "-sass", cubin], check=True, capture_output=True, text=True).stdout
-        res = subprocess.run([TOOL, "-res-usage", cubin], check=True, capture_output=True, text=True).stdout
-    out.append((sass, res))
+    out.append(hopper_sass.compile_gluon_sass(fn, consts, TYPES, SHAPE_ARGS, (options or [{}])[0]))
 print("RESULT" + json.dumps(out))
 """
 

@@ -13,34 +13,17 @@ import pytest
 from sm90_child import nvidia_tools, run_child
 
 _COMPILE = r"""
-import inspect, json, os, re, subprocess, sys, tempfile
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.experimental.gluon._runtime import GluonASTSource
+import json, sys
 sys.path.insert(0, "benchmarks")
 import hopper_sass as S
 from mxfp4conv.runtime import gluon_wgmma as G
 from mxfp4conv.runtime.gluon_few_tokens import WORDS32_PTX
 TYPES = {"x_ptr": "*bf16", "a_ptr": "*bf16", "inter_ptr": "*bf16", "out_ptr": "*bf16", "b_ptr": "*fp32",
          "tw_ptr": "*fp32", "p0": "fp32", "p1": "fp32"}
-TOOL = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
 out = []
 for name, consts, cap in json.loads(sys.argv[1]):
-    fn = getattr(G, name)
-    consts = dict(consts, WPTX=WORDS32_PTX["xor"])
-    consts.update({p.name: p.default for p in fn.params
-                   if p.is_constexpr and p.name not in consts and p.default is not inspect.Parameter.empty})
-    sig = {n: "constexpr" if n in consts else TYPES.get(n, "*i32" if n.endswith("_ptr") else "i32")
-           for n in fn.arg_names}
-    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(sig) if n.endswith("_ptr") or n in ("K", "I", "N")}
-    kernel = triton.compile(GluonASTSource(fn, sig, constexprs=consts, attrs=attrs), target=GPUTarget("cuda", 90, 32),
-                            options=dict(num_warps=4, **({"maxnreg": cap} if cap else {})))
-    with tempfile.TemporaryDirectory() as tmp:
-        cubin = os.path.join(tmp, "k.cubin")
-        with open(cubin, "wb") as f:
-            f.write(kernel.asm["cubin"])
-        sass = subprocess.run([TOOL, "-sass", cubin], check=True, capture_output=True, text=True).stdout
-        res = subprocess.run([TOOL, "-res-usage", cubin], check=True, capture_output=True, text=True).stdout
+    sass, res = S.compile_gluon_sass(getattr(G, name), dict(consts, WPTX=WORDS32_PTX["xor"]), TYPES, ("K", "I", "N"),
+                                     {"maxnreg": cap} if cap else {})
     out.append([res, [[n, dict(ops)] for n, ops in S.loops(sass)], sass.count("LDL")])
 # the hopper_mma kernels' K loops at the same points, for the instruction counts
 from mxfp4conv.runtime import triton_hopper_kernels as HK, triton_moe as M

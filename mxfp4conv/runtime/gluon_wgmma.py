@@ -44,6 +44,20 @@ def x_copy_layout(KB):
 
 
 @gluon.jit
+def _expert(bexp_ptr, npp_ptr, BT: gl.constexpr):
+    """Expert of pair block program_id(1); -1 past num_post_pad (and for a block on no local expert)."""
+    m = gl.program_id(1)
+    return gl.load(bexp_ptr + m, mask=m * BT < gl.load(npp_ptr), other=-1).to(gl.int64)
+
+
+@gluon.jit
+def _pairs_in(sorted_ptr, num_pairs, BT: gl.constexpr):
+    """Number of pairs in pair block program_id(1) (they fill its first slots)."""
+    slots = sorted_ptr + gl.program_id(1) * BT + gl.arange(0, BT, layout=gl.BlockedLayout([1], [32], [4], [0]))
+    return gl.sum((gl.load(slots) < num_pairs).to(gl.int32), axis=0)
+
+
+@gluon.jit
 def wg_gemm1(w_ptr, s_ptr, x_ptr, sorted_ptr, bexp_ptr, npp_ptr, b_ptr, inter_ptr, num_pairs, TOP_K, K, I, p0, p1,
              KB: gl.constexpr, BT: gl.constexpr, TAIL: gl.constexpr, STAGES: gl.constexpr, ACT: gl.constexpr,
              HAS_LIMIT: gl.constexpr, HAS_LINEAR: gl.constexpr, HAS_BIAS: gl.constexpr, OVERLAP: gl.constexpr = 3,
@@ -55,16 +69,13 @@ def wg_gemm1(w_ptr, s_ptr, x_ptr, sorted_ptr, bexp_ptr, npp_ptr, b_ptr, inter_pt
     start (else each matrix's once its words are decoded, into their registers). RING: the words come through the x
     tile's ring of shared-memory stages by cp.async instead (each MMA waited for at once)."""
     m = gl.program_id(1)
-    live = m * BT < gl.load(npp_ptr)
-    e = gl.load(bexp_ptr + m, mask=live, other=-1).to(gl.int64)
+    e = _expert(bexp_ptr, npp_ptr, BT)
     if e >= 0:
         rb = gl.program_id(0)
         w_ptr += e * (2 * I * (K // 8)) + rb * 4 * (2 * K)
         s_ptr += e * (2 * I * K // 128) + rb * 4 * (K // 8)
         if TAIL > 0:
-            n = gl.sum((gl.load(sorted_ptr + m * BT + gl.arange(0, BT, layout=gl.BlockedLayout([1], [32], [4], [0])))
-                        < num_pairs).to(gl.int32), axis=0)
-            if n <= TAIL:
+            if _pairs_in(sorted_ptr, num_pairs, BT) <= TAIL:
                 _wg_tile(w_ptr, s_ptr, x_ptr, sorted_ptr + m * BT, b_ptr, inter_ptr, e, rb, num_pairs, TOP_K, K, I,
                          p0, p1, KB, TAIL, STAGES, ACT, HAS_LIMIT, HAS_LINEAR, HAS_BIAS, (OVERLAP >> 1) & 1, EARLY,
                          RING, WPTX)
@@ -236,17 +247,14 @@ def wg_gemm2(w_ptr, s_ptr, a_ptr, sorted_ptr, bexp_ptr, npp_ptr, b_ptr, tw_ptr, 
     rows [ROWS rb, ROWS rb + ROWS), rb = program_id(0), in out's dtype: in a [ROWS, TAIL] tile where the block holds
     at most TAIL pairs (TAIL 0: never), else a [ROWS, BT] one. Each step's MMA is waited for at once."""
     m = gl.program_id(1)
-    live = m * BT < gl.load(npp_ptr)
-    e = gl.load(bexp_ptr + m, mask=live, other=-1).to(gl.int64)
+    e = _expert(bexp_ptr, npp_ptr, BT)
     if e >= 0:
         rb = gl.program_id(0)
         NB: gl.constexpr = ROWS // 16
         w_ptr += e * (N * (K // 8)) + rb * NB * (2 * K)
         s_ptr += e * (N * K // 128) + rb * NB * (K // 8)
         if TAIL > 0:
-            n = gl.sum((gl.load(sorted_ptr + m * BT + gl.arange(0, BT, layout=gl.BlockedLayout([1], [32], [4], [0])))
-                        < num_pairs).to(gl.int32), axis=0)
-            if n <= TAIL:
+            if _pairs_in(sorted_ptr, num_pairs, BT) <= TAIL:
                 _wg_tile2(w_ptr, s_ptr, a_ptr, sorted_ptr + m * BT, b_ptr, tw_ptr, out_ptr, e, rb, num_pairs, K, N,
                           KB, TAIL, ROWS, STAGES, HAS_BIAS, WPTX)
             else:

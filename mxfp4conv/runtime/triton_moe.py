@@ -734,6 +734,13 @@ def _gluon_grouped_module():
 
 
 @functools.lru_cache(maxsize=None)
+def _gluon_wgmma_module():
+    """mxfp4conv.runtime.gluon_wgmma (the caller has checked _gluon_module)."""
+    from mxfp4conv.runtime import gluon_wgmma
+    return gluon_wgmma
+
+
+@functools.lru_cache(maxsize=None)
 def _gluon_module():
     """mxfp4conv.runtime.gluon_few_tokens, or None where this Triton has no Gluon (or not the parts it uses)."""
     try:
@@ -1185,28 +1192,28 @@ def wgmma2_runs(cfg, x, w2, w2_scale, H, i_pad, pairs, splits, direct, fused, fa
 
 def _wgmma_gemm1(x, w13, w13_scale, w13_bias, act, cfg, r, num_pairs, top_k, i_pad, max_blocks, rot):
     """GEMM1 of the hopper_mma path in gluon_wgmma.wg_gemm1: r.inter = act(gate . x, up . x) per pair."""
-    from mxfp4conv.runtime import gluon_wgmma
-    from mxfp4conv.runtime.gluon_few_tokens import WORDS32_PTX, _words
+    gluon_wgmma = _gluon_wgmma_module()
+    words, ptx = _gluon_module()._words, _gluon_module().WORDS32_PTX["xor" if rot == 2 else "rot"]
     cap = cfg.wgmma1_cap if cfg.wgmma1_cap >= 0 else 168 if cfg.block_t > 32 else 0
     gluon_wgmma.wg_gemm1[(i_pad // 64, max_blocks)](
-        _words(w13), _words(w13_scale), x, r.sorted_ids, r.block_expert, r.num_post_pad,
+        words(w13), words(w13_scale), x, r.sorted_ids, r.block_expert, r.num_post_pad,
         r.b13 if w13_bias is not None else r.inter, r.inter, num_pairs, top_k, x.shape[1], i_pad, act["p0"], act["p1"],
         KB=2, BT=cfg.block_t, TAIL=cfg.tail_t, STAGES=cfg.wgmma1_stages, ACT=act["ACT"], HAS_LIMIT=act["HAS_LIMIT"],
         HAS_LINEAR=act["HAS_LINEAR"], HAS_BIAS=w13_bias is not None, OVERLAP={1: 0, 2: 3, 3: 2}.get(cfg.wgmma1, 3),
-        EARLY=bool(cfg.wgmma1_early), RING=bool(cfg.wgmma1_ring), WPTX=WORDS32_PTX["xor" if rot == 2 else "rot"],
-        num_warps=4, **({"maxnreg": cap} if cap else {}))
+        EARLY=bool(cfg.wgmma1_early), RING=bool(cfg.wgmma1_ring), WPTX=ptx, num_warps=4,
+        **({"maxnreg": cap} if cap else {}))
 
 
 def _wgmma_gemm2(w2, w2_scale, w2_bias, cfg, r, num_pairs, H, i_pad, max_blocks, rot):
     """GEMM2 of the hopper_mma path in gluon_wgmma.wg_gemm2: r.pair_out[0] = tw * (w2 . inter + b2) per pair."""
-    from mxfp4conv.runtime import gluon_wgmma
-    from mxfp4conv.runtime.gluon_few_tokens import WORDS32_PTX, _words
+    gluon_wgmma = _gluon_wgmma_module()
+    words, ptx = _gluon_module()._words, _gluon_module().WORDS32_PTX["xor" if rot == 2 else "rot"]
     rows = cfg.wgmma2_rows
     gluon_wgmma.wg_gemm2[(H // rows, max_blocks)](
-        _words(w2), _words(w2_scale), r.inter, r.sorted_ids, r.block_expert, r.num_post_pad,
+        words(w2), words(w2_scale), r.inter, r.sorted_ids, r.block_expert, r.num_post_pad,
         r.b2 if w2_bias is not None else r.tw, r.tw, r.pair_out, num_pairs, i_pad, H, KB=2, BT=cfg.block_t,
         TAIL=cfg.tail_t if cfg.tail_t2 < 0 else cfg.tail_t2, ROWS=rows, STAGES=3, HAS_BIAS=w2_bias is not None,
-        WPTX=WORDS32_PTX["xor" if rot == 2 else "rot"], num_warps=4)
+        WPTX=ptx, num_warps=4)
 
 
 def _hopper_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias, act, cfg, out,
