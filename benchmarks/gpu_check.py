@@ -202,17 +202,18 @@ def hopper_variants(T, H, I, k, E):
                                                 rows2=1)))
         bt = max(64, default.block_t)  # and the two-tile blocks switched the other way (on: 64-pair blocks at least)
         on = not (default.dual and default.tail_t >= 32)
-        out.append(("dual", dataclasses.replace(default, block_t=bt, tail_t=default.tail_t or bt // 2,
-                                                dual=int(on), rows2=1) if on else dataclasses.replace(default, dual=0)))
+        out.append(("dual", dataclasses.replace(default, block_t=bt, tail_t=bt // 2, dual=1, rows2=1) if on
+                    else dataclasses.replace(default, dual=0)))
     if not hopper_options(default, T, T * k, True)[1] and default.tail_t >= 16:  # an expert's last small block in
         # the program of its block before (absorb), switched the other way
         on = int(not (default.absorb or default.absorb2)) * 16
         out.append(("absorb", dataclasses.replace(default, absorb=on, absorb2=on)))
     # the e8m0 factors of the decode computed the other way (two to a word or one at a time)
     out.append(("factors", dataclasses.replace(default, factor_pairs=1 - default.factor_pairs)))
-    # GEMM1 in gluon_wgmma's kernel (where it runs: expert blocks of up to 64 pairs, bf16 x)
-    out.append(("wgmma1", dataclasses.replace(default, wgmma1=1)))
-    out.append(("wgmma1", dataclasses.replace(default, wgmma1=1, wgmma1_ring=1)))
+    # GEMM1 in gluon_wgmma's kernel where the default runs moe_hgemm1_kernel, and the other way (where it runs:
+    # expert blocks of up to 64 pairs, bf16 x), its words through the ring or straight into registers
+    out.append(("wgmma1", dataclasses.replace(default, wgmma1=0 if default.wgmma1 else 1)))
+    out.append(("wgmma1", dataclasses.replace(default, wgmma1=1, wgmma1_ring=1 - default.wgmma1_ring)))
     if T > 1:  # the other align (many programs below ALIGN_GRID_PAIRS, one program from it)
         out.append(("align", dataclasses.replace(default, align=int(T * k < ALIGN_GRID_PAIRS))))
     if pairs_take(default, T, T * k, E):  # the Gluon kernels take these tokens where they can: the variants above on
@@ -308,6 +309,8 @@ def path_name(cfg, T, k, E, dtype, layout="identity"):
         flags = "".join(f" {n}" for n, on in (("direct", direct), ("fused", fused), ("pdl", pdl)) if on)
         order = " rowsfirst" if (cfg.rows_first1 or cfg.rows_first2) and not fused else ""
         order += f" absorb{cfg.absorb}/{cfg.absorb2}" if (cfg.absorb or cfg.absorb2) and cfg.tail_t and not fused else ""
+        if cfg.wgmma1 and cfg.block_t <= 64 and not fused and dtype == torch.bfloat16:
+            order += f" wgmma{cfg.wgmma1}{f' ring{cfg.wgmma1_stages}' if cfg.wgmma1_ring else ''}"
         return f"{layout} bt{cfg.block_t}{flags}{f' rows{cfg.rows2}' if cfg.rows2 > 1 and not fused else ''}{order}"
     if uses_gemv(cfg, T * k, E):
         return "gemv"
@@ -368,7 +371,7 @@ def main() -> int:
                         f" r{r2}{loops}")
             else:
                 path = path_name(cfg, T, k, E, dtype, layout)
-            label = f"{name} [{path}{' splitK' if vname == 'split' else ' wgmma1' if vname == 'wgmma1' else ''}]"
+            label = f"{name} [{path}{' splitK' if vname == 'split' else ''}]"
             outs = []
             try:
                 for _ in range(2):

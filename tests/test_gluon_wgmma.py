@@ -91,3 +91,19 @@ def test_kernel_compiles_with_warpgroup_mmas_and_no_spills(compiled, job):
     if shape:  # fewer instructions a step than the hopper_mma kernel's loops for this point
         theirs = ref[shape + ("1" if gate_up == 2 else "2")]  # (the same rows a program: 64, GEMM2 128)
         assert max(n for n, _ in k_loops) < min(theirs), (k_loops, theirs)
+
+
+def test_the_forms_select_config_asks_for_are_compiled_here():
+    """Every gluon_wgmma GEMM1 that select_config asks for on the two layer shapes is among JOBS, so the checks above
+    cover the kernels the default runs."""
+    from mxfp4conv.runtime import triton_moe as M
+    asked = set()
+    for E, H, I, k in ((256, 7168, 2048, 8), (896, 3584, 384, 16)):
+        for T in (64, 128, 256, 384, 512, 640, 768, 896, 1024, 1280, 1536, 2048, 3072, 4096):
+            cfg = M.select_config(T * k, E, H, I, "hopper_mma_xor")
+            if cfg.wgmma1:
+                asked.add((cfg.block_t, cfg.tail_t, cfg.wgmma1_stages, bool(cfg.wgmma1_ring), bool(cfg.wgmma1_early)))
+    assert asked  # the default runs it somewhere
+    jobs = {(c["BT"], c["TAIL"], c["STAGES"], bool(c.get("RING")), bool(c.get("EARLY"))) for n, c, _, _ in JOBS
+            if n == "wg_gemm1"}
+    assert asked <= jobs, asked - jobs

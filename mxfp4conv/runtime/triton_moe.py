@@ -204,15 +204,18 @@ class MoEConfig:
     # / 0.995 / 0.996, T = 160 / 256 1.006 / 1.000 (within their rounds' spread), DSV3-like T = 8 / 16 / 64 0.993 /
     # 0.999 / 0.998
     gluon_grouped_pdl: int = 2
-    # the hopper_mma path's GEMM1 on expert blocks of up to 64 pairs in gluon_wgmma's kernel (warpgroup MMAs, weights
-    # straight into registers, x through shared memory) instead of moe_hgemm1_kernel (0), where it can run
-    # (wgmma1_runs): 1 each MMA waited for at once, 2 each running while the next matrix decodes, 3 that on the tail
-    # tiles only; wgmma1_cap its register cap (0 none, -1 automatic: 168 on 64-pair blocks), wgmma1_early the next
-    # words loaded at a step's start (1) or once a matrix is decoded (0), wgmma1_ring 1 the words through the x tile's
-    # ring of shared-memory stages by cp.async instead (each MMA waited for at once; not yet run on a GPU),
-    # wgmma1_stages that ring's depth. A fifth fewer instructions a step than the hopper_mma kernels, bit-equal
-    # outputs, but on an H100 every variant timed as fast or slower (DSV3-like T = 1024 1.027-1.092, K3-like
-    # 1.013-1.071; docs/performance.md): off until an H200 times it
+    # the hopper_mma path's GEMM1 on expert blocks of up to 64 pairs in gluon_wgmma's kernel (warpgroup MMAs, x
+    # through a ring of shared-memory stages) instead of moe_hgemm1_kernel (0), where it can run (wgmma1_runs): 1 each
+    # MMA waited for at once, 2 each running while the next matrix decodes, 3 that on the tail tiles only; wgmma1_cap
+    # its register cap (0 none, -1 automatic: 168 on 64-pair blocks); the weight words straight into registers, loaded
+    # at a step's start (wgmma1_early 1) or once a matrix is decoded (0), or through the x tile's cp.async ring
+    # (wgmma1_ring 1, wgmma1_stages deep). Bit-equal outputs. select_config asks for the ring form (1, 3 stages) on
+    # 32-pair blocks: there moe_hgemm1_kernel took, on an H200, DSV3-like T = 512 / 640 / 768 1.043-1.047 / 1.026-1.076
+    # / 1.052-1.065x its time, K3-like T = 768 / 896 / 1024 / 1280 1.048-1.065 / 1.026-1.067 / 1.052-1.075 /
+    # 1.057-1.059x (sustained at the power limit 1.004x / 1.012x, DSV3-like T = 768 / K3-like T = 1024); on an H100
+    # 1.010-1.031x. Of moe_hgemm1_kernel's time, on 64-pair blocks the ring (2 stages) took 0.985-1.012 on an H200,
+    # the words into registers (3, early) 0.971-0.999 there but 1.002-1.042 on an H100; on 16-pair blocks the ring
+    # 0.994-1.001 (H100): those keep moe_hgemm1_kernel (docs/performance.md, "GEMM1 of 32-pair blocks in gluon_wgmma")
     wgmma1: int = 0
     wgmma1_cap: int = -1
     wgmma1_early: int = 0
@@ -296,9 +299,13 @@ def select_config(num_pairs: int, num_experts: int, hidden: int, inter: int, lay
         rows2 = 1
         if short and bt < 64:
             rows2 = 4 if per_expert > 1.05 else 3 if num_pairs * triton.cdiv(hidden, 128) >= 3 * _TARGET_PROGRAMS else 1
+        # GEMM1 of 32-pair blocks in gluon_wgmma where it can run (wgmma1_runs): warpgroup MMAs, the words and x
+        # through a cp.async ring 3 stages deep (MoEConfig.wgmma1 says what was measured, and why 16- and 64-pair
+        # blocks keep moe_hgemm1_kernel)
+        wgmma = dict(wgmma1=1, wgmma1_ring=1) if bt == 32 else {}
         return MoEConfig(block_t=bt, block_n1=64, block_n2=128, block_k=128, num_warps=4, num_stages=3, maxnreg=maxnreg,
                          rows2=rows2, maxnreg2=0 if rows2 > 1 else -1, rows_first1=1, rows_first2=1,
-                         tail_t=tail, dual=int(tail >= 32))
+                         tail_t=tail, dual=int(tail >= 32), **wgmma)
     if per_expert <= 32:
         # decode path without tensor cores (taken at <= 1 pair per touched expert): 16-row tiles
         # with 256-code K steps where I_pad allows them in GEMM2 (DSV3-like), else 32-row tiles
@@ -1169,11 +1176,13 @@ def hopper_constants(cfg: MoEConfig, T: int, top_k: int, H: int, i_pad: int, dty
 
 
 def _wgmma_can_run(cfg, x, w, s, splits, direct, fused, fact, rot) -> bool:
-    """Whether a gluon_wgmma kernel can take a GEMM: bf16 x on CUDA, expert blocks of at most 64 pairs in one K split,
-    every e8m0 scale <= 2, the xor or rot bit order, word-aligned weights and Gluon here."""
+    """Whether a gluon_wgmma kernel can take a GEMM: bf16 x on a CUDA GPU of compute capability 9.x (warpgroup MMAs),
+    expert blocks of at most 64 pairs in one K split, every e8m0 scale <= 2, the xor or rot bit order, word-aligned
+    weights and Gluon here that has compiled."""
     return bool(x.dtype == torch.bfloat16 and x.is_cuda and torch.version.cuda is not None
                 and os.environ.get("TRITON_INTERPRET") != "1" and cfg.block_t <= 64 and splits == 1 and not direct
                 and not fused and fact != 2 and rot in (1, 2) and w.data_ptr() % 16 == 0 and s.data_ptr() % 4 == 0
+                and not _GLUON_BROKEN and torch.cuda.get_device_capability(x.device)[0] == 9
                 and _gluon_module() is not None)
 
 
@@ -1259,8 +1268,10 @@ def _hopper_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13
         return grid, False
 
     def gemm1(grid, r):
-        if wgmma1_runs(cfg, x, w13, w13_scale, i_pad, r.s1, direct, fused, fact, rot):
-            return _wgmma_gemm1(x, w13, w13_scale, w13_bias, act, cfg, r, num_pairs, top_k, i_pad, grid[0], rot)
+        if wgmma1_runs(cfg, x, w13, w13_scale, i_pad, r.s1, direct, fused, fact, rot) and _compiled_or_none(
+                lambda: _wgmma_gemm1(x, w13, w13_scale, w13_bias, act, cfg, r, num_pairs, top_k, i_pad, grid[0], rot)
+                or True, required=False):
+            return
         grid, rf = order(grid, cfg.rows_first1)
         HK.moe_hgemm1_kernel[grid](
             x, w13, w13_scale, r.b13, r.inter, r.part, r.sorted_ids, r.block_expert, r.num_post_pad,
@@ -1270,8 +1281,10 @@ def _hopper_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13
         )
 
     def gemm2(grid, r):
-        if wgmma2_runs(cfg, x, w2, w2_scale, H, i_pad, num_pairs, r.s2, direct, fused, fact, rot):
-            return _wgmma_gemm2(w2, w2_scale, w2_bias, cfg, r, num_pairs, H, i_pad, grid[0], rot)
+        if wgmma2_runs(cfg, x, w2, w2_scale, H, i_pad, num_pairs, r.s2, direct, fused, fact, rot) and _compiled_or_none(
+                lambda: _wgmma_gemm2(w2, w2_scale, w2_bias, cfg, r, num_pairs, H, i_pad, grid[0], rot) or True,
+                required=False):
+            return
         grid, rf = order(grid, cfg.rows_first2)
         HK.moe_hgemm2_kernel[grid](
             r.inter, w2, w2_scale, r.b2, r.tw, r.pair_out, r.sorted_ids, r.block_expert, r.num_post_pad,
