@@ -50,6 +50,8 @@ JOBS = [
     ("wg_gemm1", dict(KB=2, BT=32, TAIL=16, STAGES=3, RING=True, **_ACT), 0, "k3"),
     ("wg_gemm2", dict(KB=2, BT=64, TAIL=32, ROWS=128, STAGES=3, HAS_BIAS=True), 0, "dsv3"),
     ("wg_gemm2", dict(KB=2, BT=32, TAIL=16, ROWS=64, STAGES=3, HAS_BIAS=False), 0, None),
+    # GEMM2's words through the intermediate tile's ring (wgmma2_ring) on 32-pair blocks
+    ("wg_gemm2", dict(KB=2, BT=32, TAIL=16, ROWS=128, STAGES=3, HAS_BIAS=False, RING=True), 0, "k3"),
 ]
 
 

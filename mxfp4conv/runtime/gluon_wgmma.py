@@ -3,8 +3,10 @@
 loads its weight words straight into registers a step ahead (or through the x tile's ring) and decodes them into its
 A fragments (gluon_few_tokens' decode); the block's x tile comes into a ring of shared-memory stages by cp.async,
 from which the wgmmas read it. GEMM2 the same way over 64 or 128 rows of w2. A fifth fewer instructions a 128-code
-step than the hopper_mma kernels and bit-equal outputs, but not faster on an H100: fused_moe_triton runs them only
-where MoEConfig.wgmma1 / wgmma2 ask (docs/performance.md, section "GEMM1 and GEMM2 in Gluon with warpgroup MMAs").
+step than the hopper_mma kernels and bit-equal outputs. fused_moe_triton runs them where MoEConfig.wgmma1 / wgmma2
+ask: select_config asks for GEMM1 with the words through the ring on 32-pair blocks, where it is faster on an H200
+and an H100 (docs/performance.md, sections "GEMM1 of 32-pair blocks in gluon_wgmma" and "GEMM1 and GEMM2 in Gluon
+with warpgroup MMAs").
 """
 
 from __future__ import annotations
@@ -41,6 +43,18 @@ def x_copy_layout(KB):
     """[64 KB, BT] x tile, codes contiguous: a lane copies 8 codes (16 bytes) of one column."""
     along = min(8 * KB, 32)
     return gl.BlockedLayout([8, 1], [along, 32 // along], [1, 4], [0, 1])
+
+
+@gluon.constexpr_function
+def words_ring_layout():
+    """A ring stage of a lane's weight words ([NB, KB, 8, 4, 4], _offsets), read back by the lane that copied them."""
+    return gl.SwizzledSharedLayout(1, 1, 1, [4, 3, 2, 1, 0])
+
+
+@gluon.constexpr_function
+def scales_ring_layout():
+    """A ring stage of a lane's scale words ([NB, KB, 8, 4])."""
+    return gl.SwizzledSharedLayout(1, 1, 1, [3, 2, 1, 0])
 
 
 @gluon.jit
@@ -197,12 +211,10 @@ def _ring_k_loop(w_ptr, s_ptr, x_ptrs, x_mask, xs, w_off, s_off, up_w, up_s, ste
     ACC: gl.constexpr = acc_layout(BT)
     A_OP: gl.constexpr = a_layout(BT)
     S: gl.constexpr = 64 * KB
-    WS: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [4, 3, 2, 1, 0])  # (a stage's dimensions)
-    SS: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [3, 2, 1, 0])
-    wgs = gl.allocate_shared_memory(gl.int32, [STAGES] + list(w_off.shape), WS)
-    wus = gl.allocate_shared_memory(gl.int32, [STAGES] + list(w_off.shape), WS)
-    sgs = gl.allocate_shared_memory(gl.int32, [STAGES] + list(s_off.shape), SS)
-    sus = gl.allocate_shared_memory(gl.int32, [STAGES] + list(s_off.shape), SS)
+    wgs = gl.allocate_shared_memory(gl.int32, [STAGES] + list(w_off.shape), words_ring_layout())
+    wus = gl.allocate_shared_memory(gl.int32, [STAGES] + list(w_off.shape), words_ring_layout())
+    sgs = gl.allocate_shared_memory(gl.int32, [STAGES] + list(s_off.shape), scales_ring_layout())
+    sus = gl.allocate_shared_memory(gl.int32, [STAGES] + list(s_off.shape), scales_ring_layout())
     for i in gl.static_range(STAGES - 1):
         _ring_issue(w_ptr, s_ptr, x_ptrs, x_mask, xs, wgs, sgs, wus, sus, w_off, s_off, up_w, up_s, i, i, S)
     acc_g = gl.zeros([64, BT], gl.float32, layout=ACC)
@@ -232,20 +244,27 @@ def _ring_issue(w_ptr, s_ptr, x_ptrs, x_mask, xs, wgs, sgs, wus, sus, w_off, s_o
     """One commit group of cp.async: step's x tile and gate / up words and scale words into ring stage st."""
     k = step * S
     _async_load(xs.index(st), x_ptrs + k, mask=x_mask)
-    _async_load(wgs.index(st), w_ptr + w_off + k * 2)
-    _async_load(sgs.index(st), s_ptr + s_off + k // 8)
-    _async_load(wus.index(st), w_ptr + up_w + w_off + k * 2)
-    _async_load(sus.index(st), s_ptr + up_s + s_off + k // 8)
+    _words_issue(w_ptr, s_ptr, wgs, sgs, w_off, s_off, k, st)
+    _words_issue(w_ptr + up_w, s_ptr + up_s, wus, sus, w_off, s_off, k, st)
     async_copy.commit_group()
+
+
+@gluon.jit
+def _words_issue(w_ptr, s_ptr, ws, ss, w_off, s_off, k, st):
+    """cp.async of a lane's words and scale words at code k into ring stage st (no commit)."""
+    _async_load(ws.index(st), w_ptr + w_off + k * 2)
+    _async_load(ss.index(st), s_ptr + s_off + k // 8)
 
 
 @gluon.jit
 def wg_gemm2(w_ptr, s_ptr, a_ptr, sorted_ptr, bexp_ptr, npp_ptr, b_ptr, tw_ptr, out_ptr, num_pairs, K, N,
              KB: gl.constexpr, BT: gl.constexpr, TAIL: gl.constexpr, ROWS: gl.constexpr, STAGES: gl.constexpr,
-             HAS_BIAS: gl.constexpr, WPTX: gl.constexpr = None):
+             HAS_BIAS: gl.constexpr, RING: gl.constexpr = False, WPTX: gl.constexpr = None):
     """out[pair, rows] = tw[pair] * (w2[e] rows . a[pair] + b2[e] rows) for pair block program_id(1) (BT slots) and
     rows [ROWS rb, ROWS rb + ROWS), rb = program_id(0), in out's dtype: in a [ROWS, TAIL] tile where the block holds
-    at most TAIL pairs (TAIL 0: never), else a [ROWS, BT] one. Each step's MMA is waited for at once."""
+    at most TAIL pairs (TAIL 0: never), else a [ROWS, BT] one. Each step's MMA is waited for at once. RING: the words
+    come through the intermediate tile's ring of shared-memory stages by cp.async (else into registers a step
+    ahead)."""
     m = gl.program_id(1)
     e = _expert(bexp_ptr, npp_ptr, BT)
     if e >= 0:
@@ -256,18 +275,18 @@ def wg_gemm2(w_ptr, s_ptr, a_ptr, sorted_ptr, bexp_ptr, npp_ptr, b_ptr, tw_ptr, 
         if TAIL > 0:
             if _pairs_in(sorted_ptr, num_pairs, BT) <= TAIL:
                 _wg_tile2(w_ptr, s_ptr, a_ptr, sorted_ptr + m * BT, b_ptr, tw_ptr, out_ptr, e, rb, num_pairs, K, N,
-                          KB, TAIL, ROWS, STAGES, HAS_BIAS, WPTX)
+                          KB, TAIL, ROWS, STAGES, HAS_BIAS, RING, WPTX)
             else:
                 _wg_tile2(w_ptr, s_ptr, a_ptr, sorted_ptr + m * BT, b_ptr, tw_ptr, out_ptr, e, rb, num_pairs, K, N,
-                          KB, BT, ROWS, STAGES, HAS_BIAS, WPTX)
+                          KB, BT, ROWS, STAGES, HAS_BIAS, RING, WPTX)
         else:
             _wg_tile2(w_ptr, s_ptr, a_ptr, sorted_ptr + m * BT, b_ptr, tw_ptr, out_ptr, e, rb, num_pairs, K, N, KB,
-                      BT, ROWS, STAGES, HAS_BIAS, WPTX)
+                      BT, ROWS, STAGES, HAS_BIAS, RING, WPTX)
 
 
 @gluon.jit
 def _wg_tile2(w_ptr, s_ptr, a_ptr, slots_ptr, b_ptr, tw_ptr, out_ptr, e, rb, num_pairs, K, N, KB: gl.constexpr,
-              BT: gl.constexpr, ROWS: gl.constexpr, STAGES: gl.constexpr, HAS_BIAS: gl.constexpr,
+              BT: gl.constexpr, ROWS: gl.constexpr, STAGES: gl.constexpr, HAS_BIAS: gl.constexpr, RING: gl.constexpr,
               WPTX: gl.constexpr):
     """GEMM2's K loop and epilogue for the [ROWS, BT] tile of the pairs in slots slots_ptr[0:BT]."""
     ACC: gl.constexpr = acc_layout(BT)
@@ -283,25 +302,28 @@ def _wg_tile2(w_ptr, s_ptr, a_ptr, slots_ptr, b_ptr, tw_ptr, out_ptr, e, rb, num
     w_off, s_off = _offsets(K, NB, KB)
     xs = gl.allocate_shared_memory(gl.bfloat16, [STAGES, S, BT], x_shared_layout())
     steps = K // S
-    for i in gl.static_range(STAGES - 1):
-        _async_load(xs.index(i), x_ptrs + i * S, mask=x_mask)
-        async_copy.commit_group()
-    w = gl.load(w_ptr + w_off)
-    sc = gl.load(s_ptr + s_off)
-    acc = gl.zeros([ROWS, BT], gl.float32, layout=ACC)
-    for i in range(steps):
-        kn = gl.minimum(i + 1, steps - 1) * S
-        j = i + STAGES - 1
-        _async_load(xs.index(j % STAGES), x_ptrs + gl.minimum(j, steps - 1) * S, mask=x_mask)
-        async_copy.commit_group()
-        a = gl.convert_layout(_decode(w, sc, NB, KB, WPTX, _FPTX), A_OP)
-        w = gl.load(w_ptr + w_off + kn * 2)  # the next step's words, once these are decoded, into their registers
-        sc = gl.load(s_ptr + s_off + kn // 8)
-        async_copy.wait_group(STAGES - 1)
-        _barrier()
-        hopper.fence_async_shared()
-        acc = hopper.warpgroup_mma(a, xs.index(i % STAGES), acc, is_async=True)
-        acc = hopper.warpgroup_mma_wait(0, deps=[acc])
+    if RING:
+        acc = _ring_k_loop2(w_ptr, s_ptr, x_ptrs, x_mask, xs, w_off, s_off, steps, KB, BT, ROWS, STAGES, WPTX)
+    else:
+        for i in gl.static_range(STAGES - 1):
+            _async_load(xs.index(i), x_ptrs + i * S, mask=x_mask)
+            async_copy.commit_group()
+        w = gl.load(w_ptr + w_off)
+        sc = gl.load(s_ptr + s_off)
+        acc = gl.zeros([ROWS, BT], gl.float32, layout=ACC)
+        for i in range(steps):
+            kn = gl.minimum(i + 1, steps - 1) * S
+            j = i + STAGES - 1
+            _async_load(xs.index(j % STAGES), x_ptrs + gl.minimum(j, steps - 1) * S, mask=x_mask)
+            async_copy.commit_group()
+            a = gl.convert_layout(_decode(w, sc, NB, KB, WPTX, _FPTX), A_OP)
+            w = gl.load(w_ptr + w_off + kn * 2)  # the next step's words, once these are decoded, into their registers
+            sc = gl.load(s_ptr + s_off + kn // 8)
+            async_copy.wait_group(STAGES - 1)
+            _barrier()
+            hopper.fence_async_shared()
+            acc = hopper.warpgroup_mma(a, xs.index(i % STAGES), acc, is_async=True)
+            acc = hopper.warpgroup_mma_wait(0, deps=[acc])
     async_copy.wait_group(0)
     rows = rb * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, ACC))
     if HAS_BIAS:
@@ -311,3 +333,39 @@ def _wg_tile2(w_ptr, s_ptr, a_ptr, slots_ptr, b_ptr, tw_ptr, out_ptr, e, rb, num
     acc = acc * gl.load(tw_ptr + pair, mask=ok, other=0.0).to(gl.float32)[None, :]
     gl.store(out_ptr + pair[None, :].to(gl.int64) * N + rows[:, None], acc.to(out_ptr.dtype.element_ty),
              mask=ok[None, :] & (rows[:, None] >= 0))
+
+
+@gluon.jit
+def _ring_k_loop2(w_ptr, s_ptr, x_ptrs, x_mask, xs, w_off, s_off, steps, KB: gl.constexpr, BT: gl.constexpr,
+                  ROWS: gl.constexpr, STAGES: gl.constexpr, WPTX: gl.constexpr):
+    """GEMM2's K loop with each lane's words brought by cp.async into a ring of shared-memory stages beside the
+    intermediate tile's, each MMA waited for at once: the [ROWS, BT] sums."""
+    ACC: gl.constexpr = acc_layout(BT)
+    A_OP: gl.constexpr = a_layout(BT)
+    S: gl.constexpr = 64 * KB
+    ws = gl.allocate_shared_memory(gl.int32, [STAGES] + list(w_off.shape), words_ring_layout())
+    ss = gl.allocate_shared_memory(gl.int32, [STAGES] + list(s_off.shape), scales_ring_layout())
+    for i in gl.static_range(STAGES - 1):
+        _ring_issue2(w_ptr, s_ptr, x_ptrs, x_mask, xs, ws, ss, w_off, s_off, i, i, S)
+    acc = gl.zeros([ROWS, BT], gl.float32, layout=ACC)
+    for i in range(steps):
+        async_copy.wait_group(STAGES - 2)  # step i's tiles are in
+        _barrier()  # and every warp is past step i - 1, whose stage the next copies take
+        j = i + STAGES - 1
+        _ring_issue2(w_ptr, s_ptr, x_ptrs, x_mask, xs, ws, ss, w_off, s_off, gl.minimum(j, steps - 1), j % STAGES, S)
+        hopper.fence_async_shared()
+        st = i % STAGES
+        a = gl.convert_layout(_decode(ws.index(st).load(w_off.type.layout), ss.index(st).load(s_off.type.layout),
+                                      ROWS // 16, KB, WPTX, _FPTX), A_OP)
+        acc = hopper.warpgroup_mma(a, xs.index(st), acc, is_async=True)
+        acc = hopper.warpgroup_mma_wait(0, deps=[acc])
+    return acc
+
+
+@gluon.jit
+def _ring_issue2(w_ptr, s_ptr, x_ptrs, x_mask, xs, ws, ss, w_off, s_off, step, st, S):
+    """One commit group of cp.async: step's intermediate tile, words and scale words into ring stage st."""
+    k = step * S
+    _async_load(xs.index(st), x_ptrs + k, mask=x_mask)
+    _words_issue(w_ptr, s_ptr, ws, ss, w_off, s_off, k, st)
+    async_copy.commit_group()

@@ -221,10 +221,13 @@ class MoEConfig:
     wgmma1_early: int = 0
     wgmma1_ring: int = 0
     wgmma1_stages: int = 3
-    # GEMM2 the same way (wgmma2 1, each MMA waited for at once), in programs of wgmma2_rows rows (64 or 128); with
-    # GEMM1's, on an H100, DSV3-like / K3-like T = 1024 1.075 / 1.160
+    # GEMM2 the same way (wgmma2 1, each MMA waited for at once), in programs of wgmma2_rows rows (64 or 128), its
+    # words into registers a step ahead or through the intermediate tile's ring (wgmma2_ring 1, 3 stages). Bit-equal
+    # outputs, slower on an H100: with GEMM1's (words into registers) DSV3-like / K3-like T = 1024 1.075 / 1.160; the
+    # ring beside the default DSV3-like T = 768 / 1024 1.008-1.012 / 1.016-1.018, K3-like 1.057-1.079 / 1.073-1.105
     wgmma2: int = 0
     wgmma2_rows: int = 128
+    wgmma2_ring: int = 0
 
 
 def layout_of(layout: Mapping[str, str]) -> str | None:
@@ -1200,7 +1203,8 @@ def wgmma2_runs(cfg, x, w2, w2_scale, H, i_pad, pairs, splits, direct, fused, fa
 
 
 def _wgmma_gemm1(x, w13, w13_scale, w13_bias, act, cfg, r, num_pairs, top_k, i_pad, max_blocks, rot):
-    """GEMM1 of the hopper_mma path in gluon_wgmma.wg_gemm1: r.inter = act(gate . x, up . x) per pair."""
+    """GEMM1 of the hopper_mma path in gluon_wgmma.wg_gemm1: r.inter = act(gate . x, up . x) per pair; True once
+    launched."""
     gluon_wgmma = _gluon_wgmma_module()
     words, ptx = _gluon_module()._words, _gluon_module().WORDS32_PTX["xor" if rot == 2 else "rot"]
     cap = cfg.wgmma1_cap if cfg.wgmma1_cap >= 0 else 168 if cfg.block_t > 32 else 0
@@ -1211,10 +1215,12 @@ def _wgmma_gemm1(x, w13, w13_scale, w13_bias, act, cfg, r, num_pairs, top_k, i_p
         HAS_LINEAR=act["HAS_LINEAR"], HAS_BIAS=w13_bias is not None, OVERLAP={1: 0, 2: 3, 3: 2}.get(cfg.wgmma1, 3),
         EARLY=bool(cfg.wgmma1_early), RING=bool(cfg.wgmma1_ring), WPTX=ptx, num_warps=4,
         **({"maxnreg": cap} if cap else {}))
+    return True
 
 
 def _wgmma_gemm2(w2, w2_scale, w2_bias, cfg, r, num_pairs, H, i_pad, max_blocks, rot):
-    """GEMM2 of the hopper_mma path in gluon_wgmma.wg_gemm2: r.pair_out[0] = tw * (w2 . inter + b2) per pair."""
+    """GEMM2 of the hopper_mma path in gluon_wgmma.wg_gemm2: r.pair_out[0] = tw * (w2 . inter + b2) per pair; True
+    once launched."""
     gluon_wgmma = _gluon_wgmma_module()
     words, ptx = _gluon_module()._words, _gluon_module().WORDS32_PTX["xor" if rot == 2 else "rot"]
     rows = cfg.wgmma2_rows
@@ -1222,7 +1228,8 @@ def _wgmma_gemm2(w2, w2_scale, w2_bias, cfg, r, num_pairs, H, i_pad, max_blocks,
         words(w2), words(w2_scale), r.inter, r.sorted_ids, r.block_expert, r.num_post_pad,
         r.b2 if w2_bias is not None else r.tw, r.tw, r.pair_out, num_pairs, i_pad, H, KB=2, BT=cfg.block_t,
         TAIL=cfg.tail_t if cfg.tail_t2 < 0 else cfg.tail_t2, ROWS=rows, STAGES=3, HAS_BIAS=w2_bias is not None,
-        WPTX=ptx, num_warps=4)
+        RING=bool(cfg.wgmma2_ring), WPTX=ptx, num_warps=4)
+    return True
 
 
 def _hopper_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias, act, cfg, out,
@@ -1269,8 +1276,8 @@ def _hopper_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13
 
     def gemm1(grid, r):
         if wgmma1_runs(cfg, x, w13, w13_scale, i_pad, r.s1, direct, fused, fact, rot) and _compiled_or_none(
-                lambda: _wgmma_gemm1(x, w13, w13_scale, w13_bias, act, cfg, r, num_pairs, top_k, i_pad, grid[0], rot)
-                or True, required=False):
+                lambda: _wgmma_gemm1(x, w13, w13_scale, w13_bias, act, cfg, r, num_pairs, top_k, i_pad, grid[0], rot),
+                required=False):
             return
         grid, rf = order(grid, cfg.rows_first1)
         HK.moe_hgemm1_kernel[grid](
@@ -1282,8 +1289,7 @@ def _hopper_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13
 
     def gemm2(grid, r):
         if wgmma2_runs(cfg, x, w2, w2_scale, H, i_pad, num_pairs, r.s2, direct, fused, fact, rot) and _compiled_or_none(
-                lambda: _wgmma_gemm2(w2, w2_scale, w2_bias, cfg, r, num_pairs, H, i_pad, grid[0], rot) or True,
-                required=False):
+                lambda: _wgmma_gemm2(w2, w2_scale, w2_bias, cfg, r, num_pairs, H, i_pad, grid[0], rot), required=False):
             return
         grid, rf = order(grid, cfg.rows_first2)
         HK.moe_hgemm2_kernel[grid](
