@@ -290,7 +290,6 @@ def _wg_tile2(w_ptr, s_ptr, a_ptr, slots_ptr, b_ptr, tw_ptr, out_ptr, e, rb, num
               WPTX: gl.constexpr):
     """GEMM2's K loop and epilogue for the [ROWS, BT] tile of the pairs in slots slots_ptr[0:BT]."""
     ACC: gl.constexpr = acc_layout(BT)
-    A_OP: gl.constexpr = a_layout(BT)
     XL: gl.constexpr = x_copy_layout(KB)
     S: gl.constexpr = 64 * KB
     NB: gl.constexpr = ROWS // 16
@@ -305,25 +304,7 @@ def _wg_tile2(w_ptr, s_ptr, a_ptr, slots_ptr, b_ptr, tw_ptr, out_ptr, e, rb, num
     if RING:
         acc = _ring_k_loop2(w_ptr, s_ptr, x_ptrs, x_mask, xs, w_off, s_off, steps, KB, BT, ROWS, STAGES, WPTX)
     else:
-        for i in gl.static_range(STAGES - 1):
-            _async_load(xs.index(i), x_ptrs + i * S, mask=x_mask)
-            async_copy.commit_group()
-        w = gl.load(w_ptr + w_off)
-        sc = gl.load(s_ptr + s_off)
-        acc = gl.zeros([ROWS, BT], gl.float32, layout=ACC)
-        for i in range(steps):
-            kn = gl.minimum(i + 1, steps - 1) * S
-            j = i + STAGES - 1
-            _async_load(xs.index(j % STAGES), x_ptrs + gl.minimum(j, steps - 1) * S, mask=x_mask)
-            async_copy.commit_group()
-            a = gl.convert_layout(_decode(w, sc, NB, KB, WPTX, _FPTX), A_OP)
-            w = gl.load(w_ptr + w_off + kn * 2)  # the next step's words, once these are decoded, into their registers
-            sc = gl.load(s_ptr + s_off + kn // 8)
-            async_copy.wait_group(STAGES - 1)
-            _barrier()
-            hopper.fence_async_shared()
-            acc = hopper.warpgroup_mma(a, xs.index(i % STAGES), acc, is_async=True)
-            acc = hopper.warpgroup_mma_wait(0, deps=[acc])
+        acc = _reg_k_loop2(w_ptr, s_ptr, x_ptrs, x_mask, xs, w_off, s_off, steps, KB, BT, ROWS, STAGES, WPTX)
     async_copy.wait_group(0)
     rows = rb * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, ACC))
     if HAS_BIAS:
@@ -333,6 +314,36 @@ def _wg_tile2(w_ptr, s_ptr, a_ptr, slots_ptr, b_ptr, tw_ptr, out_ptr, e, rb, num
     acc = acc * gl.load(tw_ptr + pair, mask=ok, other=0.0).to(gl.float32)[None, :]
     gl.store(out_ptr + pair[None, :].to(gl.int64) * N + rows[:, None], acc.to(out_ptr.dtype.element_ty),
              mask=ok[None, :] & (rows[:, None] >= 0))
+
+
+@gluon.jit
+def _reg_k_loop2(w_ptr, s_ptr, x_ptrs, x_mask, xs, w_off, s_off, steps, KB: gl.constexpr, BT: gl.constexpr,
+                 ROWS: gl.constexpr, STAGES: gl.constexpr, WPTX: gl.constexpr):
+    """GEMM2's K loop with each lane's words loaded into registers a step ahead, each MMA waited for at once: the
+    [ROWS, BT] sums."""
+    ACC: gl.constexpr = acc_layout(BT)
+    A_OP: gl.constexpr = a_layout(BT)
+    S: gl.constexpr = 64 * KB
+    for i in gl.static_range(STAGES - 1):
+        _async_load(xs.index(i), x_ptrs + i * S, mask=x_mask)
+        async_copy.commit_group()
+    w = gl.load(w_ptr + w_off)
+    sc = gl.load(s_ptr + s_off)
+    acc = gl.zeros([ROWS, BT], gl.float32, layout=ACC)
+    for i in range(steps):
+        kn = gl.minimum(i + 1, steps - 1) * S
+        j = i + STAGES - 1
+        _async_load(xs.index(j % STAGES), x_ptrs + gl.minimum(j, steps - 1) * S, mask=x_mask)
+        async_copy.commit_group()
+        a = gl.convert_layout(_decode(w, sc, ROWS // 16, KB, WPTX, _FPTX), A_OP)
+        w = gl.load(w_ptr + w_off + kn * 2)  # the next step's words, once these are decoded, into their registers
+        sc = gl.load(s_ptr + s_off + kn // 8)
+        async_copy.wait_group(STAGES - 1)
+        _barrier()
+        hopper.fence_async_shared()
+        acc = hopper.warpgroup_mma(a, xs.index(i % STAGES), acc, is_async=True)
+        acc = hopper.warpgroup_mma_wait(0, deps=[acc])
+    return acc
 
 
 @gluon.jit
