@@ -145,6 +145,8 @@ CASES = [
     # (K3-like), biases, slots on no local expert
     ("dsv3 T1024 silu+limit bias ragged", 1024, 7168, 2048, 256, 8, "silu", {"swiglu_limit": 10.0}, True, torch.bfloat16, "ragged"),
     ("k3 T1024 situ ragged", 1024, 3584, 384, 896, 16, "situ", {"beta": 4.0, "linear_beta": 25.0}, False, torch.bfloat16, "ragged"),
+    # DSV3-like 32-pair blocks, whose GEMM1 runs in gluon_wgmma by default (the words through its cp.async ring)
+    ("dsv3 T640 swigluoai bias ragged", 640, 7168, 2048, 256, 8, "swigluoai", {"alpha": 1.702, "limit": 7.0}, True, torch.bfloat16, "ragged"),
 ]
 
 
