@@ -147,8 +147,7 @@ def _reg_k_loop(w_ptr, s_ptr, x_ptrs, x_mask, xs, w_off, s_off, up_w, up_s, step
     A_OP: gl.constexpr = a_layout(BT)
     S: gl.constexpr = 64 * KB
     for i in gl.static_range(STAGES - 1):
-        _async_load(xs.index(i), x_ptrs + i * S, mask=x_mask)
-        async_copy.commit_group()
+        _x_issue(xs, x_ptrs, x_mask, i, i, S)
     wg = gl.load(w_ptr + w_off)
     sg = gl.load(s_ptr + s_off)
     wu = gl.load(w_ptr + up_w + w_off)
@@ -162,8 +161,7 @@ def _reg_k_loop(w_ptr, s_ptr, x_ptrs, x_mask, xs, w_off, s_off, up_w, up_s, step
         kn = gl.minimum(i + 1, steps - 1) * S
         j = i + STAGES - 1
         if not OVERLAP:
-            _async_load(xs.index(j % STAGES), x_ptrs + gl.minimum(j, steps - 1) * S, mask=x_mask)
-            async_copy.commit_group()
+            _x_issue(xs, x_ptrs, x_mask, gl.minimum(j, steps - 1), j % STAGES, S)
         if EARLY:  # the step's next words in registers of their own, loaded before this step's decode
             wg_n = gl.load(w_ptr + w_off + kn * 2)
             sg_n = gl.load(s_ptr + s_off + kn // 8)
@@ -183,8 +181,7 @@ def _reg_k_loop(w_ptr, s_ptr, x_ptrs, x_mask, xs, w_off, s_off, up_w, up_s, step
         acc_g = hopper.warpgroup_mma(a_g, x, acc_g, is_async=True)
         if OVERLAP:  # the up MMA of the step before is done (its operands free): its x stage takes step j's tile
             acc_u, a_u = hopper.warpgroup_mma_wait(1, deps=[acc_u, a_u])
-            _async_load(xs.index(j % STAGES), x_ptrs + gl.minimum(j, steps - 1) * S, mask=x_mask)
-            async_copy.commit_group()
+            _x_issue(xs, x_ptrs, x_mask, gl.minimum(j, steps - 1), j % STAGES, S)
         else:
             acc_g = hopper.warpgroup_mma_wait(0, deps=[acc_g])
         a_u = gl.convert_layout(_decode(wu, su, 4, KB, WPTX, _FPTX), A_OP)
@@ -201,6 +198,13 @@ def _reg_k_loop(w_ptr, s_ptr, x_ptrs, x_mask, xs, w_off, s_off, up_w, up_s, step
             acc_u = hopper.warpgroup_mma_wait(0, deps=[acc_u])
     acc_u, a_u = hopper.warpgroup_mma_wait(0, deps=[acc_u, a_u])
     return acc_g, acc_u
+
+
+@gluon.jit
+def _x_issue(xs, x_ptrs, x_mask, step, st, S):
+    """One commit group of cp.async: step's x tile (or intermediate tile) into ring stage st."""
+    _async_load(xs.index(st), x_ptrs + step * S, mask=x_mask)
+    async_copy.commit_group()
 
 
 @gluon.jit
@@ -325,16 +329,14 @@ def _reg_k_loop2(w_ptr, s_ptr, x_ptrs, x_mask, xs, w_off, s_off, steps, KB: gl.c
     A_OP: gl.constexpr = a_layout(BT)
     S: gl.constexpr = 64 * KB
     for i in gl.static_range(STAGES - 1):
-        _async_load(xs.index(i), x_ptrs + i * S, mask=x_mask)
-        async_copy.commit_group()
+        _x_issue(xs, x_ptrs, x_mask, i, i, S)
     w = gl.load(w_ptr + w_off)
     sc = gl.load(s_ptr + s_off)
     acc = gl.zeros([ROWS, BT], gl.float32, layout=ACC)
     for i in range(steps):
         kn = gl.minimum(i + 1, steps - 1) * S
         j = i + STAGES - 1
-        _async_load(xs.index(j % STAGES), x_ptrs + gl.minimum(j, steps - 1) * S, mask=x_mask)
-        async_copy.commit_group()
+        _x_issue(xs, x_ptrs, x_mask, gl.minimum(j, steps - 1), j % STAGES, S)
         a = gl.convert_layout(_decode(w, sc, ROWS // 16, KB, WPTX, _FPTX), A_OP)
         w = gl.load(w_ptr + w_off + kn * 2)  # the next step's words, once these are decoded, into their registers
         sc = gl.load(s_ptr + s_off + kn // 8)

@@ -1178,6 +1178,11 @@ def hopper_constants(cfg: MoEConfig, T: int, top_k: int, H: int, i_pad: int, dty
     return c1, c2, (direct, fused, rows2)
 
 
+def _wgmma_parts(rot):
+    """(gluon_wgmma, gluon_few_tokens' int32 view of the words, the decode of bit order rot) for a launch."""
+    return _gluon_wgmma_module(), _gluon_module()._words, _gluon_module().WORDS32_PTX["xor" if rot == 2 else "rot"]
+
+
 def _wgmma_can_run(cfg, x, w, s, splits, direct, fused, fact, rot) -> bool:
     """Whether a gluon_wgmma kernel can take a GEMM: bf16 x on a CUDA GPU of compute capability 9.x (warpgroup MMAs),
     expert blocks of at most 64 pairs in one K split, every e8m0 scale <= 2, the xor or rot bit order, word-aligned
@@ -1205,8 +1210,7 @@ def wgmma2_runs(cfg, x, w2, w2_scale, H, i_pad, pairs, splits, direct, fused, fa
 def _wgmma_gemm1(x, w13, w13_scale, w13_bias, act, cfg, r, num_pairs, top_k, i_pad, max_blocks, rot):
     """GEMM1 of the hopper_mma path in gluon_wgmma.wg_gemm1: r.inter = act(gate . x, up . x) per pair; True once
     launched."""
-    gluon_wgmma = _gluon_wgmma_module()
-    words, ptx = _gluon_module()._words, _gluon_module().WORDS32_PTX["xor" if rot == 2 else "rot"]
+    gluon_wgmma, words, ptx = _wgmma_parts(rot)
     cap = cfg.wgmma1_cap if cfg.wgmma1_cap >= 0 else 168 if cfg.block_t > 32 else 0
     gluon_wgmma.wg_gemm1[(i_pad // 64, max_blocks)](
         words(w13), words(w13_scale), x, r.sorted_ids, r.block_expert, r.num_post_pad,
@@ -1221,8 +1225,7 @@ def _wgmma_gemm1(x, w13, w13_scale, w13_bias, act, cfg, r, num_pairs, top_k, i_p
 def _wgmma_gemm2(w2, w2_scale, w2_bias, cfg, r, num_pairs, H, i_pad, max_blocks, rot):
     """GEMM2 of the hopper_mma path in gluon_wgmma.wg_gemm2: r.pair_out[0] = tw * (w2 . inter + b2) per pair; True
     once launched."""
-    gluon_wgmma = _gluon_wgmma_module()
-    words, ptx = _gluon_module()._words, _gluon_module().WORDS32_PTX["xor" if rot == 2 else "rot"]
+    gluon_wgmma, words, ptx = _wgmma_parts(rot)
     rows = cfg.wgmma2_rows
     gluon_wgmma.wg_gemm2[(H // rows, max_blocks)](
         words(w2), words(w2_scale), r.inter, r.sorted_ids, r.block_expert, r.num_post_pad,
