@@ -57,8 +57,8 @@ def main() -> None:
         llm = LLM(model=model, load_format=load_format, skip_tokenizer_init=True, dtype="bfloat16",
                   max_model_len=64, max_num_seqs=4, enforce_eager=True, seed=0)
     except LoadedOnly:
-        result["engine"] = ("vLLM's CPU build for this CPU (no AVX512-BF16) lacks its MXFP4 MoE ops "
-                            "(convert_weight_packed): weights loaded, nothing served")
+        result["engine"] = ("vLLM's kernels for this CPU lack its MXFP4 MoE ops (convert_weight_packed; "
+                            "on x86 only its AVX512-BF16 build has them): weights loaded, nothing served")
     else:
         params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, detokenize=False)
         results = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params, use_tqdm=False)
