@@ -36,7 +36,7 @@ def main() -> None:
     from vllm.model_executor.model_loader import base_loader, get_model_loader
     from vllm.platforms import current_platform
 
-    current_platform.import_kernels()
+    current_platform.import_kernels()  # (vLLM does it again in LLM(); here to ask which build it loads)
     can_serve = hasattr(torch.ops._C, "convert_weight_packed")
     if not torch.cpu._is_amx_tile_supported():
         cpu_moe.CPUExpertsMxfp4._supports_current_device = staticmethod(lambda: True)
