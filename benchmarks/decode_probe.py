@@ -36,7 +36,7 @@ from mxfp4conv.runtime import triton_hopper_kernels as HK  # noqa: E402
 from mxfp4conv.runtime import triton_moe as M  # noqa: E402
 from moe_bench import (SHAPES, SITU, _warm_worker, copy_bandwidth, fit_workers, graph_time_us,  # noqa: E402
                        make_weights, model_bytes, routing, weight_copies)
-from moe_power import sampled  # noqa: E402
+from moe_power import power_table, sampled  # noqa: E402
 
 BASE = "hopper_mma_xor"
 
@@ -205,13 +205,9 @@ def main() -> int:
 def _power(power_sets, secs, log) -> None:
     """moe_power.py's sustained runs, nvidia-smi sampled meanwhile."""
     windows, _ = sampled(power_sets, secs)
-    log(f"\nsustained {secs:.0f} s each\n{'configuration':40} {'us/call':>9} {'W':>5} {'SM MHz':>6} {'mJ/call':>8}")
-    for name, us, sel in windows:
-        if not sel:
-            log(f"{name:40} {us:9.1f}  (no nvidia-smi samples)")
-            continue
-        mhz, watts = (sum(r[i] for r in sel) / len(sel) for i in (1, 2))
-        log(f"{name:40} {us:9.1f} {watts:5.0f} {mhz:6.0f} {watts * us * 1e-3:8.1f}")
+    log(f"\nsustained {secs:.0f} s each")
+    for line in power_table(windows, 40):
+        log(line)
 
 
 if __name__ == "__main__":

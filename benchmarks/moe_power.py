@@ -97,6 +97,20 @@ def sampled(configs, secs: float) -> tuple[list[tuple[str, float, list]], str]:
     return [(name, us, [r for r in rows if a0 <= r[0] <= a1]) for name, a0, a1, us in windows], text
 
 
+def power_table(windows, width: int = 58) -> list[str]:
+    """sampled's windows as table lines: us a call and the means of power, SM clock and memory clock over each
+    window's samples, the energy a call (mean power x time) and the hottest HBM reading."""
+    lines = [f"{'configuration':{width}} {'us/call':>9} {'W':>5} {'SM MHz':>6} {'mJ/call':>8} {'mem MHz':>7} {'HBM C':>5}"]
+    for name, us, sel in windows:
+        if not sel:
+            lines.append(f"{name:{width}} {us:9.1f}  (no nvidia-smi samples)")
+            continue
+        mhz, watts, mem = (sum(r[i] for r in sel) / len(sel) for i in (1, 2, 3))
+        lines.append(f"{name:{width}} {us:9.1f} {watts:5.0f} {mhz:6.0f} {watts * us * 1e-3:8.1f} {mem:7.0f} "
+                     f"{max(r[4] for r in sel):5.0f}")
+    return lines
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--points", default=json.dumps(DEFAULT_POINTS))
@@ -120,17 +134,10 @@ def main() -> int:
 
     windows, text = sampled(configs(), args.secs)
     lines = [f"{torch.cuda.get_device_name()}; torch {torch.__version__}; sustained {args.secs:.0f} s a configuration",
-             f"{'configuration':58} {'us/call':>9} {'W':>5} {'SM MHz':>6} {'mJ/call':>8} {'mem MHz':>7} {'HBM C':>5}"]
-    for name, us, sel in windows:
-        if not sel:
-            lines.append(f"{name:58} {us:9.1f}  (no nvidia-smi samples)")
-            continue
-        mean = [sum(r[i] for r in sel) / len(sel) for i in range(1, 4)]
-        lines.append(f"{name:58} {us:9.1f} {mean[1]:5.0f} {mean[0]:6.0f} {mean[1] * us * 1e-3:8.1f} {mean[2]:7.0f} "
-                     f"{max(r[4] for r in sel):5.0f}")
-    rows = samples(text)
-    if rows:
-        lines.append(f"power limit {rows[-1][5]:.0f} W")
+             *power_table(windows)]
+    limits = [r[5] for _, _, sel in windows for r in sel]
+    if limits:
+        lines.append(f"power limit {limits[-1]:.0f} W")
     print("\n".join(lines))
     if args.out:
         os.makedirs(args.out, exist_ok=True)
