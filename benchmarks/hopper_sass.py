@@ -99,7 +99,7 @@ def compile_gluon_sass(fn, consts: dict, types: dict, shape_args, options: dict)
            for n in fn.arg_names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(sig) if n.endswith("_ptr") or n in shape_args}
     kernel = triton.compile(GluonASTSource(fn, sig, constexprs=consts, attrs=attrs), target=GPUTarget("cuda", 90, 32),
-                            options=dict(num_warps=4, **options))
+                            options={"num_warps": 4, **options})
     return _dump(kernel)
 
 
