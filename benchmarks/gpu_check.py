@@ -313,7 +313,6 @@ def path_name(cfg, T, k, E, dtype, layout="identity"):
         order += f" absorb{cfg.absorb}/{cfg.absorb2}" if (cfg.absorb or cfg.absorb2) and cfg.tail_t and not fused else ""
         if cfg.wgmma1 and cfg.block_t <= 64 and not fused and dtype == torch.bfloat16:
             order += f" wgmma{cfg.wgmma1}{f' ring{cfg.wgmma1_stages}' if cfg.wgmma1_ring else ''}"
-            order += ' split' if cfg.wgmma1_split and cfg.wgmma1_ring else ''
         return f"{layout} bt{cfg.block_t}{flags}{f' rows{cfg.rows2}' if cfg.rows2 > 1 and not fused else ''}{order}"
     if uses_gemv(cfg, T * k, E):
         return "gemv"

@@ -16,7 +16,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia import hopper
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
 
-from mxfp4conv.runtime.gluon_few_tokens import _FPTX, _along, _barrier, _decode, _offsets
+from mxfp4conv.runtime.gluon_few_tokens import _FPTX, _barrier, _decode, _offsets
 from mxfp4conv.runtime.triton_moe_kernels import _activate
 
 # cp.async of a tile into shared memory: async_load from triton 3.9 on, async_copy_global_to_shared before
@@ -24,13 +24,13 @@ _async_load = getattr(async_copy, "async_load", None) or async_copy.async_copy_g
 
 
 @gluon.constexpr_function
-def acc_layout(BT, WARPS=4):
-    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, BT, 16])
+def acc_layout(BT):
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BT, 16])
 
 
 @gluon.constexpr_function
-def a_layout(BT, WARPS=4):
-    return gl.DotOperandLayout(operand_index=0, parent=acc_layout(BT, WARPS), k_width=2)
+def a_layout(BT):
+    return gl.DotOperandLayout(operand_index=0, parent=acc_layout(BT), k_width=2)
 
 
 @gluon.constexpr_function
@@ -39,10 +39,10 @@ def x_shared_layout():
 
 
 @gluon.constexpr_function
-def x_copy_layout(KB, WARPS=4):
+def x_copy_layout(KB):
     """[64 KB, BT] x tile, codes contiguous: a lane copies 8 codes (16 bytes) of one column."""
     along = min(8 * KB, 32)
-    return gl.BlockedLayout([8, 1], [along, 32 // along], [1, WARPS], [0, 1])
+    return gl.BlockedLayout([8, 1], [along, 32 // along], [1, 4], [0, 1])
 
 
 @gluon.constexpr_function
@@ -57,14 +57,6 @@ def scales_ring_layout():
     return gl.SwizzledSharedLayout(1, 1, 1, [3, 2, 1, 0])
 
 
-# the split form's words [8 row slabs, KB, 8, 4, 4] and scale words: warp = 16-row slab, as gluon_few_tokens' WL / SL
-# over 8 warps (slabs 0-3 gate rows, 4-7 up rows)
-WL8 = gl.BlockedLayout([1, 1, 1, 1, 4], [1, 1, 8, 4, 1], [8, 1, 1, 1, 1], [4, 3, 2, 1, 0])
-SL8 = gl.BlockedLayout([1, 1, 1, 1], [1, 1, 8, 4], [8, 1, 1, 1], [3, 2, 1, 0])
-W80, W81, W82, W83, W84 = (_along(WL8, d, 5) for d in range(5))
-S80, S81, S82, S83 = (_along(SL8, d, 4) for d in range(4))
-
-
 @gluon.jit
 def _expert(bexp_ptr, npp_ptr, BT: gl.constexpr):
     """Expert of pair block program_id(1); -1 past num_post_pad (and for a block on no local expert)."""
@@ -73,9 +65,9 @@ def _expert(bexp_ptr, npp_ptr, BT: gl.constexpr):
 
 
 @gluon.jit
-def _pairs_in(sorted_ptr, num_pairs, BT: gl.constexpr, WARPS: gl.constexpr = 4):
+def _pairs_in(sorted_ptr, num_pairs, BT: gl.constexpr):
     """Number of pairs in pair block program_id(1) (they fill its first slots)."""
-    slots = sorted_ptr + gl.program_id(1) * BT + gl.arange(0, BT, layout=gl.BlockedLayout([1], [32], [WARPS], [0]))
+    slots = sorted_ptr + gl.program_id(1) * BT + gl.arange(0, BT, layout=gl.BlockedLayout([1], [32], [4], [0]))
     return gl.sum((gl.load(slots) < num_pairs).to(gl.int32), axis=0)
 
 
@@ -83,15 +75,13 @@ def _pairs_in(sorted_ptr, num_pairs, BT: gl.constexpr, WARPS: gl.constexpr = 4):
 def wg_gemm1(w_ptr, s_ptr, x_ptr, sorted_ptr, bexp_ptr, npp_ptr, b_ptr, inter_ptr, num_pairs, TOP_K, K, I, p0, p1,
              KB: gl.constexpr, BT: gl.constexpr, TAIL: gl.constexpr, STAGES: gl.constexpr, ACT: gl.constexpr,
              HAS_LIMIT: gl.constexpr, HAS_LINEAR: gl.constexpr, HAS_BIAS: gl.constexpr, OVERLAP: gl.constexpr = 3,
-             EARLY: gl.constexpr = False, RING: gl.constexpr = False, SPLIT: gl.constexpr = False,
-             WPTX: gl.constexpr = None):
+             EARLY: gl.constexpr = False, RING: gl.constexpr = False, WPTX: gl.constexpr = None):
     """inter[pair, rows] = act(gate . x[pair // TOP_K] + b, up . x + b) for pair block program_id(1) (BT slots) and
     rows [64 rb, 64 rb + 64), rb = program_id(0): in a [64, TAIL] tile where the block holds at most TAIL pairs
     (TAIL 0: never), else a [64, BT] one. OVERLAP (bit 0: the BT tile, bit 1: the TAIL tile): each warpgroup MMA runs
     while the next matrix's rows decode (else it is waited for at once). EARLY: a step's next words are loaded at its
     start (else each matrix's once its words are decoded, into their registers). RING: the words come through the x
-    tile's ring of shared-memory stages by cp.async instead (each MMA waited for at once). SPLIT (8 warps, the ring):
-    gate rows in warpgroup 0, up rows in warpgroup 1, one [128, tile] MMA a step on the shared x tile."""
+    tile's ring of shared-memory stages by cp.async instead (each MMA waited for at once)."""
     m = gl.program_id(1)
     e = _expert(bexp_ptr, npp_ptr, BT)
     if e >= 0:
@@ -99,31 +89,16 @@ def wg_gemm1(w_ptr, s_ptr, x_ptr, sorted_ptr, bexp_ptr, npp_ptr, b_ptr, inter_pt
         w_ptr += e * (2 * I * (K // 8)) + rb * 4 * (2 * K)
         s_ptr += e * (2 * I * K // 128) + rb * 4 * (K // 8)
         if TAIL > 0:
-            if _pairs_in(sorted_ptr, num_pairs, BT, 8 if SPLIT else 4) <= TAIL:
-                _wg_tile_any(w_ptr, s_ptr, x_ptr, sorted_ptr + m * BT, b_ptr, inter_ptr, e, rb, num_pairs, TOP_K, K, I,
-                             p0, p1, KB, TAIL, STAGES, ACT, HAS_LIMIT, HAS_LINEAR, HAS_BIAS, (OVERLAP >> 1) & 1, EARLY,
-                             RING, SPLIT, WPTX)
+            if _pairs_in(sorted_ptr, num_pairs, BT) <= TAIL:
+                _wg_tile(w_ptr, s_ptr, x_ptr, sorted_ptr + m * BT, b_ptr, inter_ptr, e, rb, num_pairs, TOP_K, K, I,
+                         p0, p1, KB, TAIL, STAGES, ACT, HAS_LIMIT, HAS_LINEAR, HAS_BIAS, (OVERLAP >> 1) & 1, EARLY,
+                         RING, WPTX)
             else:
-                _wg_tile_any(w_ptr, s_ptr, x_ptr, sorted_ptr + m * BT, b_ptr, inter_ptr, e, rb, num_pairs, TOP_K, K, I,
-                             p0, p1, KB, BT, STAGES, ACT, HAS_LIMIT, HAS_LINEAR, HAS_BIAS, OVERLAP & 1, EARLY, RING,
-                             SPLIT, WPTX)
+                _wg_tile(w_ptr, s_ptr, x_ptr, sorted_ptr + m * BT, b_ptr, inter_ptr, e, rb, num_pairs, TOP_K, K, I,
+                         p0, p1, KB, BT, STAGES, ACT, HAS_LIMIT, HAS_LINEAR, HAS_BIAS, OVERLAP & 1, EARLY, RING, WPTX)
         else:
-            _wg_tile_any(w_ptr, s_ptr, x_ptr, sorted_ptr + m * BT, b_ptr, inter_ptr, e, rb, num_pairs, TOP_K, K, I,
-                         p0, p1, KB, BT, STAGES, ACT, HAS_LIMIT, HAS_LINEAR, HAS_BIAS, OVERLAP & 1, EARLY, RING, SPLIT,
-                         WPTX)
-
-
-@gluon.jit
-def _wg_tile_any(w_ptr, s_ptr, x_ptr, slots_ptr, b_ptr, inter_ptr, e, rb, num_pairs, TOP_K, K, I, p0, p1,
-                 KB: gl.constexpr, BT: gl.constexpr, STAGES: gl.constexpr, ACT: gl.constexpr, HAS_LIMIT: gl.constexpr,
-                 HAS_LINEAR: gl.constexpr, HAS_BIAS: gl.constexpr, OVERLAP: gl.constexpr, EARLY: gl.constexpr,
-                 RING: gl.constexpr, SPLIT: gl.constexpr, WPTX: gl.constexpr):
-    if SPLIT:
-        _wg_tile_split(w_ptr, s_ptr, x_ptr, slots_ptr, b_ptr, inter_ptr, e, rb, num_pairs, TOP_K, K, I, p0, p1, KB, BT,
-                       STAGES, ACT, HAS_LIMIT, HAS_LINEAR, HAS_BIAS, WPTX)
-    else:
-        _wg_tile(w_ptr, s_ptr, x_ptr, slots_ptr, b_ptr, inter_ptr, e, rb, num_pairs, TOP_K, K, I, p0, p1, KB, BT,
-                 STAGES, ACT, HAS_LIMIT, HAS_LINEAR, HAS_BIAS, OVERLAP, EARLY, RING, WPTX)
+            _wg_tile(w_ptr, s_ptr, x_ptr, sorted_ptr + m * BT, b_ptr, inter_ptr, e, rb, num_pairs, TOP_K, K, I, p0,
+                     p1, KB, BT, STAGES, ACT, HAS_LIMIT, HAS_LINEAR, HAS_BIAS, OVERLAP & 1, EARLY, RING, WPTX)
 
 
 @gluon.jit
@@ -162,87 +137,6 @@ def _wg_tile(w_ptr, s_ptr, x_ptr, slots_ptr, b_ptr, inter_ptr, e, rb, num_pairs,
     pair = gl.convert_layout(pair_x, gl.SliceLayout(0, ACC))
     ok = pair < num_pairs
     gl.store(inter_ptr + pair[None, :].to(gl.int64) * I + rows[:, None], h, mask=ok[None, :] & (rows[:, None] >= 0))
-
-
-@gluon.jit
-def _wg_tile_split(w_ptr, s_ptr, x_ptr, slots_ptr, b_ptr, inter_ptr, e, rb, num_pairs, TOP_K, K, I, p0, p1,
-                   KB: gl.constexpr, BT: gl.constexpr, STAGES: gl.constexpr, ACT: gl.constexpr,
-                   HAS_LIMIT: gl.constexpr, HAS_LINEAR: gl.constexpr, HAS_BIAS: gl.constexpr, WPTX: gl.constexpr):
-    """GEMM1's K loop and epilogue for the [64, BT] tile in 8 warps: gate rows in warpgroup 0, up rows in warpgroup 1,
-    each step's words and x tile through the ring, one [128, BT] MMA on the shared x tile, waited for at once. A lane
-    decodes one matrix's words a step where _wg_tile's decodes both, and the x tile serves twice the warps."""
-    ACC: gl.constexpr = acc_layout(BT, 8)
-    A_OP: gl.constexpr = a_layout(BT, 8)
-    XL: gl.constexpr = x_copy_layout(KB, 8)
-    S: gl.constexpr = 64 * KB
-    pair_x = gl.load(slots_ptr + gl.arange(0, BT, layout=gl.SliceLayout(0, XL)))
-    ok_x = pair_x < num_pairs
-    tok = gl.where(ok_x, pair_x // TOP_K, 0)
-    xk = gl.arange(0, S, layout=gl.SliceLayout(1, XL))
-    x_ptrs = x_ptr + (tok[None, :] * K + xk[:, None])  # (int32 offsets: the caller checks T K < 2**31)
-    x_mask = ok_x[None, :] & (xk[:, None] >= 0)
-    w_off, s_off = _split_offsets(K, (I // 16) * (2 * K), (I // 16) * (K // 8), KB)
-    xs = gl.allocate_shared_memory(gl.bfloat16, [STAGES, S, BT], x_shared_layout())
-    ws = gl.allocate_shared_memory(gl.int32, [STAGES] + list(w_off.shape), words_ring_layout())
-    ss = gl.allocate_shared_memory(gl.int32, [STAGES] + list(s_off.shape), scales_ring_layout())
-    steps = K // S
-    for i in gl.static_range(STAGES - 1):
-        _split_issue(w_ptr, s_ptr, x_ptrs, x_mask, xs, ws, ss, w_off, s_off, i, i, S)
-    acc = gl.zeros([128, BT], gl.float32, layout=ACC)
-    for i in range(steps):
-        async_copy.wait_group(STAGES - 2)  # step i's tiles are in
-        _barrier()  # and every warp is past step i - 1, whose stage the next copies take
-        j = i + STAGES - 1
-        _split_issue(w_ptr, s_ptr, x_ptrs, x_mask, xs, ws, ss, w_off, s_off, gl.minimum(j, steps - 1), j % STAGES, S)
-        hopper.fence_async_shared()
-        st = i % STAGES
-        a = gl.convert_layout(_decode(ws.index(st).load(w_off.type.layout), ss.index(st).load(s_off.type.layout), 8,
-                                      KB, WPTX, _FPTX), A_OP)
-        acc = hopper.warpgroup_mma(a, xs.index(st), acc, is_async=True)
-        acc = hopper.warpgroup_mma_wait(0, deps=[acc])
-    async_copy.wait_group(0)
-    # a row's gate and up sums sit in different warpgroups: both into one lane through shared memory
-    EPI: gl.constexpr = gl.BlockedLayout([1, 1], [32, 1], [1, 8], [0, 1])
-    sums = gl.allocate_shared_memory(gl.float32, [128, BT], gl.SwizzledSharedLayout(1, 1, 1, [0, 1]))
-    sums.store(acc)
-    _barrier()
-    acc_g = sums.slice(0, 64).load(EPI)
-    acc_u = sums.slice(64, 64).load(EPI)
-    rows = rb * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, EPI))
-    if HAS_BIAS:
-        acc_g += gl.load(b_ptr + e * (2 * I) + rows).to(gl.float32)[:, None]
-        acc_u += gl.load(b_ptr + e * (2 * I) + I + rows).to(gl.float32)[:, None]
-    h = _activate(acc_g, acc_u, p0, p1, ACT, HAS_LIMIT, HAS_LINEAR).to(gl.bfloat16)
-    pair = gl.convert_layout(pair_x, gl.SliceLayout(0, EPI))
-    ok = pair < num_pairs
-    gl.store(inter_ptr + pair[None, :].to(gl.int64) * I + rows[:, None], h, mask=ok[None, :] & (rows[:, None] >= 0))
-
-
-@gluon.jit
-def _split_offsets(K, up_w, up_s, KB: gl.constexpr):
-    """Word offsets of a lane's weight words [8, KB, 8, 4, 4] and scale words [8, KB, 8, 4] in the split form: slabs
-    0-3 the gate rows' [64, K], 4-7 the up rows' (up_w / up_s words further), as _offsets' over 8 warps."""
-    nb = gl.arange(0, 8, layout=W80)
-    nbs = gl.arange(0, 8, layout=S80)
-    w_off = (((nb % 4) * (2 * K) + (nb // 4) * up_w)[:, None, None, None, None]
-             + gl.arange(0, KB, layout=W81)[None, :, None, None, None] * 128
-             + gl.arange(0, 8, layout=W82)[None, None, :, None, None] * 16
-             + gl.arange(0, 4, layout=W83)[None, None, None, :, None] * 4
-             + gl.arange(0, 4, layout=W84)[None, None, None, None, :])
-    s_off = (((nbs % 4) * (K // 8) + (nbs // 4) * up_s)[:, None, None, None]
-             + gl.arange(0, KB, layout=S81)[None, :, None, None] * 8
-             + gl.arange(0, 8, layout=S82)[None, None, :, None]
-             + gl.arange(0, 4, layout=S83)[None, None, None, :] * 0)
-    return w_off, s_off
-
-
-@gluon.jit
-def _split_issue(w_ptr, s_ptr, x_ptrs, x_mask, xs, ws, ss, w_off, s_off, step, st, S):
-    """One commit group of cp.async: step's x tile and the split form's words and scale words into ring stage st."""
-    k = step * S
-    _async_load(xs.index(st), x_ptrs + k, mask=x_mask)
-    _words_issue(w_ptr, s_ptr, ws, ss, w_off, s_off, k, st)
-    async_copy.commit_group()
 
 
 @gluon.jit

@@ -216,13 +216,14 @@ class MoEConfig:
     # 1.010-1.031x. Of moe_hgemm1_kernel's time, on 64-pair blocks the ring (2 stages) took 0.985-1.012 on an H200,
     # the words into registers (3, early) 0.971-0.999 there but 1.002-1.042 on an H100; on 16-pair blocks the ring
     # 0.994-1.001 (H100): those keep moe_hgemm1_kernel (docs/performance.md, "GEMM1 of 32-pair blocks in gluon_wgmma")
+    # The ring over two warpgroups (gate rows in one, up rows in the other; commit 9fc51ce) was bit-equal and slower
+    # on an H100: 1.04-1.07x on 64-pair blocks, 1.00-1.02x on 32-pair ones capped at 80 registers ("GEMM1 over two
+    # warpgroups")
     wgmma1: int = 0
     wgmma1_cap: int = -1
     wgmma1_early: int = 0
     wgmma1_ring: int = 0
     wgmma1_stages: int = 3
-    # the ring form in 8 warps (wgmma1_split 1): gate rows in one warpgroup, up rows in the other, on one x tile
-    wgmma1_split: int = 0
     # GEMM2 the same way (wgmma2 1, each MMA waited for at once), in programs of wgmma2_rows rows (64 or 128), its
     # words into registers a step ahead or through the intermediate tile's ring (wgmma2_ring 1, 3 stages). Bit-equal
     # outputs, slower on an H100: with GEMM1's (words into registers) DSV3-like / K3-like T = 1024 1.075 / 1.160; the
@@ -1213,14 +1214,13 @@ def _wgmma_gemm1(x, w13, w13_scale, w13_bias, act, cfg, r, num_pairs, top_k, i_p
     """GEMM1 of the hopper_mma path in gluon_wgmma.wg_gemm1: r.inter = act(gate . x, up . x) per pair; True once
     launched."""
     gluon_wgmma, words, ptx = _wgmma_parts(rot)
-    split = bool(cfg.wgmma1_split and cfg.wgmma1_ring)
-    cap = cfg.wgmma1_cap if cfg.wgmma1_cap >= 0 else 168 if cfg.block_t > 32 and not split else 0
+    cap = cfg.wgmma1_cap if cfg.wgmma1_cap >= 0 else 168 if cfg.block_t > 32 else 0
     gluon_wgmma.wg_gemm1[(i_pad // 64, max_blocks)](
         words(w13), words(w13_scale), x, r.sorted_ids, r.block_expert, r.num_post_pad,
         r.b13 if w13_bias is not None else r.inter, r.inter, num_pairs, top_k, x.shape[1], i_pad, act["p0"], act["p1"],
         KB=2, BT=cfg.block_t, TAIL=cfg.tail_t, STAGES=cfg.wgmma1_stages, ACT=act["ACT"], HAS_LIMIT=act["HAS_LIMIT"],
         HAS_LINEAR=act["HAS_LINEAR"], HAS_BIAS=w13_bias is not None, OVERLAP={1: 0, 2: 3, 3: 2}.get(cfg.wgmma1, 3),
-        EARLY=bool(cfg.wgmma1_early), RING=bool(cfg.wgmma1_ring), SPLIT=split, WPTX=ptx, num_warps=8 if split else 4,
+        EARLY=bool(cfg.wgmma1_early), RING=bool(cfg.wgmma1_ring), WPTX=ptx, num_warps=4,
         **({"maxnreg": cap} if cap else {}))
     return True
 
