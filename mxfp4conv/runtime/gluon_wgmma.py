@@ -16,7 +16,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia import hopper
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
 
-from mxfp4conv.runtime.gluon_few_tokens import _FPTX, _along, _barrier, _decode, _offsets
+from mxfp4conv.runtime.gluon_few_tokens import _FPTX, _barrier, _decode, _offsets
 from mxfp4conv.runtime.triton_moe_kernels import _activate
 
 # cp.async of a tile into shared memory: async_load from triton 3.9 on, async_copy_global_to_shared before
@@ -24,13 +24,13 @@ _async_load = getattr(async_copy, "async_load", None) or async_copy.async_copy_g
 
 
 @gluon.constexpr_function
-def acc_layout(BT, WARPS=4):
-    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, BT, 16])
+def acc_layout(BT):
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BT, 16])
 
 
 @gluon.constexpr_function
-def a_layout(BT, WARPS=4):
-    return gl.DotOperandLayout(operand_index=0, parent=acc_layout(BT, WARPS), k_width=2)
+def a_layout(BT):
+    return gl.DotOperandLayout(operand_index=0, parent=acc_layout(BT), k_width=2)
 
 
 @gluon.constexpr_function
@@ -39,10 +39,10 @@ def x_shared_layout():
 
 
 @gluon.constexpr_function
-def x_copy_layout(KB, WARPS=4):
+def x_copy_layout(KB):
     """[64 KB, BT] x tile, codes contiguous: a lane copies 8 codes (16 bytes) of one column."""
     along = min(8 * KB, 32)
-    return gl.BlockedLayout([8, 1], [along, 32 // along], [1, WARPS], [0, 1])
+    return gl.BlockedLayout([8, 1], [along, 32 // along], [1, 4], [0, 1])
 
 
 @gluon.constexpr_function
@@ -57,14 +57,6 @@ def scales_ring_layout():
     return gl.SwizzledSharedLayout(1, 1, 1, [3, 2, 1, 0])
 
 
-# 128-row programs' words [8, KB, 8, 4, 4] and scale words [8, KB, 8, 4]: gluon_few_tokens' WL / SL over 8 warps, a
-# warp's 16-row slab each
-WL8 = gl.BlockedLayout([1, 1, 1, 1, 4], [1, 1, 8, 4, 1], [8, 1, 1, 1, 1], [4, 3, 2, 1, 0])
-SL8 = gl.BlockedLayout([1, 1, 1, 1], [1, 1, 8, 4], [8, 1, 1, 1], [3, 2, 1, 0])
-W80, W81, W82, W83, W84 = (_along(WL8, d, 5) for d in range(5))
-S80, S81, S82, S83 = (_along(SL8, d, 4) for d in range(4))
-
-
 @gluon.jit
 def _expert(bexp_ptr, npp_ptr, BT: gl.constexpr):
     """Expert of pair block program_id(1); -1 past num_post_pad (and for a block on no local expert)."""
@@ -73,9 +65,9 @@ def _expert(bexp_ptr, npp_ptr, BT: gl.constexpr):
 
 
 @gluon.jit
-def _pairs_in(sorted_ptr, num_pairs, BT: gl.constexpr, WARPS: gl.constexpr = 4):
+def _pairs_in(sorted_ptr, num_pairs, BT: gl.constexpr):
     """Number of pairs in pair block program_id(1) (they fill its first slots)."""
-    slots = sorted_ptr + gl.program_id(1) * BT + gl.arange(0, BT, layout=gl.BlockedLayout([1], [32], [WARPS], [0]))
+    slots = sorted_ptr + gl.program_id(1) * BT + gl.arange(0, BT, layout=gl.BlockedLayout([1], [32], [4], [0]))
     return gl.sum((gl.load(slots) < num_pairs).to(gl.int32), axis=0)
 
 
@@ -83,11 +75,10 @@ def _pairs_in(sorted_ptr, num_pairs, BT: gl.constexpr, WARPS: gl.constexpr = 4):
 def wg_gemm1(w_ptr, s_ptr, x_ptr, sorted_ptr, bexp_ptr, npp_ptr, b_ptr, inter_ptr, num_pairs, TOP_K, K, I, p0, p1,
              KB: gl.constexpr, BT: gl.constexpr, TAIL: gl.constexpr, STAGES: gl.constexpr, ACT: gl.constexpr,
              HAS_LIMIT: gl.constexpr, HAS_LINEAR: gl.constexpr, HAS_BIAS: gl.constexpr, OVERLAP: gl.constexpr = 3,
-             EARLY: gl.constexpr = False, RING: gl.constexpr = False, WARPS: gl.constexpr = 4,
-             WPTX: gl.constexpr = None):
+             EARLY: gl.constexpr = False, RING: gl.constexpr = False, WPTX: gl.constexpr = None):
     """inter[pair, rows] = act(gate . x[pair // TOP_K] + b, up . x + b) for pair block program_id(1) (BT slots) and
-    rows [R rb, R rb + R), R = 16 WARPS (64, or 128 with RING: two warpgroups on one x tile), rb = program_id(0): in
-    an [R, TAIL] tile where the block holds at most TAIL pairs (TAIL 0: never), else an [R, BT] one. OVERLAP (bit 0: the BT tile, bit 1: the TAIL tile): each warpgroup MMA runs
+    rows [64 rb, 64 rb + 64), rb = program_id(0): in a [64, TAIL] tile where the block holds at most TAIL pairs
+    (TAIL 0: never), else a [64, BT] one. OVERLAP (bit 0: the BT tile, bit 1: the TAIL tile): each warpgroup MMA runs
     while the next matrix's rows decode (else it is waited for at once). EARLY: a step's next words are loaded at its
     start (else each matrix's once its words are decoded, into their registers). RING: the words come through the x
     tile's ring of shared-memory stages by cp.async instead (each MMA waited for at once)."""
@@ -95,33 +86,31 @@ def wg_gemm1(w_ptr, s_ptr, x_ptr, sorted_ptr, bexp_ptr, npp_ptr, b_ptr, inter_pt
     e = _expert(bexp_ptr, npp_ptr, BT)
     if e >= 0:
         rb = gl.program_id(0)
-        w_ptr += e * (2 * I * (K // 8)) + rb * WARPS * (2 * K)
-        s_ptr += e * (2 * I * K // 128) + rb * WARPS * (K // 8)
+        w_ptr += e * (2 * I * (K // 8)) + rb * 4 * (2 * K)
+        s_ptr += e * (2 * I * K // 128) + rb * 4 * (K // 8)
         if TAIL > 0:
-            if _pairs_in(sorted_ptr, num_pairs, BT, WARPS) <= TAIL:
+            if _pairs_in(sorted_ptr, num_pairs, BT) <= TAIL:
                 _wg_tile(w_ptr, s_ptr, x_ptr, sorted_ptr + m * BT, b_ptr, inter_ptr, e, rb, num_pairs, TOP_K, K, I,
                          p0, p1, KB, TAIL, STAGES, ACT, HAS_LIMIT, HAS_LINEAR, HAS_BIAS, (OVERLAP >> 1) & 1, EARLY,
-                         RING, WARPS, WPTX)
+                         RING, WPTX)
             else:
                 _wg_tile(w_ptr, s_ptr, x_ptr, sorted_ptr + m * BT, b_ptr, inter_ptr, e, rb, num_pairs, TOP_K, K, I,
-                         p0, p1, KB, BT, STAGES, ACT, HAS_LIMIT, HAS_LINEAR, HAS_BIAS, OVERLAP & 1, EARLY, RING, WARPS,
-                         WPTX)
+                         p0, p1, KB, BT, STAGES, ACT, HAS_LIMIT, HAS_LINEAR, HAS_BIAS, OVERLAP & 1, EARLY, RING, WPTX)
         else:
             _wg_tile(w_ptr, s_ptr, x_ptr, sorted_ptr + m * BT, b_ptr, inter_ptr, e, rb, num_pairs, TOP_K, K, I, p0,
-                     p1, KB, BT, STAGES, ACT, HAS_LIMIT, HAS_LINEAR, HAS_BIAS, OVERLAP & 1, EARLY, RING, WARPS, WPTX)
+                     p1, KB, BT, STAGES, ACT, HAS_LIMIT, HAS_LINEAR, HAS_BIAS, OVERLAP & 1, EARLY, RING, WPTX)
 
 
 @gluon.jit
 def _wg_tile(w_ptr, s_ptr, x_ptr, slots_ptr, b_ptr, inter_ptr, e, rb, num_pairs, TOP_K, K, I, p0, p1,
              KB: gl.constexpr, BT: gl.constexpr, STAGES: gl.constexpr, ACT: gl.constexpr, HAS_LIMIT: gl.constexpr,
              HAS_LINEAR: gl.constexpr, HAS_BIAS: gl.constexpr, OVERLAP: gl.constexpr, EARLY: gl.constexpr,
-             RING: gl.constexpr, WARPS: gl.constexpr, WPTX: gl.constexpr):
-    """GEMM1's K loop and epilogue for the [16 WARPS, BT] tile of the pairs in slots slots_ptr[0:BT]."""
-    gl.static_assert(WARPS == 4 or RING, "128-row programs take their words through the ring")
-    ACC: gl.constexpr = acc_layout(BT, WARPS)
-    XL: gl.constexpr = x_copy_layout(KB, WARPS)
+             RING: gl.constexpr, WPTX: gl.constexpr):
+    """GEMM1's K loop and epilogue for the [64, BT] tile of the pairs in slots slots_ptr[0:BT]."""
+    ACC: gl.constexpr = acc_layout(BT)
+    A_OP: gl.constexpr = a_layout(BT)
+    XL: gl.constexpr = x_copy_layout(KB)
     S: gl.constexpr = 64 * KB
-    R: gl.constexpr = 16 * WARPS
     pair_x = gl.load(slots_ptr + gl.arange(0, BT, layout=gl.SliceLayout(0, XL)))
     ok_x = pair_x < num_pairs
     tok = gl.where(ok_x, pair_x // TOP_K, 0)
@@ -130,20 +119,17 @@ def _wg_tile(w_ptr, s_ptr, x_ptr, slots_ptr, b_ptr, inter_ptr, e, rb, num_pairs,
     x_mask = ok_x[None, :] & (xk[:, None] >= 0)
     up_w = (I // 16) * (2 * K)
     up_s = (I // 16) * (K // 8)
-    if WARPS == 4:
-        w_off, s_off = _offsets(K, 4, KB)
-    else:
-        w_off, s_off = _offsets8(K, KB)
+    w_off, s_off = _offsets(K, 4, KB)
     xs = gl.allocate_shared_memory(gl.bfloat16, [STAGES, S, BT], x_shared_layout())
     steps = K // S
     if RING:
         acc_g, acc_u = _ring_k_loop(w_ptr, s_ptr, x_ptrs, x_mask, xs, w_off, s_off, up_w, up_s, steps, KB, BT, STAGES,
-                                    WARPS, WPTX)
+                                    WPTX)
     else:
         acc_g, acc_u = _reg_k_loop(w_ptr, s_ptr, x_ptrs, x_mask, xs, w_off, s_off, up_w, up_s, steps, KB, BT, STAGES,
                                    OVERLAP, EARLY, WPTX)
     async_copy.wait_group(0)
-    rows = rb * R + gl.arange(0, R, layout=gl.SliceLayout(1, ACC))
+    rows = rb * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, ACC))
     if HAS_BIAS:
         acc_g += gl.load(b_ptr + e * (2 * I) + rows).to(gl.float32)[:, None]
         acc_u += gl.load(b_ptr + e * (2 * I) + I + rows).to(gl.float32)[:, None]
@@ -223,12 +209,11 @@ def _x_issue(xs, x_ptrs, x_mask, step, st, S):
 
 @gluon.jit
 def _ring_k_loop(w_ptr, s_ptr, x_ptrs, x_mask, xs, w_off, s_off, up_w, up_s, steps, KB: gl.constexpr,
-                 BT: gl.constexpr, STAGES: gl.constexpr, WARPS: gl.constexpr, WPTX: gl.constexpr):
+                 BT: gl.constexpr, STAGES: gl.constexpr, WPTX: gl.constexpr):
     """GEMM1's K loop with each lane's words brought by cp.async into a ring of shared-memory stages beside the x
-    tile's (a stage's words read back by the lane that copied them), each MMA waited for at once: (gate, up) sums
-    [16 WARPS, BT]."""
-    ACC: gl.constexpr = acc_layout(BT, WARPS)
-    A_OP: gl.constexpr = a_layout(BT, WARPS)
+    tile's (a stage's words read back by the lane that copied them), each MMA waited for at once: (gate, up) sums."""
+    ACC: gl.constexpr = acc_layout(BT)
+    A_OP: gl.constexpr = a_layout(BT)
     S: gl.constexpr = 64 * KB
     wgs = gl.allocate_shared_memory(gl.int32, [STAGES] + list(w_off.shape), words_ring_layout())
     wus = gl.allocate_shared_memory(gl.int32, [STAGES] + list(w_off.shape), words_ring_layout())
@@ -236,8 +221,8 @@ def _ring_k_loop(w_ptr, s_ptr, x_ptrs, x_mask, xs, w_off, s_off, up_w, up_s, ste
     sus = gl.allocate_shared_memory(gl.int32, [STAGES] + list(s_off.shape), scales_ring_layout())
     for i in gl.static_range(STAGES - 1):
         _ring_issue(w_ptr, s_ptr, x_ptrs, x_mask, xs, wgs, sgs, wus, sus, w_off, s_off, up_w, up_s, i, i, S)
-    acc_g = gl.zeros([16 * WARPS, BT], gl.float32, layout=ACC)
-    acc_u = gl.zeros([16 * WARPS, BT], gl.float32, layout=ACC)
+    acc_g = gl.zeros([64, BT], gl.float32, layout=ACC)
+    acc_u = gl.zeros([64, BT], gl.float32, layout=ACC)
     for i in range(steps):
         async_copy.wait_group(STAGES - 2)  # step i's tiles are in
         _barrier()  # and every warp is past step i - 1, whose stage the next copies take
@@ -248,29 +233,14 @@ def _ring_k_loop(w_ptr, s_ptr, x_ptrs, x_mask, xs, w_off, s_off, up_w, up_s, ste
         st = i % STAGES
         x = xs.index(st)
         a_g = gl.convert_layout(_decode(wgs.index(st).load(w_off.type.layout), sgs.index(st).load(s_off.type.layout),
-                                        WARPS, KB, WPTX, _FPTX), A_OP)
+                                        4, KB, WPTX, _FPTX), A_OP)
         acc_g = hopper.warpgroup_mma(a_g, x, acc_g, is_async=True)
         acc_g = hopper.warpgroup_mma_wait(0, deps=[acc_g])
         a_u = gl.convert_layout(_decode(wus.index(st).load(w_off.type.layout), sus.index(st).load(s_off.type.layout),
-                                        WARPS, KB, WPTX, _FPTX), A_OP)
+                                        4, KB, WPTX, _FPTX), A_OP)
         acc_u = hopper.warpgroup_mma(a_u, x, acc_u, is_async=True)
         acc_u = hopper.warpgroup_mma_wait(0, deps=[acc_u])
     return acc_g, acc_u
-
-
-@gluon.jit
-def _offsets8(K, KB: gl.constexpr):
-    """gluon_few_tokens._offsets of 8 slabs (128 rows) over 8 warps, a warp's slab each."""
-    w_off = (gl.arange(0, 8, layout=W80)[:, None, None, None, None] * (2 * K)
-             + gl.arange(0, KB, layout=W81)[None, :, None, None, None] * 128
-             + gl.arange(0, 8, layout=W82)[None, None, :, None, None] * 16
-             + gl.arange(0, 4, layout=W83)[None, None, None, :, None] * 4
-             + gl.arange(0, 4, layout=W84)[None, None, None, None, :])
-    s_off = (gl.arange(0, 8, layout=S80)[:, None, None, None] * (K // 8)
-             + gl.arange(0, KB, layout=S81)[None, :, None, None] * 8
-             + gl.arange(0, 8, layout=S82)[None, None, :, None]
-             + gl.arange(0, 4, layout=S83)[None, None, None, :] * 0)
-    return w_off, s_off
 
 
 @gluon.jit

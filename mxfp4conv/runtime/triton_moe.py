@@ -216,16 +216,15 @@ class MoEConfig:
     # 1.010-1.031x. Of moe_hgemm1_kernel's time, on 64-pair blocks the ring (2 stages) took 0.985-1.012 on an H200,
     # the words into registers (3, early) 0.971-0.999 there but 1.002-1.042 on an H100; on 16-pair blocks the ring
     # 0.994-1.001 (H100): those keep moe_hgemm1_kernel (docs/performance.md, "GEMM1 of 32-pair blocks in gluon_wgmma")
-    # The ring over two warpgroups (gate rows in one, up rows in the other; commit 9fc51ce) was bit-equal and slower
-    # on an H100: 1.04-1.07x on 64-pair blocks, 1.00-1.02x on 32-pair ones capped at 80 registers ("GEMM1 over two
+    # The ring over two warpgroups was bit-equal and slower on an H100: gate rows in one, up rows in the other (commit
+    # 9fc51ce) 1.04-1.07x on 64-pair blocks, 1.00-1.02x on 32-pair ones capped at 80 registers; 128 rows a program on
+    # one x tile (commit b9c8b36) 1.01-1.07x on 64-pair blocks capped at 128, the same energy a call ("GEMM1 over two
     # warpgroups")
     wgmma1: int = 0
     wgmma1_cap: int = -1
     wgmma1_early: int = 0
     wgmma1_ring: int = 0
     wgmma1_stages: int = 3
-    # rows of gate (and as many of up) a program: 64 (4 warps) or, with the ring, 128 (8 warps, one x tile)
-    wgmma1_rows: int = 64
     # GEMM2 the same way (wgmma2 1, each MMA waited for at once), in programs of wgmma2_rows rows (64 or 128), its
     # words into registers a step ahead or through the intermediate tile's ring (wgmma2_ring 1, 3 stages). Bit-equal
     # outputs, slower on an H100: with GEMM1's (words into registers) DSV3-like / K3-like T = 1024 1.075 / 1.160; the
@@ -1201,8 +1200,7 @@ def _wgmma_can_run(cfg, x, w, s, splits, direct, fused, fact, rot) -> bool:
 
 def wgmma1_runs(cfg, x, w13, w13_scale, i_pad, splits, direct, fused, fact, rot) -> bool:
     """Whether GEMM1 runs in gluon_wgmma.wg_gemm1: asked for (wgmma1), 128-code steps of H, and x's offsets in int32."""
-    rows = 128 if cfg.wgmma1_rows == 128 and cfg.wgmma1_ring else 64
-    return bool(cfg.wgmma1 and x.shape[1] % 128 == 0 and i_pad % rows == 0 and x.numel() < 2 ** 31
+    return bool(cfg.wgmma1 and x.shape[1] % 128 == 0 and i_pad % 64 == 0 and x.numel() < 2 ** 31
                 and _wgmma_can_run(cfg, x, w13, w13_scale, splits, direct, fused, fact, rot))
 
 
@@ -1217,14 +1215,13 @@ def _wgmma_gemm1(x, w13, w13_scale, w13_bias, act, cfg, r, num_pairs, top_k, i_p
     """GEMM1 of the hopper_mma path in gluon_wgmma.wg_gemm1: r.inter = act(gate . x, up . x) per pair; True once
     launched."""
     gluon_wgmma, words, ptx = _wgmma_parts(rot)
-    rows = 128 if cfg.wgmma1_rows == 128 and cfg.wgmma1_ring else 64
-    cap = cfg.wgmma1_cap if cfg.wgmma1_cap >= 0 else 168 if cfg.block_t > 32 and rows == 64 else 0
-    gluon_wgmma.wg_gemm1[(i_pad // rows, max_blocks)](
+    cap = cfg.wgmma1_cap if cfg.wgmma1_cap >= 0 else 168 if cfg.block_t > 32 else 0
+    gluon_wgmma.wg_gemm1[(i_pad // 64, max_blocks)](
         words(w13), words(w13_scale), x, r.sorted_ids, r.block_expert, r.num_post_pad,
         r.b13 if w13_bias is not None else r.inter, r.inter, num_pairs, top_k, x.shape[1], i_pad, act["p0"], act["p1"],
         KB=2, BT=cfg.block_t, TAIL=cfg.tail_t, STAGES=cfg.wgmma1_stages, ACT=act["ACT"], HAS_LIMIT=act["HAS_LIMIT"],
         HAS_LINEAR=act["HAS_LINEAR"], HAS_BIAS=w13_bias is not None, OVERLAP={1: 0, 2: 3, 3: 2}.get(cfg.wgmma1, 3),
-        EARLY=bool(cfg.wgmma1_early), RING=bool(cfg.wgmma1_ring), WARPS=rows // 16, WPTX=ptx, num_warps=rows // 16,
+        EARLY=bool(cfg.wgmma1_early), RING=bool(cfg.wgmma1_ring), WPTX=ptx, num_warps=4,
         **({"maxnreg": cap} if cap else {}))
     return True
 
