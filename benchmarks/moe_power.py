@@ -83,12 +83,19 @@ def samples(text: str) -> list[tuple[float, ...]]:
 
 def sampled(configs, secs: float) -> tuple[list[tuple[str, float, list]], str]:
     """Each (name, fn) of configs (an iterable, so that each fn may be built after the one before has run) sustained
-    for secs while nvidia-smi samples every 100 ms: ([(name, us a call, its samples)], nvidia-smi's CSV)."""
+    for secs while nvidia-smi samples every 100 ms: ([(name, us a call, its samples)], nvidia-smi's CSV). fn None: the
+    board idle for secs (us a call NaN)."""
     smi = subprocess.Popen(["nvidia-smi", f"--query-gpu={QUERY}", "--format=csv,noheader", "-lms", "100"],
                            stdout=subprocess.PIPE, text=True)
     windows = []
     for name, fn in configs:
-        t0, t1, us = sustained(fn, secs)
+        if fn is None:
+            torch.cuda.synchronize()
+            t0 = time.time()
+            time.sleep(secs)
+            t1, us = time.time(), float("nan")
+        else:
+            t0, t1, us = sustained(fn, secs)
         windows.append((name, t0 + 0.7, t1, us))
     time.sleep(0.5)
     smi.terminate()

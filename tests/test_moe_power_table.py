@@ -35,3 +35,19 @@ def test_power_table_means_and_energy():
     assert (name, float(us), float(watts), float(mhz), float(mem), float(hbm)) == ("layer", 2000.0, 685, 1650, 3201, 57)
     assert float(mj) == 685 * 2000.0 * 1e-3
     assert lines[2].endswith("(no nvidia-smi samples)")
+
+
+def test_floor_pays_the_idle_power_once_and_is_never_below_either_part():
+    import moe_floor
+    read, gemm = (1000.0, 600.0), (800.0, 700.0)  # (us a call, W)
+    fl = moe_floor.floor(read, gemm, p_idle=100.0, p_limit=700.0)
+    assert fl["serial"] == 1800.0
+    assert fl["shared"] == pytest.approx((1000 * 600 + 800 * 700 - 100 * 800) / 700)
+    # little energy: the longer of the two still takes its time
+    assert moe_floor.floor((1000.0, 50.0), (10.0, 50.0), p_idle=40.0, p_limit=700.0)["shared"] == 1000.0
+
+
+def test_layer_flops_counts_both_gemms_of_every_pair():
+    import moe_floor
+    H, I, k, T = 7168, 2048, 8, 1024
+    assert moe_floor.layer_flops(T, H, I, k) == T * k * (2 * (2 * I) * H + 2 * H * I)
