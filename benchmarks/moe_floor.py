@@ -1,16 +1,16 @@
 """The floor that the board's power limit puts under an MoE call: its bytes read and its FLOPs done, each sustained.
 
 Where a call runs at the power limit (DSV3-like T = 1024 on the H200), its time is the energy it spends over the
-power the board may draw. No kernel reads the call's bytes for less energy than a plain read of as many bytes, nor
-does its bf16 math for less than cuBLAS's dense GEMM of as many FLOPs on operands like the layer's (fp4 values times
-e8m0 scales against random bf16 activations). This times, each sustained for --secs with nvidia-smi sampled every
+power the board may draw. The model here: no kernel reads the call's bytes for less energy than a plain read of as
+many bytes, nor does its bf16 math for less than cuBLAS's dense GEMM of as many FLOPs on operands like the layer's
+(fp4 values times e8m0 scales against random bf16 activations). This times, each sustained for --secs with nvidia-smi sampled every
 100 ms (moe_power.py's method): the layer; a float32 sum over its model bytes (moe_bench.py's byte model); the
 [T k, H] x [H, 3 I] bf16 GEMM with its FLOPs; and the idle board. From them:
 
 - serial: read + GEMM one after the other, each at its own power;
 - shared: their energies with the idle power paid once while both would run, spent at the power limit
-  ((E_read + E_gemm - P_idle min(t_read, t_gemm)) / P_limit, at least the longer of the two): a bound on any kernel
-  that reads those bytes and does that math at once, decoding for free;
+  ((E_read + E_gemm - P_idle min(t_read, t_gemm)) / P_limit, at least the longer of the two): what a kernel that
+  reads those bytes and does that math at once would take, decoding for free, if the two energies add up (a model);
 - the layer's energy a call beyond that pair's (decode, padding, tiles, round trips).
 
 Each as a time and as % of the device copy bandwidth measured in the same run (moe_bench.py's "% copy").
@@ -24,7 +24,6 @@ import argparse
 import os
 import statistics
 import sys
-import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
