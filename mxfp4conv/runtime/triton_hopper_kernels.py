@@ -289,42 +289,6 @@ def _gemm2_token_sum(pair_ptr, ids_ptr, y_ptr, cnt_ptr, t, offs_n, nmask, top_k,
 
 
 @triton.jit
-def _ksum_arrivals(pair_ptr, ids_ptr, y_ptr, cnt_ptr, pair, tmask, g, groups, tile0, N, top_k, num_experts, stride_ot,
-                   stride_yt, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, ROW_TILES: tl.constexpr,
-                   K_POW2: tl.constexpr):
-    """The block's pairs arrive at row-tile group g of their tokens (counters cnt_ptr[token * groups + g], one atomic
-    a pair, all in flight together; the program's pair_out stores, made before the barrier by all threads, are
-    released with them). For each token whose last pair this was: y[token, the group's rows] = the sum over k of
-    its pair_out rows in k order (moe_sum_kernel's order and skips, so the same bits), and the counter back to 0."""
-    tok = pair // top_k  # (padding slots: masked)
-    offs_k = tl.arange(0, K_POW2)
-    eid = tl.load(ids_ptr + tok[:, None] * top_k + offs_k[None, :], mask=tmask[:, None] & (offs_k < top_k)[None, :],
-                  other=-1)
-    expect = tl.sum(((eid >= 0) & (eid < num_experts)).to(tl.int32), axis=1)
-    old = tl.atomic_add(cnt_ptr + tok * groups + g, 1, mask=tmask, sem="acq_rel", scope="gpu")
-    last = (tmask & (old == expect - 1)).to(tl.int32)
-    if tl.sum(last, axis=0) > 0:
-        tl.debug_barrier()
-        slot = tl.arange(0, BLOCK_T)
-        for j in range(0, BLOCK_T):
-            if tl.sum(tl.where(slot == j, last, 0), axis=0) > 0:
-                t = tl.sum(tl.where(slot == j, tok, 0), axis=0).to(tl.int64)
-                tl.store(cnt_ptr + t * groups + g, 0)
-                for nt in tl.static_range(ROW_TILES):
-                    offs = (tile0 + nt) * BLOCK_N + tl.arange(0, BLOCK_N)
-                    hmask = offs < N
-                    acc = tl.zeros([BLOCK_N], tl.float32)
-                    for kk in tl.static_range(K_POW2):
-                        inside = tl.full([], kk, tl.int32) < top_k
-                        e = tl.load(ids_ptr + t * top_k + kk, mask=inside, other=-1)
-                        ok = inside & (e >= 0) & (e < num_experts)
-                        v = tl.load(pair_ptr + (t * top_k + kk) * stride_ot + offs, mask=hmask & ok, other=0.0,
-                                    cache_modifier=".cg")
-                        acc += v.to(tl.float32)
-                    tl.store(y_ptr + t * stride_yt + offs, acc.to(y_ptr.dtype.element_ty), mask=hmask)
-
-
-@triton.jit
 def _load_step(p, nbm, o_b, K, k0, EVEN: tl.constexpr):
     """A step's weight or scale tile at code k0, masked to the real rows (nbm) and 64-code blocks;
     EVEN (every step full, every row real): unmasked."""
@@ -621,7 +585,7 @@ def moe_hgemm2_kernel(
     DIRECT: tl.constexpr = False, FUSED: tl.constexpr = False, PDL: tl.constexpr = False,
     K_POW2: tl.constexpr = 1, ROW_TILES: tl.constexpr = 1, ROWS_FIRST: tl.constexpr = False,
     TAIL_T: tl.constexpr = 0, DUAL: tl.constexpr = False, EVEN: tl.constexpr = False, ROT: tl.constexpr = False,
-    ABSORB: tl.constexpr = 0, KSUM: tl.constexpr = False,
+    ABSORB: tl.constexpr = 0,
 ):
     """``moe_gemm2_kernel`` over the Hopper layouts:
     pair_out[split, pair, n] = w_pair * (w2[e, n, split's K range] . inter[pair] (+ b2[e, n] in split 0)).
@@ -629,9 +593,7 @@ def moe_hgemm2_kernel(
     over k and splits (module docstring). ROW_TILES > 1 (not with FUSED): a program does that many
     consecutive row tiles in one flat loop over (tile, K step), so the loads of the next tile are in
     flight while this one finishes, and the block's prologue is paid once (short K: few steps a tile).
-    ROWS_FIRST (not with FUSED): grid axis 0 is the row-tile group, axis 1 the pair block.
-    KSUM (sorted blocks, one K split, not with ABSORB): the program that brings a token's last pair to a row-tile
-    group also writes y[token, the group's rows] (``_ksum_arrivals``; counters [T, groups] in cnt_ptr)."""
+    ROWS_FIRST (not with FUSED): grid axis 0 is the row-tile group, axis 1 the pair block."""
     pid_m, pid_n = _block_and_tile(ROWS_FIRST)
     if DIRECT:
         e, pair, tmask = _direct_block(block_expert_ptr, pid_m, num_pairs, num_experts, BLOCK_T)
@@ -703,11 +665,6 @@ def moe_hgemm2_kernel(
                 acc = tl.zeros([BLOCK_N, BLOCK_T], tl.float32)
             nt = tl.where(ks == steps - 1, nt + 1, nt)
             ks = tl.where(ks == steps - 1, 0, ks + 1)
-    if KSUM:
-        tl.debug_barrier()
-        _ksum_arrivals(out_ptr, ids_ptr, y_ptr, cnt_ptr, pair, tmask, pid_n,
-                       tl.num_programs(0) if ROWS_FIRST else tl.num_programs(1), tile0, N, top_k, num_experts,
-                       stride_ot, stride_yt, BLOCK_N, BLOCK_T, ROW_TILES, K_POW2)
     if FUSED:
         tl.debug_barrier()
         splits = tl.num_programs(2)

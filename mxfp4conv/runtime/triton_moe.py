@@ -232,10 +232,6 @@ class MoEConfig:
     wgmma2: int = 0
     wgmma2_rows: int = 128
     wgmma2_ring: int = 0
-    # the sum over k in GEMM2 (1): the program that brings a token's last pair to a group of row tiles sums its rows
-    # there, while they are in L2, in place of the k-sum kernel's trip through DRAM (hopper_mma kernels, sorted blocks,
-    # one GEMM2 K split); 0 the k-sum kernel
-    ksum: int = 0
 
 
 def layout_of(layout: Mapping[str, str]) -> str | None:
@@ -604,7 +600,6 @@ class _Run:
     b2: torch.Tensor | None = None
     pair_out: torch.Tensor | None = None
     ids: torch.Tensor | None = None  # topk_ids, contiguous
-    ksum: bool = False  # GEMM2 sums over k itself (MoEConfig.ksum)
     cnt1: torch.Tensor | None = None  # arrival counters of the fused reductions (zeroed)
     cnt2: torch.Tensor | None = None
     out: torch.Tensor | None = None  # the call's result (GEMM2 writes it when fused)
@@ -631,13 +626,13 @@ def gemm_splits(cfg: MoEConfig, num_pairs: int, E: int, H: int, i_pad: int, dire
 
 
 def _two_gemms(x, topk_weights, topk_ids, w13_scale, w2_scale, w13_bias, w2_bias, act, cfg, out, gemm1, gemm2,
-               direct=False, fused=False, rows2=1, ksum=False):
+               direct=False, fused=False, rows2=1):
     """What both tensor-core paths do around their two GEMM kernels: align the pairs into expert
     blocks, size the K splits, GEMM1 (then the activation over its K-split partials), GEMM2 and
     the deterministic sum over k. ``gemm1(grid, run)`` / ``gemm2(grid, run)`` launch the kernels.
     ``direct``: one block per pair, no align (the kernels read topk_ids); ``fused``: the GEMMs do
     the activation over split-K partials and the sum over k themselves (arrival counters); ``rows2``:
-    GEMM2 row tiles per program; ``ksum``: GEMM2 (sorted blocks, one K split) sums over k itself."""
+    GEMM2 row tiles per program."""
     T, H = x.shape
     E, i_pad = w13_scale.shape[0], w13_scale.shape[1] // 2
     top_k = topk_ids.shape[1]
@@ -658,19 +653,12 @@ def _two_gemms(x, topk_weights, topk_ids, w13_scale, w2_scale, w13_bias, w2_bias
         b13=w13_bias.contiguous() if w13_bias is not None else w13_scale,  # dummy pointer when absent
         ids=ids,
     )
-    run.ksum = bool(ksum and not fused and not direct and s2 == 1)
     if fused:
         # one memset: the output (rows of tokens with no local expert stay 0) and both counter sets
         n_out = out.numel() * out.element_size() // 4
         buf = torch.zeros(n_out + max_blocks * n1 + T * n2, dtype=torch.int32, device=x.device)
         out = buf[:n_out].view(out.dtype).view(out.shape)
         run.cnt1, run.cnt2 = buf[n_out:n_out + max_blocks * n1], buf[n_out + max_blocks * n1:]
-    elif run.ksum:
-        # one memset: the output (tokens with no local expert stay 0) and GEMM2's counters [T, row-tile groups]
-        n_out = out.numel() * out.element_size() // 4
-        buf = torch.zeros(n_out + T * g2, dtype=torch.int32, device=x.device)
-        out = buf[:n_out].view(out.dtype).view(out.shape)
-        run.cnt1, run.cnt2 = sorted_ids, buf[n_out:]
     else:
         run.cnt1 = run.cnt2 = sorted_ids  # dummy pointers
     gemm1((max_blocks, n1, s1), run)
@@ -681,7 +669,7 @@ def _two_gemms(x, topk_weights, topk_ids, w13_scale, w2_scale, w13_bias, w2_bias
     run.b2 = w2_bias.contiguous() if w2_bias is not None else w2_scale
     run.out = out
     gemm2((max_blocks, g2, s2), run)
-    if not fused and not run.ksum:
+    if not fused:
         _sum_launch(run.pair_out, ids, out, H, top_k, E, s2)
     return out
 
@@ -1316,10 +1304,9 @@ def _hopper_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13
             r.ids, r.out, r.cnt2, num_pairs, E, top_k, i_pad, H, r.ks2,
             r.inter.stride(0), w2.stride(0), w2_scale.stride(0), r.b2.stride(0), r.pair_out.stride(1),
             r.pair_out.stride(0), r.out.stride(0),
-            **c2, ROWS_FIRST=rf, KSUM=r.ksum, **launch2,
+            **c2, ROWS_FIRST=rf, **launch2,
             **({"launch_pdl": True} if c2["PDL"] else {}),
         )
 
-    ksum = cfg.ksum == 1 and not c2["ABSORB"] and not cfg.wgmma2  # (moe_hgemm2_kernel's KSUM)
     return _two_gemms(x, topk_weights, topk_ids, w13_scale, w2_scale, w13_bias, w2_bias, act, cfg, out, gemm1, gemm2,
-                      direct=direct, fused=fused, rows2=rows2, ksum=ksum)
+                      direct=direct, fused=fused, rows2=rows2)
