@@ -218,8 +218,8 @@ class MoEConfig:
     # 0.994-1.001 (H100): those keep moe_hgemm1_kernel (docs/performance.md, "GEMM1 of 32-pair blocks in gluon_wgmma")
     # The ring over two warpgroups was bit-equal and slower on an H100: gate rows in one, up rows in the other (commit
     # 9fc51ce) 1.04-1.07x on 64-pair blocks, 1.00-1.02x on 32-pair ones capped at 80 registers; 128 rows a program on
-    # one x tile (commit b9c8b36) 1.01-1.07x on 64-pair blocks capped at 128, the same energy a call ("GEMM1 over two
-    # warpgroups")
+    # one x tile (commit b9c8b36), capped at 128, on 64-pair blocks 0.97-0.99x on one H100 and 1.01-1.07x on another,
+    # with the same energy a call ("GEMM1 over two warpgroups")
     wgmma1: int = 0
     wgmma1_cap: int = -1
     wgmma1_early: int = 0
