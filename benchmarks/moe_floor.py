@@ -3,9 +3,9 @@
 Where a call runs at the power limit (DSV3-like T = 1024 on the H200), its time is the energy it spends over the
 power the board may draw. The model here: no kernel reads the call's bytes for less energy than a plain read of as
 many bytes, nor does its bf16 math for less than cuBLAS's dense GEMM of as many FLOPs on operands like the layer's
-(fp4 values times e8m0 scales against random bf16 activations). This times, each sustained for --secs with nvidia-smi sampled every
-100 ms (moe_power.py's method): the layer; a float32 sum over its model bytes (moe_bench.py's byte model); the
-[T k, H] x [H, 3 I] bf16 GEMM with its FLOPs; and the idle board. From them:
+(fp4 values times e8m0 scales against random bf16 activations). This times, each sustained for --secs with nvidia-smi
+sampled every 100 ms (moe_power.py's method): the layer; a float32 sum over its model bytes (moe_bench.py's byte
+model); the [T k, H] x [H, 3 I] bf16 GEMM with its FLOPs; and the idle board. From them:
 
 - serial: read + GEMM one after the other, each at its own power;
 - shared: their energies with the idle power paid once while both would run, spent at the power limit
@@ -30,7 +30,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import torch  # noqa: E402
 
 from moe_bench import SHAPES, copy_bandwidth, model_bytes, routing  # noqa: E402
-from moe_power import layer, power_table, sampled  # noqa: E402
+from moe_power import layer, power_table, report, sampled  # noqa: E402
 
 FP4 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
 
@@ -99,8 +99,9 @@ def main() -> int:
         H, I, _, k = SHAPES[shape]
         fl = floor(read, gemm, p_idle, p_limit)
         pair_mj = (fl["shared"] * p_limit) * 1e-3
+        tflops = layer_flops(T, H, I, k) / gemm[0] * 1e-6
         rows = [("layer", lay[0], lay[0] * lay[1] * 1e-3),
-                (f"bf16 GEMM ({layer_flops(T, H, I, k) / gemm[0] * 1e-6:.0f} TFLOP/s)", gemm[0], gemm[0] * gemm[1] * 1e-3),
+                (f"bf16 GEMM ({tflops:.0f} TFLOP/s)", gemm[0], gemm[0] * gemm[1] * 1e-3),
                 ("read", read[0], read[0] * read[1] * 1e-3),
                 ("floor: read and GEMM serial", fl["serial"], float("nan")),
                 ("floor: shared at the limit", fl["shared"], pair_mj),
@@ -108,11 +109,7 @@ def main() -> int:
         for what, us, mj in rows:
             pct = 100 * mb / (us * 1e-6) / copy_bw if us == us else float("nan")
             lines.append(f"{pre:12} {what:32} {us:8.1f} {pct:7.1f} {mj:7.1f}")
-    print("\n".join(lines))
-    if args.out:
-        os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, "moe_floor.txt"), "w") as f:
-            f.write("\n".join(lines) + "\n")
+    report(lines, args.out, "moe_floor.txt")
     return 0
 
 

@@ -107,7 +107,8 @@ def sampled(configs, secs: float) -> tuple[list[tuple[str, float, list]], str]:
 def power_table(windows, width: int = 58) -> list[str]:
     """sampled's windows as table lines: us a call and the means of power, SM clock and memory clock over each
     window's samples, the energy a call (mean power x time) and the hottest HBM reading."""
-    lines = [f"{'configuration':{width}} {'us/call':>9} {'W':>5} {'SM MHz':>6} {'mJ/call':>8} {'mem MHz':>7} {'HBM C':>5}"]
+    head = f"{'us/call':>9} {'W':>5} {'SM MHz':>6} {'mJ/call':>8} {'mem MHz':>7} {'HBM C':>5}"
+    lines = [f"{'configuration':{width}} {head}"]
     for name, us, sel in windows:
         if not sel:
             lines.append(f"{name:{width}} {us:9.1f}  (no nvidia-smi samples)")
@@ -116,6 +117,15 @@ def power_table(windows, width: int = 58) -> list[str]:
         lines.append(f"{name:{width}} {us:9.1f} {watts:5.0f} {mhz:6.0f} {watts * us * 1e-3:8.1f} {mem:7.0f} "
                      f"{max(r[4] for r in sel):5.0f}")
     return lines
+
+
+def report(lines: list[str], out: str | None, name: str) -> None:
+    """Print the table and, given a directory, write it there as name."""
+    print("\n".join(lines))
+    if out:
+        os.makedirs(out, exist_ok=True)
+        with open(os.path.join(out, name), "w") as f:
+            f.write("\n".join(lines) + "\n")
 
 
 def main() -> int:
@@ -145,11 +155,8 @@ def main() -> int:
     limits = [r[5] for _, _, sel in windows for r in sel]
     if limits:
         lines.append(f"power limit {limits[-1]:.0f} W")
-    print("\n".join(lines))
+    report(lines, args.out, "moe_power.txt")
     if args.out:
-        os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, "moe_power.txt"), "w") as f:
-            f.write("\n".join(lines) + "\n")
         with open(os.path.join(args.out, "nvidia_smi.csv"), "w") as f:
             f.write(text)
     return 0
