@@ -51,3 +51,11 @@ def test_layer_flops_counts_both_gemms_of_every_pair():
     import moe_floor
     H, I, k, T = 7168, 2048, 8, 1024
     assert moe_floor.layer_flops(T, H, I, k) == T * k * (2 * (2 * I) * H + 2 * H * I)
+
+
+def test_report_prints_the_table_and_writes_it_where_asked(tmp_path, capsys):
+    moe_power.report(["a  b", "1  2"], str(tmp_path / "out"), "t.txt")
+    assert capsys.readouterr().out == "a  b\n1  2\n"
+    assert (tmp_path / "out" / "t.txt").read_text() == "a  b\n1  2\n"
+    moe_power.report(["x"], None, "t.txt")  # no directory: printed only
+    assert capsys.readouterr().out == "x\n"
