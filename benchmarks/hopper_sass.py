@@ -50,7 +50,9 @@ def _tool(name: str) -> str:
 
 def compile_sass(fn, consts: dict, num_warps: int, num_stages: int, keep: str | None, tag: str,
                  maxnreg: int | None = None) -> tuple[str, str]:
-    """(SASS text, registers / stack / shared memory) of ``fn`` for sm_90a with these compile-time arguments."""
+    """(SASS text, registers / stack / shared memory) of ``fn`` for sm_90a with these compile-time arguments
+    (constexprs not in ``consts`` take their defaults, as at a launch)."""
+    consts = _with_defaults(fn, consts)
     sig, attrs = {}, {}
     for i, name in enumerate(fn.arg_names):
         if name in consts:
@@ -59,7 +61,7 @@ def compile_sass(fn, consts: dict, num_warps: int, num_stages: int, keep: str | 
         sig[name] = PTR_TYPES.get(name, "*u8") if name.endswith("_ptr") else "fp32" if name in ("p0", "p1") else "i32"
         if name.endswith("_ptr") or name in DIVISIBLE or name.startswith("stride_"):
             attrs[(i,)] = [["tt.divisibility", 16]]
-    src = ASTSource(fn, sig, constexprs=dict(consts), attrs=attrs)
+    src = ASTSource(fn, sig, constexprs=consts, attrs=attrs)
     options = dict(num_warps=num_warps, num_stages=num_stages, **({"maxnreg": maxnreg} if maxnreg else {}))
     kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
     sass, res = _dump(kernel)
@@ -72,6 +74,14 @@ def compile_sass(fn, consts: dict, num_warps: int, num_stages: int, keep: str | 
             f.write(sass)
     usage = re.search(r"REG:\d+ STACK:\d+", res)
     return sass, f"{usage.group(0) if usage else '?'} SMEM:{kernel.metadata.shared // 1024}K"
+
+
+def _with_defaults(fn, consts: dict) -> dict:
+    """consts and, for each constexpr of ``fn`` not in it, its default (as a launch gives it)."""
+    import inspect
+
+    return dict(consts, **{p.name: p.default for p in fn.params
+                           if p.is_constexpr and p.name not in consts and p.default is not inspect.Parameter.empty})
 
 
 def _dump(kernel) -> tuple[str, str]:
@@ -89,12 +99,8 @@ def compile_gluon_sass(fn, consts: dict, types: dict, shape_args, options: dict)
     """(SASS, resource usage) of Gluon kernel ``fn`` for sm_90a: constexprs not in ``consts`` take their defaults (as
     at a launch), other arguments are typed by ``types`` (pointers not named there *i32, the rest i32), and pointers
     and ``shape_args`` are specialised as multiples of 16, as a launch from torch specialises them."""
-    import inspect
-
     from triton.experimental.gluon._runtime import GluonASTSource
-    consts = dict(consts)
-    consts.update({p.name: p.default for p in fn.params
-                   if p.is_constexpr and p.name not in consts and p.default is not inspect.Parameter.empty})
+    consts = _with_defaults(fn, consts)
     sig = {n: "constexpr" if n in consts else types.get(n, "*i32" if n.endswith("_ptr") else "i32")
            for n in fn.arg_names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(sig) if n.endswith("_ptr") or n in shape_args}

@@ -1188,7 +1188,7 @@ def hopper_constants(cfg: MoEConfig, T: int, top_k: int, H: int, i_pad: int, dty
               EVEN=H % cfg.block_k == 0 and i_pad % cfg.block_n1 == 0, ABSORB=cfg.absorb if tail else 0)
     c2 = dict(common, HAS_BIAS=bias2, BLOCK_N=cfg.block_n2, K_POW2=triton.next_power_of_2(top_k), ROW_TILES=rows2,
               TAIL_T=tail2, DUAL=bool(tail2 and cfg.dual), EVEN=i_pad % cfg.block_k == 0 and H % cfg.block_n2 == 0,
-              ABSORB=cfg.absorb2 if tail2 else 0, SUMS=0)  # (SUMS: set at the launch, _hopper_forward)
+              ABSORB=cfg.absorb2 if tail2 else 0)
     return c1, c2, (direct, fused, rows2)
 
 
@@ -1316,7 +1316,7 @@ def _hopper_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13
             r.ids, r.out, r.cnt2, num_pairs, E, top_k, i_pad, H, r.ks2,
             r.inter.stride(0), w2.stride(0), w2_scale.stride(0), r.b2.stride(0), r.pair_out.stride(1),
             r.pair_out.stride(0), r.out.stride(0),
-            **dict(c2, SUMS=r.sums), ROWS_FIRST=rf, **launch2,
+            **c2, ROWS_FIRST=rf, SUMS=r.sums, **launch2,
             **({"launch_pdl": True} if c2["PDL"] else {}),
         )
 
