@@ -289,15 +289,15 @@ def _gemm2_token_sum(pair_ptr, ids_ptr, y_ptr, cnt_ptr, t, offs_n, nmask, top_k,
 
 
 @triton.jit
-def _group_sums(pair_ptr, ids_ptr, y_ptr, done_ptr, expected, g, first, T, N, top_k, num_experts, stride_ot, stride_yt,
-                GROUP_N: tl.constexpr, SUMS: tl.constexpr, K_POW2: tl.constexpr):
+def _group_sums(pair_ptr, ids_ptr, y_ptr, done_ptr, expected, g, first, step, T, N, top_k, num_experts, stride_ot,
+                stride_yt, GROUP_N: tl.constexpr, K_POW2: tl.constexpr):
     """Once done_ptr counts ``expected`` GEMM2 programs of row-tile group g: y[t, g's GROUP_N rows] for t = first,
-    first + SUMS, ... < T, the sum over k of pair_out in moe_sum_kernel's order and skips (the same bits)."""
+    first + step, ... < T, the sum over k of pair_out in moe_sum_kernel's order and skips (the same bits)."""
     while tl.atomic_add(done_ptr, 0, sem="acquire", scope="gpu") < expected:
         pass
     offs = g * GROUP_N + tl.arange(0, GROUP_N)
     hmask = offs < N
-    for t in range(first, T, SUMS):
+    for t in range(first, T, step):
         t64 = tl.full([], 1, tl.int64) * t  # (t is a plain int in the interpreter)
         acc = tl.zeros([GROUP_N], tl.float32)
         for j in tl.static_range(K_POW2):
@@ -599,7 +599,7 @@ def moe_hgemm1_kernel(
 def moe_hgemm2_kernel(
     a_ptr, w_ptr, s_ptr, b_ptr, tw_ptr, out_ptr,
     sorted_ids_ptr, block_expert_ptr, num_post_pad_ptr,
-    ids_ptr, y_ptr, cnt_ptr, num_pairs, num_experts, top_k, K, N, K_SPLIT,
+    ids_ptr, y_ptr, cnt_ptr, num_pairs, num_experts, top_k, K, N, K_SPLIT, tail_sums,
     stride_at, stride_we, stride_se, stride_be, stride_ot, stride_os, stride_yt,
     HAS_BIAS: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, DTYPE: tl.constexpr,
@@ -617,22 +617,25 @@ def moe_hgemm2_kernel(
     flight while this one finishes, and the block's prologue is paid once (short K: few steps a tile).
     ROWS_FIRST (not with FUSED): grid axis 0 is the row-tile group, axis 1 the pair block.
     SUMS > 0 (sorted blocks, one K split, not with FUSED, ROWS_FIRST or ABSORB): the sum over k in the same grid, a
-    1-D one of groups x (blocks + SUMS) + SUMS programs that take their work by ticket (cnt_ptr[0]): group g's
-    GEMM2 programs (pair blocks in order), then SUMS programs summing group g - 1 (``_group_sums``). Each GEMM2
-    program counts itself done in cnt_ptr[1 + g] once its pair rows are stored; a sum program waits for its group
-    only on programs with earlier tickets, which have all started, so it always gets there. cnt_ptr zeroed a call."""
+    1-D one of groups x (blocks + SUMS) + tail_sums programs that take their work by ticket (cnt_ptr[0]): group
+    g's GEMM2 programs (pair blocks in order), then SUMS programs summing group g - 1 (``_group_sums``), and last
+    tail_sums programs summing the last group (many: nothing else is left to run beside them). Each GEMM2 program
+    counts itself done in cnt_ptr[1 + g] once its pair rows are stored; a sum program waits for its group only on
+    programs with earlier tickets, which have all started, so it always gets there. cnt_ptr zeroed a call."""
     if SUMS > 0:
         groups = tl.cdiv(tl.cdiv(N, BLOCK_N), ROW_TILES)
-        per = (tl.num_programs(0) - SUMS) // groups  # blocks + SUMS
+        per = (tl.num_programs(0) - tail_sums) // groups  # blocks + SUMS
         tk = tl.atomic_add(cnt_ptr, 1)
         seg = tk // per
         r = tk - seg * per
-        if (seg >= groups) | (r >= per - SUMS):  # a sum program, of group seg - 1 (the last SUMS: of the last group)
-            g = tl.where(seg >= groups, groups - 1, seg - 1)
+        if (seg >= groups) | (r >= per - SUMS):  # a sum program, of group seg - 1 (the tail's: of the last group)
+            tail = seg >= groups
+            g = tl.where(tail, groups - 1, seg - 1)
             if g >= 0:
                 _group_sums(out_ptr, ids_ptr, y_ptr, cnt_ptr + 1 + g, per - SUMS, g,
-                            tl.where(seg >= groups, r, r - (per - SUMS)), num_pairs // top_k, N, top_k, num_experts,
-                            stride_ot, stride_yt, ROW_TILES * BLOCK_N, SUMS, K_POW2)
+                            tl.where(tail, tk - groups * per, r - (per - SUMS)), tl.where(tail, tail_sums, SUMS),
+                            num_pairs // top_k, N, top_k, num_experts, stride_ot, stride_yt, ROW_TILES * BLOCK_N,
+                            K_POW2)
             return
         pid_m = r
         pid_n = seg

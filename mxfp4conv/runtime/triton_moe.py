@@ -238,6 +238,7 @@ class MoEConfig:
     # 0: the k-sum kernel after GEMM2. Written after a probe timed the pair rows' trip through DRAM at up to 7% of
     # K3-like T = 1024 on an H100; not yet run on a GPU
     ksum_sums: int = 0
+    ksum_tail: int = 512  # the last group's sum programs (at most T): they run alone at the end of the grid
 
 
 def layout_of(layout: Mapping[str, str]) -> str | None:
@@ -607,6 +608,7 @@ class _Run:
     pair_out: torch.Tensor | None = None
     ids: torch.Tensor | None = None  # topk_ids, contiguous
     sums: int = 0  # GEMM2's sum programs a row-tile group (MoEConfig.ksum_sums): no k-sum kernel
+    tail_sums: int = 0  # and of its last group (MoEConfig.ksum_tail)
     cnt1: torch.Tensor | None = None  # arrival counters of the fused reductions (zeroed)
     cnt2: torch.Tensor | None = None
     out: torch.Tensor | None = None  # the call's result (GEMM2 writes it when fused)
@@ -670,6 +672,7 @@ def _two_gemms(x, topk_weights, topk_ids, w13_scale, w2_scale, w13_bias, w2_bias
         run.cnt1 = run.cnt2 = sorted_ids  # dummy pointers
     run.sums = min(sums, T) if not fused and not direct and s2 == 1 else 0
     if run.sums:
+        run.tail_sums = max(run.sums, min(T, cfg.ksum_tail))
         run.cnt2 = torch.zeros(1 + g2, dtype=torch.int32, device=x.device)  # GEMM2's tickets, its groups' programs done
     gemm1((max_blocks, n1, s1), run)
     acts = dict(ACT=act["ACT"], HAS_LIMIT=act["HAS_LIMIT"], HAS_LINEAR=act["HAS_LINEAR"])
@@ -1309,11 +1312,11 @@ def _hopper_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13
                 lambda: _wgmma_gemm2(w2, w2_scale, w2_bias, cfg, r, num_pairs, H, i_pad, grid[0], rot), required=False):
             return
         grid, rf = order(grid, cfg.rows_first2 and not r.sums)
-        if r.sums:  # one axis: groups x (blocks + sums) + sums programs, by ticket
-            grid = (grid[1] * (grid[0] + r.sums) + r.sums, 1, 1)
+        if r.sums:  # one axis: groups x (blocks + sums) + the last group's sum programs, by ticket
+            grid = (grid[1] * (grid[0] + r.sums) + r.tail_sums, 1, 1)
         HK.moe_hgemm2_kernel[grid](
             r.inter, w2, w2_scale, r.b2, r.tw, r.pair_out, r.sorted_ids, r.block_expert, r.num_post_pad,
-            r.ids, r.out, r.cnt2, num_pairs, E, top_k, i_pad, H, r.ks2,
+            r.ids, r.out, r.cnt2, num_pairs, E, top_k, i_pad, H, r.ks2, r.tail_sums,
             r.inter.stride(0), w2.stride(0), w2_scale.stride(0), r.b2.stride(0), r.pair_out.stride(1),
             r.pair_out.stride(0), r.out.stride(0),
             **c2, ROWS_FIRST=rf, SUMS=r.sums, **launch2,
