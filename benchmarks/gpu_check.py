@@ -216,8 +216,6 @@ def hopper_variants(T, H, I, k, E):
     # expert blocks of up to 64 pairs, bf16 x), its words through the ring or straight into registers
     out.append(("wgmma1", dataclasses.replace(default, wgmma1=0 if default.wgmma1 else 1)))
     out.append(("wgmma1", dataclasses.replace(default, wgmma1=1, wgmma1_ring=1 - default.wgmma1_ring)))
-    if not hopper_options(default, T, T * k, True)[1]:  # the sum over k in GEMM2's grid (ticketed sum programs)
-        out.append(("ksum", dataclasses.replace(default, ksum_sums=32, rows_first2=0)))
     if T > 1:  # the other align (many programs below ALIGN_GRID_PAIRS, one program from it)
         out.append(("align", dataclasses.replace(default, align=int(T * k < ALIGN_GRID_PAIRS))))
     if pairs_take(default, T, T * k, E):  # the Gluon kernels take these tokens where they can: the variants above on
@@ -315,7 +313,6 @@ def path_name(cfg, T, k, E, dtype, layout="identity"):
         order += f" absorb{cfg.absorb}/{cfg.absorb2}" if (cfg.absorb or cfg.absorb2) and cfg.tail_t and not fused else ""
         if cfg.wgmma1 and cfg.block_t <= 64 and not fused and dtype == torch.bfloat16:
             order += f" wgmma{cfg.wgmma1}{f' ring{cfg.wgmma1_stages}' if cfg.wgmma1_ring else ''}"
-        order += f" sums{cfg.ksum_sums}" if cfg.ksum_sums and not fused else ""
         return f"{layout} bt{cfg.block_t}{flags}{f' rows{cfg.rows2}' if cfg.rows2 > 1 and not fused else ''}{order}"
     if uses_gemv(cfg, T * k, E):
         return "gemv"

@@ -569,22 +569,3 @@ def test_hopper_two_tiles_for_blocks_up_to_one_and_a_half_tails():
         triton_moe.fused_moe_triton(x, *_hopper(w13, s13, w2, s2), tw, ids, activation="silu",
                                     activation_params={}, config=dataclasses.replace(cfg, block_t=32, tail_t=16),
                                     layout=HOP)
-
-
-@pytest.mark.parametrize("rows2,sums,tail", [(1, 2, 512), (4, 3, 4), (4, 16, 512), (1, 1, 1)],
-                         ids=["rows1-sums2", "rows4-sums3-tail4", "more-sums", "one-a-group"])
-def test_hopper_sums_in_gemm2_grid_give_the_k_sum_kernels_bits(rows2, sums, tail):
-    # ksum_sums: GEMM2's grid takes its work by ticket and sums over k itself (a token on no local expert, slots on
-    # none, H = 320: the last row-tile group ends inside it), with its last group's sums in `tail` programs (at most
-    # T, at least `sums`); exactly the k-sum kernel's result
-    T, k, E, H, I = 6, 3, 5, 320, 128
-    ids = torch.tensor([[0, -1, 3], [4, 0, 2], [-1, -1, -1], [1, 3, 0], [2, 4, -1], [0, 1, 2]])
-    x, w13, s13, w2, s2, tw, ids, b13, b2 = make_problem(11, T, H, I, E, k, bias=True, ids=ids)
-    cfg = triton_moe.MoEConfig(block_t=16, block_n1=64, block_n2=64, block_k=64, split_k1=2, split_k2=1, rows2=rows2)
-    run = lambda c: triton_moe.fused_moe_triton(x, *_hopper(w13, s13, w2, s2), tw, ids, activation="silu",  # noqa: E731
-                                                activation_params={}, w13_bias=b13, w2_bias=b2, config=c, layout=HOP)
-    base = run(cfg)
-    out = run(dataclasses.replace(cfg, ksum_sums=sums, ksum_tail=tail))
-    assert torch.equal(out, base)
-    assert torch.all(out[2] == 0)
-    assert rel_err(out, reference(x, w13, s13, w2, s2, tw, ids, "silu", {}, b13, b2)) < 1e-5

@@ -289,28 +289,6 @@ def _gemm2_token_sum(pair_ptr, ids_ptr, y_ptr, cnt_ptr, t, offs_n, nmask, top_k,
 
 
 @triton.jit
-def _group_sums(pair_ptr, ids_ptr, y_ptr, done_ptr, expected, g, first, step, T, N, top_k, num_experts, stride_ot,
-                stride_yt, GROUP_N: tl.constexpr, K_POW2: tl.constexpr):
-    """Once done_ptr counts ``expected`` GEMM2 programs of row-tile group g: y[t, g's GROUP_N rows] for t = first,
-    first + step, ... < T, the sum over k of pair_out in moe_sum_kernel's order and skips (the same bits)."""
-    while tl.atomic_add(done_ptr, 0, sem="acquire", scope="gpu") < expected:
-        pass
-    offs = g * GROUP_N + tl.arange(0, GROUP_N)
-    hmask = offs < N
-    for t in range(first, T, step):
-        t64 = tl.full([], 1, tl.int64) * t  # (t is a plain int in the interpreter)
-        acc = tl.zeros([GROUP_N], tl.float32)
-        for j in tl.static_range(K_POW2):
-            inside = tl.full([], j, tl.int32) < top_k
-            e = tl.load(ids_ptr + t64 * top_k + j, mask=inside, other=-1)
-            ok = (inside & (e >= 0) & (e < num_experts)).to(tl.int32)
-            m = hmask & ((tl.zeros([GROUP_N], tl.int32) + ok) > 0)
-            v = tl.load(pair_ptr + (t64 * top_k + j) * stride_ot + offs, mask=m, other=0.0, cache_modifier=".cg")
-            acc += v.to(tl.float32)
-        tl.store(y_ptr + t64 * stride_yt + offs, acc.to(y_ptr.dtype.element_ty), mask=hmask)
-
-
-@triton.jit
 def _load_step(p, nbm, o_b, K, k0, EVEN: tl.constexpr):
     """A step's weight or scale tile at code k0, masked to the real rows (nbm) and 64-code blocks;
     EVEN (every step full, every row real): unmasked."""
@@ -599,7 +577,7 @@ def moe_hgemm1_kernel(
 def moe_hgemm2_kernel(
     a_ptr, w_ptr, s_ptr, b_ptr, tw_ptr, out_ptr,
     sorted_ids_ptr, block_expert_ptr, num_post_pad_ptr,
-    ids_ptr, y_ptr, cnt_ptr, num_pairs, num_experts, top_k, K, N, K_SPLIT, tail_sums,
+    ids_ptr, y_ptr, cnt_ptr, num_pairs, num_experts, top_k, K, N, K_SPLIT,
     stride_at, stride_we, stride_se, stride_be, stride_ot, stride_os, stride_yt,
     HAS_BIAS: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, DTYPE: tl.constexpr,
@@ -607,7 +585,7 @@ def moe_hgemm2_kernel(
     DIRECT: tl.constexpr = False, FUSED: tl.constexpr = False, PDL: tl.constexpr = False,
     K_POW2: tl.constexpr = 1, ROW_TILES: tl.constexpr = 1, ROWS_FIRST: tl.constexpr = False,
     TAIL_T: tl.constexpr = 0, DUAL: tl.constexpr = False, EVEN: tl.constexpr = False, ROT: tl.constexpr = False,
-    ABSORB: tl.constexpr = 0, SUMS: tl.constexpr = 0,
+    ABSORB: tl.constexpr = 0,
 ):
     """``moe_gemm2_kernel`` over the Hopper layouts:
     pair_out[split, pair, n] = w_pair * (w2[e, n, split's K range] . inter[pair] (+ b2[e, n] in split 0)).
@@ -615,44 +593,16 @@ def moe_hgemm2_kernel(
     over k and splits (module docstring). ROW_TILES > 1 (not with FUSED): a program does that many
     consecutive row tiles in one flat loop over (tile, K step), so the loads of the next tile are in
     flight while this one finishes, and the block's prologue is paid once (short K: few steps a tile).
-    ROWS_FIRST (not with FUSED): grid axis 0 is the row-tile group, axis 1 the pair block.
-    SUMS > 0 (sorted blocks, one K split, not with FUSED, ROWS_FIRST or ABSORB): the sum over k in the same grid, a
-    1-D one of groups x (blocks + SUMS) + tail_sums programs that take their work by ticket (cnt_ptr[0]): group
-    g's GEMM2 programs (pair blocks in order), then SUMS programs summing group g - 1 (``_group_sums``), and last
-    tail_sums programs summing the last group (many: nothing else is left to run beside them). Each GEMM2 program
-    counts itself done in cnt_ptr[1 + g] once its pair rows are stored; a sum program waits for its group only on
-    programs with earlier tickets, which have all started, so it always gets there. cnt_ptr zeroed a call."""
-    if SUMS > 0:
-        groups = tl.cdiv(tl.cdiv(N, BLOCK_N), ROW_TILES)
-        per = (tl.num_programs(0) - tail_sums) // groups  # blocks + SUMS
-        tk = tl.atomic_add(cnt_ptr, 1)
-        seg = tk // per
-        r = tk - seg * per
-        if (seg >= groups) | (r >= per - SUMS):  # a sum program, of group seg - 1 (the tail's: of the last group)
-            tail = seg >= groups
-            g = tl.where(tail, groups - 1, seg - 1)
-            if g >= 0:
-                _group_sums(out_ptr, ids_ptr, y_ptr, cnt_ptr + 1 + g, per - SUMS, g,
-                            tl.where(tail, tk - groups * per, r - (per - SUMS)), tl.where(tail, tail_sums, SUMS),
-                            num_pairs // top_k, N, top_k, num_experts, stride_ot, stride_yt, ROW_TILES * BLOCK_N,
-                            K_POW2)
-            return
-        pid_m = r
-        pid_n = seg
-    else:
-        pid_m, pid_n = _block_and_tile(ROWS_FIRST)
+    ROWS_FIRST (not with FUSED): grid axis 0 is the row-tile group, axis 1 the pair block."""
+    pid_m, pid_n = _block_and_tile(ROWS_FIRST)
     if DIRECT:
         e, pair, tmask = _direct_block(block_expert_ptr, pid_m, num_pairs, num_experts, BLOCK_T)
     else:
         if pid_m * BLOCK_T >= tl.load(num_post_pad_ptr):
-            if SUMS > 0:
-                tl.atomic_add(cnt_ptr + 1 + pid_n, 1, sem="release", scope="gpu")
             return
         e = tl.load(block_expert_ptr + pid_m).to(tl.int64)
         pair, tmask = block_pairs(sorted_ids_ptr, pid_m, num_pairs, BLOCK_T)
     if e < 0:
-        if SUMS > 0:
-            tl.atomic_add(cnt_ptr + 1 + pid_n, 1, sem="release", scope="gpu")
         return
     NB: tl.constexpr = BLOCK_N // 16
     KB: tl.constexpr = BLOCK_K // 64
@@ -715,9 +665,6 @@ def moe_hgemm2_kernel(
                 acc = tl.zeros([BLOCK_N, BLOCK_T], tl.float32)
             nt = tl.where(ks == steps - 1, nt + 1, nt)
             ks = tl.where(ks == steps - 1, 0, ks + 1)
-    if SUMS > 0:
-        tl.debug_barrier()  # every thread's pair rows are stored: released with the count
-        tl.atomic_add(cnt_ptr + 1 + pid_n, 1, sem="release", scope="gpu")
     if FUSED:
         tl.debug_barrier()
         splits = tl.num_programs(2)

@@ -232,13 +232,6 @@ class MoEConfig:
     wgmma2: int = 0
     wgmma2_rows: int = 128
     wgmma2_ring: int = 0
-    # the sum over k in GEMM2's grid (ksum_sums > 0: that many sum programs a group of row tiles): programs take their
-    # work by ticket, each group's GEMM2 programs (pair blocks first) then the sums of the group before, from L2 while
-    # its rows are there (moe_hgemm2_kernel's SUMS; hopper_mma kernels, sorted blocks, one GEMM2 K split, no absorb);
-    # 0: the k-sum kernel after GEMM2. Written after a probe timed the pair rows' trip through DRAM at up to 7% of
-    # K3-like T = 1024 on an H100; not yet run on a GPU
-    ksum_sums: int = 0
-    ksum_tail: int = 512  # the last group's sum programs (at most T): they run alone at the end of the grid
 
 
 def layout_of(layout: Mapping[str, str]) -> str | None:
@@ -607,8 +600,6 @@ class _Run:
     b2: torch.Tensor | None = None
     pair_out: torch.Tensor | None = None
     ids: torch.Tensor | None = None  # topk_ids, contiguous
-    sums: int = 0  # GEMM2's sum programs a row-tile group (MoEConfig.ksum_sums): no k-sum kernel
-    tail_sums: int = 0  # and of its last group (MoEConfig.ksum_tail)
     cnt1: torch.Tensor | None = None  # arrival counters of the fused reductions (zeroed)
     cnt2: torch.Tensor | None = None
     out: torch.Tensor | None = None  # the call's result (GEMM2 writes it when fused)
@@ -635,13 +626,13 @@ def gemm_splits(cfg: MoEConfig, num_pairs: int, E: int, H: int, i_pad: int, dire
 
 
 def _two_gemms(x, topk_weights, topk_ids, w13_scale, w2_scale, w13_bias, w2_bias, act, cfg, out, gemm1, gemm2,
-               direct=False, fused=False, rows2=1, sums=0):
+               direct=False, fused=False, rows2=1):
     """What both tensor-core paths do around their two GEMM kernels: align the pairs into expert
     blocks, size the K splits, GEMM1 (then the activation over its K-split partials), GEMM2 and
     the deterministic sum over k. ``gemm1(grid, run)`` / ``gemm2(grid, run)`` launch the kernels.
     ``direct``: one block per pair, no align (the kernels read topk_ids); ``fused``: the GEMMs do
     the activation over split-K partials and the sum over k themselves (arrival counters); ``rows2``:
-    GEMM2 row tiles per program; ``sums``: GEMM2's grid sums over k too, with that many sum programs a group."""
+    GEMM2 row tiles per program."""
     T, H = x.shape
     E, i_pad = w13_scale.shape[0], w13_scale.shape[1] // 2
     top_k = topk_ids.shape[1]
@@ -670,10 +661,6 @@ def _two_gemms(x, topk_weights, topk_ids, w13_scale, w2_scale, w13_bias, w2_bias
         run.cnt1, run.cnt2 = buf[n_out:n_out + max_blocks * n1], buf[n_out + max_blocks * n1:]
     else:
         run.cnt1 = run.cnt2 = sorted_ids  # dummy pointers
-    run.sums = min(sums, T) if not fused and not direct and s2 == 1 else 0
-    if run.sums:
-        run.tail_sums = max(run.sums, min(T, cfg.ksum_tail))
-        run.cnt2 = torch.zeros(1 + g2, dtype=torch.int32, device=x.device)  # GEMM2's tickets, its groups' programs done
     gemm1((max_blocks, n1, s1), run)
     acts = dict(ACT=act["ACT"], HAS_LIMIT=act["HAS_LIMIT"], HAS_LINEAR=act["HAS_LINEAR"])
     if s1 > 1 and not fused:
@@ -682,7 +669,7 @@ def _two_gemms(x, topk_weights, topk_ids, w13_scale, w2_scale, w13_bias, w2_bias
     run.b2 = w2_bias.contiguous() if w2_bias is not None else w2_scale
     run.out = out
     gemm2((max_blocks, g2, s2), run)
-    if not fused and not run.sums:
+    if not fused:
         _sum_launch(run.pair_out, ids, out, H, top_k, E, s2)
     return out
 
@@ -1311,20 +1298,15 @@ def _hopper_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13
         if wgmma2_runs(cfg, x, w2, w2_scale, H, i_pad, num_pairs, r.s2, direct, fused, fact, rot) and _compiled_or_none(
                 lambda: _wgmma_gemm2(w2, w2_scale, w2_bias, cfg, r, num_pairs, H, i_pad, grid[0], rot), required=False):
             return
-        grid, rf = order(grid, cfg.rows_first2 and not r.sums)
-        if r.sums:  # one axis: groups x (blocks + sums) + the last group's sum programs, by ticket
-            grid = (grid[1] * (grid[0] + r.sums) + r.tail_sums, 1, 1)
+        grid, rf = order(grid, cfg.rows_first2)
         HK.moe_hgemm2_kernel[grid](
             r.inter, w2, w2_scale, r.b2, r.tw, r.pair_out, r.sorted_ids, r.block_expert, r.num_post_pad,
-            r.ids, r.out, r.cnt2, num_pairs, E, top_k, i_pad, H, r.ks2, r.tail_sums,
+            r.ids, r.out, r.cnt2, num_pairs, E, top_k, i_pad, H, r.ks2,
             r.inter.stride(0), w2.stride(0), w2_scale.stride(0), r.b2.stride(0), r.pair_out.stride(1),
             r.pair_out.stride(0), r.out.stride(0),
-            **c2, ROWS_FIRST=rf, SUMS=r.sums, **launch2,
+            **c2, ROWS_FIRST=rf, **launch2,
             **({"launch_pdl": True} if c2["PDL"] else {}),
         )
 
-    # (GEMM2's sums need its groups of a power of two up to 1024 rows, no absorbed blocks, moe_hgemm2_kernel)
-    group = rows2 * cfg.block_n2
-    sums = cfg.ksum_sums if not c2["ABSORB"] and not cfg.wgmma2 and group <= 1024 and group & (group - 1) == 0 else 0
     return _two_gemms(x, topk_weights, topk_ids, w13_scale, w2_scale, w13_bias, w2_bias, act, cfg, out, gemm1, gemm2,
-                      direct=direct, fused=fused, rows2=rows2, sums=sums)
+                      direct=direct, fused=fused, rows2=rows2)
