@@ -206,6 +206,8 @@ def hopper_variants(T, H, I, k, E):
         on = not (default.dual and default.tail_t >= 32)
         out.append(("dual", dataclasses.replace(default, block_t=bt, tail_t=bt // 2, dual=1, rows2=1) if on
                     else dataclasses.replace(default, dual=0)))
+        # and two-tile blocks in quarter steps of tail_t (dual 2: a [rows, tail_t / 4] second tile too)
+        out.append(("dual2", dataclasses.replace(default, block_t=bt, tail_t=bt // 2, dual=2, rows2=1)))
     if not hopper_options(default, T, T * k, True)[1] and default.tail_t >= 16:  # an expert's last small block in
         # the program of its block before (absorb), switched the other way
         on = int(not (default.absorb or default.absorb2)) * 16
@@ -311,6 +313,8 @@ def path_name(cfg, T, k, E, dtype, layout="identity"):
         flags = "".join(f" {n}" for n, on in (("direct", direct), ("fused", fused), ("pdl", pdl)) if on)
         order = " rowsfirst" if (cfg.rows_first1 or cfg.rows_first2) and not fused else ""
         order += f" absorb{cfg.absorb}/{cfg.absorb2}" if (cfg.absorb or cfg.absorb2) and cfg.tail_t and not fused else ""
+        order += f" tail{cfg.tail_t}{' dual' if cfg.dual == 1 else ' dual2' if cfg.dual == 2 else ''}" if (
+            cfg.tail_t and not fused) else ""
         if cfg.wgmma1 and cfg.block_t <= 64 and not fused and dtype == torch.bfloat16:
             order += f" wgmma{cfg.wgmma1}{f' ring{cfg.wgmma1_stages}' if cfg.wgmma1_ring else ''}"
         return f"{layout} bt{cfg.block_t}{flags}{f' rows{cfg.rows2}' if cfg.rows2 > 1 and not fused else ''}{order}"

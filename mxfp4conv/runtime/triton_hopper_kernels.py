@@ -402,6 +402,21 @@ def _slot_pairs(sorted_ids_ptr, rows_ptr, slot0, num_pairs, per_row, stride_row,
 
 
 @triton.jit
+def _hgemm1_two(sorted_ids_ptr, x_ptr, slot0, wg, sg, wu, su, o_nb, o_b, e, offs_n, nmask, offs_k, b_ptr, out_ptr,
+                part_ptr, num_pairs, top_k, K, I_pad, K_SPLIT, k_lo, stride_xt, stride_be, stride_ot, p0, p1,
+                ACT: tl.constexpr, HAS_LIMIT: tl.constexpr, HAS_LINEAR: tl.constexpr, HAS_BIAS: tl.constexpr,
+                BLOCK_N: tl.constexpr, BT1: tl.constexpr, BT2: tl.constexpr, BLOCK_K: tl.constexpr,
+                DTYPE: tl.constexpr, SPLIT: tl.constexpr, ASM: tl.constexpr, FACT: tl.constexpr, EVEN: tl.constexpr,
+                ROT: tl.constexpr):
+    """GEMM1 of a block's first BT1 + BT2 slots from slot0 as a [rows, BT1] and a [rows, BT2] tile."""
+    pa, ma, ra = _slot_pairs(sorted_ids_ptr, x_ptr, slot0, num_pairs, top_k, stride_xt, offs_k, k_lo, BT1)
+    pb, mb, rb = _slot_pairs(sorted_ids_ptr, x_ptr, slot0 + BT1, num_pairs, top_k, stride_xt, offs_k, k_lo, BT2)
+    _hgemm1_tile(ra, rb, wg, sg, wu, su, o_nb, o_b, pa, ma, pb, mb, e, offs_n, nmask, b_ptr, out_ptr, part_ptr,
+                 num_pairs, K, I_pad, K_SPLIT, k_lo, stride_be, stride_ot, p0, p1, ACT, HAS_LIMIT, HAS_LINEAR, HAS_BIAS,
+                 BLOCK_N, BT1, BLOCK_K, DTYPE, SPLIT, ASM, FACT, BT2, EVEN=EVEN, ROT=ROT)
+
+
+@triton.jit
 def _hgemm1_block(sorted_ids_ptr, x_ptr, pid_m, n, xt, wg, sg, wu, su, o_nb, o_b, pair, tmask, e, offs_n, nmask, offs_k,
                   b_ptr, out_ptr, part_ptr, num_pairs, top_k, K, I_pad, K_SPLIT, k_lo, stride_xt, stride_be, stride_ot,
                   p0, p1, ACT: tl.constexpr, HAS_LIMIT: tl.constexpr, HAS_LINEAR: tl.constexpr,
@@ -409,7 +424,8 @@ def _hgemm1_block(sorted_ids_ptr, x_ptr, pid_m, n, xt, wg, sg, wu, su, o_nb, o_b
                   DTYPE: tl.constexpr, SPLIT: tl.constexpr, ASM: tl.constexpr, FACT: tl.constexpr,
                   TAIL_T: tl.constexpr, DUAL: tl.constexpr, EVEN: tl.constexpr, ROT: tl.constexpr):
     """GEMM1 of a sorted block of n pairs with TAIL_T: [rows, TAIL_T] tiles up to TAIL_T pairs, with DUAL
-    [rows, TAIL_T] and [rows, TAIL_T / 2] ones up to 1.5 TAIL_T, else the [rows, BLOCK_T] tile."""
+    [rows, TAIL_T] and [rows, TAIL_T / 2] ones up to 1.5 TAIL_T, else the [rows, BLOCK_T] tile. DUAL 2 also:
+    [rows, TAIL_T] and [rows, TAIL_T / 4] ones up to 1.25 TAIL_T."""
     if n <= TAIL_T:
         pa, ma, ra = _slot_pairs(sorted_ids_ptr, x_ptr, pid_m * BLOCK_T, num_pairs, top_k, stride_xt, offs_k, k_lo,
                                  TAIL_T)
@@ -417,16 +433,17 @@ def _hgemm1_block(sorted_ids_ptr, x_ptr, pid_m, n, xt, wg, sg, wu, su, o_nb, o_b
                      num_pairs, K, I_pad, K_SPLIT, k_lo, stride_be, stride_ot, p0, p1, ACT, HAS_LIMIT, HAS_LINEAR,
                      HAS_BIAS, BLOCK_N, TAIL_T, BLOCK_K, DTYPE, SPLIT, ASM, FACT, EVEN=EVEN, ROT=ROT)
     else:
-        if DUAL:  # up to 1.5 TAIL_T pairs: [rows, TAIL_T] and [rows, TAIL_T / 2] tiles
-            if n <= TAIL_T + TAIL_T // 2:
-                pa, ma, ra = _slot_pairs(sorted_ids_ptr, x_ptr, pid_m * BLOCK_T, num_pairs, top_k, stride_xt,
-                                         offs_k, k_lo, TAIL_T)
-                pb, mb, rb = _slot_pairs(sorted_ids_ptr, x_ptr, pid_m * BLOCK_T + TAIL_T, num_pairs, top_k,
-                                         stride_xt, offs_k, k_lo, TAIL_T // 2)
-                _hgemm1_tile(ra, rb, wg, sg, wu, su, o_nb, o_b, pa, ma, pb, mb, e, offs_n, nmask, b_ptr, out_ptr,
-                             part_ptr, num_pairs, K, I_pad, K_SPLIT, k_lo, stride_be, stride_ot, p0, p1, ACT,
-                             HAS_LIMIT, HAS_LINEAR, HAS_BIAS, BLOCK_N, TAIL_T, BLOCK_K, DTYPE, SPLIT, ASM, FACT,
-                             TAIL_T // 2, EVEN=EVEN, ROT=ROT)
+        if DUAL:  # up to 1.5 TAIL_T pairs: [rows, TAIL_T] and [rows, TAIL_T / 2] tiles (DUAL 2: TAIL_T / 4 first)
+            if DUAL == 2 and n <= TAIL_T + TAIL_T // 4:
+                _hgemm1_two(sorted_ids_ptr, x_ptr, pid_m * BLOCK_T, wg, sg, wu, su, o_nb, o_b, e, offs_n, nmask, offs_k,
+                            b_ptr, out_ptr, part_ptr, num_pairs, top_k, K, I_pad, K_SPLIT, k_lo, stride_xt, stride_be,
+                            stride_ot, p0, p1, ACT, HAS_LIMIT, HAS_LINEAR, HAS_BIAS, BLOCK_N, TAIL_T, TAIL_T // 4,
+                            BLOCK_K, DTYPE, SPLIT, ASM, FACT, EVEN, ROT)
+            elif n <= TAIL_T + TAIL_T // 2:
+                _hgemm1_two(sorted_ids_ptr, x_ptr, pid_m * BLOCK_T, wg, sg, wu, su, o_nb, o_b, e, offs_n, nmask, offs_k,
+                            b_ptr, out_ptr, part_ptr, num_pairs, top_k, K, I_pad, K_SPLIT, k_lo, stride_xt, stride_be,
+                            stride_ot, p0, p1, ACT, HAS_LIMIT, HAS_LINEAR, HAS_BIAS, BLOCK_N, TAIL_T, TAIL_T // 2,
+                            BLOCK_K, DTYPE, SPLIT, ASM, FACT, EVEN, ROT)
             else:
                 _hgemm1_tile(xt, xt, wg, sg, wu, su, o_nb, o_b, pair, tmask, pair, tmask, e, offs_n, nmask, b_ptr,
                              out_ptr, part_ptr, num_pairs, K, I_pad, K_SPLIT, k_lo, stride_be, stride_ot, p0, p1,
@@ -437,6 +454,19 @@ def _hgemm1_block(sorted_ids_ptr, x_ptr, pid_m, n, xt, wg, sg, wu, su, o_nb, o_b
                          out_ptr, part_ptr, num_pairs, K, I_pad, K_SPLIT, k_lo, stride_be, stride_ot, p0, p1, ACT,
                          HAS_LIMIT, HAS_LINEAR, HAS_BIAS, BLOCK_N, BLOCK_T, BLOCK_K, DTYPE, SPLIT, ASM, FACT,
                          EVEN=EVEN, ROT=ROT)
+
+
+@triton.jit
+def _hgemm2_two(sorted_ids_ptr, a_ptr, slot0, wp, sp, o_nb, o_b, e, offs_n, nmask, offs_k, b_ptr, tw_ptr, out_ptr,
+                num_pairs, K, N, K_SPLIT, k_lo, stride_at, stride_be, stride_ot, stride_os, HAS_BIAS: tl.constexpr,
+                BLOCK_N: tl.constexpr, BT1: tl.constexpr, BT2: tl.constexpr, BLOCK_K: tl.constexpr,
+                DTYPE: tl.constexpr, ASM: tl.constexpr, FACT: tl.constexpr, EVEN: tl.constexpr, ROT: tl.constexpr):
+    """GEMM2 of a block's first BT1 + BT2 slots from slot0 as a [rows, BT1] and a [rows, BT2] tile."""
+    pa, ma, ra = _slot_pairs(sorted_ids_ptr, a_ptr, slot0, num_pairs, 1, stride_at, offs_k, k_lo, BT1)
+    pb, mb, rb = _slot_pairs(sorted_ids_ptr, a_ptr, slot0 + BT1, num_pairs, 1, stride_at, offs_k, k_lo, BT2)
+    _hgemm2_tile(ra, rb, wp, sp, o_nb, o_b, pa, ma, pb, mb, e, offs_n, nmask, b_ptr, tw_ptr, out_ptr, K, N, K_SPLIT,
+                 k_lo, stride_be, stride_ot, stride_os, HAS_BIAS, BLOCK_N, BT1, BLOCK_K, DTYPE, ASM, FACT, BT2,
+                 EVEN=EVEN, ROT=ROT)
 
 
 @triton.jit
@@ -453,15 +483,15 @@ def _hgemm2_block(sorted_ids_ptr, a_ptr, pid_m, n, at, wp, sp, o_nb, o_b, pair, 
                      K_SPLIT, k_lo, stride_be, stride_ot, stride_os, HAS_BIAS, BLOCK_N, TAIL_T, BLOCK_K, DTYPE,
                      ASM, FACT, EVEN=EVEN, ROT=ROT)
     else:
-        if DUAL:  # up to 1.5 TAIL_T pairs: [rows, TAIL_T] and [rows, TAIL_T / 2] tiles
-            if n <= TAIL_T + TAIL_T // 2:
-                pa, ma, ra = _slot_pairs(sorted_ids_ptr, a_ptr, pid_m * BLOCK_T, num_pairs, 1, stride_at,
-                                         offs_k, k_lo, TAIL_T)
-                pb, mb, rb = _slot_pairs(sorted_ids_ptr, a_ptr, pid_m * BLOCK_T + TAIL_T, num_pairs, 1,
-                                         stride_at, offs_k, k_lo, TAIL_T // 2)
-                _hgemm2_tile(ra, rb, wp, sp, o_nb, o_b, pa, ma, pb, mb, e, offs_n, nmask, b_ptr, tw_ptr,
-                             out_ptr, K, N, K_SPLIT, k_lo, stride_be, stride_ot, stride_os, HAS_BIAS, BLOCK_N,
-                             TAIL_T, BLOCK_K, DTYPE, ASM, FACT, TAIL_T // 2, EVEN=EVEN, ROT=ROT)
+        if DUAL:  # up to 1.5 TAIL_T pairs: [rows, TAIL_T] and [rows, TAIL_T / 2] tiles (DUAL 2: TAIL_T / 4 first)
+            if DUAL == 2 and n <= TAIL_T + TAIL_T // 4:
+                _hgemm2_two(sorted_ids_ptr, a_ptr, pid_m * BLOCK_T, wp, sp, o_nb, o_b, e, offs_n, nmask, offs_k, b_ptr,
+                            tw_ptr, out_ptr, num_pairs, K, N, K_SPLIT, k_lo, stride_at, stride_be, stride_ot, stride_os,
+                            HAS_BIAS, BLOCK_N, TAIL_T, TAIL_T // 4, BLOCK_K, DTYPE, ASM, FACT, EVEN, ROT)
+            elif n <= TAIL_T + TAIL_T // 2:
+                _hgemm2_two(sorted_ids_ptr, a_ptr, pid_m * BLOCK_T, wp, sp, o_nb, o_b, e, offs_n, nmask, offs_k, b_ptr,
+                            tw_ptr, out_ptr, num_pairs, K, N, K_SPLIT, k_lo, stride_at, stride_be, stride_ot, stride_os,
+                            HAS_BIAS, BLOCK_N, TAIL_T, TAIL_T // 2, BLOCK_K, DTYPE, ASM, FACT, EVEN, ROT)
             else:
                 _hgemm2_tile(at, at, wp, sp, o_nb, o_b, pair, tmask, pair, tmask, e, offs_n, nmask, b_ptr,
                              tw_ptr, out_ptr, K, N, K_SPLIT, k_lo, stride_be, stride_ot, stride_os, HAS_BIAS,

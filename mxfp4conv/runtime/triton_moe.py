@@ -99,7 +99,8 @@ class MoEConfig:
     # instead of [rows, block_t] ones (its MMAs over the empty slots are not done)
     tail_t: int = 0
     # with tail_t: a block of up to 1.5 tail_t pairs in two tiles, [rows, tail_t] and [rows, tail_t / 2],
-    # on the same decoded weights (1 on, 0 off; needs tail_t >= 32)
+    # on the same decoded weights (1 on, 0 off; needs tail_t >= 32); 2: also [rows, tail_t] and [rows, tail_t / 4]
+    # up to 1.25 tail_t (a tile's empty slots cost the MMAs what full ones do)
     dual: int = 0
     tail_t2: int = -1  # GEMM2's tail_t where it differs (-1: tail_t; 0: none)
     # with tail_t: an expert's last block of at most absorb pairs (absorb2 in GEMM2) run as a second [rows, absorb]
@@ -1164,6 +1165,11 @@ def hopper_options(cfg: MoEConfig, T: int, num_pairs: int, cuda: bool) -> tuple[
     return direct, fused, pdl
 
 
+def _dual(tail: int, dual: int):
+    """A GEMM's DUAL with that tail_t: False, True, or 2 (two-tile blocks in quarter steps of tail_t too)."""
+    return 2 if tail and dual == 2 else bool(tail and dual)
+
+
 def hopper_constants(cfg: MoEConfig, T: int, top_k: int, H: int, i_pad: int, dtype, asm: bool, fact: int, acts: dict,
                      bias13: bool, bias2: bool, rot: int = 0) -> tuple[dict, dict, tuple[bool, bool, int]]:
     """The compile-time arguments of moe_hgemm1_kernel and moe_hgemm2_kernel for one call (all but
@@ -1174,10 +1180,10 @@ def hopper_constants(cfg: MoEConfig, T: int, top_k: int, H: int, i_pad: int, dty
     tail2 = 0 if direct or fused or rows2 > 1 else cfg.tail_t if cfg.tail_t2 < 0 else cfg.tail_t2
     common = dict(BLOCK_T=cfg.block_t, BLOCK_K=cfg.block_k, DTYPE=dtype, ASM=asm, FACT=fact, DIRECT=direct,
                   FUSED=fused, PDL=pdl, ROT=rot)
-    c1 = dict(common, **acts, HAS_BIAS=bias13, BLOCK_N=cfg.block_n1, TAIL_T=tail, DUAL=bool(tail and cfg.dual),
+    c1 = dict(common, **acts, HAS_BIAS=bias13, BLOCK_N=cfg.block_n1, TAIL_T=tail, DUAL=_dual(tail, cfg.dual),
               EVEN=H % cfg.block_k == 0 and i_pad % cfg.block_n1 == 0, ABSORB=cfg.absorb if tail else 0)
     c2 = dict(common, HAS_BIAS=bias2, BLOCK_N=cfg.block_n2, K_POW2=triton.next_power_of_2(top_k), ROW_TILES=rows2,
-              TAIL_T=tail2, DUAL=bool(tail2 and cfg.dual), EVEN=i_pad % cfg.block_k == 0 and H % cfg.block_n2 == 0,
+              TAIL_T=tail2, DUAL=_dual(tail2, cfg.dual), EVEN=i_pad % cfg.block_k == 0 and H % cfg.block_n2 == 0,
               ABSORB=cfg.absorb2 if tail2 else 0)
     return c1, c2, (direct, fused, rows2)
 
