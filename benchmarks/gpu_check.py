@@ -147,6 +147,8 @@ CASES = [
     ("k3 T1024 situ ragged", 1024, 3584, 384, 896, 16, "situ", {"beta": 4.0, "linear_beta": 25.0}, False, torch.bfloat16, "ragged"),
     # DSV3-like 32-pair blocks, whose GEMM1 runs in gluon_wgmma by default (the words through its cp.async ring)
     ("dsv3 T640 swigluoai bias ragged", 640, 7168, 2048, 256, 8, "swigluoai", {"alpha": 1.702, "limit": 7.0}, True, torch.bfloat16, "ragged"),
+    # DSV3-like 128-pair blocks in 64-pair tiles, 64 + 32 or whole (and 64 + 16 with dual 2)
+    ("dsv3 T2048 silu bias ragged", 2048, 7168, 2048, 256, 8, "silu", {}, True, torch.bfloat16, "ragged"),
 ]
 
 
@@ -206,7 +208,9 @@ def hopper_variants(T, H, I, k, E):
         on = not (default.dual and default.tail_t >= 32)
         out.append(("dual", dataclasses.replace(default, block_t=bt, tail_t=bt // 2, dual=1, rows2=1) if on
                     else dataclasses.replace(default, dual=0)))
-        # and two-tile blocks in quarter steps of tail_t (dual 2: a [rows, tail_t / 4] second tile too)
+        # and two-tile blocks in quarter steps of tail_t (dual 2, 128-pair blocks at least: a [rows, tail_t / 4]
+        # second tile too)
+        bt = max(128, default.block_t)
         out.append(("dual2", dataclasses.replace(default, block_t=bt, tail_t=bt // 2, dual=2, rows2=1)))
     if not hopper_options(default, T, T * k, True)[1] and default.tail_t >= 16:  # an expert's last small block in
         # the program of its block before (absorb), switched the other way

@@ -572,20 +572,22 @@ def test_hopper_two_tiles_for_blocks_up_to_one_and_a_half_tails():
 
 
 def test_hopper_two_tiles_in_quarter_steps():
-    # dual 2: also [rows, tail_t] and [rows, tail_t / 4] tiles up to 1.25 tail_t pairs. 64-pair blocks, tail_t 32, an
-    # expert in each of the block's cases: 20 (a 32-pair tile), 33 and 37 (32 + 8), 40 (32 + 8, full), 41 and 45 (32 +
-    # 16), 60 (64), 70 (64, then 6); K split and bias on both GEMMs.
-    counts = [20, 33, 37, 40, 41, 45, 60, 70]
-    T, k, E, H, I = 70, len(counts), len(counts), 320, 128
+    # dual 2: also [rows, tail_t] and [rows, tail_t / 4] tiles up to 1.25 tail_t pairs. 128-pair blocks, tail_t 64, an
+    # expert in each of the block's cases: 40 (a 64-pair tile), 65 and 73 (64 + 16), 80 (64 + 16, full), 81 and 90
+    # (64 + 32), 110 (128), 140 (128, then 12); K split and bias on both GEMMs. Less than 64 is refused.
+    counts = [40, 65, 73, 80, 81, 90, 110, 140]
+    T, k, E, H, I = 140, len(counts), len(counts), 320, 128
     ids = torch.full((T, k), -1, dtype=torch.int64)
     for e, c in enumerate(counts):
         ids[T - c:, e] = e
     x, w13, s13, w2, s2, tw, ids, b13, b2 = make_problem(13, T, H, I, E, k, bias=True, ids=ids)
     ref = reference(x, w13, s13, w2, s2, tw, ids, "silu", {}, b13, b2)
-    cfg = triton_moe.MoEConfig(block_t=64, block_n1=64, block_n2=64, block_k=64, split_k1=2, split_k2=1,
-                               tail_t=32, dual=1)
+    cfg = triton_moe.MoEConfig(block_t=128, block_n1=64, block_n2=64, block_k=64, split_k1=2, split_k2=1,
+                               tail_t=64, dual=1)
     run = lambda c: triton_moe.fused_moe_triton(x, *_hopper(w13, s13, w2, s2), tw, ids, activation="silu",  # noqa: E731
                                                 activation_params={}, w13_bias=b13, w2_bias=b2, config=c, layout=HOP)
     out = run(dataclasses.replace(cfg, dual=2))
     assert rel_err(out, ref) < 1e-5
     assert rel_err(out, run(cfg)) < 1e-6
+    with pytest.raises(RuntimeInputError, match="dual 2 needs tail_t of 64"):
+        run(dataclasses.replace(cfg, block_t=64, tail_t=32, dual=2))

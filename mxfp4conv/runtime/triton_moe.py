@@ -100,7 +100,8 @@ class MoEConfig:
     tail_t: int = 0
     # with tail_t: a block of up to 1.5 tail_t pairs in two tiles, [rows, tail_t] and [rows, tail_t / 2],
     # on the same decoded weights (1 on, 0 off; needs tail_t >= 32); 2: also [rows, tail_t] and [rows, tail_t / 4]
-    # up to 1.25 tail_t (a tile's empty slots cost the MMAs what full ones do)
+    # up to 1.25 tail_t (a tile's empty slots cost the MMAs what full ones do; needs tail_t >= 64: with 8-pair
+    # second tiles Triton 3.6's kernels gave wrong, unrepeatable outputs on an H100 and ran 1.2-1.4x slower)
     dual: int = 0
     tail_t2: int = -1  # GEMM2's tail_t where it differs (-1: tail_t; 0: none)
     # with tail_t: an expert's last block of at most absorb pairs (absorb2 in GEMM2) run as a second [rows, absorb]
@@ -1270,6 +1271,9 @@ def _hopper_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13
                 f"got {t}.")
         if cfg.dual and t and t < 32:
             raise RuntimeInputError(f"fused_moe_triton: dual needs {name} of 32 or more, got {t}.")
+        if cfg.dual == 2 and t and t < 64:
+            raise RuntimeInputError(f"fused_moe_triton: dual 2 needs {name} of 64 or more (second tiles of at least "
+                                    f"16 pairs), got {t}.")
     for name, a, t in (("absorb", cfg.absorb, tails[0][1]), ("absorb2", cfg.absorb2, tails[1][1])):
         if a and t and (a < 16 or a & (a - 1) or a > t):
             raise RuntimeInputError(
