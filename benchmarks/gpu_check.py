@@ -149,6 +149,7 @@ CASES = [
     ("dsv3 T640 swigluoai bias ragged", 640, 7168, 2048, 256, 8, "swigluoai", {"alpha": 1.702, "limit": 7.0}, True, torch.bfloat16, "ragged"),
     # DSV3-like 128-pair blocks in 64-pair tiles, 64 + 32 or whole (and 64 + 16 with dual 2)
     ("dsv3 T2048 silu bias ragged", 2048, 7168, 2048, 256, 8, "silu", {}, True, torch.bfloat16, "ragged"),
+    ("k3 T4096 silu ragged", 4096, 3584, 384, 896, 16, "silu", {}, False, torch.bfloat16, "ragged"),
 ]
 
 
@@ -209,9 +210,10 @@ def hopper_variants(T, H, I, k, E):
         out.append(("dual", dataclasses.replace(default, block_t=bt, tail_t=bt // 2, dual=1, rows2=1) if on
                     else dataclasses.replace(default, dual=0)))
         # and two-tile blocks in quarter steps of tail_t (dual 2, 128-pair blocks at least: a [rows, tail_t / 4]
-        # second tile too)
+        # second tile too), or without them where the default has them
         bt = max(128, default.block_t)
-        out.append(("dual2", dataclasses.replace(default, block_t=bt, tail_t=bt // 2, dual=2, rows2=1)))
+        out.append(("dual2", dataclasses.replace(default, dual=1) if default.dual == 2
+                    else dataclasses.replace(default, block_t=bt, tail_t=bt // 2, dual=2, rows2=1)))
     if not hopper_options(default, T, T * k, True)[1] and default.tail_t >= 16:  # an expert's last small block in
         # the program of its block before (absorb), switched the other way
         on = int(not (default.absorb or default.absorb2)) * 16

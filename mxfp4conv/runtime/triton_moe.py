@@ -275,10 +275,13 @@ def select_config(num_pairs: int, num_experts: int, hidden: int, inter: int, lay
             # 1.028 in two runs)
             absorb = dict(absorb=32, absorb2=16 if short else 0) if tail == 32 else {}
             # the e8m0 factors two to a word measured 1.02x faster at 64 pairs an expert (DSV3 T = 2048) and
-            # within the run's spread past it (DSV3 / K3 T = 4096): there the v13 instructions stay
+            # within the run's spread past it (DSV3 / K3 T = 4096): there the v13 instructions stay.
+            # 64-pair tails in 64 + 16 too (dual 2), fewer empty slots through the MMAs: on an H100 DSV3-like
+            # T = 1792 / 2048 / 2560 / 3072 0.988-0.997 / 0.977-0.988 / 0.972-0.980 / 1.000-1.002, K3-like T = 3072 /
+            # 4096 0.989-0.993 / 0.975 of dual 1's time (two runs)
             return MoEConfig(block_t=128, block_n1=128, block_k=128, num_warps=8, num_stages=3, rows_first1=1,
-                             rows_first2=1, tail_t=tail, dual=int(tail == 64), factor_pairs=int(per_expert <= 64),
-                             **gemm2, **absorb)
+                             rows_first2=1, tail_t=tail, dual=2 if tail == 64 else 0,
+                             factor_pairs=int(per_expert <= 64), **gemm2, **absorb)
         bt = 16 if per_expert <= 12 else 32 if per_expert <= 24 else 64
         if num_pairs <= 16:  # one token (T = 1: one block per pair, fused reductions): 64-row GEMM2 tiles,
             # and no GEMM2 K split once those tiles alone give enough programs; GEMM1's K splits at least
