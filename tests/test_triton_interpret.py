@@ -546,6 +546,19 @@ def test_absorb_where_measured():
         assert cfg.absorb <= cfg.tail_t and cfg.absorb2 <= (cfg.tail_t if cfg.tail_t2 < 0 else cfg.tail_t2)
 
 
+def test_quarter_tiles_where_measured():
+    # dual 2 (64 + 16 tiles) on the 64-pair tails of 128-pair prefill blocks, where it was timed faster; never on a
+    # smaller tail, which it refuses (docs/performance.md)
+    pick = lambda T, shape: triton_moe.select_config(T * shape[3], shape[2], shape[0], shape[1], HOP)  # noqa: E731
+    dsv3, k3 = (7168, 2048, 256, 8), (3584, 384, 896, 16)
+    assert [pick(T, dsv3).dual for T in (1024, 1536, 1792, 2048, 3072, 4096)] == [1, 1, 2, 2, 2, 0]
+    assert [pick(T, k3).dual for T in (1024, 2048, 3072, 4096, 6144)] == [0, 1, 2, 2, 0]
+    for T in (16, 64, 256, 512, 1024, 1536, 2048, 3072, 4096, 8192):
+        for shape in (dsv3, k3):
+            cfg = pick(T, shape)
+            assert cfg.dual != 2 or cfg.tail_t >= 64
+
+
 def test_hopper_two_tiles_for_blocks_up_to_one_and_a_half_tails():
     # dual: a block of more than tail_t but at most 1.5 tail_t pairs runs [rows, tail_t] and
     # [rows, tail_t / 2] tiles on the same decoded weights. 64-pair blocks, tail_t 32: expert 0 has
