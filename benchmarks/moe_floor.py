@@ -30,7 +30,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import torch  # noqa: E402
 
 from moe_bench import SHAPES, copy_bandwidth, model_bytes, routing  # noqa: E402
-from moe_power import layer, power_table, report, sampled  # noqa: E402
+from moe_power import layer, mean_watts, power_limit, power_table, report, sampled  # noqa: E402
 
 FP4 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
 
@@ -86,9 +86,9 @@ def main() -> int:
     windows, _ = sampled(configs(), args.secs)
     lines = [f"{torch.cuda.get_device_name()}; torch {torch.__version__}; copy bandwidth {copy_bw / 1e12:.2f} TB/s; "
              f"sustained {args.secs:.0f} s a configuration", *power_table(windows)]
-    mean = {name: (us, sum(r[2] for r in sel) / len(sel) if sel else float("nan")) for name, us, sel in windows}
-    limits = [r[5] for _, _, sel in windows for r in sel]
-    p_idle, p_limit = mean["idle"][1], limits[-1] if limits else float("nan")
+    mean = {name: (us, mean_watts(sel)) for name, us, sel in windows}
+    limit = power_limit(windows)
+    p_idle, p_limit = mean["idle"][1], float("nan") if limit is None else limit
     lines.append(f"\nidle {p_idle:.0f} W, power limit {p_limit:.0f} W")
     lines.append(f"{'point':12} {'what':32} {'us':>8} {'% copy':>7} {'mJ':>7}")
     for shape, T in points:

@@ -104,6 +104,17 @@ def sampled(configs, secs: float) -> tuple[list[tuple[str, float, list]], str]:
     return [(name, us, [r for r in rows if a0 <= r[0] <= a1]) for name, a0, a1, us in windows], text
 
 
+def mean_watts(sel) -> float:
+    """The mean power draw of a window's samples (NaN without samples)."""
+    return sum(r[2] for r in sel) / len(sel) if sel else float("nan")
+
+
+def power_limit(windows) -> float | None:
+    """The board's power limit as its last sample in the windows reads it (None without samples)."""
+    limits = [r[5] for _, _, sel in windows for r in sel]
+    return limits[-1] if limits else None
+
+
 def power_table(windows, width: int = 58) -> list[str]:
     """sampled's windows as table lines: us a call and the means of power, SM clock and memory clock over each
     window's samples, the energy a call (mean power x time) and the hottest HBM reading."""
@@ -113,7 +124,7 @@ def power_table(windows, width: int = 58) -> list[str]:
         if not sel:
             lines.append(f"{name:{width}} {us:9.1f}  (no nvidia-smi samples)")
             continue
-        mhz, watts, mem = (sum(r[i] for r in sel) / len(sel) for i in (1, 2, 3))
+        mhz, watts, mem = sum(r[1] for r in sel) / len(sel), mean_watts(sel), sum(r[3] for r in sel) / len(sel)
         lines.append(f"{name:{width}} {us:9.1f} {watts:5.0f} {mhz:6.0f} {watts * us * 1e-3:8.1f} {mem:7.0f} "
                      f"{max(r[4] for r in sel):5.0f}")
     return lines
@@ -152,9 +163,9 @@ def main() -> int:
     windows, text = sampled(configs(), args.secs)
     lines = [f"{torch.cuda.get_device_name()}; torch {torch.__version__}; sustained {args.secs:.0f} s a configuration",
              *power_table(windows)]
-    limits = [r[5] for _, _, sel in windows for r in sel]
-    if limits:
-        lines.append(f"power limit {limits[-1]:.0f} W")
+    limit = power_limit(windows)
+    if limit is not None:
+        lines.append(f"power limit {limit:.0f} W")
     report(lines, args.out, "moe_power.txt")
     if args.out:
         with open(os.path.join(args.out, "nvidia_smi.csv"), "w") as f:

@@ -1169,11 +1169,6 @@ def hopper_options(cfg: MoEConfig, T: int, num_pairs: int, cuda: bool) -> tuple[
     return direct, fused, pdl
 
 
-def _dual(tail: int, dual: int):
-    """A GEMM's DUAL with that tail_t: False, True, or 2 (two-tile blocks in quarter steps of tail_t too)."""
-    return 2 if tail and dual == 2 else bool(tail and dual)
-
-
 def hopper_constants(cfg: MoEConfig, T: int, top_k: int, H: int, i_pad: int, dtype, asm: bool, fact: int, acts: dict,
                      bias13: bool, bias2: bool, rot: int = 0) -> tuple[dict, dict, tuple[bool, bool, int]]:
     """The compile-time arguments of moe_hgemm1_kernel and moe_hgemm2_kernel for one call (all but
@@ -1184,10 +1179,10 @@ def hopper_constants(cfg: MoEConfig, T: int, top_k: int, H: int, i_pad: int, dty
     tail2 = 0 if direct or fused or rows2 > 1 else cfg.tail_t if cfg.tail_t2 < 0 else cfg.tail_t2
     common = dict(BLOCK_T=cfg.block_t, BLOCK_K=cfg.block_k, DTYPE=dtype, ASM=asm, FACT=fact, DIRECT=direct,
                   FUSED=fused, PDL=pdl, ROT=rot)
-    c1 = dict(common, **acts, HAS_BIAS=bias13, BLOCK_N=cfg.block_n1, TAIL_T=tail, DUAL=_dual(tail, cfg.dual),
+    c1 = dict(common, **acts, HAS_BIAS=bias13, BLOCK_N=cfg.block_n1, TAIL_T=tail, DUAL=cfg.dual if tail else 0,
               EVEN=H % cfg.block_k == 0 and i_pad % cfg.block_n1 == 0, ABSORB=cfg.absorb if tail else 0)
     c2 = dict(common, HAS_BIAS=bias2, BLOCK_N=cfg.block_n2, K_POW2=triton.next_power_of_2(top_k), ROW_TILES=rows2,
-              TAIL_T=tail2, DUAL=_dual(tail2, cfg.dual), EVEN=i_pad % cfg.block_k == 0 and H % cfg.block_n2 == 0,
+              TAIL_T=tail2, DUAL=cfg.dual if tail2 else 0, EVEN=i_pad % cfg.block_k == 0 and H % cfg.block_n2 == 0,
               ABSORB=cfg.absorb2 if tail2 else 0)
     return c1, c2, (direct, fused, rows2)
 
@@ -1272,11 +1267,10 @@ def _hopper_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13
             raise RuntimeInputError(
                 f"fused_moe_triton: {name} must be 0 or a power of two from 16 to below block_t ({cfg.block_t}), "
                 f"got {t}.")
-        if cfg.dual and t and t < 32:
-            raise RuntimeInputError(f"fused_moe_triton: dual needs {name} of 32 or more, got {t}.")
-        if cfg.dual == 2 and t and t < 64:
-            raise RuntimeInputError(f"fused_moe_triton: dual 2 needs {name} of 64 or more (second tiles of at least "
-                                    f"16 pairs), got {t}.")
+        quarter = cfg.dual == 2  # second tiles of tail_t / 4 pairs, else tail_t / 2: at least 16 (tl.dot's n16)
+        if cfg.dual and t and t < (64 if quarter else 32):
+            raise RuntimeInputError(f"fused_moe_triton: dual{' 2' if quarter else ''} needs {name} of "
+                                    f"{64 if quarter else 32} or more (second tiles of at least 16 pairs), got {t}.")
     for name, a, t in (("absorb", cfg.absorb, tails[0][1]), ("absorb2", cfg.absorb2, tails[1][1])):
         if a and t and (a < 16 or a & (a - 1) or a > t):
             raise RuntimeInputError(
