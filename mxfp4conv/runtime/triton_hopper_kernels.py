@@ -432,28 +432,20 @@ def _hgemm1_block(sorted_ids_ptr, x_ptr, pid_m, n, xt, wg, sg, wu, su, o_nb, o_b
         _hgemm1_tile(ra, ra, wg, sg, wu, su, o_nb, o_b, pa, ma, pa, ma, e, offs_n, nmask, b_ptr, out_ptr, part_ptr,
                      num_pairs, K, I_pad, K_SPLIT, k_lo, stride_be, stride_ot, p0, p1, ACT, HAS_LIMIT, HAS_LINEAR,
                      HAS_BIAS, BLOCK_N, TAIL_T, BLOCK_K, DTYPE, SPLIT, ASM, FACT, EVEN=EVEN, ROT=ROT)
+    elif DUAL == 2 and n <= TAIL_T + TAIL_T // 4:  # (the second tile's width is a constexpr: one call a width)
+        _hgemm1_two(sorted_ids_ptr, x_ptr, pid_m * BLOCK_T, wg, sg, wu, su, o_nb, o_b, e, offs_n, nmask, offs_k, b_ptr,
+                    out_ptr, part_ptr, num_pairs, top_k, K, I_pad, K_SPLIT, k_lo, stride_xt, stride_be, stride_ot, p0,
+                    p1, ACT, HAS_LIMIT, HAS_LINEAR, HAS_BIAS, BLOCK_N, TAIL_T, TAIL_T // 4, BLOCK_K, DTYPE, SPLIT, ASM,
+                    FACT, EVEN, ROT)
+    elif DUAL > 0 and n <= TAIL_T + TAIL_T // 2:
+        _hgemm1_two(sorted_ids_ptr, x_ptr, pid_m * BLOCK_T, wg, sg, wu, su, o_nb, o_b, e, offs_n, nmask, offs_k, b_ptr,
+                    out_ptr, part_ptr, num_pairs, top_k, K, I_pad, K_SPLIT, k_lo, stride_xt, stride_be, stride_ot, p0,
+                    p1, ACT, HAS_LIMIT, HAS_LINEAR, HAS_BIAS, BLOCK_N, TAIL_T, TAIL_T // 2, BLOCK_K, DTYPE, SPLIT, ASM,
+                    FACT, EVEN, ROT)
     else:
-        if DUAL:  # up to 1.5 TAIL_T pairs: [rows, TAIL_T] and [rows, TAIL_T / 2] tiles (DUAL 2: TAIL_T / 4 first)
-            if DUAL == 2 and n <= TAIL_T + TAIL_T // 4:
-                _hgemm1_two(sorted_ids_ptr, x_ptr, pid_m * BLOCK_T, wg, sg, wu, su, o_nb, o_b, e, offs_n, nmask, offs_k,
-                            b_ptr, out_ptr, part_ptr, num_pairs, top_k, K, I_pad, K_SPLIT, k_lo, stride_xt, stride_be,
-                            stride_ot, p0, p1, ACT, HAS_LIMIT, HAS_LINEAR, HAS_BIAS, BLOCK_N, TAIL_T, TAIL_T // 4,
-                            BLOCK_K, DTYPE, SPLIT, ASM, FACT, EVEN, ROT)
-            elif n <= TAIL_T + TAIL_T // 2:
-                _hgemm1_two(sorted_ids_ptr, x_ptr, pid_m * BLOCK_T, wg, sg, wu, su, o_nb, o_b, e, offs_n, nmask, offs_k,
-                            b_ptr, out_ptr, part_ptr, num_pairs, top_k, K, I_pad, K_SPLIT, k_lo, stride_xt, stride_be,
-                            stride_ot, p0, p1, ACT, HAS_LIMIT, HAS_LINEAR, HAS_BIAS, BLOCK_N, TAIL_T, TAIL_T // 2,
-                            BLOCK_K, DTYPE, SPLIT, ASM, FACT, EVEN, ROT)
-            else:
-                _hgemm1_tile(xt, xt, wg, sg, wu, su, o_nb, o_b, pair, tmask, pair, tmask, e, offs_n, nmask, b_ptr,
-                             out_ptr, part_ptr, num_pairs, K, I_pad, K_SPLIT, k_lo, stride_be, stride_ot, p0, p1,
-                             ACT, HAS_LIMIT, HAS_LINEAR, HAS_BIAS, BLOCK_N, BLOCK_T, BLOCK_K, DTYPE, SPLIT, ASM,
-                             FACT, EVEN=EVEN, ROT=ROT)
-        else:
-            _hgemm1_tile(xt, xt, wg, sg, wu, su, o_nb, o_b, pair, tmask, pair, tmask, e, offs_n, nmask, b_ptr,
-                         out_ptr, part_ptr, num_pairs, K, I_pad, K_SPLIT, k_lo, stride_be, stride_ot, p0, p1, ACT,
-                         HAS_LIMIT, HAS_LINEAR, HAS_BIAS, BLOCK_N, BLOCK_T, BLOCK_K, DTYPE, SPLIT, ASM, FACT,
-                         EVEN=EVEN, ROT=ROT)
+        _hgemm1_tile(xt, xt, wg, sg, wu, su, o_nb, o_b, pair, tmask, pair, tmask, e, offs_n, nmask, b_ptr, out_ptr,
+                     part_ptr, num_pairs, K, I_pad, K_SPLIT, k_lo, stride_be, stride_ot, p0, p1, ACT, HAS_LIMIT,
+                     HAS_LINEAR, HAS_BIAS, BLOCK_N, BLOCK_T, BLOCK_K, DTYPE, SPLIT, ASM, FACT, EVEN=EVEN, ROT=ROT)
 
 
 @triton.jit
@@ -482,24 +474,18 @@ def _hgemm2_block(sorted_ids_ptr, a_ptr, pid_m, n, at, wp, sp, o_nb, o_b, pair, 
         _hgemm2_tile(ra, ra, wp, sp, o_nb, o_b, pa, ma, pa, ma, e, offs_n, nmask, b_ptr, tw_ptr, out_ptr, K, N,
                      K_SPLIT, k_lo, stride_be, stride_ot, stride_os, HAS_BIAS, BLOCK_N, TAIL_T, BLOCK_K, DTYPE,
                      ASM, FACT, EVEN=EVEN, ROT=ROT)
+    elif DUAL == 2 and n <= TAIL_T + TAIL_T // 4:
+        _hgemm2_two(sorted_ids_ptr, a_ptr, pid_m * BLOCK_T, wp, sp, o_nb, o_b, e, offs_n, nmask, offs_k, b_ptr, tw_ptr,
+                    out_ptr, num_pairs, K, N, K_SPLIT, k_lo, stride_at, stride_be, stride_ot, stride_os, HAS_BIAS,
+                    BLOCK_N, TAIL_T, TAIL_T // 4, BLOCK_K, DTYPE, ASM, FACT, EVEN, ROT)
+    elif DUAL > 0 and n <= TAIL_T + TAIL_T // 2:
+        _hgemm2_two(sorted_ids_ptr, a_ptr, pid_m * BLOCK_T, wp, sp, o_nb, o_b, e, offs_n, nmask, offs_k, b_ptr, tw_ptr,
+                    out_ptr, num_pairs, K, N, K_SPLIT, k_lo, stride_at, stride_be, stride_ot, stride_os, HAS_BIAS,
+                    BLOCK_N, TAIL_T, TAIL_T // 2, BLOCK_K, DTYPE, ASM, FACT, EVEN, ROT)
     else:
-        if DUAL:  # up to 1.5 TAIL_T pairs: [rows, TAIL_T] and [rows, TAIL_T / 2] tiles (DUAL 2: TAIL_T / 4 first)
-            if DUAL == 2 and n <= TAIL_T + TAIL_T // 4:
-                _hgemm2_two(sorted_ids_ptr, a_ptr, pid_m * BLOCK_T, wp, sp, o_nb, o_b, e, offs_n, nmask, offs_k, b_ptr,
-                            tw_ptr, out_ptr, num_pairs, K, N, K_SPLIT, k_lo, stride_at, stride_be, stride_ot, stride_os,
-                            HAS_BIAS, BLOCK_N, TAIL_T, TAIL_T // 4, BLOCK_K, DTYPE, ASM, FACT, EVEN, ROT)
-            elif n <= TAIL_T + TAIL_T // 2:
-                _hgemm2_two(sorted_ids_ptr, a_ptr, pid_m * BLOCK_T, wp, sp, o_nb, o_b, e, offs_n, nmask, offs_k, b_ptr,
-                            tw_ptr, out_ptr, num_pairs, K, N, K_SPLIT, k_lo, stride_at, stride_be, stride_ot, stride_os,
-                            HAS_BIAS, BLOCK_N, TAIL_T, TAIL_T // 2, BLOCK_K, DTYPE, ASM, FACT, EVEN, ROT)
-            else:
-                _hgemm2_tile(at, at, wp, sp, o_nb, o_b, pair, tmask, pair, tmask, e, offs_n, nmask, b_ptr,
-                             tw_ptr, out_ptr, K, N, K_SPLIT, k_lo, stride_be, stride_ot, stride_os, HAS_BIAS,
-                             BLOCK_N, BLOCK_T, BLOCK_K, DTYPE, ASM, FACT, EVEN=EVEN, ROT=ROT)
-        else:
-            _hgemm2_tile(at, at, wp, sp, o_nb, o_b, pair, tmask, pair, tmask, e, offs_n, nmask, b_ptr, tw_ptr,
-                         out_ptr, K, N, K_SPLIT, k_lo, stride_be, stride_ot, stride_os, HAS_BIAS, BLOCK_N,
-                         BLOCK_T, BLOCK_K, DTYPE, ASM, FACT, EVEN=EVEN, ROT=ROT)
+        _hgemm2_tile(at, at, wp, sp, o_nb, o_b, pair, tmask, pair, tmask, e, offs_n, nmask, b_ptr, tw_ptr, out_ptr, K,
+                     N, K_SPLIT, k_lo, stride_be, stride_ot, stride_os, HAS_BIAS, BLOCK_N, BLOCK_T, BLOCK_K, DTYPE,
+                     ASM, FACT, EVEN=EVEN, ROT=ROT)
 
 
 @triton.jit
