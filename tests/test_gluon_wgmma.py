@@ -52,7 +52,20 @@ JOBS = [
     ("wg_gemm2", dict(KB=2, BT=32, TAIL=16, ROWS=64, STAGES=3, HAS_BIAS=False), 0, None),
     # GEMM2's words through the intermediate tile's ring (wgmma2_ring) on 32-pair blocks
     ("wg_gemm2", dict(KB=2, BT=32, TAIL=16, ROWS=128, STAGES=3, HAS_BIAS=False, RING=True), 0, "k3"),
+    # two tiles a block (wgmma_dual): 32 + 8 and 32 + 16 on 64-pair blocks, 16 + 8 on 32-pair ones
+    ("wg_gemm1", dict(KB=2, BT=64, TAIL=32, STAGES=2, RING=True, DUAL=2, **_ACT), 168, "dsv3"),
+    ("wg_gemm1", dict(KB=2, BT=32, TAIL=16, STAGES=3, RING=True, DUAL=1, **_ACT), 0, "k3"),
+    ("wg_gemm2", dict(KB=2, BT=64, TAIL=32, ROWS=128, STAGES=3, HAS_BIAS=False, RING=True, DUAL=2), 0, "dsv3"),
 ]
+
+
+def _widths(consts: dict) -> list[tuple[int, ...]]:
+    """The tiles of each K loop the kernel compiles: the block's width, the tail's, and the two-tile forms."""
+    bt, tail, dual = consts["BT"], consts["TAIL"], consts.get("DUAL", 0)
+    out = [(bt,)] + ([(tail,)] if tail else [])
+    if tail and dual:
+        out += [(tail, tail // 2)] + ([(tail, tail // 4)] if dual == 2 else [])
+    return out
 
 
 def _tools_available() -> bool:
@@ -79,10 +92,15 @@ def test_kernel_compiles_with_warpgroup_mmas_and_no_spills(compiled, job):
     gate_up = 2 if name == "wg_gemm1" else 1
     rows = consts.get("ROWS", 64)
     k_loops = [(n, ops) for n, ops in loops if ops.get("HGMMA")]
-    assert len(k_loops) == (2 if consts["TAIL"] else 1), loops  # one K loop a tile width
+    widths = _widths(consts)
+    assert len(k_loops) == len(widths), loops  # one K loop a tile form
+    mma_widths = sorted(len(w) for w in widths)
+    assert sorted(ops["HGMMA"] // (gate_up * 8 * rows // 64) for _, ops in k_loops) == mma_widths, k_loops
     for n, ops in k_loops:
-        assert ops["HGMMA"] == gate_up * 8 * rows // 64, ops  # 128 codes: 8 k16 MMAs a matrix and 64 rows
-        assert ops.get("WARPGROUP", 0) <= 2 * gate_up, ops  # a fence a matrix and a wait, not one a k16 MMA
+        assert ops["HGMMA"] % (gate_up * 8 * rows // 64) == 0, ops  # 128 codes: 8 k16 MMAs a matrix, 64 rows, tile
+        tiles = ops["HGMMA"] // (gate_up * 8 * rows // 64)
+        assert ops.get("WARPGROUP", 0) <= (tiles + 1) * gate_up, ops  # a fence a matrix and tile and a wait, not
+        # one a k16 MMA
         if consts.get("RING"):  # weights and x by cp.async, the words read back once a step (no other shared-memory
             # traffic: no stores)
             assert ops.get("LDGSTS", 0) >= 8 and "LDG" not in ops and "STS" not in ops, ops

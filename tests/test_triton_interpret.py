@@ -604,3 +604,27 @@ def test_hopper_two_tiles_in_quarter_steps():
     assert rel_err(out, run(cfg)) < 1e-6
     with pytest.raises(RuntimeInputError, match="dual 2 needs tail_t of 64"):
         run(dataclasses.replace(cfg, block_t=64, tail_t=32, dual=2))
+
+
+def test_gluon_two_tiles_are_checked_before_launch():
+    # wgmma_dual (gluon_wgmma's GEMMs in two tiles a block, second tiles down to 8 pairs) needs the ring forms and a
+    # tail that leaves 8-pair second tiles; refused before any launch. Where gluon_wgmma cannot run (this
+    # interpreter), the hopper_mma kernels take the block with their own tiles.
+    T, k, E, H, I = 48, 2, 4, 256, 128
+    ids = torch.stack([torch.arange(T) % 2, 2 + torch.arange(T) % 2], dim=1).to(torch.int64)
+    x, w13, s13, w2, s2, tw, ids, _, _ = make_problem(14, T, H, I, E, k, ids=ids)
+    ref = reference(x, w13, s13, w2, s2, tw, ids, "silu", {})
+    cfg = triton_moe.MoEConfig(block_t=64, block_n1=64, block_n2=64, block_k=64, tail_t=32, dual=1, wgmma1=1,
+                               wgmma1_ring=1, wgmma_dual=2)
+    run = lambda c: triton_moe.fused_moe_triton(x, *_hopper(w13, s13, w2, s2), tw, ids, activation="silu",  # noqa: E731
+                                                activation_params={}, config=c, layout=HOP)
+    assert rel_err(run(cfg), ref) < 1e-5
+    with pytest.raises(RuntimeInputError, match="wgmma_dual needs gluon_wgmma's ring forms"):
+        run(dataclasses.replace(cfg, wgmma1_ring=0))
+    with pytest.raises(RuntimeInputError, match="wgmma_dual needs gluon_wgmma's ring forms"):
+        run(dataclasses.replace(cfg, wgmma2=1))
+    with pytest.raises(RuntimeInputError, match="wgmma_dual 2 needs tail_t of 32 or more"):
+        run(dataclasses.replace(cfg, block_t=32, tail_t=16, dual=0))
+    with pytest.raises(RuntimeInputError, match="wgmma_dual 2 needs tail_t2 of 32 or more"):
+        run(dataclasses.replace(cfg, wgmma2=1, wgmma2_ring=1, tail_t2=16, dual=0))
+    assert rel_err(run(dataclasses.replace(cfg, block_t=32, tail_t=16, dual=0, wgmma_dual=1)), ref) < 1e-5

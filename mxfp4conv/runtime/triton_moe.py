@@ -234,6 +234,10 @@ class MoEConfig:
     wgmma2: int = 0
     wgmma2_rows: int = 128
     wgmma2_ring: int = 0
+    # with tail_t, gluon_wgmma's GEMMs (the ring forms) in two tiles a block as `dual` sets for the hopper_mma kernels
+    # (0 off, 1 or 2): warpgroup MMAs take 8-wide tiles, so 2 runs where tail_t is 32 too, [rows, 32] + [rows, 8]
+    # (the 8-wide tl.dot is not usable there: see `dual`)
+    wgmma_dual: int = 0
 
 
 def layout_of(layout: Mapping[str, str]) -> str | None:
@@ -1226,7 +1230,8 @@ def _wgmma_gemm1(x, w13, w13_scale, w13_bias, act, cfg, r, num_pairs, top_k, i_p
         r.b13 if w13_bias is not None else r.inter, r.inter, num_pairs, top_k, x.shape[1], i_pad, act["p0"], act["p1"],
         KB=2, BT=cfg.block_t, TAIL=cfg.tail_t, STAGES=cfg.wgmma1_stages, ACT=act["ACT"], HAS_LIMIT=act["HAS_LIMIT"],
         HAS_LINEAR=act["HAS_LINEAR"], HAS_BIAS=w13_bias is not None, OVERLAP={1: 0, 2: 3, 3: 2}.get(cfg.wgmma1, 3),
-        EARLY=bool(cfg.wgmma1_early), RING=bool(cfg.wgmma1_ring), WPTX=ptx, num_warps=4,
+        EARLY=bool(cfg.wgmma1_early), RING=bool(cfg.wgmma1_ring), WPTX=ptx,
+        DUAL=cfg.wgmma_dual if cfg.tail_t else 0, num_warps=4,
         **({"maxnreg": cap} if cap else {}))
     return True
 
@@ -1236,11 +1241,12 @@ def _wgmma_gemm2(w2, w2_scale, w2_bias, cfg, r, num_pairs, H, i_pad, max_blocks,
     once launched."""
     gluon_wgmma, words, ptx = _wgmma_parts(rot)
     rows = cfg.wgmma2_rows
+    tail = cfg.tail_t if cfg.tail_t2 < 0 else cfg.tail_t2
     gluon_wgmma.wg_gemm2[(H // rows, max_blocks)](
         words(w2), words(w2_scale), r.inter, r.sorted_ids, r.block_expert, r.num_post_pad,
         r.b2 if w2_bias is not None else r.tw, r.tw, r.pair_out, num_pairs, i_pad, H, KB=2, BT=cfg.block_t,
-        TAIL=cfg.tail_t if cfg.tail_t2 < 0 else cfg.tail_t2, ROWS=rows, STAGES=3, HAS_BIAS=w2_bias is not None,
-        RING=bool(cfg.wgmma2_ring), WPTX=ptx, num_warps=4)
+        TAIL=tail, ROWS=rows, STAGES=3, HAS_BIAS=w2_bias is not None, RING=bool(cfg.wgmma2_ring), WPTX=ptx,
+        DUAL=cfg.wgmma_dual if tail else 0, num_warps=4)
     return True
 
 
@@ -1271,6 +1277,14 @@ def _hopper_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13
         if cfg.dual and t and t < (64 if quarter else 32):
             raise RuntimeInputError(f"fused_moe_triton: dual{' 2' if quarter else ''} needs {name} of "
                                     f"{64 if quarter else 32} or more (second tiles of at least 16 pairs), got {t}.")
+    if cfg.wgmma_dual and ((cfg.wgmma1 and not cfg.wgmma1_ring) or (cfg.wgmma2 and not cfg.wgmma2_ring)):
+        raise RuntimeInputError("fused_moe_triton: wgmma_dual needs gluon_wgmma's ring forms (wgmma1_ring and "
+                                "wgmma2_ring 1 where wgmma1 / wgmma2 are asked for).")
+    for (name, t), on in zip(tails, (cfg.wgmma1, cfg.wgmma2)):
+        if on and cfg.wgmma_dual and t and t < (32 if cfg.wgmma_dual == 2 else 16):
+            raise RuntimeInputError(f"fused_moe_triton: wgmma_dual {cfg.wgmma_dual} needs {name} of "
+                                    f"{32 if cfg.wgmma_dual == 2 else 16} or more (second tiles of at least 8 pairs), "
+                                    f"got {t}.")
     for name, a, t in (("absorb", cfg.absorb, tails[0][1]), ("absorb2", cfg.absorb2, tails[1][1])):
         if a and t and (a < 16 or a & (a - 1) or a > t):
             raise RuntimeInputError(
