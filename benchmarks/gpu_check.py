@@ -223,12 +223,15 @@ def hopper_variants(T, H, I, k, E):
     # GEMM1 in gluon_wgmma's kernel where the default runs moe_hgemm1_kernel, and the other way (where it runs:
     # expert blocks of up to 64 pairs, bf16 x), its words through the ring or straight into registers
     out.append(("wgmma1", dataclasses.replace(default, wgmma1=0 if default.wgmma1 else 1)))
-    out.append(("wgmma1", dataclasses.replace(default, wgmma1=1, wgmma1_ring=1 - default.wgmma1_ring)))
+    out.append(("wgmma1", dataclasses.replace(default, wgmma1=1, wgmma1_ring=1 - default.wgmma1_ring, wgmma1_stages=3,
+                                              wgmma_dual=0 if default.wgmma1_ring else default.wgmma_dual)))
     if default.tail_t >= 16 and default.block_t <= 64:  # gluon_wgmma's ring forms in two tiles a block (wgmma_dual:
-        # 8-pair second tiles where tail_t is 32), GEMM1 alone and both GEMMs
-        ring1 = dataclasses.replace(default, wgmma1=1, wgmma1_ring=1, wgmma_dual=2 if default.tail_t >= 32 else 1)
-        out.append(("wgdual", ring1))
-        out.append(("wgdual", dataclasses.replace(ring1, wgmma2=1, wgmma2_ring=1)))
+        # 8-pair second tiles where tail_t is 32): GEMM1's switched the other way from the default's, and both GEMMs'
+        on = 2 if default.tail_t >= 32 else 1
+        out.append(("wgdual", dataclasses.replace(default, wgmma1=1, wgmma1_ring=1,
+                                                  wgmma_dual=0 if default.wgmma_dual else on)))
+        out.append(("wgdual", dataclasses.replace(default, wgmma1=1, wgmma1_ring=1, wgmma2=1, wgmma2_ring=1,
+                                                  wgmma_dual=on)))
     if T > 1:  # the other align (many programs below ALIGN_GRID_PAIRS, one program from it)
         out.append(("align", dataclasses.replace(default, align=int(T * k < ALIGN_GRID_PAIRS))))
     if pairs_take(default, T, T * k, E):  # the Gluon kernels take these tokens where they can: the variants above on

@@ -122,8 +122,9 @@ def test_the_forms_select_config_asks_for_are_compiled_here():
         for T in (64, 128, 256, 384, 512, 640, 768, 896, 1024, 1280, 1536, 2048, 3072, 4096):
             cfg = M.select_config(T * k, E, H, I, "hopper_mma_xor")
             if cfg.wgmma1:
-                asked.add((cfg.block_t, cfg.tail_t, cfg.wgmma1_stages, bool(cfg.wgmma1_ring), bool(cfg.wgmma1_early)))
+                asked.add((cfg.block_t, cfg.tail_t, cfg.wgmma1_stages, bool(cfg.wgmma1_ring), bool(cfg.wgmma1_early),
+                           cfg.wgmma_dual))
     assert asked  # the default runs it somewhere
-    jobs = {(c["BT"], c["TAIL"], c["STAGES"], bool(c.get("RING")), bool(c.get("EARLY"))) for n, c, _, _ in JOBS
-            if n == "wg_gemm1"}
+    jobs = {(c["BT"], c["TAIL"], c["STAGES"], bool(c.get("RING")), bool(c.get("EARLY")), c.get("DUAL", 0))
+            for n, c, _, _ in JOBS if n == "wg_gemm1"}
     assert asked <= jobs, asked - jobs

@@ -559,6 +559,19 @@ def test_quarter_tiles_where_measured():
             assert cfg.dual != 2 or cfg.tail_t >= 64
 
 
+def test_gluon_two_tiles_where_measured():
+    # GEMM1 in gluon_wgmma's ring with 32 + 8 and 32 + 16 tiles (wgmma_dual 2) on DSV3-like 64-pair blocks from 32
+    # pairs an expert, where an H100 timed it faster; not at T = 896 (within the spread) nor on K3-like 64-pair blocks
+    # (short GEMM2 rows: slower). GEMM2 stays in moe_hgemm2_kernel (docs/performance.md)
+    pick = lambda T, shape: triton_moe.select_config(T * shape[3], shape[2], shape[0], shape[1], HOP)  # noqa: E731
+    dsv3, k3 = (7168, 2048, 256, 8), (3584, 384, 896, 16)
+    cfgs = [pick(T, dsv3) for T in (768, 896, 1024, 1280, 1536, 1792)]
+    assert [c.wgmma_dual for c in cfgs] == [0, 0, 2, 2, 2, 0]
+    assert all((c.wgmma1, c.wgmma1_ring, c.wgmma1_stages, c.wgmma2, c.block_t, c.tail_t) == (1, 1, 2, 0, 64, 32)
+               for c in cfgs[2:5])
+    assert [pick(T, k3).wgmma_dual for T in (512, 1024, 1536, 2048)] == [0, 0, 0, 0]
+
+
 def test_hopper_two_tiles_for_blocks_up_to_one_and_a_half_tails():
     # dual: a block of more than tail_t but at most 1.5 tail_t pairs runs [rows, tail_t] and
     # [rows, tail_t / 2] tiles on the same decoded weights. 64-pair blocks, tail_t 32: expert 0 has

@@ -217,7 +217,8 @@ class MoEConfig:
     # 1.057-1.059x (sustained at the power limit 1.004x / 1.012x, DSV3-like T = 768 / K3-like T = 1024); on an H100
     # 1.010-1.031x. Of moe_hgemm1_kernel's time, on 64-pair blocks the ring (2 stages) took 0.985-1.012 on an H200,
     # the words into registers (3, early) 0.971-0.999 there but 1.002-1.042 on an H100; on 16-pair blocks the ring
-    # 0.994-1.001 (H100): those keep moe_hgemm1_kernel (docs/performance.md, "GEMM1 of 32-pair blocks in gluon_wgmma")
+    # 0.994-1.001 (H100): those keep moe_hgemm1_kernel (docs/performance.md, "GEMM1 of 32-pair blocks in gluon_wgmma"),
+    # 64-pair ones but where the ring takes 8-pair second tiles too (wgmma_dual, below)
     # The ring over two warpgroups was bit-equal and slower on an H100: gate rows in one, up rows in the other (commit
     # 9fc51ce) 1.04-1.07x on 64-pair blocks, 1.00-1.02x on 32-pair ones capped at 80 registers; 128 rows a program on
     # one x tile (commit b9c8b36), capped at 128, on 64-pair blocks 0.97-0.99x on one H100 and 1.01-1.07x on another,
@@ -236,7 +237,8 @@ class MoEConfig:
     wgmma2_ring: int = 0
     # with tail_t, gluon_wgmma's GEMMs (the ring forms) in two tiles a block as `dual` sets for the hopper_mma kernels
     # (0 off, 1 or 2): warpgroup MMAs take 8-wide tiles, so 2 runs where tail_t is 32 too, [rows, 32] + [rows, 8]
-    # (the 8-wide tl.dot is not usable there: see `dual`)
+    # (the 8-wide tl.dot is not usable there: see `dual`). select_config asks for it on GEMM1 of DSV3-like 64-pair
+    # blocks (docs/performance.md, "32 + 8 tiles in gluon_wgmma"); GEMM2 in it as well was no faster on an H100
     wgmma_dual: int = 0
 
 
@@ -316,9 +318,14 @@ def select_config(num_pairs: int, num_experts: int, hidden: int, inter: int, lay
         if short and bt < 64:
             rows2 = 4 if per_expert > 1.05 else 3 if num_pairs * triton.cdiv(hidden, 128) >= 3 * _TARGET_PROGRAMS else 1
         # GEMM1 of 32-pair blocks in gluon_wgmma where it can run (wgmma1_runs): warpgroup MMAs, the words and x
-        # through a cp.async ring 3 stages deep (MoEConfig.wgmma1 says what was measured, and why 16- and 64-pair
-        # blocks keep moe_hgemm1_kernel)
+        # through a cp.async ring 3 stages deep (MoEConfig.wgmma1 says what was measured, and why 16-pair blocks
+        # keep moe_hgemm1_kernel); of 64-pair ones from 32 pairs an expert where GEMM2's rows are long, the ring 2
+        # stages deep with 32 + 8 and 32 + 16 tiles (wgmma_dual 2): fewer empty slots through the MMAs. One H100,
+        # three runs, of moe_hgemm1_kernel's time: DSV3-like T = 1024 / 1280 / 1536 0.975-0.990 / 0.960-0.986 /
+        # 0.979-0.992 (T = 896 0.991-1.006, K3-like T = 1536 / 2048 1.021 / 1.003: left out)
         wgmma = dict(wgmma1=1, wgmma1_ring=1) if bt == 32 else {}
+        if bt == 64 and not short and per_expert >= 32:
+            wgmma = dict(wgmma1=1, wgmma1_ring=1, wgmma1_stages=2, wgmma_dual=2)
         return MoEConfig(block_t=bt, block_n1=64, block_n2=128, block_k=128, num_warps=4, num_stages=3, maxnreg=maxnreg,
                          rows2=rows2, maxnreg2=0 if rows2 > 1 else -1, rows_first1=1, rows_first2=1,
                          tail_t=tail, dual=int(tail >= 32), **wgmma)
