@@ -3,10 +3,12 @@
 loads its weight words straight into registers a step ahead (or through the x tile's ring) and decodes them into its
 A fragments (gluon_few_tokens' decode); the block's x tile comes into a ring of shared-memory stages by cp.async,
 from which the wgmmas read it. GEMM2 the same way over 64 or 128 rows of w2. A fifth fewer instructions a 128-code
-step than the hopper_mma kernels and bit-equal outputs. fused_moe_triton runs them where MoEConfig.wgmma1 / wgmma2
-ask: select_config asks for GEMM1 with the words through the ring on 32-pair blocks, where it is faster on an H200
-and an H100 (docs/performance.md, sections "GEMM1 of 32-pair blocks in gluon_wgmma" and "GEMM1 and GEMM2 in Gluon
-with warpgroup MMAs").
+step than the hopper_mma kernels and bit-equal outputs. A block may run as two tiles on the same decoded weights
+(DUAL), the second down to 8 pairs wide, which the hopper_mma kernels' tl.dot cannot take. fused_moe_triton runs them
+where MoEConfig.wgmma1 / wgmma2 ask: select_config asks for GEMM1 with the words through the ring on 32-pair blocks,
+where it is faster on an H200 and an H100, and with 32 + 8 tiles on DSV3-like 64-pair ones, faster on an H100
+(docs/performance.md, sections "32 + 8 tiles in gluon_wgmma", "GEMM1 of 32-pair blocks in gluon_wgmma" and "GEMM1
+and GEMM2 in Gluon with warpgroup MMAs").
 """
 
 from __future__ import annotations
