@@ -116,13 +116,14 @@ def wg_gemm1(w_ptr, s_ptr, x_ptr, sorted_ptr, bexp_ptr, npp_ptr, b_ptr, inter_pt
 
 @gluon.jit
 def _x_tile(x_ptr, slots_ptr, num_pairs, TOP_K, K, KB: gl.constexpr, BT: gl.constexpr):
-    """The pairs in slots slots_ptr[0:BT] (x's copy layout), their x pointers [64 KB, BT] at code 0 and their mask."""
+    """The pairs in slots slots_ptr[0:BT] (the copy layout), the pointers [64 KB, BT] at code 0 of their rows of x
+    (row pair // TOP_K: GEMM1's x, TOP_K 1: GEMM2's intermediate) and their mask."""
     XL: gl.constexpr = x_copy_layout(KB)
     pair_x = gl.load(slots_ptr + gl.arange(0, BT, layout=gl.SliceLayout(0, XL)))
     ok_x = pair_x < num_pairs
     tok = gl.where(ok_x, pair_x // TOP_K, 0)
     xk = gl.arange(0, 64 * KB, layout=gl.SliceLayout(1, XL))
-    x_ptrs = x_ptr + (tok[None, :] * K + xk[:, None])  # (int32 offsets: the caller checks T K < 2**31)
+    x_ptrs = x_ptr + (tok[None, :] * K + xk[:, None])  # (int32 offsets: the callers check rows K < 2**31)
     return pair_x, x_ptrs, ok_x[None, :] & (xk[:, None] >= 0)
 
 
@@ -146,21 +147,18 @@ def _wg_tile(w_ptr, s_ptr, x_ptr, slots_ptr, b_ptr, inter_ptr, e, rb, num_pairs,
         xs2 = gl.allocate_shared_memory(gl.bfloat16, [STAGES, S, BT2], x_shared_layout())
         acc_g, acc_u, acc_g2, acc_u2 = _ring_k_loop(w_ptr, s_ptr, x_ptrs, x_mask, xs, w_off, s_off, up_w, up_s, steps,
                                                     KB, BT, STAGES, WPTX, x_ptrs2, x_mask2, xs2, BT2)
-        async_copy.wait_group(0)
-        _wg_store(acc_g, acc_u, pair_x, b_ptr, inter_ptr, e, rb, num_pairs, I, p0, p1, BT, ACT, HAS_LIMIT, HAS_LINEAR,
-                  HAS_BIAS)
+    elif RING:
+        acc_g, acc_u, _, _ = _ring_k_loop(w_ptr, s_ptr, x_ptrs, x_mask, xs, w_off, s_off, up_w, up_s, steps, KB, BT,
+                                          STAGES, WPTX, x_ptrs, x_mask, xs, 0)
+    else:
+        acc_g, acc_u = _reg_k_loop(w_ptr, s_ptr, x_ptrs, x_mask, xs, w_off, s_off, up_w, up_s, steps, KB, BT, STAGES,
+                                   OVERLAP, EARLY, WPTX)
+    async_copy.wait_group(0)
+    _wg_store(acc_g, acc_u, pair_x, b_ptr, inter_ptr, e, rb, num_pairs, I, p0, p1, BT, ACT, HAS_LIMIT, HAS_LINEAR,
+              HAS_BIAS)
+    if BT2 > 0:
         _wg_store(acc_g2, acc_u2, pair_x2, b_ptr, inter_ptr, e, rb, num_pairs, I, p0, p1, BT2, ACT, HAS_LIMIT,
                   HAS_LINEAR, HAS_BIAS)
-    else:
-        if RING:
-            acc_g, acc_u, _, _ = _ring_k_loop(w_ptr, s_ptr, x_ptrs, x_mask, xs, w_off, s_off, up_w, up_s, steps, KB,
-                                              BT, STAGES, WPTX, x_ptrs, x_mask, xs, 0)
-        else:
-            acc_g, acc_u = _reg_k_loop(w_ptr, s_ptr, x_ptrs, x_mask, xs, w_off, s_off, up_w, up_s, steps, KB, BT,
-                                       STAGES, OVERLAP, EARLY, WPTX)
-        async_copy.wait_group(0)
-        _wg_store(acc_g, acc_u, pair_x, b_ptr, inter_ptr, e, rb, num_pairs, I, p0, p1, BT, ACT, HAS_LIMIT, HAS_LINEAR,
-                  HAS_BIAS)
 
 
 @gluon.jit
@@ -356,18 +354,6 @@ def wg_gemm2(w_ptr, s_ptr, a_ptr, sorted_ptr, bexp_ptr, npp_ptr, b_ptr, tw_ptr, 
 
 
 @gluon.jit
-def _a_tile(a_ptr, slots_ptr, num_pairs, K, KB: gl.constexpr, BT: gl.constexpr):
-    """The pairs in slots slots_ptr[0:BT] (the copy layout), their intermediate rows' pointers [64 KB, BT] at code 0
-    and their mask."""
-    XL: gl.constexpr = x_copy_layout(KB)
-    pair_x = gl.load(slots_ptr + gl.arange(0, BT, layout=gl.SliceLayout(0, XL)))
-    ok_x = pair_x < num_pairs
-    xk = gl.arange(0, 64 * KB, layout=gl.SliceLayout(1, XL))
-    x_ptrs = a_ptr + (gl.where(ok_x, pair_x, 0)[None, :] * K + xk[:, None])  # (int32: the caller checks pairs K)
-    return pair_x, x_ptrs, ok_x[None, :] & (xk[:, None] >= 0)
-
-
-@gluon.jit
 def _wg_tile2(w_ptr, s_ptr, a_ptr, slots_ptr, b_ptr, tw_ptr, out_ptr, e, rb, num_pairs, K, N, KB: gl.constexpr,
               BT: gl.constexpr, ROWS: gl.constexpr, STAGES: gl.constexpr, HAS_BIAS: gl.constexpr, RING: gl.constexpr,
               WPTX: gl.constexpr, BT2: gl.constexpr = 0):
@@ -375,27 +361,25 @@ def _wg_tile2(w_ptr, s_ptr, a_ptr, slots_ptr, b_ptr, tw_ptr, out_ptr, e, rb, num
     form): also a [ROWS, BT2] tile of the pairs in the next BT2 slots, on the same decoded weights."""
     S: gl.constexpr = 64 * KB
     NB: gl.constexpr = ROWS // 16
-    pair_x, x_ptrs, x_mask = _a_tile(a_ptr, slots_ptr, num_pairs, K, KB, BT)
+    pair_x, x_ptrs, x_mask = _x_tile(a_ptr, slots_ptr, num_pairs, 1, K, KB, BT)
     w_off, s_off = _offsets(K, NB, KB)
     xs = gl.allocate_shared_memory(gl.bfloat16, [STAGES, S, BT], x_shared_layout())
     steps = K // S
     if BT2 > 0:
         gl.static_assert(RING, "two tiles a block in the ring form only")
-        pair_x2, x_ptrs2, x_mask2 = _a_tile(a_ptr, slots_ptr + BT, num_pairs, K, KB, BT2)
+        pair_x2, x_ptrs2, x_mask2 = _x_tile(a_ptr, slots_ptr + BT, num_pairs, 1, K, KB, BT2)
         xs2 = gl.allocate_shared_memory(gl.bfloat16, [STAGES, S, BT2], x_shared_layout())
         acc, acc2 = _ring_k_loop2(w_ptr, s_ptr, x_ptrs, x_mask, xs, w_off, s_off, steps, KB, BT, ROWS, STAGES, WPTX,
                                   x_ptrs2, x_mask2, xs2, BT2)
-        async_copy.wait_group(0)
-        _wg_store2(acc, pair_x, b_ptr, tw_ptr, out_ptr, e, rb, num_pairs, N, BT, ROWS, HAS_BIAS)
-        _wg_store2(acc2, pair_x2, b_ptr, tw_ptr, out_ptr, e, rb, num_pairs, N, BT2, ROWS, HAS_BIAS)
+    elif RING:
+        acc, _ = _ring_k_loop2(w_ptr, s_ptr, x_ptrs, x_mask, xs, w_off, s_off, steps, KB, BT, ROWS, STAGES, WPTX,
+                               x_ptrs, x_mask, xs, 0)
     else:
-        if RING:
-            acc, _ = _ring_k_loop2(w_ptr, s_ptr, x_ptrs, x_mask, xs, w_off, s_off, steps, KB, BT, ROWS, STAGES, WPTX,
-                                   x_ptrs, x_mask, xs, 0)
-        else:
-            acc = _reg_k_loop2(w_ptr, s_ptr, x_ptrs, x_mask, xs, w_off, s_off, steps, KB, BT, ROWS, STAGES, WPTX)
-        async_copy.wait_group(0)
-        _wg_store2(acc, pair_x, b_ptr, tw_ptr, out_ptr, e, rb, num_pairs, N, BT, ROWS, HAS_BIAS)
+        acc = _reg_k_loop2(w_ptr, s_ptr, x_ptrs, x_mask, xs, w_off, s_off, steps, KB, BT, ROWS, STAGES, WPTX)
+    async_copy.wait_group(0)
+    _wg_store2(acc, pair_x, b_ptr, tw_ptr, out_ptr, e, rb, num_pairs, N, BT, ROWS, HAS_BIAS)
+    if BT2 > 0:
+        _wg_store2(acc2, pair_x2, b_ptr, tw_ptr, out_ptr, e, rb, num_pairs, N, BT2, ROWS, HAS_BIAS)
 
 
 @gluon.jit

@@ -1180,6 +1180,11 @@ def hopper_options(cfg: MoEConfig, T: int, num_pairs: int, cuda: bool) -> tuple[
     return direct, fused, pdl
 
 
+def gemm2_tail(cfg: MoEConfig) -> int:
+    """GEMM2's tail_t (MoEConfig.tail_t2, or tail_t where that is -1)."""
+    return cfg.tail_t if cfg.tail_t2 < 0 else cfg.tail_t2
+
+
 def hopper_constants(cfg: MoEConfig, T: int, top_k: int, H: int, i_pad: int, dtype, asm: bool, fact: int, acts: dict,
                      bias13: bool, bias2: bool, rot: int = 0) -> tuple[dict, dict, tuple[bool, bool, int]]:
     """The compile-time arguments of moe_hgemm1_kernel and moe_hgemm2_kernel for one call (all but
@@ -1187,7 +1192,7 @@ def hopper_constants(cfg: MoEConfig, T: int, top_k: int, H: int, i_pad: int, dty
     direct, fused, pdl = hopper_options(cfg, T, T * top_k, asm)
     rows2 = 1 if fused else max(1, cfg.rows2)
     tail = 0 if direct or fused else cfg.tail_t
-    tail2 = 0 if direct or fused or rows2 > 1 else cfg.tail_t if cfg.tail_t2 < 0 else cfg.tail_t2
+    tail2 = 0 if direct or fused or rows2 > 1 else gemm2_tail(cfg)
     common = dict(BLOCK_T=cfg.block_t, BLOCK_K=cfg.block_k, DTYPE=dtype, ASM=asm, FACT=fact, DIRECT=direct,
                   FUSED=fused, PDL=pdl, ROT=rot)
     c1 = dict(common, **acts, HAS_BIAS=bias13, BLOCK_N=cfg.block_n1, TAIL_T=tail, DUAL=cfg.dual if tail else 0,
@@ -1248,7 +1253,7 @@ def _wgmma_gemm2(w2, w2_scale, w2_bias, cfg, r, num_pairs, H, i_pad, max_blocks,
     once launched."""
     gluon_wgmma, words, ptx = _wgmma_parts(rot)
     rows = cfg.wgmma2_rows
-    tail = cfg.tail_t if cfg.tail_t2 < 0 else cfg.tail_t2
+    tail = gemm2_tail(cfg)
     gluon_wgmma.wg_gemm2[(H // rows, max_blocks)](
         words(w2), words(w2_scale), r.inter, r.sorted_ids, r.block_expert, r.num_post_pad,
         r.b2 if w2_bias is not None else r.tw, r.tw, r.pair_out, num_pairs, i_pad, H, KB=2, BT=cfg.block_t,
@@ -1274,24 +1279,23 @@ def _hopper_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13
         raise RuntimeInputError(
             f"fused_moe_triton: the hopper_mma kernels need block_k a multiple of 64 and block_n1/block_n2 "
             f"multiples of 16, got {cfg.block_k}, {cfg.block_n1}, {cfg.block_n2}.")
-    tails = (("tail_t", cfg.tail_t), ("tail_t2", cfg.tail_t if cfg.tail_t2 < 0 else cfg.tail_t2))
+    tails = (("tail_t", cfg.tail_t), ("tail_t2", gemm2_tail(cfg)))
     for name, t in tails:
         if t and (t < 16 or t & (t - 1) or t >= cfg.block_t):
             raise RuntimeInputError(
                 f"fused_moe_triton: {name} must be 0 or a power of two from 16 to below block_t ({cfg.block_t}), "
                 f"got {t}.")
-        quarter = cfg.dual == 2  # second tiles of tail_t / 4 pairs, else tail_t / 2: at least 16 (tl.dot's n16)
-        if cfg.dual and t and t < (64 if quarter else 32):
-            raise RuntimeInputError(f"fused_moe_triton: dual{' 2' if quarter else ''} needs {name} of "
-                                    f"{64 if quarter else 32} or more (second tiles of at least 16 pairs), got {t}.")
     if cfg.wgmma_dual and ((cfg.wgmma1 and not cfg.wgmma1_ring) or (cfg.wgmma2 and not cfg.wgmma2_ring)):
         raise RuntimeInputError("fused_moe_triton: wgmma_dual needs gluon_wgmma's ring forms (wgmma1_ring and "
                                 "wgmma2_ring 1 where wgmma1 / wgmma2 are asked for).")
-    for (name, t), on in zip(tails, (cfg.wgmma1, cfg.wgmma2)):
-        if on and cfg.wgmma_dual and t and t < (32 if cfg.wgmma_dual == 2 else 16):
-            raise RuntimeInputError(f"fused_moe_triton: wgmma_dual {cfg.wgmma_dual} needs {name} of "
-                                    f"{32 if cfg.wgmma_dual == 2 else 16} or more (second tiles of at least 8 pairs), "
-                                    f"got {t}.")
+    # two-tile blocks' second tiles (tail_t / 4 with 2, else tail_t / 2): tl.dot's at least 16 pairs wide, the
+    # warpgroup MMAs' 8 (gluon_wgmma, where asked for)
+    for (name, t), gluon in zip(tails, (cfg.wgmma1, cfg.wgmma2)):
+        for option, dual, least in (("dual", cfg.dual, 16), ("wgmma_dual", cfg.wgmma_dual if gluon else 0, 8)):
+            need = least * (4 if dual == 2 else 2)
+            if dual and t and t < need:
+                raise RuntimeInputError(f"fused_moe_triton: {option}{' 2' if dual == 2 else ''} needs {name} of "
+                                        f"{need} or more (second tiles of at least {least} pairs), got {t}.")
     for name, a, t in (("absorb", cfg.absorb, tails[0][1]), ("absorb2", cfg.absorb2, tails[1][1])):
         if a and t and (a < 16 or a & (a - 1) or a > t):
             raise RuntimeInputError(
