@@ -320,8 +320,8 @@ def select_config(num_pairs: int, num_experts: int, hidden: int, inter: int, lay
         # GEMM1 of 32-pair blocks in gluon_wgmma where it can run (wgmma1_runs): warpgroup MMAs, the words and x
         # through a cp.async ring 3 stages deep (MoEConfig.wgmma1 says what was measured, and why 16-pair blocks
         # keep moe_hgemm1_kernel); of 64-pair ones from 32 pairs an expert where GEMM2's rows are long, the ring 2
-        # stages deep with 32 + 8 and 32 + 16 tiles (wgmma_dual 2): fewer empty slots through the MMAs. One H100,
-        # three runs, of moe_hgemm1_kernel's time: DSV3-like T = 1024 / 1280 / 1536 0.975-0.990 / 0.960-0.986 /
+        # stages deep with 32 + 8 and 32 + 16 tiles (wgmma_dual 2): fewer empty slots through the MMAs. H100s,
+        # five runs, of moe_hgemm1_kernel's time: DSV3-like T = 1024 / 1280 / 1536 0.975-0.995 / 0.944-0.986 /
         # 0.979-0.992 (T = 896 0.991-1.006, K3-like T = 1536 / 2048 1.021 / 1.003: left out)
         wgmma = dict(wgmma1=1, wgmma1_ring=1) if bt == 32 else {}
         if bt == 64 and not short and per_expert >= 32:
