@@ -150,6 +150,10 @@ CASES = [
     # DSV3-like 128-pair blocks in 64-pair tiles, 64 + 32 or whole (and 64 + 16 with dual 2)
     ("dsv3 T2048 silu bias ragged", 2048, 7168, 2048, 256, 8, "silu", {}, True, torch.bfloat16, "ragged"),
     ("k3 T4096 silu ragged", 4096, 3584, 384, 896, 16, "silu", {}, False, torch.bfloat16, "ragged"),
+    # fp32 x on 128-pair blocks (64 pairs an expert: 64 + 16 tails; 128: an expert's last 32 pairs in its block
+    # before), two stages deep: three would need more shared memory than an sm_90 program may have
+    ("64-tiles prefill silu fp32 ragged", 256, 1088, 192, 8, 2, "silu", {}, False, torch.float32, "ragged"),
+    ("64-tiles prefill situ fp32", 512, 1088, 192, 8, 2, "situ", {"beta": 4.0, "linear_beta": 25.0}, False, torch.float32, "uniform"),
 ]
 
 
@@ -205,15 +209,20 @@ def hopper_variants(T, H, I, k, E):
         bt = max(32, default.block_t)
         out.append(("tail", dataclasses.replace(default, block_t=bt, tail_t=0 if default.tail_t else bt // 2, dual=0,
                                                 rows2=1)))
-        bt = max(64, default.block_t)  # and the two-tile blocks switched the other way (on: 64-pair blocks at least)
+        # and the two-tile blocks switched the other way (on: 64-pair blocks at least); blocks made larger than the
+        # default's drop its register cap, as select_config's do (a 96-register cap on 128-pair blocks with fp32 x
+        # is past what ptxas can allocate)
+        bt = max(64, default.block_t)
+        cap = dict(maxnreg=0, maxnreg2=-1) if bt > default.block_t else {}
         on = not (default.dual and default.tail_t >= 32)
-        out.append(("dual", dataclasses.replace(default, block_t=bt, tail_t=bt // 2, dual=1, rows2=1) if on
+        out.append(("dual", dataclasses.replace(default, block_t=bt, tail_t=bt // 2, dual=1, rows2=1, **cap) if on
                     else dataclasses.replace(default, dual=0)))
         # and two-tile blocks in quarter steps of tail_t (dual 2, 128-pair blocks at least: a [rows, tail_t / 4]
         # second tile too), or without them where the default has them
         bt = max(128, default.block_t)
+        cap = dict(maxnreg=0, maxnreg2=-1) if bt > default.block_t else {}
         out.append(("dual2", dataclasses.replace(default, dual=1) if default.dual == 2
-                    else dataclasses.replace(default, block_t=bt, tail_t=bt // 2, dual=2, rows2=1)))
+                    else dataclasses.replace(default, block_t=bt, tail_t=bt // 2, dual=2, rows2=1, **cap)))
     if not hopper_options(default, T, T * k, True)[1] and default.tail_t >= 16:  # an expert's last small block in
         # the program of its block before (absorb), switched the other way
         on = int(not (default.absorb or default.absorb2)) * 16

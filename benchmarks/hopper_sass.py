@@ -38,7 +38,8 @@ from mxfp4conv.runtime import triton_hopper_kernels as HK  # noqa: E402
 from mxfp4conv.runtime import triton_moe as M  # noqa: E402
 
 SHAPES = {"dsv3": (7168, 2048, 256, 8), "k3": (3584, 384, 896, 16)}
-PTR_TYPES = {"x_ptr": "*bf16", "a_ptr": "*bf16", "out_ptr": "*bf16", "y_ptr": "*bf16", "b_ptr": "*fp32",
+X_PTRS = ("x_ptr", "a_ptr", "out_ptr", "y_ptr")  # x, the intermediate, the pair outputs, y: x's element type
+PTR_TYPES = {"b_ptr": "*fp32",
              "part_ptr": "*fp32", "tw_ptr": "*fp32", "sorted_ids_ptr": "*i32", "block_expert_ptr": "*i32",
              "num_post_pad_ptr": "*i32", "ids_ptr": "*i32", "cnt_ptr": "*i32"}
 DIVISIBLE = {"K", "I_pad", "K_SPLIT", "N", "num_experts"}  # multiples of 16 in every real call
@@ -48,22 +49,28 @@ def _tool(name: str) -> str:
     return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", name)
 
 
-def compile_sass(fn, consts: dict, num_warps: int, num_stages: int, keep: str | None, tag: str,
-                 maxnreg: int | None = None) -> tuple[str, str]:
-    """(SASS text, registers / stack / shared memory) of ``fn`` for sm_90a with these compile-time arguments
-    (constexprs not in ``consts`` take their defaults, as at a launch)."""
+def compile_kernel(fn, consts: dict, num_warps: int, num_stages: int, maxnreg: int | None = None, x_type: str = "bf16"):
+    """``fn`` compiled for sm_90a with these compile-time arguments (constexprs not in ``consts`` take their
+    defaults, as at a launch) and x, the intermediate and the outputs of element type ``x_type``."""
     consts = _with_defaults(fn, consts)
     sig, attrs = {}, {}
     for i, name in enumerate(fn.arg_names):
         if name in consts:
             sig[name] = "constexpr"
             continue
-        sig[name] = PTR_TYPES.get(name, "*u8") if name.endswith("_ptr") else "fp32" if name in ("p0", "p1") else "i32"
+        ptr = f"*{x_type}" if name in X_PTRS else PTR_TYPES.get(name, "*u8")
+        sig[name] = ptr if name.endswith("_ptr") else "fp32" if name in ("p0", "p1") else "i32"
         if name.endswith("_ptr") or name in DIVISIBLE or name.startswith("stride_"):
             attrs[(i,)] = [["tt.divisibility", 16]]
     src = ASTSource(fn, sig, constexprs=consts, attrs=attrs)
     options = dict(num_warps=num_warps, num_stages=num_stages, **({"maxnreg": maxnreg} if maxnreg else {}))
-    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+
+
+def compile_sass(fn, consts: dict, num_warps: int, num_stages: int, keep: str | None, tag: str,
+                 maxnreg: int | None = None) -> tuple[str, str]:
+    """(SASS text, registers / stack / shared memory) of ``fn`` for sm_90a (``compile_kernel``, bf16 x)."""
+    kernel = compile_kernel(fn, consts, num_warps, num_stages, maxnreg)
     sass, res = _dump(kernel)
     if keep:
         os.makedirs(keep, exist_ok=True)
@@ -125,12 +132,13 @@ def loops(sass: str, least: int = 100) -> list[tuple[int, collections.Counter]]:
 
 
 def point_constants(shape: str, T: int, override: dict, layout: str = "hopper_mma_xor", act: str = "silu",
-                    act_params: dict | None = None):
-    """(config, GEMM1 and GEMM2 compile-time arguments) of a bf16 call with this activation (silu: no limit)."""
+                    act_params: dict | None = None, dtype=tl.bfloat16):
+    """(config, GEMM1 and GEMM2 compile-time arguments) of a call with x of ``dtype`` and this activation (silu: no
+    limit)."""
     H, I, E, k = SHAPES[shape]
     cfg = dataclasses.replace(M.select_config(T * k, E, H, I, layout), **override)
     acts = {n: v for n, v in M._activation_args(act, act_params).items() if n in ("ACT", "HAS_LIMIT", "HAS_LINEAR")}
-    c1, c2, (direct, fused, rows2) = M.hopper_constants(cfg, T, k, H, I, tl.bfloat16, True, cfg.factor_pairs, acts,
+    c1, c2, (direct, fused, rows2) = M.hopper_constants(cfg, T, k, H, I, dtype, True, cfg.factor_pairs, acts,
                                                         False, False, rot=HK.ORDER_IDS[M.HOPPER_ORDERS[layout]])
     (s1, _), _ = M.gemm_splits(cfg, T * k, E, H, I, direct, rows2)
     c1.update(SPLIT=s1 > 1, ROWS_FIRST=bool(cfg.rows_first1 and not fused))

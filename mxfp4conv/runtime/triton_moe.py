@@ -632,6 +632,17 @@ def _launch_options(cfg: MoEConfig, second: bool = False) -> dict:
     return launch
 
 
+def hopper_launch_options(cfg: MoEConfig, x_bytes: int, second: bool = False) -> dict:
+    """``_launch_options`` of moe_hgemm1_kernel (or, ``second``, moe_hgemm2_kernel) for x of ``x_bytes`` an element:
+    fp32 x on blocks of 128 pairs or more two stages deep, not three. Three stages of fp32 [128, block_k] tiles take
+    232-280 KiB of shared memory at select_config's prefill tiles, past the 227 KiB an sm_90 program may have (Triton
+    refuses the launch); two take 148-180 KiB (tests/test_hopper_shared_memory.py)."""
+    launch = _launch_options(cfg, second)
+    if x_bytes >= 4 and cfg.block_t >= 128:
+        launch["num_stages"] = min(launch["num_stages"], 2)
+    return launch
+
+
 def gemm_splits(cfg: MoEConfig, num_pairs: int, E: int, H: int, i_pad: int, direct: bool, rows2: int = 1):
     """((splits, K per split) of GEMM1, the same of GEMM2) of the tensor-core paths: the automatic
     counts size the grid from the blocks the align can make (one per pair with ``direct``)."""
@@ -1304,7 +1315,7 @@ def _hopper_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13
     x = x.contiguous()
     w13, w13_scale, w2, w2_scale = (t.contiguous() for t in (w13, w13_scale, w2, w2_scale))
     acts = dict(ACT=act["ACT"], HAS_LIMIT=act["HAS_LIMIT"], HAS_LINEAR=act["HAS_LINEAR"])
-    launch, launch2 = _launch_options(cfg), _launch_options(cfg, second=True)
+    launch, launch2 = (hopper_launch_options(cfg, x.element_size(), second) for second in (False, True))
     c1, c2, (direct, fused, rows2) = hopper_constants(cfg, T, top_k, H, i_pad, dtype, asm, fact, acts,
                                                       w13_bias is not None, w2_bias is not None, rot)
 
