@@ -209,20 +209,19 @@ def hopper_variants(T, H, I, k, E):
         bt = max(32, default.block_t)
         out.append(("tail", dataclasses.replace(default, block_t=bt, tail_t=0 if default.tail_t else bt // 2, dual=0,
                                                 rows2=1)))
-        # and the two-tile blocks switched the other way (on: 64-pair blocks at least); blocks made larger than the
-        # default's drop its register cap, as select_config's do (a 96-register cap on 128-pair blocks with fp32 x
-        # is past what ptxas can allocate)
-        bt = max(64, default.block_t)
-        cap = dict(maxnreg=0, maxnreg2=-1) if bt > default.block_t else {}
+        def halves(least, dual):  # blocks of at least `least` pairs in half-block tails; blocks made larger than the
+            # default's drop its register cap, as select_config's do (a 96-register cap on 128-pair blocks with
+            # fp32 x is past what ptxas can allocate)
+            bt = max(least, default.block_t)
+            cap = dict(maxnreg=0, maxnreg2=-1) if bt > default.block_t else {}
+            return dataclasses.replace(default, block_t=bt, tail_t=bt // 2, dual=dual, rows2=1, **cap)
+
+        # and the two-tile blocks switched the other way (on: 64-pair blocks at least)
         on = not (default.dual and default.tail_t >= 32)
-        out.append(("dual", dataclasses.replace(default, block_t=bt, tail_t=bt // 2, dual=1, rows2=1, **cap) if on
-                    else dataclasses.replace(default, dual=0)))
+        out.append(("dual", halves(64, 1) if on else dataclasses.replace(default, dual=0)))
         # and two-tile blocks in quarter steps of tail_t (dual 2, 128-pair blocks at least: a [rows, tail_t / 4]
         # second tile too), or without them where the default has them
-        bt = max(128, default.block_t)
-        cap = dict(maxnreg=0, maxnreg2=-1) if bt > default.block_t else {}
-        out.append(("dual2", dataclasses.replace(default, dual=1) if default.dual == 2
-                    else dataclasses.replace(default, block_t=bt, tail_t=bt // 2, dual=2, rows2=1, **cap)))
+        out.append(("dual2", dataclasses.replace(default, dual=1) if default.dual == 2 else halves(128, 2)))
     if not hopper_options(default, T, T * k, True)[1] and default.tail_t >= 16:  # an expert's last small block in
         # the program of its block before (absorb), switched the other way
         on = int(not (default.absorb or default.absorb2)) * 16
