@@ -8,9 +8,8 @@ from __future__ import annotations
 import pytest
 
 from mxfp4conv.runtime import triton_moe
+from layer_shapes import SHAPES
 from sm90_child import nvidia_tools, run_child
-
-SHAPES = {"dsv3": (7168, 2048, 256, 8), "k3": (3584, 384, 896, 16)}
 
 _COMPILE = r"""
 import json, sys

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from mxfp4conv.runtime import triton_moe
+from layer_shapes import SHAPES
 from sm90_child import nvidia_tools, run_child
 
 SM90_SHARED = 227 * 1024  # the most shared memory one program may have on sm_90
@@ -30,8 +31,6 @@ for shape, T, second, stages in json.loads(sys.argv[1]):
     out.append([shape, T, second, launch["num_stages"], k.metadata.shared])
 print("RESULT" + json.dumps(out))
 """
-
-SHAPES = {"dsv3": (7168, 2048, 256, 8), "k3": (3584, 384, 896, 16)}
 
 
 def test_fp32_prefill_takes_two_stages_and_bf16_three():

@@ -23,6 +23,7 @@ if os.environ.get("TRITON_INTERPRET") != "1":
 from mxfp4conv.codec import dequantize_mxfp4  # noqa: E402
 from mxfp4conv.errors import RuntimeInputError  # noqa: E402
 from mxfp4conv.runtime import triton_moe  # noqa: E402
+from layer_shapes import DSV3, K3  # noqa: E402
 
 
 def _act64(name, params, g, u):
@@ -193,7 +194,7 @@ def test_bad_inputs_raise_clear_errors():
     assert math.isfinite(float(call(x, w13, s13, w2, s2, tw, ids, activation="silu", activation_params={}).sum()))
 
 
-@pytest.mark.parametrize("H,I,E,k", [(7168, 2048, 256, 8), (3584, 384, 896, 16), (2880, 2880, 128, 4), (1024, 256, 64, 6),
+@pytest.mark.parametrize("H,I,E,k", [DSV3, K3, (2880, 2880, 128, 4), (1024, 256, 64, 6),
                                      (512, 128, 8, 2)])
 def test_one_token_gemm1_splits_keep_six_k_steps(H, I, E, k):
     # hopper_mma, one token: GEMM1's K splits are at least six block_k steps long (or there is one),
@@ -207,7 +208,7 @@ def test_one_token_gemm1_splits_keep_six_k_steps(H, I, E, k):
 
 
 @pytest.mark.parametrize("T", [2, 4, 8, 16, 32, 64])
-@pytest.mark.parametrize("H,I,E,k", [(3584, 384, 896, 16), (7168, 2048, 256, 8)], ids=["k3", "dsv3"])
+@pytest.mark.parametrize("H,I,E,k", [K3, DSV3], ids=["k3", "dsv3"])
 def test_short_gemm2_rows_take_several_row_tiles_once_there_are_programs_enough(T, H, I, E, k):
     # hopper_mma_rot, decode tiles: GEMM2 rows of at most 512 codes go several 128-row tiles a
     # program when one tile a program would give >= 3 * _TARGET_PROGRAMS programs (or past one
@@ -536,7 +537,7 @@ def test_absorb_where_measured():
     # past 96 pairs an expert (32-pair last-block tiles) GEMM1 absorbs up to 32 pairs, GEMM2 up to 16 where its rows
     # are short; below, off (the measured points, docs/performance.md)
     pick = lambda T, shape: triton_moe.select_config(T * shape[3], shape[2], shape[0], shape[1], HOP)  # noqa: E731
-    dsv3, k3 = (7168, 2048, 256, 8), (3584, 384, 896, 16)
+    dsv3, k3 = DSV3, K3
     assert [(pick(T, dsv3).absorb, pick(T, dsv3).absorb2) for T in (2048, 3072, 3584, 4096, 8192)] == [
         (0, 0), (0, 0), (32, 0), (32, 0), (32, 0)]
     assert [(pick(T, k3).absorb, pick(T, k3).absorb2) for T in (1024, 4096, 6144, 8192)] == [
@@ -550,7 +551,7 @@ def test_quarter_tiles_where_measured():
     # dual 2 (64 + 16 tiles) on the 64-pair tails of 128-pair prefill blocks, where it was timed faster; never on a
     # smaller tail, which it refuses (docs/performance.md)
     pick = lambda T, shape: triton_moe.select_config(T * shape[3], shape[2], shape[0], shape[1], HOP)  # noqa: E731
-    dsv3, k3 = (7168, 2048, 256, 8), (3584, 384, 896, 16)
+    dsv3, k3 = DSV3, K3
     assert [pick(T, dsv3).dual for T in (1024, 1536, 1792, 2048, 3072, 4096)] == [1, 1, 2, 2, 2, 0]
     assert [pick(T, k3).dual for T in (1024, 2048, 3072, 4096, 6144)] == [0, 1, 2, 2, 0]
     for T in (16, 64, 256, 512, 1024, 1536, 2048, 3072, 4096, 8192):
@@ -564,7 +565,7 @@ def test_gluon_two_tiles_where_measured():
     # pairs an expert, where an H100 timed it faster; not at T = 896 (within the spread) nor on K3-like 64-pair blocks
     # (short GEMM2 rows: slower). GEMM2 stays in moe_hgemm2_kernel (docs/performance.md)
     pick = lambda T, shape: triton_moe.select_config(T * shape[3], shape[2], shape[0], shape[1], HOP)  # noqa: E731
-    dsv3, k3 = (7168, 2048, 256, 8), (3584, 384, 896, 16)
+    dsv3, k3 = DSV3, K3
     cfgs = [pick(T, dsv3) for T in (768, 896, 1024, 1280, 1536, 1792)]
     assert [c.wgmma_dual for c in cfgs] == [0, 0, 2, 2, 2, 0]
     assert all((c.wgmma1, c.wgmma1_ring, c.wgmma1_stages, c.wgmma2, c.block_t, c.tail_t) == (1, 1, 2, 0, 64, 32)
