@@ -39,9 +39,8 @@ from mxfp4conv.runtime import triton_moe as M  # noqa: E402
 
 SHAPES = {"dsv3": (7168, 2048, 256, 8), "k3": (3584, 384, 896, 16)}
 X_PTRS = ("x_ptr", "a_ptr", "out_ptr", "y_ptr")  # x, the intermediate, the pair outputs, y: x's element type
-PTR_TYPES = {"b_ptr": "*fp32",
-             "part_ptr": "*fp32", "tw_ptr": "*fp32", "sorted_ids_ptr": "*i32", "block_expert_ptr": "*i32",
-             "num_post_pad_ptr": "*i32", "ids_ptr": "*i32", "cnt_ptr": "*i32"}
+PTR_TYPES = {"b_ptr": "*fp32", "part_ptr": "*fp32", "tw_ptr": "*fp32", "sorted_ids_ptr": "*i32",
+             "block_expert_ptr": "*i32", "num_post_pad_ptr": "*i32", "ids_ptr": "*i32", "cnt_ptr": "*i32"}
 DIVISIBLE = {"K", "I_pad", "K_SPLIT", "N", "num_experts"}  # multiples of 16 in every real call
 
 
@@ -58,8 +57,10 @@ def compile_kernel(fn, consts: dict, num_warps: int, num_stages: int, maxnreg: i
         if name in consts:
             sig[name] = "constexpr"
             continue
-        ptr = f"*{x_type}" if name in X_PTRS else PTR_TYPES.get(name, "*u8")
-        sig[name] = ptr if name.endswith("_ptr") else "fp32" if name in ("p0", "p1") else "i32"
+        if name.endswith("_ptr"):
+            sig[name] = f"*{x_type}" if name in X_PTRS else PTR_TYPES.get(name, "*u8")
+        else:
+            sig[name] = "fp32" if name in ("p0", "p1") else "i32"
         if name.endswith("_ptr") or name in DIVISIBLE or name.startswith("stride_"):
             attrs[(i,)] = [["tt.divisibility", 16]]
     src = ASTSource(fn, sig, constexprs=consts, attrs=attrs)

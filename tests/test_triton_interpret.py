@@ -533,30 +533,32 @@ def test_hopper_last_small_block_in_the_program_before(absorb, absorb2, split):
                                         config=dataclasses.replace(cfg, **bad), layout=HOP)
 
 
+def _pick(T, shape):
+    """select_config's choice for T tokens on a layer (H, I, E, k) in hopper_mma_rot."""
+    H, I, E, k = shape
+    return triton_moe.select_config(T * k, E, H, I, HOP)
+
+
 def test_absorb_where_measured():
     # past 96 pairs an expert (32-pair last-block tiles) GEMM1 absorbs up to 32 pairs, GEMM2 up to 16 where its rows
     # are short; below, off (the measured points, docs/performance.md)
-    pick = lambda T, shape: triton_moe.select_config(T * shape[3], shape[2], shape[0], shape[1], HOP)  # noqa: E731
-    dsv3, k3 = DSV3, K3
-    assert [(pick(T, dsv3).absorb, pick(T, dsv3).absorb2) for T in (2048, 3072, 3584, 4096, 8192)] == [
+    assert [(_pick(T, DSV3).absorb, _pick(T, DSV3).absorb2) for T in (2048, 3072, 3584, 4096, 8192)] == [
         (0, 0), (0, 0), (32, 0), (32, 0), (32, 0)]
-    assert [(pick(T, k3).absorb, pick(T, k3).absorb2) for T in (1024, 4096, 6144, 8192)] == [
+    assert [(_pick(T, K3).absorb, _pick(T, K3).absorb2) for T in (1024, 4096, 6144, 8192)] == [
         (0, 0), (0, 0), (32, 16), (32, 16)]
-    for T, shape in ((4096, dsv3), (8192, k3)):  # the widths fit the tails they absorb into
-        cfg = pick(T, shape)
+    for T, shape in ((4096, DSV3), (8192, K3)):  # the widths fit the tails they absorb into
+        cfg = _pick(T, shape)
         assert cfg.absorb <= cfg.tail_t and cfg.absorb2 <= (cfg.tail_t if cfg.tail_t2 < 0 else cfg.tail_t2)
 
 
 def test_quarter_tiles_where_measured():
     # dual 2 (64 + 16 tiles) on the 64-pair tails of 128-pair prefill blocks, where it was timed faster; never on a
     # smaller tail, which it refuses (docs/performance.md)
-    pick = lambda T, shape: triton_moe.select_config(T * shape[3], shape[2], shape[0], shape[1], HOP)  # noqa: E731
-    dsv3, k3 = DSV3, K3
-    assert [pick(T, dsv3).dual for T in (1024, 1536, 1792, 2048, 3072, 4096)] == [1, 1, 2, 2, 2, 0]
-    assert [pick(T, k3).dual for T in (1024, 2048, 3072, 4096, 6144)] == [0, 1, 2, 2, 0]
+    assert [_pick(T, DSV3).dual for T in (1024, 1536, 1792, 2048, 3072, 4096)] == [1, 1, 2, 2, 2, 0]
+    assert [_pick(T, K3).dual for T in (1024, 2048, 3072, 4096, 6144)] == [0, 1, 2, 2, 0]
     for T in (16, 64, 256, 512, 1024, 1536, 2048, 3072, 4096, 8192):
-        for shape in (dsv3, k3):
-            cfg = pick(T, shape)
+        for shape in (DSV3, K3):
+            cfg = _pick(T, shape)
             assert cfg.dual != 2 or cfg.tail_t >= 64
 
 
@@ -564,13 +566,11 @@ def test_gluon_two_tiles_where_measured():
     # GEMM1 in gluon_wgmma's ring with 32 + 8 and 32 + 16 tiles (wgmma_dual 2) on DSV3-like 64-pair blocks from 32
     # pairs an expert, where an H100 timed it faster; not at T = 896 (within the spread) nor on K3-like 64-pair blocks
     # (short GEMM2 rows: slower). GEMM2 stays in moe_hgemm2_kernel (docs/performance.md)
-    pick = lambda T, shape: triton_moe.select_config(T * shape[3], shape[2], shape[0], shape[1], HOP)  # noqa: E731
-    dsv3, k3 = DSV3, K3
-    cfgs = [pick(T, dsv3) for T in (768, 896, 1024, 1280, 1536, 1792)]
+    cfgs = [_pick(T, DSV3) for T in (768, 896, 1024, 1280, 1536, 1792)]
     assert [c.wgmma_dual for c in cfgs] == [0, 0, 2, 2, 2, 0]
     assert all((c.wgmma1, c.wgmma1_ring, c.wgmma1_stages, c.wgmma2, c.block_t, c.tail_t) == (1, 1, 2, 0, 64, 32)
                for c in cfgs[2:5])
-    assert [pick(T, k3).wgmma_dual for T in (512, 1024, 1536, 2048)] == [0, 0, 0, 0]
+    assert [_pick(T, K3).wgmma_dual for T in (512, 1024, 1536, 2048)] == [0, 0, 0, 0]
 
 
 def test_hopper_two_tiles_for_blocks_up_to_one_and_a_half_tails():
