@@ -2,10 +2,11 @@
 
 Where a call runs at the power limit (DSV3-like T = 1024 on the H200), its time is the energy it spends over the
 power the board may draw. The model here: no kernel reads the call's bytes for less energy than a plain read of as
-many bytes, nor does its bf16 math for less than cuBLAS's dense GEMM of as many FLOPs on operands like the layer's
-(fp4 values times e8m0 scales against random bf16 activations). This times, each sustained for --secs with nvidia-smi
-sampled every 100 ms (moe_power.py's method): the layer; a float32 sum over its model bytes (moe_bench.py's byte
-model); the [T k, H] x [H, 3 I] bf16 GEMM with its FLOPs; and the idle board. From them:
+many bytes like them (random, as the fp4 codes are), nor does its bf16 math for less than cuBLAS's dense GEMM of as
+many FLOPs on operands like the layer's (fp4 values times e8m0 scales against random bf16 activations). This times,
+each sustained for --secs with nvidia-smi sampled every 100 ms (moe_power.py's method): the layer; a float32 sum over
+as many random bytes as its model bytes (moe_bench.py's byte model), and beside it one over uniform floats in [0, 1);
+the [T k, H] x [H, 3 I] bf16 GEMM with its FLOPs; and the idle board. From them:
 
 - serial: read + GEMM one after the other, each at its own power;
 - shared: their energies with the idle power paid once while both would run, spent at the power limit
@@ -76,8 +77,13 @@ def main() -> int:
             mb = model_bytes(touched, T, H, I, k)
             sizes[shape, T] = mb
             yield f"{shape} T={T} layer", layer(shape, T, {}, gen, cache)
-            words, total = torch.empty(int(mb) // 4, device="cuda").uniform_(), torch.empty((), device="cuda")
-            yield f"{shape} T={T} read {mb / 1e9:.2f} GB", lambda: torch.sum(words, dim=0, out=total)
+            # the energy of a read depends on the bits it moves: the floor reads random bytes, as the layer's fp4
+            # codes are; uniform floats in [0, 1) (their high bits nearly constant) are read beside them
+            total = torch.empty((), device="cuda")
+            for what, words in (("random bytes", torch.empty(int(mb) // 4 * 4, dtype=torch.uint8, device="cuda")
+                                 .random_().view(torch.float32)),
+                                ("uniform floats", torch.empty(int(mb) // 4, device="cuda").uniform_())):
+                yield f"{shape} T={T} read {mb / 1e9:.2f} GB {what}", lambda w=words: torch.sum(w, dim=0, out=total)
             a = torch.randn(T * k, H, device="cuda", generator=gen).to(torch.bfloat16)
             b = mxfp4_like(3 * I, H, gen).t()
             c = torch.empty(T * k, 3 * I, device="cuda", dtype=torch.bfloat16)
@@ -94,7 +100,8 @@ def main() -> int:
     for shape, T in points:
         mb, pre = sizes[shape, T], f"{shape} T={T}"
         lay = mean[f"{pre} layer"]
-        read = next(v for n, v in mean.items() if n.startswith(f"{pre} read"))
+        read = next(v for n, v in mean.items() if n.startswith(f"{pre} read") and n.endswith("random bytes"))
+        read_uniform = next(v for n, v in mean.items() if n.startswith(f"{pre} read") and n.endswith("uniform floats"))
         gemm = next(v for n, v in mean.items() if n.startswith(f"{pre} bf16 GEMM"))
         H, I, _, k = SHAPES[shape]
         fl = floor(read, gemm, p_idle, p_limit)
@@ -102,7 +109,8 @@ def main() -> int:
         tflops = layer_flops(T, H, I, k) / gemm[0] * 1e-6
         rows = [("layer", lay[0], lay[0] * lay[1] * 1e-3),
                 (f"bf16 GEMM ({tflops:.0f} TFLOP/s)", gemm[0], gemm[0] * gemm[1] * 1e-3),
-                ("read", read[0], read[0] * read[1] * 1e-3),
+                ("read, random bytes", read[0], read[0] * read[1] * 1e-3),
+                ("read, uniform floats", read_uniform[0], read_uniform[0] * read_uniform[1] * 1e-3),
                 ("floor: read and GEMM serial", fl["serial"], float("nan")),
                 ("floor: shared at the limit", fl["shared"], pair_mj),
                 ("layer beyond the shared floor", float("nan"), lay[0] * lay[1] * 1e-3 - pair_mj)]
