@@ -36,8 +36,8 @@ from triton.compiler import ASTSource  # noqa: E402
 
 from mxfp4conv.runtime import triton_hopper_kernels as HK  # noqa: E402
 from mxfp4conv.runtime import triton_moe as M  # noqa: E402
+from moe_bench import SHAPES  # noqa: E402
 
-SHAPES = {"dsv3": (7168, 2048, 256, 8), "k3": (3584, 384, 896, 16)}
 X_PTRS = ("x_ptr", "a_ptr", "out_ptr", "y_ptr")  # x, the intermediate, the pair outputs, y: x's element type
 PTR_TYPES = {"b_ptr": "*fp32", "part_ptr": "*fp32", "tw_ptr": "*fp32", "sorted_ids_ptr": "*i32",
              "block_expert_ptr": "*i32", "num_post_pad_ptr": "*i32", "ids_ptr": "*i32", "cnt_ptr": "*i32"}

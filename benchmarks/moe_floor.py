@@ -93,6 +93,10 @@ def main() -> int:
     lines = [f"{torch.cuda.get_device_name()}; torch {torch.__version__}; copy bandwidth {copy_bw / 1e12:.2f} TB/s; "
              f"sustained {args.secs:.0f} s a configuration", *power_table(windows)]
     mean = {name: (us, mean_watts(sel)) for name, us, sel in windows}
+
+    def window(start: str, end: str = "") -> tuple[float, float]:  # (us, W) of the configuration named so
+        return next(v for n, v in mean.items() if n.startswith(start) and n.endswith(end))
+
     limit = power_limit(windows)
     p_idle, p_limit = mean["idle"][1], float("nan") if limit is None else limit
     lines.append(f"\nidle {p_idle:.0f} W, power limit {p_limit:.0f} W")
@@ -100,9 +104,8 @@ def main() -> int:
     for shape, T in points:
         mb, pre = sizes[shape, T], f"{shape} T={T}"
         lay = mean[f"{pre} layer"]
-        read = next(v for n, v in mean.items() if n.startswith(f"{pre} read") and n.endswith("random bytes"))
-        read_uniform = next(v for n, v in mean.items() if n.startswith(f"{pre} read") and n.endswith("uniform floats"))
-        gemm = next(v for n, v in mean.items() if n.startswith(f"{pre} bf16 GEMM"))
+        read, read_uniform = window(f"{pre} read", "random bytes"), window(f"{pre} read", "uniform floats")
+        gemm = window(f"{pre} bf16 GEMM")
         H, I, _, k = SHAPES[shape]
         fl = floor(read, gemm, p_idle, p_limit)
         pair_mj = (fl["shared"] * p_limit) * 1e-3
