@@ -4,9 +4,10 @@ Where a call runs at the power limit (DSV3-like T = 1024 on the H200), its time 
 power the board may draw. The model here: no kernel reads the call's bytes for less energy than a plain read of as
 many bytes like them (random, as the fp4 codes are), nor does its bf16 math for less than cuBLAS's dense GEMM of as
 many FLOPs on operands like the layer's (fp4 values times e8m0 scales against random bf16 activations). This times,
-each sustained for --secs with nvidia-smi sampled every 100 ms (moe_power.py's method): the layer; a float32 sum over
-as many random bytes as its model bytes (moe_bench.py's byte model), and beside it one over uniform floats in [0, 1);
-the [T k, H] x [H, 3 I] bf16 GEMM with its FLOPs; and the idle board. From them:
+each sustained for --secs with nvidia-smi sampled every 100 ms (moe_power.py's method): the layer, and the same call
+with every fp4 code byte 0x00 (what the weights' bits cost it); a float32 sum over as many random bytes as its model
+bytes (moe_bench.py's byte model), and beside it one over uniform floats in [0, 1); the [T k, H] x [H, 3 I] bf16 GEMM
+with its FLOPs; and the idle board. From them:
 
 - serial: read + GEMM one after the other, each at its own power;
 - shared: their energies with the idle power paid once while both would run, spent at the power limit
@@ -77,6 +78,8 @@ def main() -> int:
             mb = model_bytes(touched, T, H, I, k)
             sizes[shape, T] = mb
             yield f"{shape} T={T} layer", layer(shape, T, {}, gen, cache)
+            # the same call with every code byte 0x00: what the weights' bits cost it (DRAM, decode, MMA operands)
+            yield f"{shape} T={T} layer, codes 0x00", layer(shape, T, {}, gen, cache, fill=0)
             # the energy of a read depends on the bits it moves: the floor reads random bytes, as the layer's fp4
             # codes are; uniform floats in [0, 1) (their high bits nearly constant) are read beside them
             total = torch.empty((), device="cuda")
@@ -103,7 +106,7 @@ def main() -> int:
     lines.append(f"{'point':12} {'what':32} {'us':>8} {'% copy':>7} {'mJ':>7}")
     for shape, T in points:
         mb, pre = sizes[shape, T], f"{shape} T={T}"
-        lay = mean[f"{pre} layer"]
+        lay, lay_zero = mean[f"{pre} layer"], mean[f"{pre} layer, codes 0x00"]
         read, read_uniform = window(f"{pre} read", "random bytes"), window(f"{pre} read", "uniform floats")
         gemm = window(f"{pre} bf16 GEMM")
         H, I, _, k = SHAPES[shape]
@@ -111,6 +114,7 @@ def main() -> int:
         pair_mj = (fl["shared"] * p_limit) * 1e-3
         tflops = layer_flops(T, H, I, k) / gemm[0] * 1e-6
         rows = [("layer", lay[0], lay[0] * lay[1] * 1e-3),
+                ("layer, codes 0x00", lay_zero[0], lay_zero[0] * lay_zero[1] * 1e-3),
                 (f"bf16 GEMM ({tflops:.0f} TFLOP/s)", gemm[0], gemm[0] * gemm[1] * 1e-3),
                 ("read, random bytes", read[0], read[0] * read[1] * 1e-3),
                 ("read, uniform floats", read_uniform[0], read_uniform[0] * read_uniform[1] * 1e-3),
