@@ -19,6 +19,7 @@ uses the next copy and its own routing, so L2 never serves weights. Columns:
     python benchmarks/moe_bench.py --out DIR [--sweep] [--gemv-sweep] [--shapes dsv3,k3] [--tokens 1,8,...]
         [--layout hopper_mma_xor|hopper_mma_rot|hopper_mma] [--grid rows2|t1] [--no-baselines] [--random-layout] [--compile-workers N]
         [--before PKG.runtime.triton_moe [--before-layout L] --rounds 3] [--triton-kernels DIR] [--variants JSON]
+        [--codes random|zero]
 
 --before times another tree's default beside ours, interleaved round by round (the same config
 drifts by up to 10-15% over a run on the H200), e.g. the previous release copied under another
@@ -140,11 +141,17 @@ def weight_copies(H, I, E) -> int:
     return max(2, math.ceil(4.5e9 / (E * 3 * H * I * BPW)))
 
 
-def make_weights(H, I, E, gen):
+def make_weights(H, I, E, gen, codes="random"):
+    """Random fp4 code bytes and e8m0 scales 118-121 (Gaussian weights quantised by quantize_mxfp4 come near: their
+    codes hold 3.9 bits of entropy of 4 and set each bit 46-52% of the time); codes "zero": every code byte 0x00, the
+    scales as they are."""
     w13 = torch.randint(0, 256, (E, 2 * I, H // 2), device="cuda", dtype=torch.uint8, generator=gen)
     s13 = torch.randint(118, 122, (E, 2 * I, H // 32), device="cuda", dtype=torch.uint8, generator=gen)
     w2 = torch.randint(0, 256, (E, H, I // 2), device="cuda", dtype=torch.uint8, generator=gen)
     s2 = torch.randint(118, 122, (E, H, I // 32), device="cuda", dtype=torch.uint8, generator=gen)
+    if codes == "zero":
+        w13.zero_()
+        w2.zero_()
     return w13, s13, w2, s2
 
 
@@ -194,6 +201,7 @@ GRIDS = {"rows2": [dict(rows2=2), {}, dict(rows2=4), {}, dict(rows2=7), {}, dict
                 dict(maxnreg=96), dict(maxnreg=128), dict(block_n2=128, split_k2=1), dict(block_n2=128, split_k2=2),
                 dict(split_k2=2), {}, dict(pdl=0), dict(split_k1=2, num_stages=4), {}]}
 GRID = None  # set from --grid
+CODES = "random"  # set from --codes
 
 
 def sweep_for(layout, per_expert, T):
@@ -300,7 +308,7 @@ def bench_shape(name, tokens, copy_bw, sweep, rows, log, gemv_sweep=False, layou
     H, I, E, k = SHAPES[name]
     gen = torch.Generator(device="cuda").manual_seed(0)
     ncopies = weight_copies(H, I, E)
-    copies = [make_weights(H, I, E, gen) for _ in range(ncopies)]
+    copies = [make_weights(H, I, E, gen, CODES) for _ in range(ncopies)]
     if baselines:
         w13b = torch.empty(E, 2 * I, H, dtype=torch.bfloat16, device="cuda")
         w2b = torch.empty(E, H, I, dtype=torch.bfloat16, device="cuda")
@@ -538,9 +546,12 @@ def main() -> int:
                     help="directory holding OpenAI's triton_kernels package: timed beside ours (tk_moe.py)")
     ap.add_argument("--variants", default=None, help="JSON {T: [config overrides]} timed beside the default")
     ap.add_argument("--grid", default=None, choices=sorted(GRIDS), help="hopper_mma sweep grid instead of the default ones")
+    ap.add_argument("--codes", default="random", choices=["random", "zero"],
+                    help="zero: every fp4 code byte 0x00, the scales as they are: what the weights' bits cost a call "
+                         "where it runs at the power limit (the outputs are all zero)")
     args = ap.parse_args()
-    global GRID
-    GRID = args.grid
+    global GRID, CODES
+    GRID, CODES = args.grid, args.codes
     logf = open(f"{args.out}/moe_bench{'_compile' if args.compile_only else ''}.log", "w")
 
     def log(msg):
@@ -558,6 +569,8 @@ def main() -> int:
         return 0
     copy_bw = copy_bandwidth()
     log(f"{torch.cuda.get_device_name()} copy bandwidth {copy_bw / 1e12:.2f} TB/s; torch {torch.__version__}, triton {triton.__version__}")
+    if CODES != "random":
+        log(f"weights: every fp4 code byte 0x00 (--codes {CODES}), e8m0 scales 118-121")
     rows = []
     for name in args.shapes.split(","):
         warm_compile(name, tokens, args.sweep, args.layout, args.compile_workers, log, args.before,

@@ -79,7 +79,7 @@ def main() -> int:
             sizes[shape, T] = mb
             yield f"{shape} T={T} layer", layer(shape, T, {}, gen, cache)
             # the same call with every code byte 0x00: what the weights' bits cost it (DRAM, decode, MMA operands)
-            yield f"{shape} T={T} layer, codes 0x00", layer(shape, T, {}, gen, cache, fill=0)
+            yield f"{shape} T={T} layer, codes 0x00", layer(shape, T, {}, gen, cache, codes="zero")
             # the energy of a read depends on the bits it moves: the floor reads random bytes, as the layer's fp4
             # codes are; uniform floats in [0, 1) (their high bits nearly constant) are read beside them
             total = torch.empty((), device="cuda")

@@ -54,17 +54,17 @@ def sustained(fn, secs: float) -> tuple[float, float, float]:
     return t0, time.time(), e0.elapsed_time(e1) * 1e3 / calls
 
 
-def layer(shape: str, T: int, overrides: dict, gen, cache: dict, fill: int | None = None):
-    """One call of the layer (moe_bench.py's weights and routing) as a closure; the weights kept per shape. fill: every
-    fp4 code byte that value instead of random (the scales as they are), in copies the closure holds."""
+def layer(shape: str, T: int, overrides: dict, gen, cache: dict, codes: str = "random"):
+    """One call of the layer (moe_bench.py's weights and routing) as a closure; the weights kept per shape. codes
+    "zero": every fp4 code byte 0x00 (the scales as they are), in copies the closure holds."""
     H, I, E, k = SHAPES[shape]
     if shape not in cache:
         cache.clear()
         torch.cuda.empty_cache()
         cache[shape] = make_weights(H, I, E, gen)
     w13, s13, w2, s2 = cache[shape]
-    if fill is not None:
-        w13, w2 = torch.full_like(w13, fill), torch.full_like(w2, fill)
+    if codes == "zero":
+        w13, w2 = torch.zeros_like(w13), torch.zeros_like(w2)
     x = torch.randn(T, H, device="cuda", generator=gen).to(torch.bfloat16)
     ids, tw = routing(T, E, k, gen)
     cfg = dataclasses.replace(M.select_config(T * k, E, H, I, "hopper_mma_xor"), **overrides)
