@@ -7,7 +7,7 @@ many FLOPs on operands like the layer's (fp4 values times e8m0 scales against ra
 each sustained for --secs with nvidia-smi sampled every 100 ms (moe_power.py's method): the layer, and the same call
 with every fp4 code byte 0x00 (what the weights' bits cost it); a float32 sum over as many random bytes as its model
 bytes (moe_bench.py's byte model), and beside it one over uniform floats in [0, 1); the [T k, H] x [H, 3 I] bf16 GEMM
-with its FLOPs; and the idle board. From them:
+with its FLOPs, and again on a zero weight operand (what the values cost the math); and the idle board. From them:
 
 - serial: read + GEMM one after the other, each at its own power;
 - shared: their energies with the idle power paid once while both would run, spent at the power limit
@@ -91,6 +91,9 @@ def main() -> int:
             b = mxfp4_like(3 * I, H, gen).t()
             c = torch.empty(T * k, 3 * I, device="cuda", dtype=torch.bfloat16)
             yield f"{shape} T={T} bf16 GEMM [{T * k}, {H}] x [{H}, {3 * I}]", lambda: torch.mm(a, b, out=c)
+            # the same GEMM on a zero weight operand: what the weights' values cost the math alone
+            z = torch.zeros_like(b)
+            yield f"{shape} T={T} bf16 GEMM, weights 0", lambda: torch.mm(a, z, out=c)
 
     windows, _ = sampled(configs(), args.secs)
     lines = [f"{torch.cuda.get_device_name()}; torch {torch.__version__}; copy bandwidth {copy_bw / 1e12:.2f} TB/s; "
@@ -108,7 +111,7 @@ def main() -> int:
         mb, pre = sizes[shape, T], f"{shape} T={T}"
         lay, lay_zero = mean[f"{pre} layer"], mean[f"{pre} layer, codes 0x00"]
         read, read_uniform = window(f"{pre} read", "random bytes"), window(f"{pre} read", "uniform floats")
-        gemm = window(f"{pre} bf16 GEMM")
+        gemm, gemm_zero = window(f"{pre} bf16 GEMM ["), window(f"{pre} bf16 GEMM, weights 0")
         H, I, _, k = SHAPES[shape]
         fl = floor(read, gemm, p_idle, p_limit)
         pair_mj = (fl["shared"] * p_limit) * 1e-3
@@ -116,6 +119,7 @@ def main() -> int:
         rows = [("layer", lay[0], lay[0] * lay[1] * 1e-3),
                 ("layer, codes 0x00", lay_zero[0], lay_zero[0] * lay_zero[1] * 1e-3),
                 (f"bf16 GEMM ({tflops:.0f} TFLOP/s)", gemm[0], gemm[0] * gemm[1] * 1e-3),
+                ("bf16 GEMM, weights 0", gemm_zero[0], gemm_zero[0] * gemm_zero[1] * 1e-3),
                 ("read, random bytes", read[0], read[0] * read[1] * 1e-3),
                 ("read, uniform floats", read_uniform[0], read_uniform[0] * read_uniform[1] * 1e-3),
                 ("floor: read and GEMM serial", fl["serial"], float("nan")),
