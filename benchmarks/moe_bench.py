@@ -149,10 +149,12 @@ def make_weights(H, I, E, gen, codes="random"):
     s13 = torch.randint(118, 122, (E, 2 * I, H // 32), device="cuda", dtype=torch.uint8, generator=gen)
     w2 = torch.randint(0, 256, (E, H, I // 2), device="cuda", dtype=torch.uint8, generator=gen)
     s2 = torch.randint(118, 122, (E, H, I // 32), device="cuda", dtype=torch.uint8, generator=gen)
-    if codes == "zero":
-        w13.zero_()
-        w2.zero_()
-    return w13, s13, w2, s2
+    return zero_codes(w13, s13, w2, s2) if codes == "zero" else (w13, s13, w2, s2)
+
+
+def zero_codes(w13, s13, w2, s2):
+    """The weights with every fp4 code byte 0x00 (new tensors) and the same scales."""
+    return torch.zeros_like(w13), s13, torch.zeros_like(w2), s2
 
 
 def routing(T, E, k, gen):

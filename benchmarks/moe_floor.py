@@ -116,15 +116,13 @@ def main() -> int:
         fl = floor(read, gemm, p_idle, p_limit)
         pair_mj = (fl["shared"] * p_limit) * 1e-3
         tflops = layer_flops(T, H, I, k) / gemm[0] * 1e-6
-        rows = [("layer", lay[0], lay[0] * lay[1] * 1e-3),
-                ("layer, codes 0x00", lay_zero[0], lay_zero[0] * lay_zero[1] * 1e-3),
-                (f"bf16 GEMM ({tflops:.0f} TFLOP/s)", gemm[0], gemm[0] * gemm[1] * 1e-3),
-                ("bf16 GEMM, weights 0", gemm_zero[0], gemm_zero[0] * gemm_zero[1] * 1e-3),
-                ("read, random bytes", read[0], read[0] * read[1] * 1e-3),
-                ("read, uniform floats", read_uniform[0], read_uniform[0] * read_uniform[1] * 1e-3),
-                ("floor: read and GEMM serial", fl["serial"], float("nan")),
-                ("floor: shared at the limit", fl["shared"], pair_mj),
-                ("layer beyond the shared floor", float("nan"), lay[0] * lay[1] * 1e-3 - pair_mj)]
+        measured = [("layer", lay), ("layer, codes 0x00", lay_zero), (f"bf16 GEMM ({tflops:.0f} TFLOP/s)", gemm),
+                    ("bf16 GEMM, weights 0", gemm_zero), ("read, random bytes", read),
+                    ("read, uniform floats", read_uniform)]
+        rows = [(what, us, us * watts * 1e-3) for what, (us, watts) in measured]
+        rows += [("floor: read and GEMM serial", fl["serial"], float("nan")),
+                 ("floor: shared at the limit", fl["shared"], pair_mj),
+                 ("layer beyond the shared floor", float("nan"), rows[0][2] - pair_mj)]
         for what, us, mj in rows:
             pct = 100 * mb / (us * 1e-6) / copy_bw if us == us else float("nan")
             lines.append(f"{pre:12} {what:32} {us:8.1f} {pct:7.1f} {mj:7.1f}")

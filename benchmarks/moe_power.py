@@ -30,7 +30,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import torch  # noqa: E402
 
 from mxfp4conv.runtime import triton_moe as M  # noqa: E402
-from moe_bench import SHAPES, captured, make_weights, routing  # noqa: E402
+from moe_bench import SHAPES, captured, make_weights, routing, zero_codes  # noqa: E402
 
 QUERY = "timestamp,clocks.sm,power.draw,clocks.mem,temperature.memory,power.limit"
 DEFAULT_POINTS = [["dsv3", 8, {}], ["dsv3", 64, {}], ["dsv3", 256, {}], ["dsv3", 1024, {}], ["dsv3", 4096, {}],
@@ -62,9 +62,7 @@ def layer(shape: str, T: int, overrides: dict, gen, cache: dict, codes: str = "r
         cache.clear()
         torch.cuda.empty_cache()
         cache[shape] = make_weights(H, I, E, gen)
-    w13, s13, w2, s2 = cache[shape]
-    if codes == "zero":
-        w13, w2 = torch.zeros_like(w13), torch.zeros_like(w2)
+    w13, s13, w2, s2 = zero_codes(*cache[shape]) if codes == "zero" else cache[shape]
     x = torch.randn(T, H, device="cuda", generator=gen).to(torch.bfloat16)
     ids, tw = routing(T, E, k, gen)
     cfg = dataclasses.replace(M.select_config(T * k, E, H, I, "hopper_mma_xor"), **overrides)
