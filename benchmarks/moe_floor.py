@@ -13,7 +13,8 @@ with its FLOPs, and again on a zero weight operand (what the values cost the mat
 - shared: their energies with the idle power paid once while both would run, spent at the power limit
   ((E_read + E_gemm - P_idle min(t_read, t_gemm)) / P_limit, at least the longer of the two): what a kernel that
   reads those bytes and does that math at once would take, decoding for free, if the two energies add up (a model);
-- the layer's energy a call beyond that pair's (decode, padding, tiles, round trips).
+- the layer's energy a call beyond that pair's (decode, padding, tiles, round trips), and the same for the layer on
+  codes 0x00 beyond the uniform read and the GEMM on zeros: what the kernels spend past the data.
 
 Each as a time and as % of the device copy bandwidth measured in the same run (moe_bench.py's "% copy").
 
@@ -51,11 +52,12 @@ def mxfp4_like(rows: int, cols: int, gen) -> torch.Tensor:
 
 
 def floor(read: tuple[float, float], gemm: tuple[float, float], p_idle: float, p_limit: float) -> dict[str, float]:
-    """Serial and shared floors (us) of a call that reads as a plain read and computes as the GEMM: read and gemm are
-    (us a call, mean W) sustained; p_idle the idle board's W, p_limit the power limit's."""
+    """Serial and shared floors (us) of a call that reads as a plain read and computes as the GEMM, and the energy
+    (mJ) of the shared one: read and gemm are (us a call, mean W) sustained; p_idle the idle board's W, p_limit the
+    power limit's. Where the longer part's time bounds the shared floor, its energy is still the two parts' sum."""
     (t_r, w_r), (t_g, w_g) = read, gemm
-    shared = (t_r * w_r + t_g * w_g - p_idle * min(t_r, t_g)) / p_limit
-    return {"serial": t_r + t_g, "shared": max(shared, t_r, t_g)}
+    energy = t_r * w_r + t_g * w_g - p_idle * min(t_r, t_g)
+    return {"serial": t_r + t_g, "shared": max(energy / p_limit, t_r, t_g), "mj": energy * 1e-3}
 
 
 def main() -> int:
@@ -113,16 +115,18 @@ def main() -> int:
         read, read_uniform = window(f"{pre} read", "random bytes"), window(f"{pre} read", "uniform floats")
         gemm, gemm_zero = window(f"{pre} bf16 GEMM ["), window(f"{pre} bf16 GEMM, weights 0")
         H, I, _, k = SHAPES[shape]
-        fl = floor(read, gemm, p_idle, p_limit)
-        pair_mj = (fl["shared"] * p_limit) * 1e-3
+        fl, fl_zero = floor(read, gemm, p_idle, p_limit), floor(read_uniform, gemm_zero, p_idle, p_limit)
         tflops = layer_flops(T, H, I, k) / gemm[0] * 1e-6
         measured = [("layer", lay), ("layer, codes 0x00", lay_zero), (f"bf16 GEMM ({tflops:.0f} TFLOP/s)", gemm),
                     ("bf16 GEMM, weights 0", gemm_zero), ("read, random bytes", read),
                     ("read, uniform floats", read_uniform)]
         rows = [(what, us, us * watts * 1e-3) for what, (us, watts) in measured]
         rows += [("floor: read and GEMM serial", fl["serial"], float("nan")),
-                 ("floor: shared at the limit", fl["shared"], pair_mj),
-                 ("layer beyond the shared floor", float("nan"), rows[0][2] - pair_mj)]
+                 ("floor: shared at the limit", fl["shared"], fl["mj"]),
+                 ("layer beyond the shared floor", float("nan"), rows[0][2] - fl["mj"]),
+                 # the same on zero data: uniform floats the nearest plain read measured to codes 0x00 and their scales
+                 ("floor on zero data, shared", fl_zero["shared"], fl_zero["mj"]),
+                 ("layer 0x00 beyond that floor", float("nan"), rows[1][2] - fl_zero["mj"])]
         for what, us, mj in rows:
             pct = 100 * mb / (us * 1e-6) / copy_bw if us == us else float("nan")
             lines.append(f"{pre:12} {what:32} {us:8.1f} {pct:7.1f} {mj:7.1f}")

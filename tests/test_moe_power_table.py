@@ -43,8 +43,11 @@ def test_floor_pays_the_idle_power_once_and_is_never_below_either_part():
     fl = moe_floor.floor(read, gemm, p_idle=100.0, p_limit=700.0)
     assert fl["serial"] == 1800.0
     assert fl["shared"] == pytest.approx((1000 * 600 + 800 * 700 - 100 * 800) / 700)
-    # little energy: the longer of the two still takes its time
-    assert moe_floor.floor((1000.0, 50.0), (10.0, 50.0), p_idle=40.0, p_limit=700.0)["shared"] == 1000.0
+    assert fl["mj"] == pytest.approx(fl["shared"] * 700 * 1e-3)
+    # little energy: the longer of the two still takes its time, and the energy stays the parts' sum
+    low = moe_floor.floor((1000.0, 50.0), (10.0, 50.0), p_idle=40.0, p_limit=700.0)
+    assert low["shared"] == 1000.0
+    assert low["mj"] == pytest.approx((1000 * 50 + 10 * 50 - 40 * 10) * 1e-3)
 
 
 def test_layer_flops_counts_both_gemms_of_every_pair():
