@@ -124,7 +124,7 @@ def main() -> int:
         rows += [("floor: read and GEMM serial", fl["serial"], float("nan")),
                  ("floor: shared at the limit", fl["shared"], fl["mj"]),
                  ("layer beyond the shared floor", float("nan"), rows[0][2] - fl["mj"]),
-                 # the same on zero data: uniform floats the nearest plain read measured to codes 0x00 and their scales
+                 # the same on zero data (codes 0x00): the read of uniform floats is the nearest to theirs measured
                  ("floor on zero data, shared", fl_zero["shared"], fl_zero["mj"]),
                  ("layer 0x00 beyond that floor", float("nan"), rows[1][2] - fl_zero["mj"])]
         for what, us, mj in rows:
