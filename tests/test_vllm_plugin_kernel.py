@@ -1,6 +1,6 @@
 """CUDA targets in mxfp4conv's format: vLLM's modular MoE kernel around mxfp4conv's Triton experts.
 
-On vLLM 0.33.0's code (the ``tests/vllm033`` harness, an emulated sm90), the plugin loads a
+On vLLM 0.33.0's code (the ``tests/vllm_code`` harness, an emulated sm90), the plugin loads a
 converted gpt-oss layer (identity and hopper_mma layouts), builds the layer's kernel with
 ``Mxfp4convTritonExperts`` in place of vLLM's pick, and the layer's ``apply`` (vLLM's routing
 prepare / finalize, then our kernel, in the Triton CPU interpreter with fp16 activations) is
@@ -16,7 +16,7 @@ from mxfp4conv.convert import convert
 from mxfp4conv.oracle import Target
 from mxfp4conv.runtime.loader import read_manifest
 
-harness = pytest.importorskip("tests.vllm033.harness", reason="needs the vLLM 0.33.0 harness (tests/vllm033)")
+harness = pytest.importorskip("tests.vllm_code.harness", reason="needs the vLLM 0.33.0 harness (tests/vllm_code)")
 
 
 LAYOUTS = ("identity", "hopper_mma")

@@ -1,7 +1,7 @@
 """Plugin load == vLLM's own load, byte for byte, on vLLM 0.33.0's code (gfx950, AITER, tp 2).
 
 Per family, per rank, ``tests/vllm_plugin_probe.py`` runs in the vLLM 0.33.0 harness
-(``tests/vllm033``: the wheel's Python code on an emulated ROCm gfx950, ``aiter``'s shuffles
+(``tests/vllm_code``: the wheel's Python code on an emulated ROCm gfx950, ``aiter``'s shuffles
 answered by mxfp4conv's pure-torch ones) and builds the layer twice: from the source checkpoint
 through vLLM's weight loader and conversion, and from the converted checkpoint through the plugin.
 Every parameter (dtype, shape, bytes, ``is_shuffled``), the experts class vLLM's kernel is built
@@ -32,7 +32,7 @@ from mxfp4conv.integrations.vllm.checks import manifest_release
 from mxfp4conv.oracle import Target
 from mxfp4conv.runtime.loader import read_manifest
 
-harness = pytest.importorskip("tests.vllm033.harness", reason="needs the vLLM 0.33.0 harness (tests/vllm033)")
+harness = pytest.importorskip("tests.vllm_code.harness", reason="needs the vLLM 0.33.0 harness (tests/vllm_code)")
 
 METHOD = {"mxfp4": "mxfp4", "gpt_oss_mxfp4": "gpt_oss", "quark": "quark"}
 QUARK_INPUT = {"w_mxfp4": None, "w_mxfp4_a_mxfp4": "mxfp4", "w_mxfp4_a_fp8": "fp8"}

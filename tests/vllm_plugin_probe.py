@@ -1,4 +1,4 @@
-"""Probe run inside the vLLM 0.33.0 harness worker (tests/vllm033): one MoE layer, two loads.
+"""Probe run inside the vLLM 0.33.0 harness worker (tests/vllm_code): one MoE layer, two loads.
 
 For a case ``{"method", "source", "converted", "prefix", "tp", "rank", "geometry", "env"}`` it
 builds vLLM's ``RoutedExperts`` layer twice on the emulated platform and reports, for each,

@@ -2,7 +2,7 @@
 (not run in CI: it needs the real compressed-tensors package, which vLLM's config parser uses).
 
 For every fixture with a compressed-tensors ``quantization_config`` and every platform, the
-probe (run by ``tests/vllm033/harness.py`` in a worker on an emulated platform) applies vLLM's
+probe (run by ``tests/vllm_code/harness.py`` in a worker on an emulated platform) applies vLLM's
 ``KimiK3ForConditionalGenerationConfig`` rewrite where the architecture asks for it, parses
 the fixture's real config with ``CompressedTensorsConfig.from_config`` (or ``Mxfp4Config``
 after the rewrite), and builds the routed experts' method with
@@ -125,7 +125,7 @@ def _cases() -> list[dict]:
 
 def main() -> None:
     sys.path.insert(0, str(HERE.parent.parent))
-    from vllm033.harness import require_vllm, run_probe
+    from vllm_code.harness import require_vllm, run_probe
 
     src = require_vllm()
     cases = _cases()

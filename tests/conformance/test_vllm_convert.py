@@ -4,7 +4,7 @@ what mxfp4conv's layout recipe writes, byte for byte.
 For every distinct (arch, checkpoint family / MoE method, backend, activation and SiTUv2 mode,
 tensor-parallel size class) of the conformance matrix where mxfp4conv writes vLLM's pick
 itself, ``probe_convert`` runs vLLM's ``process_weights_after_loading`` on a tiny layer (two
-experts, H = I = 256, seeded bytes; ``vllm033/tiny_layer.py``) on the emulated platform. The
+experts, H = I = 256, seeded bytes; ``vllm_code/tiny_layer.py``) on the emulated platform. The
 test then:
 
 - checks that vLLM picked the backend ``decide()`` names;
@@ -43,10 +43,10 @@ from mxfp4conv.oracle.backends import Server
 from mxfp4conv.oracle.formats import LITERAL_G_ROWS
 from mxfp4conv.shuffle import aiter as A
 from mxfp4conv.shuffle.layouts import get_layout
-from vllm033 import tiny_layer as T
-from vllm033.harness import require_vllm, run_probe
+from vllm_code import tiny_layer as T
+from vllm_code.harness import require_vllm, run_probe
 
-PROBE = "tests/vllm033/probe_convert.py:probe"
+PROBE = "tests/vllm_code/probe_convert.py:probe"
 SEED = 20260  # the tiny layer's bytes
 GFX1250_MOE_SCALE = {"arch": "gfx1250", "preshuffle_factor": 32, "scale_kwidth": 4}
 RECIPE_TENSORS = {"w13": "w13", "w13_scale": "w13_scale", "w2": "w2", "w2_scale": "w2_scale"}

@@ -2,10 +2,10 @@
 
 For every case of ``matrix.cases()`` the real ``Mxfp4MoEMethod`` / ``GptOssMxfp4MoEMethod`` /
 ``QuarkOCP_MX_MoEMethod`` of the ``vllm==0.33.0`` wheel is built on an emulated platform
-(``vllm033.harness``; the stubs it installs are listed in ``vllm033/stubs.py`` and
-``vllm033/worker.py`` and printed by ``test_stubs_listed``) and its backend pick and expert
+(``vllm_code.harness``; the stubs it installs are listed in ``vllm_code/stubs.py`` and
+``vllm_code/worker.py`` and printed by ``test_stubs_listed``) and its backend pick and expert
 class (or the error it raises), ``maybe_roundup_sizes`` and the environment it writes are
-compared with ``decide()``. The weight converters are compared in ``test_vllm033_convert``.
+compared with ``decide()``. The weight converters are compared in ``test_vllm_convert``.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ import pytest
 from conformance.matrix import BACKEND_REQUEST, cases, vllm_case
 from mxfp4conv.errors import OracleError
 from mxfp4conv.oracle import decide
-from vllm033.harness import require_vllm, run_probe
+from vllm_code.harness import require_vllm, run_probe
 
-PROBE = "tests/vllm033/probe_moe.py:probe"
+PROBE = "tests/vllm_code/probe_moe.py:probe"
 CASES = cases()
 
 

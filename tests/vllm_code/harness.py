@@ -1,17 +1,18 @@
-"""Run vLLM 0.33.0's own Python code on an emulated platform, in a child process.
+"""Run a vLLM release's own Python code on an emulated platform, in a child process.
 
 vLLM is never imported into the test process: each call starts one worker process for one
-platform, which puts the pure-Python files of the ``vllm==0.33.0`` wheel on ``sys.path``,
+platform, which puts the pure-Python files of a ``vllm`` wheel on ``sys.path``,
 installs the stubs of ``stubs.STUBS`` (plus the platform's own, ``PLATFORM_STUBS``), makes
 vLLM's platform detection answer the requested GPU, runs a *probe* function once per case
 and sends the results back as JSON.
 
 API (all importable without vLLM)::
 
-    from tests.vllm033.harness import PLATFORMS, require_vllm, run_probe
+    from tests.vllm_code.harness import PLATFORMS, require_vllm, run_probe
 
-    src = require_vllm()            # the extracted source tree; pytest.skip(...) if unavailable
-    results = run_probe("gfx950", "tests/vllm033/probe_moe.py:probe", cases, src=src)
+    src = require_vllm()            # vLLM 0.33.0's extracted tree; pytest.skip(...) if unavailable
+    src = require_vllm("0.34.0")    # another release (VERSIONS), or a wheel file's path
+    results = run_probe("gfx950", "tests/vllm_code/probe_moe.py:probe", cases, src=src)
 
 - ``PLATFORMS``: ``gfx942``, ``gfx950``, ``gfx1250`` (ROCm, emulated through a fake amdsmi),
   ``sm90``, ``sm100``, ``sm120`` (CUDA, capability pinned), ``cpu`` (vLLM's CPU platform, x86 with
@@ -24,13 +25,17 @@ API (all importable without vLLM)::
   ``packages`` adds (True) or removes (False) optional stubbed packages (``quark``,
   ``flashinfer``, ``deep_gemm``, ``aiter``; see ``worker.OPTIONAL_STUBS``).
   Every result list carries the stub set in ``results.stubs``.
-- ``vllm_source()``: the extracted tree or the reason it cannot be had
-  (``VllmUnavailable``); ``require_vllm()`` turns that into a pytest skip.
+- ``vllm_source(version)``: the extracted tree of that release or the reason it cannot be had
+  (``VllmUnavailable``); ``require_vllm(version)`` turns that into a pytest skip. ``version``
+  is a release number (``0.33.0``, the default, ``0.34.0``: ``VERSIONS`` lists those the suite
+  runs against) or the path of a ``vllm-*.whl`` (a release not modelled yet).
+- ``source_version(src)``: the version of an extracted tree (from its wheel's name).
 
-Wheel: ``$MXFP4CONV_WHEEL_CACHE`` (default ``~/.cache/mxfp4conv-wheels``) holds
-``vllm-0.33.0-*.whl``; when it is missing it is fetched with
-``pip download --no-deps vllm==0.33.0`` (about 336 MB; set ``MXFP4CONV_NO_WHEEL_DOWNLOAD=1``
-to skip instead). Its ``*.py`` files are extracted once next to it (``vllm-0.33.0-py/``).
+Wheels: ``$MXFP4CONV_WHEEL_CACHE`` (default ``~/.cache/mxfp4conv-wheels``) holds
+``vllm-<version>-*.whl``; when one is missing it is fetched with
+``pip download --no-deps vllm==<version>`` (240-340 MB; a line on stderr says so; set
+``MXFP4CONV_NO_WHEEL_DOWNLOAD=1`` to skip instead). Its ``*.py`` files are extracted once next
+to it (``vllm-<version>-py/``).
 """
 
 from __future__ import annotations
@@ -43,7 +48,8 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-VLLM_RELEASE = "0.33.0"
+VLLM_RELEASE = "0.33.0"  # the default release of the suite
+VERSIONS = ("0.33.0", "0.34.0")  # the releases the conformance suite runs against
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
 WORKER = HERE / "worker.py"
@@ -76,34 +82,51 @@ def cache_dir() -> Path:
                                Path.home() / ".cache" / "mxfp4conv-wheels")).expanduser()
 
 
-def _wheel() -> Path:
+def _wheel(version: str) -> Path:
+    if version.endswith(".whl"):
+        path = Path(version).expanduser().resolve()
+        if not path.is_file():
+            raise VllmUnavailable(f"{path} is not a file")
+        return path
     d = cache_dir()
-    found = sorted(d.glob(f"vllm-{VLLM_RELEASE}-*.whl"))
+    found = sorted(d.glob(f"vllm-{version}-*.whl"))
     if found:
         return found[0]
     if os.environ.get("MXFP4CONV_NO_WHEEL_DOWNLOAD"):
         raise VllmUnavailable(
-            f"the vllm=={VLLM_RELEASE} wheel is not in {d} and MXFP4CONV_NO_WHEEL_DOWNLOAD is set")
+            f"the vllm=={version} wheel is not in {d} and MXFP4CONV_NO_WHEEL_DOWNLOAD is set")
     d.mkdir(parents=True, exist_ok=True)
+    print(f"mxfp4conv tests: downloading the vllm=={version} wheel (240-340 MB) into {d} "
+          "for the vLLM conformance tests (MXFP4CONV_NO_WHEEL_DOWNLOAD=1 skips them)", file=sys.stderr)
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
-           "-q", "-d", str(d), f"vllm=={VLLM_RELEASE}"]
+           "-q", "-d", str(d), f"vllm=={version}"]
     try:
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
     except (OSError, subprocess.TimeoutExpired) as e:
-        raise VllmUnavailable(f"pip download of vllm=={VLLM_RELEASE} failed: {e}") from None
-    found = sorted(d.glob(f"vllm-{VLLM_RELEASE}-*.whl"))
+        raise VllmUnavailable(f"pip download of vllm=={version} failed: {e}") from None
+    found = sorted(d.glob(f"vllm-{version}-*.whl"))
     if r.returncode or not found:
         tail = (r.stderr or r.stdout).strip().splitlines()[-1:] or ["no output"]
-        raise VllmUnavailable(f"pip download of vllm=={VLLM_RELEASE} failed: {tail[0]}")
+        raise VllmUnavailable(f"pip download of vllm=={version} failed: {tail[0]}")
     return found[0]
 
 
-def vllm_source() -> Path:
+def wheel_version(wheel: Path) -> str:
+    """``vllm-0.34.0-cp38-abi3-...whl`` -> ``0.34.0``."""
+    return wheel.name.split("-")[1]
+
+
+def vllm_source(version: str = VLLM_RELEASE) -> Path:
     """Directory holding ``vllm/`` (the wheel's Python files), extracted once."""
-    out = cache_dir() / f"vllm-{VLLM_RELEASE}-py"
+    wheel = None
+    if version.endswith(".whl"):
+        wheel = _wheel(version)
+        version = wheel_version(wheel)
+    out = cache_dir() / f"vllm-{version}-py"
     if (out / ".complete").exists():
         return out
-    wheel = _wheel()
+    wheel = wheel or _wheel(version)
+    out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=out.name + ".", dir=out.parent))
     try:
         with zipfile.ZipFile(wheel) as z:
@@ -121,14 +144,19 @@ def vllm_source() -> Path:
     return out
 
 
-def require_vllm() -> Path:
-    """``vllm_source()``, or skip the calling test with the reason."""
+def source_version(src: Path) -> str:
+    """The vLLM version of an extracted tree (``vllm_source``'s result)."""
+    return wheel_version(Path((Path(src) / ".complete").read_text().strip()))
+
+
+def require_vllm(version: str = VLLM_RELEASE) -> Path:
+    """``vllm_source(version)``, or skip the calling test with the reason."""
     import pytest
 
     try:
-        return vllm_source()
+        return vllm_source(version)
     except VllmUnavailable as e:
-        pytest.skip(f"vLLM {VLLM_RELEASE} conformance needs its wheel: {e}")
+        pytest.skip(f"vLLM {version} conformance needs its wheel: {e}")
 
 
 def run_probe(platform: str, probe: str, cases: list[dict], *, src: Path | None = None,
