@@ -27,7 +27,7 @@ import hopper_sass  # noqa: E402  (the benchmarks' SASS loop counter)
 
 
 def test_tiles_of_the_measured_layers():
-    # the configurations measured fastest on an H200 (docs/gluon_moe_h200_t1.txt)
+    # the configurations measured fastest on an H200 (benchmarks/results/gluon_moe_h200_t1.txt)
     assert gluon_tiles(select_config(8, 256, 7168, 2048, "hopper_mma_rot"), 7168, 2048, 8) == (64, 128, 4, 1)
     assert gluon_tiles(select_config(16, 896, 3584, 384, "hopper_mma_rot"), 3584, 384, 16) == (64, 128, 8, 1)
     # from two tokens 128-code steps in GEMM1 and 768 programs: K3-like T = 2 / 4 / 8 4 / 2 / 1 splits
