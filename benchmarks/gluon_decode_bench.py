@@ -1,6 +1,6 @@
 """Two other bit orders for the hopper_mma words, judged before any layout would change, and another decode of
 hopper_mma_w_rot's own: their instructions from sm_90a SASS (no GPU), and on the GPU the one-token weight stream of
-gluon_t1_bench.py in each (docs/performance.md, "Other decodes of the words").
+gluon_t1_bench.py in each (benchmarks/results/performance-notebook.md, "Other decodes of the words").
 
 The words keep hopper_mma_w's places (a lane's 4 words a 64-code block, word kt the codes 16 kt + 8 c + 2 t + kk
 of rows 8 h + g); an order only moves the bits inside a word. Each order is a decode, registers R = mask &

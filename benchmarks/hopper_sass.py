@@ -5,7 +5,7 @@ ptxas and cuobjdump), with the compile-time arguments fused_moe_triton would pas
 and token count (select_config, hopper_constants, the register cap), and prints, per kernel:
 registers, stack frame, shared memory, and each loop of 100+ instructions with its instruction
 count and commonest opcodes. The K loop's count is the issue cost of one block_k step; a decode
-change can be judged here before any GPU time is spent (docs/performance.md).
+change can be judged here before any GPU time is spent (benchmarks/results/performance-notebook.md).
 
     python benchmarks/hopper_sass.py [--shapes dsv3,k3] [--tokens 1,8,64,4096] [--override JSON]
         [--layout hopper_mma_xor|hopper_mma_rot|hopper_mma] [--keep DIR]

@@ -541,7 +541,7 @@ def _pick(T, shape):
 
 def test_absorb_where_measured():
     # past 96 pairs an expert (32-pair last-block tiles) GEMM1 absorbs up to 32 pairs, GEMM2 up to 16 where its rows
-    # are short; below, off (the measured points, docs/performance.md)
+    # are short; below, off (the measured points, benchmarks/results/performance-notebook.md)
     assert [(_pick(T, DSV3).absorb, _pick(T, DSV3).absorb2) for T in (2048, 3072, 3584, 4096, 8192)] == [
         (0, 0), (0, 0), (32, 0), (32, 0), (32, 0)]
     assert [(_pick(T, K3).absorb, _pick(T, K3).absorb2) for T in (1024, 4096, 6144, 8192)] == [
@@ -553,7 +553,7 @@ def test_absorb_where_measured():
 
 def test_quarter_tiles_where_measured():
     # dual 2 (64 + 16 tiles) on the 64-pair tails of 128-pair prefill blocks, where it was timed faster; never on a
-    # smaller tail, which it refuses (docs/performance.md)
+    # smaller tail, which it refuses (benchmarks/results/performance-notebook.md)
     assert [_pick(T, DSV3).dual for T in (1024, 1536, 1792, 2048, 3072, 4096)] == [1, 1, 2, 2, 2, 0]
     assert [_pick(T, K3).dual for T in (1024, 2048, 3072, 4096, 6144)] == [0, 1, 2, 2, 0]
     for T in (16, 64, 256, 512, 1024, 1536, 2048, 3072, 4096, 8192):
@@ -565,7 +565,7 @@ def test_quarter_tiles_where_measured():
 def test_gluon_two_tiles_where_measured():
     # GEMM1 in gluon_wgmma's ring with 32 + 8 and 32 + 16 tiles (wgmma_dual 2) on DSV3-like 64-pair blocks from 32
     # pairs an expert, where an H100 timed it faster; not at T = 896 (within the spread) nor on K3-like 64-pair blocks
-    # (short GEMM2 rows: slower). GEMM2 stays in moe_hgemm2_kernel (docs/performance.md)
+    # (short GEMM2 rows: slower). GEMM2 stays in moe_hgemm2_kernel (benchmarks/results/performance-notebook.md)
     cfgs = [_pick(T, DSV3) for T in (768, 896, 1024, 1280, 1536, 1792)]
     assert [c.wgmma_dual for c in cfgs] == [0, 0, 2, 2, 2, 0]
     assert all((c.wgmma1, c.wgmma1_ring, c.wgmma1_stages, c.wgmma2, c.block_t, c.tail_t) == (1, 1, 2, 0, 64, 32)

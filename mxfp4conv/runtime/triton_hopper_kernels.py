@@ -37,7 +37,7 @@ def _decode_ptx(order: str, out: tuple[str, str, str, str], w: str) -> str:
     BITS_ROT, R1's rotation by 4 and R3's by 6 wrap no bit their masks keep, so they are plain shifts, which ptxas
     issues as IMAD.SHL on the FMA pipe instead of SHF on the integer pipe the masks and other rotations use (the same
     instruction count; on an H200 DSV3-like T = 1 / 8 1.059 / 1.027 and K3-like T = 8 1.054 faster,
-    docs/performance.md)."""
+    benchmarks/results/performance-notebook.md)."""
     r0, r1, r2, r3 = out
     if order == "nodecode":  # a timing probe (PROBE_IDS): four distinct pairs in three instructions, wrong values
         lines = [f"mov.b32 {r0}, {w}", f"not.b32 {r1}, {w}", f"xor.b32 {r2}, {w}, 0x55555555",

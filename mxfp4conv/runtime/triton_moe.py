@@ -68,7 +68,7 @@ class MoEConfig:
     split_k2: int = 0
     maxnreg: int = 0  # register cap per thread for both GEMMs (0 = compiler's choice)
     # decode path without tensor cores (moe_gemv*_kernel): taken when num_pairs / min(E, num_pairs)
-    # is at most gemv_max_pairs (0 = never). Measured on an H200 (docs/performance.md): it wins
+    # is at most gemv_max_pairs (0 = never). Measured on an H200 (benchmarks/results/performance-notebook.md): it wins
     # 1.5-1.8x while that ratio is 1 (T = 1 and 8 on both test layers) and loses or ties from
     # 1.14 (K3 T = 64) and 2 (DSV3 T = 64) on: it decodes the weights once per pair block, the
     # MMA path once per 16 pairs.
@@ -217,7 +217,7 @@ class MoEConfig:
     # 1.057-1.059x (sustained at the power limit 1.004x / 1.012x, DSV3-like T = 768 / K3-like T = 1024); on an H100
     # 1.010-1.031x. Of moe_hgemm1_kernel's time, on 64-pair blocks the ring (2 stages) took 0.985-1.012 on an H200,
     # the words into registers (3, early) 0.971-0.999 there but 1.002-1.042 on an H100; on 16-pair blocks the ring
-    # 0.994-1.001 (H100): those keep moe_hgemm1_kernel (docs/performance.md, "GEMM1 of 32-pair blocks in gluon_wgmma"),
+    # 0.994-1.001 (H100): those keep moe_hgemm1_kernel (benchmarks/results/performance-notebook.md, "GEMM1 of 32-pair blocks in gluon_wgmma"),
     # 64-pair ones but where the ring takes 8-pair second tiles too (wgmma_dual, below)
     # The ring over two warpgroups was bit-equal and slower on an H100: gate rows in one, up rows in the other (commit
     # 9fc51ce) 1.04-1.07x on 64-pair blocks, 1.00-1.02x on 32-pair ones capped at 80 registers; 128 rows a program on
@@ -238,7 +238,7 @@ class MoEConfig:
     # with tail_t, gluon_wgmma's GEMMs (the ring forms) in two tiles a block as `dual` sets for the hopper_mma kernels
     # (0 off, 1 or 2): warpgroup MMAs take 8-wide tiles, so 2 runs where tail_t is 32 too, [rows, 32] + [rows, 8]
     # (the 8-wide tl.dot is not usable there: see `dual`). select_config asks for it on GEMM1 of DSV3-like 64-pair
-    # blocks (docs/performance.md, "32 + 8 tiles in gluon_wgmma"); GEMM2 in it as well was no faster on an H100
+    # blocks (benchmarks/results/performance-notebook.md, "32 + 8 tiles in gluon_wgmma"); GEMM2 in it as well was no faster on an H100
     wgmma_dual: int = 0
 
 
@@ -261,7 +261,7 @@ _KMAJOR_AUTO = tuple(int(v) for v in triton.__version__.split(".")[:2]) < (3, 9)
 
 def select_config(num_pairs: int, num_experts: int, hidden: int, inter: int, layout: str = "identity") -> MoEConfig:
     """Tiles measured best on an H200 (benchmarks/moe_bench.py --sweep / --gemv-sweep,
-    docs/performance.md): the decode path without tensor cores at <= 1 pair per touched expert,
+    benchmarks/results/performance-notebook.md): the decode path without tensor cores at <= 1 pair per touched expert,
     swap-AB 16-pair blocks with the int32-word decode while experts see few tokens (K split
     automatically when that leaves SMs idle), 64/128-pair blocks with the byte decode in prefill."""
     per_expert = num_pairs / max(1, min(num_experts, num_pairs))
@@ -301,7 +301,7 @@ def select_config(num_pairs: int, num_experts: int, hidden: int, inter: int, lay
         # (uncapped), at most one pair per expert three once one-tile programs would number three
         # times _TARGET_PROGRAMS (K3-like T = 8-32: 0.951-0.985 of one tile a program; T = 2 and 4,
         # fewer programs, 1.003-1.073); row tiles first in both grids, so a block's row tiles run side
-        # by side (time over pair blocks first, docs/performance.md: H100 DSV3-like T = 192-768 0.864-0.962,
+        # by side (time over pair blocks first, benchmarks/results/performance-notebook.md: H100 DSV3-like T = 192-768 0.864-0.962,
         # K3-like T = 320-1024 0.956-0.972; H200 DSV3-like T = 384-1024 0.95-0.99 in nine timings of ten, the rest
         # within the spread; below 5.5 pairs an expert, where the Gluon kernels take bf16 calls, not timed)
         # register caps on 16-pair blocks, and on 32-pair ones where GEMM2's rows are short (both GEMMs where
@@ -465,7 +465,7 @@ def _sum_launch(pair_out, ids, out, H, top_k, E, splits, pdl=False):
 # launches) instead of one: the single program costs about 3.4 ns a pair on an H200 (223 us for
 # 65536 pairs, 13.0 us for 3584; the many-program align 6.5 us for 4096); the layer with it,
 # against one program, K3-like 2048 / 2560 / 3072 / 3584 / 4080 pairs 1.000 / 0.995 / 0.993 /
-# 0.992 / 0.986 (docs/performance.md)
+# 0.992 / 0.986 (benchmarks/results/performance-notebook.md)
 ALIGN_GRID_PAIRS = 2048
 
 
@@ -1092,7 +1092,7 @@ _GROUPED_PAIRS_AN_SM = 4
 # per-pair GEMM1 in 128-code single steps takes 74 (6 programs an SM where BITS_ROT's 72 fit 7), the expert blocks'
 # GEMM1 100 (4 where 96 fit 5), so they are capped at those. On an H100 against hopper_mma_w_rot: K3-like T = 1 / 8 / 9
 # / 10 0.974 / 0.999 / 0.994 / 1.000 with them, 0.989 / 1.017 / 1.130 / 1.014 without; on an H200 with them 0.965-0.969 /
-# 0.996-0.999 / 0.977-0.979 / 0.983-0.988 (docs/performance.md)
+# 0.996-0.999 / 0.977-0.979 / 0.983-0.988 (benchmarks/results/performance-notebook.md)
 _XOR_MAXNREG1 = {False: 72, True: 96}  # grouped -> the cap of GEMM1 in 128-code single steps
 
 
@@ -1181,7 +1181,7 @@ def _contiguous(*tensors):
 
 def hopper_options(cfg: MoEConfig, T: int, num_pairs: int, cuda: bool) -> tuple[bool, bool, bool]:
     """(direct, fused, pdl) for this call. Automatic: all three for one token only. Measured on an
-    H200 (docs/performance.md): with the one-token tiles, T = 1 runs 1.13x (DSV3-like) and 1.23x
+    H200 (benchmarks/results/performance-notebook.md): with the one-token tiles, T = 1 runs 1.13x (DSV3-like) and 1.23x
     (K3-like) faster than the five-launch sequence; from T = 8 on the fused k-sum costs more than
     the kernel it replaces (each program of GEMM2 counts the arrival of each of its pairs, one
     atomic round trip after another) and PDL is within noise or slower."""
