@@ -161,15 +161,19 @@ def test_resume_redoes_a_corrupted_finished_shard(src, reference, tmp_path):
     assert_same(out, reference)
 
 
-def test_resume_with_other_options_starts_over(src, tmp_path):
+def test_resume_with_other_options_is_refused_and_touches_nothing(src, tmp_path):
     out = tmp_path / "out"
     convert(str(src), out, TARGET, shard_size=shard_size(src), progress="none")
+    before = files(out)
     other = Target(arch="gfx942", tp=1)
-    res = convert(str(src), out, other, shard_size=shard_size(src), progress="none", resume=True)
-    assert res.kept == []
+    with pytest.raises(Mxfp4convError, match=r"target\.arch: gfx950 in OUT, gfx942 now") as exc:
+        convert(str(src), out, other, shard_size=shard_size(src), progress="none", resume=True)
+    assert "target.tp: 2 in OUT, 1 now" in str(exc.value) and "--force" in str(exc.value)
+    assert files(out) == before
+    res = convert(str(src), out, other, shard_size=shard_size(src), progress="none", force=True)
     fresh = tmp_path / "fresh"
     convert(str(src), fresh, other, shard_size=shard_size(src), progress="none")
-    assert_same(out, fresh)
+    assert res.kept == [] and files(out) == files(fresh)
 
 
 KILLER = textwrap.dedent("""

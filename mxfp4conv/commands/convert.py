@@ -39,7 +39,7 @@ def register(app: typer.Typer) -> None:
         vllm: str = options.vllm_option(),
         revision: str = options.revision_option(),
         shard_size: str = options.shard_size_option(),
-        resume: bool = typer.Option(False, "--resume", help="Keep finished shards of an interrupted run into OUT."),
+        resume: bool = typer.Option(False, "--resume", help="Finish the same conversion in OUT (same source, target, tp/ep, shard size), keeping its finished shards; anything else is refused."),
         workers: int = typer.Option(None, "--workers", min=1, metavar="N", show_default=False,
                                     help="Threads that read, transform and write (default: the cores, at most 16)."),
         force: bool = typer.Option(False, "--force", help="Write into a non-empty OUT, replacing earlier output."),
@@ -63,7 +63,7 @@ def register(app: typer.Typer) -> None:
                              f"(finished shards are kept).\n")
             raise SystemExit(130) from None
         if as_json:
-            print(json.dumps({"out": str(res.out), "shards": res.shards, "kept": res.kept,
+            print(json.dumps({"out": str(res.out), "shards": res.shards, "kept": res.kept, "redone": res.redone,
                               "bytes_written": res.bytes_written, "target": res.manifest.get("target"),
                               "layout": res.manifest.get("layout"),
                               "runtime_env": res.manifest.get("runtime_env")}, indent=2))

@@ -17,6 +17,9 @@ from mxfp4conv.errors import CheckpointError
 FORMAT = "mxfp4conv-kernel-layout"
 VERSION = 1
 SHUFFLE_PAD_BYTE = 0x7F
+# crc32 of every routed-expert tensor, added to mxfp4conv.json once the shards are written (so
+# not part of the manifest stamped into each shard's header)
+CHECKSUMS = "checksums"
 EXPERT_KINDS = ("w13_weight", "w13_weight_scale", "w2_weight", "w2_weight_scale",
                 "w13_bias", "w2_bias", "w13_input_scale", "w2_input_scale")
 

@@ -30,6 +30,7 @@ from mxfp4conv.convert.direct_read import DirectReader
 from mxfp4conv.convert.parallel import OrderedPool, chunk_budget, default_workers, one_torch_thread
 from mxfp4conv.convert.producers import numpy_only, unit_tasks
 from mxfp4conv.convert.progress import Progress
+from mxfp4conv.convert.resume import check_resume, identity
 from mxfp4conv.convert.writer import (
     TEMP_SUFFIX, ShardWriter, WriteError, _os_error, as_bytes, fsync_dir, shard_checksum,
 )
@@ -48,6 +49,7 @@ class ConvertResult:
     bytes_written: int = 0
     manifest: dict = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)  # also printed on stderr
+    redone: list[str] = field(default_factory=list)  # shards --resume writes (again)
 
 
 def prepare(source, target, shard_size=DEFAULT_SHARD_SIZE):
@@ -82,25 +84,31 @@ def convert(source, out, target, shard_size=DEFAULT_SHARD_SIZE, resume=False, wo
     _check_out(src, out, resume, force)
     _make_dir(out)
     with output_lock(out):
-        result = _convert_into(src, model, plan, manifest, out, sidecars, resume, workers, progress,
-                               allow_nan_scales, chunk_bytes)
+        result = _convert_into(src, model, plan, manifest, out, sidecars, resume and not force, workers,
+                               progress, allow_nan_scales, chunk_bytes, identity(manifest, parse_size(shard_size)))
     result.warnings = notes
     return result
 
 
 def _convert_into(src, model, plan, manifest, out, sidecars, resume, workers, progress,
-                  allow_nan_scales, chunk_bytes) -> ConvertResult:
+                  allow_nan_scales, chunk_bytes, conversion) -> ConvertResult:
+    fingerprint = plan.fingerprint()
+    earlier = _load_progress(out)
+    if resume:  # before anything in OUT changes
+        check_resume(out, earlier, conversion, fingerprint)
     _remove(out / MANIFEST_NAME)  # unfinished until the very end
     _remove(out / INDEX_NAME)
     for p in out.glob("." + "*" + TEMP_SUFFIX):
         _remove(p)
 
-    fingerprint = plan.fingerprint()
-    earlier = _load_progress(out)
     record = earlier if resume else {}
     if record.get("plan") != fingerprint:
         record = {"plan": fingerprint, "shards": {}}
+    record["conversion"] = conversion
     kept = _keep_finished(out, plan, record)
+    redone = [s.name for s in plan.shards if s.name not in kept]
+    if resume and progress != "none":
+        sys.stderr.write(_resume_note(out, plan, kept, redone, record) + "\n")
     for p in out.glob("model-*-of-*.safetensors"):
         if SHARD_RE.match(p.name) and p.name not in kept:
             _remove(p)
@@ -134,7 +142,24 @@ def _convert_into(src, model, plan, manifest, out, sidecars, resume, workers, pr
         n = len(plan.shards)
         bar.line(f"converted {n} shard{'' if n == 1 else 's'} into {out}"
                  + (f" ({len(kept)} kept from an earlier run)" if kept else ""))
-    return ConvertResult(out, [s.name for s in plan.shards], sorted(kept), written, manifest)
+    return ConvertResult(out, [s.name for s in plan.shards], sorted(kept), written, manifest,
+                         redone=redone if resume else [])
+
+
+def _resume_note(out: Path, plan: OutputPlan, kept: set[str], redone: list[str], record: dict) -> str:
+    """What a resume keeps and what it writes (again), and why."""
+    damaged = [n for n in redone if n in record["shards"]]
+    text = (f"resuming the conversion in {out}: keeping {len(kept)} of {len(plan.shards)} shards "
+            f"(their bytes match the checksums recorded when they were written), writing {len(redone)}")
+    if redone:
+        text += f" ({_names(redone)})"
+    if damaged:
+        text += f"; {_names(damaged)} changed since it was written and is written again"
+    return text + "."
+
+
+def _names(names: list[str]) -> str:
+    return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
 
 
 # ---- output directory -------------------------------------------------------------------
