@@ -1,6 +1,6 @@
 """The long fuzzing run: every target of tests/fuzz_cases.py on many seeded inputs.
 
-    python benchmarks/fuzz_long.py --inputs 10000 [--seconds 1500] [--out docs/fuzz_long.md]
+    python benchmarks/fuzz_long.py --inputs 10000 [--seconds 1500] [--out benchmarks/results/fuzz_long.md]
 
 Inputs are split over the targets by weight (cheap parsers get more). Prints a table of
 inputs, accepted, refused, crashes, hangs and silent accepts per target, and the first

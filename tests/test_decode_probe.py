@@ -1,4 +1,4 @@
-"""benchmarks/decode_probe.py's timing probes compiled for sm_90a with this Triton (its ptxas) without a GPU: in every
+"""benchmarks/probes/decode_probe.py's timing probes compiled for sm_90a with this Triton (its ptxas) without a GPU: in every
 K loop of the hopper_mma GEMMs and of the Gluon kernels a probe issues the same loads and MMAs as the hopper_mma_w_xor
 decode it stands in for; ``nodecode`` keeps the e8m0 factor multiplies and drops at least 4 of the decode's 8
 instructions a word, ``noscale`` (hopper_mma kernels) has no factor multiplies and one logic instruction a word. What
@@ -17,7 +17,7 @@ from sm90_child import ROOT, nvidia_tools, run_child
 
 _COMPILE = r"""
 import json, sys
-sys.path.insert(0, "benchmarks")
+sys.path.insert(0, "benchmarks/probes")
 import decode_probe, hopper_sass as S
 from mxfp4conv.runtime import triton_hopper_kernels as HK, triton_moe as M
 layouts = ["hopper_mma_xor"] + list(decode_probe.register_probes().values())
@@ -75,7 +75,7 @@ def test_gluon_probe_drops_the_decode_and_keeps_the_loads_and_mmas():
 
 
 def test_programs_an_sm_by_registers_and_shared_memory():
-    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks", "probes"))
     from decode_probe import programs_an_sm
     # DSV3-like T = 1024's GEMM1 (4 warps, 68 KB): 168 registers hold 3 programs an SM, 169-184 only 2
     assert [programs_an_sm(r, 68, 4) for r in (168, 169, 184)] == [3, 2, 2]

@@ -22,7 +22,7 @@ from mxfp4conv.runtime.triton_moe import (MoEConfig, expected_experts, fused_moe
                                           gluon_tiles, grouped_masks, grouped_programs1, grouped_takes, grouped_tiles,
                                           loop_tuning, pairs_take, select_config, sum2_by_kernel)
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", "probes"))
 import hopper_sass  # noqa: E402  (the benchmarks' SASS loop counter)
 
 
@@ -351,7 +351,7 @@ def test_one_token_off_gpu_runs_the_hopper_kernels(monkeypatch):
 # Compiled in a child process: this session runs Triton in its interpreter, which cannot compile.
 _COMPILE = r"""
 import json, sys
-sys.path.insert(0, "benchmarks")
+sys.path.insert(0, "benchmarks/probes")
 import hopper_sass
 from mxfp4conv.runtime import gluon_few_tokens, gluon_grouped
 

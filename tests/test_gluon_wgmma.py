@@ -14,7 +14,7 @@ from sm90_child import nvidia_tools, run_child
 
 _COMPILE = r"""
 import json, sys
-sys.path.insert(0, "benchmarks")
+sys.path.insert(0, "benchmarks/probes")
 import hopper_sass as S
 from mxfp4conv.runtime import gluon_wgmma as G
 from mxfp4conv.runtime.gluon_few_tokens import WORDS32_PTX

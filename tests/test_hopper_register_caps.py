@@ -13,7 +13,7 @@ from sm90_child import nvidia_tools, run_child
 
 _COMPILE = r"""
 import json, sys
-sys.path.insert(0, "benchmarks")
+sys.path.insert(0, "benchmarks/probes")
 import hopper_sass as S
 from mxfp4conv.runtime import triton_hopper_kernels as HK, triton_moe as M
 out = []

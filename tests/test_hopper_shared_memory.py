@@ -16,7 +16,7 @@ SM90_SHARED = 227 * 1024  # the most shared memory one program may have on sm_90
 
 _COMPILE = r"""
 import json, sys
-sys.path.insert(0, "benchmarks")
+sys.path.insert(0, "benchmarks/probes")
 import triton.language as tl
 import hopper_sass as S
 from mxfp4conv.runtime import triton_hopper_kernels as HK, triton_moe as M

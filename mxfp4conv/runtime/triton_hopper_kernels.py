@@ -62,7 +62,7 @@ def _decode_ptx(order: str, out: tuple[str, str, str, str], w: str) -> str:
 
 
 ORDER_IDS = {"plain": 0, "rot": 1, "xor": 2}  # the kernels' ROT constexpr for each bit order
-# ROT values no layout maps to: timing probes for benchmarks/decode_probe.py, whose outputs are wrong. 3: a word's
+# ROT values no layout maps to: timing probes for benchmarks/probes/decode_probe.py, whose outputs are wrong. 3: a word's
 # four bf16 pairs in three logic instructions in place of the decode's 8, the e8m0 factors applied as usual; 4: in
 # one, each word xor-ed with its lane's scale word (so every scale byte is still loaded), no factors
 PROBE_IDS = {"nodecode": 3, "noscale": 4}

@@ -803,7 +803,7 @@ def _divisor_splits(requested: int, steps: int) -> int:
 
 
 # programs the few-token Gluon kernels' automatic K splits aim for, measured on an H200 at T = 1
-# (benchmarks/gluon_moe.py): GEMM1 (gate and up, 64-code steps) DSV3-like 4 splits (1024 programs)
+# (benchmarks/probes/gluon_moe.py): GEMM1 (gate and up, 64-code steps) DSV3-like 4 splits (1024 programs)
 # 44.0 us against 54.5 for 2 and 49.0 for 8, K3-like 8 splits (768) 13.5 us against 16.6 for 4;
 # GEMM2 (128-code steps) is fastest unsplit on both (896 programs)
 _GLUON_PROGRAMS1 = 1024

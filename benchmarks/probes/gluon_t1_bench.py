@@ -16,7 +16,7 @@ coming by TMA (/tmas: one-warp programs, a ring of STAGES stages of SUB steps in
 profile of the whole MoE on the same bytes, L2 flushed before each call; the streams by CUDA-graph
 replay over enough copies of the weights to defeat L2.
 
-    python benchmarks/gluon_t1_bench.py [--points dsv3:1,k3:1,k3:8] [--kinds stream,tma_stream] [--quick] [--out DIR]
+    python benchmarks/probes/gluon_t1_bench.py [--points dsv3:1,k3:1,k3:8] [--kinds stream,tma_stream] [--quick] [--out DIR]
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ import argparse
 import os
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [_HERE, os.path.join(_HERE, ".."), os.path.join(_HERE, "..", "..")]  # the probes, the tools, the repository
 
 import torch  # noqa: E402
 import triton  # noqa: E402
@@ -36,7 +37,7 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma  # no
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: E402
 
 from mxfp4conv.runtime.gluon_few_tokens import FACTORS32_PTX, WORDS32_PTX, _barrier, _decode, _offsets  # noqa: E402
-from benchmarks.kernel_split import split as kernel_times  # noqa: E402
+from benchmarks.probes.kernel_split import split as kernel_times  # noqa: E402
 from benchmarks.moe_bench import SHAPES, copy_bandwidth, graph_time_us, make_weights, routing  # noqa: E402
 from mxfp4conv.codec import dequantize_mxfp4  # noqa: E402
 from mxfp4conv.runtime.triton_moe import LAYOUT_SETS, fused_moe_triton, select_config  # noqa: E402

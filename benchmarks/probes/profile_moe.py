@@ -1,7 +1,7 @@
 """One fused MoE call per kernel mode, for a profiler (ncu) to attach to.
 
-    ncu --clock-control none -k regex:moe_gemm -c 4 python benchmarks/profile_moe.py --shape dsv3 --tokens 64
-    ncu --clock-control none -k regex:moe_ python benchmarks/profile_moe.py --layout hopper_mma_xor --shape k3 --tokens 8
+    ncu --clock-control none -k regex:moe_gemm -c 4 python benchmarks/probes/profile_moe.py --shape dsv3 --tokens 64
+    ncu --clock-control none -k regex:moe_ python benchmarks/probes/profile_moe.py --layout hopper_mma_xor --shape k3 --tokens 8
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ programmatic dependent of GEMM1 two ways, each timed by CUDA-graph replay, each
 call routing the tokens to other experts (so L2 holds no weights), interleaved round by round with
 the hopper_mma kernels; ratio = median gluon / hopper_mma.
 
-    python benchmarks/gluon_moe.py [--shapes dsv3,k3] [--tokens 1,2,4,8] [--rounds 3] [--out DIR]
+    python benchmarks/probes/gluon_moe.py [--shapes dsv3,k3] [--tokens 1,2,4,8] [--rounds 3] [--out DIR]
 """
 
 from __future__ import annotations
@@ -22,12 +22,13 @@ import os
 import statistics
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [_HERE, os.path.join(_HERE, ".."), os.path.join(_HERE, "..", "..")]  # the probes, the tools, the repository
 
 import torch  # noqa: E402
 
-from benchmarks.gluon_t1_bench import start_log, write_log  # noqa: E402
-from benchmarks.kernel_split import split as kernel_times  # noqa: E402
+from benchmarks.probes.gluon_t1_bench import start_log, write_log  # noqa: E402
+from benchmarks.probes.kernel_split import split as kernel_times  # noqa: E402
 from benchmarks.moe_bench import SHAPES, graph_time_us, make_weights  # noqa: E402
 from mxfp4conv.codec import dequantize_mxfp4  # noqa: E402
 from mxfp4conv.runtime.activations import resolve_activation  # noqa: E402

@@ -11,7 +11,7 @@ two to a word: ``probe``, one weight matrix with x [K, 16] held in registers and
 as a kernel would run it (gate and up, or one matrix; x's slice loaded each step; the next step's
 words prefetched into registers).
 
-    python benchmarks/gluon_v2_probe.py [--kb 2] [--keep DIR]
+    python benchmarks/probes/gluon_v2_probe.py [--kb 2] [--keep DIR]
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ import subprocess
 import sys
 import tempfile
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [_HERE, os.path.join(_HERE, ".."), os.path.join(_HERE, "..", "..")]  # the probes, the tools, the repository
 
 import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
@@ -32,7 +33,7 @@ from triton.experimental.gluon import language as gl  # noqa: E402
 from triton.experimental.gluon._runtime import GluonASTSource  # noqa: E402
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2  # noqa: E402
 
-from benchmarks.hopper_sass import _tool, loops  # noqa: E402
+from benchmarks.probes.hopper_sass import _tool, loops  # noqa: E402
 from mxfp4conv.runtime.gluon_few_tokens import FACTORS32_PTX, WORDS32_PTX, _decode, _offsets  # noqa: E402
 
 

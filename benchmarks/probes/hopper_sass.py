@@ -7,7 +7,7 @@ registers, stack frame, shared memory, and each loop of 100+ instructions with i
 count and commonest opcodes. The K loop's count is the issue cost of one block_k step; a decode
 change can be judged here before any GPU time is spent (benchmarks/results/performance-notebook.md).
 
-    python benchmarks/hopper_sass.py [--shapes dsv3,k3] [--tokens 1,8,64,4096] [--override JSON]
+    python benchmarks/probes/hopper_sass.py [--shapes dsv3,k3] [--tokens 1,8,64,4096] [--override JSON]
         [--layout hopper_mma_xor|hopper_mma_rot|hopper_mma] [--keep DIR]
 
 --override '{"factor_pairs": 0}' applies config overrides to every point; --layout hopper_mma_rot or
@@ -27,7 +27,8 @@ import subprocess
 import sys
 import tempfile
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [_HERE, os.path.join(_HERE, ".."), os.path.join(_HERE, "..", "..")]  # the probes, the tools, the repository
 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402

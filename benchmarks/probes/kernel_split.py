@@ -2,7 +2,7 @@
 triton_kernels on the same bytes and routing, from torch.profiler (CUDA activity; mean over
 --iters calls after a warm-up; weights > L2 from T ~ 256 on, so the GEMMs read DRAM).
 
-    python benchmarks/kernel_split.py --shapes k3,dsv3 --tokens 2048,4096 [--triton-kernels DIR]
+    python benchmarks/probes/kernel_split.py --shapes k3,dsv3 --tokens 2048,4096 [--triton-kernels DIR]
         [--variants '[{"gluon_split1": 2}]']
 
 --variants: MoEConfig overrides of the default config, each split beside it.
@@ -21,7 +21,8 @@ import sys
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [_HERE, os.path.join(_HERE, ".."), os.path.join(_HERE, "..", "..")]  # the probes, the tools, the repository
 from moe_bench import SHAPES, SITU, make_weights, routing  # noqa: E402
 
 from mxfp4conv.runtime.triton_moe import fused_moe_triton, select_config  # noqa: E402

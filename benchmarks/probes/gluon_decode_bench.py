@@ -19,8 +19,8 @@ map over GF(2) (order_matrix), not a bit permutation as hopper_np.BITS_ROT is.
 - ``rotw`` (no order of its own): hopper_mma_w_rot's words with its two rotations as 64-bit products by 2**10 and
   2**14 whose halves or-ed are the rotation (IMAD.WIDE on the FMA pipe instead of SHF.L.W on the integer pipe).
 
-    python benchmarks/gluon_decode_bench.py --sass            # instructions a K step, no GPU
-    python benchmarks/gluon_decode_bench.py [--points dsv3:1,k3:1,k3:10] [--out DIR]
+    python benchmarks/probes/gluon_decode_bench.py --sass            # instructions a K step, no GPU
+    python benchmarks/probes/gluon_decode_bench.py [--points dsv3:1,k3:1,k3:10] [--out DIR]
 """
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ import tempfile
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [_HERE, os.path.join(_HERE, ".."), os.path.join(_HERE, "..", "..")]  # the probes, the tools, the repository
 
 from mxfp4conv.shuffle.hopper_np import MASK, XOR_DECODE, _bf16_lands, _byte_tables, _order_matrix  # noqa: E402
 
@@ -263,7 +264,7 @@ def loop_sass(fn, consts: dict, types: dict) -> tuple[str, int, collections.Coun
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    from benchmarks.hopper_sass import _tool, loops
+    from benchmarks.probes.hopper_sass import _tool, loops
 
     sig = {n: "constexpr" if n in consts else types.get(n, "i32") for n in fn.arg_names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(sig)
@@ -286,7 +287,7 @@ def sass_table(log) -> None:
     """Instructions a 64-code step of the one-token stream (gluon_t1_bench.stream) in hopper_mma_w_rot's decode (rot;
     rotw: its rotations as wide multiplies) and the xor order's, and of f8_stream, each GEMM1 (gate and up) and
     GEMM2-like (one matrix)."""
-    from benchmarks.gluon_t1_bench import stream
+    from benchmarks.probes.gluon_t1_bench import stream
     from mxfp4conv.runtime.gluon_few_tokens import FACTORS32_PTX, WORDS32_PTX
 
     types = {"w_ptr": "*i32", "s_ptr": "*i32", "x_ptr": "*bf16", "out_ptr": "*fp32"}
@@ -308,8 +309,8 @@ def bench(name, T, copy_bw, log):
     """Production per kernel at T tokens, then the one-token stream (gluon_t1_bench's, one token a touched expert's
     matrices) in hopper_mma_w_rot's decode (rot), the same words with its rotations as wide multiplies (rotw) and the
     xor order, each checked against a float64 product."""
-    from benchmarks.gluon_t1_bench import layer_point, run_stream, stored
-    from benchmarks.kernel_split import split as kernel_times
+    from benchmarks.probes.gluon_t1_bench import layer_point, run_stream, stored
+    from benchmarks.probes.kernel_split import split as kernel_times
     from benchmarks.moe_bench import graph_time_us
     from mxfp4conv.codec import dequantize_mxfp4
     from mxfp4conv.runtime.triton_moe import LAYOUT_SETS, fused_moe_triton
@@ -357,7 +358,7 @@ def bench(name, T, copy_bw, log):
 
 
 def main() -> int:
-    from benchmarks.gluon_t1_bench import start_log, write_log
+    from benchmarks.probes.gluon_t1_bench import start_log, write_log
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--points", default="dsv3:1,k3:1,k3:10", help="shape:T, comma-separated")

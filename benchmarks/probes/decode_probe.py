@@ -14,7 +14,7 @@ ratio = median over rounds of a probe / the default timed beside it; % of the co
 run), then moe_power.py's (each kernel set sustained for --secs on one weight copy, nvidia-smi sampled every 100 ms:
 W, SM clock, energy a call).
 
-    python benchmarks/decode_probe.py [--points dsv3:256,dsv3:1024,k3:1024] [--rounds 3] [--secs 3] [--out DIR]
+    python benchmarks/probes/decode_probe.py [--points dsv3:256,dsv3:1024,k3:1024] [--rounds 3] [--secs 3] [--out DIR]
         [--compile-workers 8]
 """
 
@@ -27,7 +27,8 @@ import statistics
 import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [_HERE, os.path.join(_HERE, ".."), os.path.join(_HERE, "..", "..")]  # the probes, the tools, the repository
 
 import torch  # noqa: E402
 
