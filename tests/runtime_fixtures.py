@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import zlib
 from pathlib import Path
 
 import torch
@@ -130,7 +131,10 @@ def write_converted(root: Path, manifest: dict, tensors: dict[str, torch.Tensor]
             total += tensors[n].numel() * tensors[n].element_size()
     (root / "model.safetensors.index.json").write_text(
         json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}))
-    (root / "mxfp4conv.json").write_text(json.dumps(manifest, indent=2))
+    # the crc32 of every expert tensor's bytes, as convert records them once the shards are written
+    crcs = {n: zlib.crc32(t.contiguous().reshape(-1).view(torch.uint8).numpy()) for n, t in tensors.items()
+            if ".experts.rank" in n}
+    (root / "mxfp4conv.json").write_text(json.dumps({**manifest, "checksums": {"crc32": crcs}}, indent=2))
     return root
 
 

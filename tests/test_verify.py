@@ -154,12 +154,18 @@ def test_flipped_expert_byte_is_found_without_the_source(copy):
     assert ei.value.cls == "checksum" and wm[name] in str(ei.value) and "changed since convert" in str(ei.value)
 
 
-def test_verify_without_record_says_bytes_unchecked(copy):
+def test_verify_without_record_checks_expert_bytes_by_the_manifest(copy):
     from mxfp4conv.convert.run import PROGRESS_NAME
 
     (copy / PROGRESS_NAME).unlink()
     rep = verify(copy)
-    assert rep.ok and any("shard bytes not checked" in c for c in rep.checks)
+    assert rep.ok and any("other tensors not checked" in c for c in rep.checks)
+    wm = json.loads((copy / "model.safetensors.index.json").read_text())["weight_map"]
+    name = next(n for n in sorted(wm) if ".experts.rank" in n and n.endswith("w13_weight_scale"))
+    patch_tensor_byte(copy, name, 3)
+    with pytest.raises(VerifyError) as ei:
+        verify(copy)
+    assert ei.value.cls == "checksum" and name in str(ei.value) and "mxfp4conv.json records" in str(ei.value)
 
 
 def test_manifest_tampering_is_found(src, copy):

@@ -204,9 +204,27 @@ def _check_types(m: dict, bad) -> None:
         wrong.append(f"pad_bytes is {pads!r}, expected bytes 0..255")
     if tgt.get("request") is not None and not isinstance(tgt["request"], dict):
         wrong.append("target.request is not an object")
+    if CHECKSUMS in m:
+        table = m[CHECKSUMS].get("crc32") if isinstance(m[CHECKSUMS], dict) else None
+        if not isinstance(table, dict) or set(m[CHECKSUMS]) != {"crc32"} \
+                or not all(_is_int(v, 0, 0xFFFFFFFF) for v in table.values()):
+            wrong.append(f"{CHECKSUMS} is not {{\"crc32\": {{tensor name: crc32 as a number}}}}")
     if wrong:
         shown = "; ".join(w if len(w) < 160 else w[:157] + "..." for w in wrong[:3])
         raise bad(shown + (f" (and {len(wrong) - 3} more)" if len(wrong) > 3 else ""))
+
+
+def stamped_part(m: dict[str, Any]) -> dict[str, Any]:
+    """The manifest as stamped into every shard: all of it but the checksums of the shards' bytes
+    (known only once they are written)."""
+    return {k: v for k, v in m.items() if k != CHECKSUMS}
+
+
+def expert_checksums(m: dict[str, Any]) -> dict[str, int] | None:
+    """{tensor name: crc32} of the routed-expert tensors (None: an mxfp4conv that did not record
+    them wrote this manifest)."""
+    table = m.get(CHECKSUMS)
+    return table.get("crc32") if isinstance(table, dict) else None
 
 
 def manifest_text(m: dict[str, Any]) -> str:

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from mxfp4conv.convert.manifest import CHECKSUMS, MANIFEST_NAME
+from mxfp4conv.convert.manifest import MANIFEST_NAME, stamped_part
 from mxfp4conv.convert.plan import SHARD_RE
 from mxfp4conv.errors import Mxfp4convError
 
@@ -24,7 +24,7 @@ _LISTED = 6
 
 def identity(manifest: dict, shard_size: int) -> dict[str, Any]:
     """What a conversion is, as the progress file records it."""
-    return {"manifest": {k: v for k, v in manifest.items() if k != CHECKSUMS}, "shard_size": shard_size}
+    return {"manifest": stamped_part(manifest), "shard_size": shard_size}
 
 
 def check_resume(out: Path, record: dict, now: dict, fingerprint: str) -> None:
@@ -66,7 +66,7 @@ def _finished_manifest(out: Path) -> dict | None:
         m = json.loads((out / MANIFEST_NAME).read_text())
     except (OSError, ValueError, RecursionError):
         return None
-    return {k: v for k, v in m.items() if k != CHECKSUMS} if isinstance(m, dict) else None
+    return stamped_part(m) if isinstance(m, dict) else None
 
 
 def _refused(out: Path, diffs: list[str]) -> Mxfp4convError:

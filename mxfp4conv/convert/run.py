@@ -22,7 +22,7 @@ from pathlib import Path
 from mxfp4conv.checkpoint.checks import scale_warnings
 from mxfp4conv.checkpoint.source import INDEX_NAME
 from mxfp4conv.convert.memory import keep_freed_memory
-from mxfp4conv.convert.manifest import MANIFEST_NAME, build_manifest, write_manifest_json
+from mxfp4conv.convert.manifest import CHECKSUMS, MANIFEST_NAME, build_manifest, write_manifest_json
 from mxfp4conv.convert.plan import (
     DEFAULT_SHARD_SIZE, SHARD_RE, OutputPlan, build_plan, parse_size, plan_metadata, resolve_layouts,
 )
@@ -32,7 +32,7 @@ from mxfp4conv.convert.producers import numpy_only, unit_tasks
 from mxfp4conv.convert.progress import Progress
 from mxfp4conv.convert.resume import check_resume, identity
 from mxfp4conv.convert.writer import (
-    TEMP_SUFFIX, ShardWriter, WriteError, _os_error, as_bytes, fsync_dir, shard_checksum,
+    TEMP_SUFFIX, ShardWriter, WriteError, _os_error, as_bytes, fsync_dir, shard_crcs,
 )
 from mxfp4conv.errors import CheckpointError, Mxfp4convError
 
@@ -137,6 +137,9 @@ def _convert_into(src, model, plan, manifest, out, sidecars, resume, workers, pr
 
     index = {"metadata": {"total_size": plan.total_size()}, "weight_map": plan.weight_map()}
     _atomic_write(out / INDEX_NAME, (json.dumps(index, indent=2, sort_keys=True) + "\n").encode())
+    # the crc32 of every routed-expert tensor, checked by the loader as it reads them
+    crcs = {n: c for s in plan.shards for n, c in record["shards"][s.name]["crc32"].items()}
+    manifest = {**manifest, CHECKSUMS: {"crc32": dict(sorted(crcs.items()))}}
     _atomic_write(out / MANIFEST_NAME, write_manifest_json(manifest))
     if progress != "none":
         n = len(plan.shards)
@@ -257,6 +260,11 @@ def _atomic_write(path: Path, data: bytes) -> None:
         raise _os_error(exc, path, "write") from exc
 
 
+def expert_names(shard) -> list[str]:
+    """The routed-expert tensors of a planned shard (those whose crc32 the manifest records)."""
+    return [t.name for t in shard.tensors if t.layer >= 0]
+
+
 def _keep_finished(out: Path, plan: OutputPlan, record: dict) -> set[str]:
     """Shards of an earlier run that match the plan by size and recomputed checksum."""
     kept = set()
@@ -269,11 +277,12 @@ def _keep_finished(out: Path, plan: OutputPlan, record: dict) -> set[str]:
         if rec.get("size") != size or p.stat().st_size != size:
             continue
         try:
-            digest, _ = shard_checksum(p)
+            digest, _, crcs = shard_crcs(p)
         except Mxfp4convError:
             continue
         if digest == rec.get("checksum"):
             kept.add(s.name)
+            rec["crc32"] = {n: crcs[n] for n in expert_names(s)}
     return kept
 
 
@@ -333,7 +342,8 @@ def _write_shards(src, model, plan: OutputPlan, out: Path, kept: set[str], recor
     def finish_one(name: str, w: ShardWriter) -> None:
         # fsync + rename off the submitting thread; the progress record follows the rename
         digest = w.finish()
-        record["shards"][name] = {"size": w.total_size, "checksum": digest}
+        record["shards"][name] = {"size": w.total_size, "checksum": digest,
+                                  "crc32": {n: w.crcs[n] for n in expert_names(by_name[name])}}
         _save_progress(out, record)
         if bar.mode == "lines":
             bar.line(f"finished {name}")

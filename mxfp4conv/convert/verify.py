@@ -25,7 +25,8 @@ from mxfp4conv.checkpoint import strict_json
 from mxfp4conv.checkpoint.safetensors_io import pread_exact, read_header
 from mxfp4conv.checkpoint.source import INDEX_NAME
 from mxfp4conv.convert.manifest import (
-    EXPERT_KINDS, MANIFEST_NAME, SHUFFLE_PAD_BYTE, build_manifest, load_manifest, target_from_manifest,
+    EXPERT_KINDS, MANIFEST_NAME, SHUFFLE_PAD_BYTE, build_manifest, expert_checksums, load_manifest,
+    stamped_part, target_from_manifest,
 )
 from mxfp4conv.convert.plan import LAYOUT_FIELD, SHARD_RE, expert_kinds, expert_tensor_name, stored_shape
 from mxfp4conv.convert.direct_read import DirectReader, merge_ranges
@@ -148,8 +149,9 @@ def _verify(out: Path, source, rep: VerifyReport, workers: int, progress: str) -
             raise VerifyError("header", f"{out / weight_map[name]}: tensor {name} is {e.dtype} "
                               f"{list(e.shape)}, expected {dtype} {list(shape)}.", tensor=name)
     rep.checks.append("expert tensor shapes")
+    table = _checksum_table(out, manifest, expected)
     if source is None:  # with the source every byte is compared instead, naming the first difference
-        rep.checks.append(_check_recorded_checksums(out, sorted(headers)))
+        rep.checks.append(_check_recorded_checksums(out, sorted(headers), table))
         rep.layers = [{"prefix": p, "status": "structure ok"} for p in manifest["moe"]["layers"]]
         return
     keep_freed_memory()  # chunk buffers are reused instead of faulted in afresh (see convert)
@@ -160,34 +162,62 @@ def _verify(out: Path, source, rep: VerifyReport, workers: int, progress: str) -
         reader.close()
 
 
-def _check_recorded_checksums(out: Path, shards: list[str]) -> str:
-    """Recompute every shard's checksum and compare it with the one convert recorded when it
-    wrote the shard: proves the bytes unchanged since, without the source."""
+def _checksum_table(out: Path, manifest: dict, expected: dict) -> dict[str, int]:
+    """The manifest's crc32 of every expert tensor (what the loader checks), complete."""
+    where = out / MANIFEST_NAME
+    table = expert_checksums(manifest)
+    if table is None:
+        raise VerifyError("checksum", f"{where} records no crc32 of the expert tensors (an mxfp4conv "
+                          f"that did not record them wrote it), so loaders cannot check the bytes "
+                          f"they read. Convert the source again.")
+    missing, extra = sorted(set(expected) - set(table)), sorted(set(table) - set(expected))
+    if missing or extra:
+        what = f"lacks {missing[0]}" if missing else f"names {extra[0]}, which is not an expert tensor"
+        raise VerifyError("checksum", f"{where}: its crc32 table {what}; it was edited or belongs to "
+                          f"another conversion. Convert the source again.", tensor=(missing or extra)[0])
+    return table
+
+
+def _check_recorded_checksums(out: Path, shards: list[str], table: dict[str, int]) -> str:
+    """Recompute every tensor's crc32 and every shard's checksum and compare them with the
+    manifest's crc32 table and the checksums convert recorded when it wrote each shard: proves
+    the bytes unchanged since, without the source."""
     from mxfp4conv.convert.run import PROGRESS_NAME
-    from mxfp4conv.convert.writer import shard_checksum
+    from mxfp4conv.convert.writer import shard_crcs
 
     p = out / PROGRESS_NAME
-    if not p.is_file():
-        return f"recorded checksums: none ({PROGRESS_NAME} absent), shard bytes not checked"
-    try:
-        record = json.loads(p.read_text()).get("shards")
-    except (OSError, ValueError, AttributeError, RecursionError):
-        record = None
-    if not isinstance(record, dict):
-        raise VerifyError("checksum", f"{p}: the record of shard checksums is not readable; it was "
-                          f"damaged after the conversion. Convert again, or verify with --source.")
+    record = None
+    if p.is_file():
+        try:
+            record = json.loads(p.read_text()).get("shards")
+        except (OSError, ValueError, AttributeError, RecursionError):
+            record = None
+        if not isinstance(record, dict):
+            raise VerifyError("checksum", f"{p}: the record of shard checksums is not readable; it was "
+                              f"damaged after the conversion. Convert again, or verify with --source.")
     for s in shards:
+        got, _, crcs = shard_crcs(out / s)
+        for name, crc in crcs.items():
+            if name in table and table[name] != crc:
+                raise VerifyError("checksum", f"{out / s}: tensor {name} has crc32 {crc:08x}, but "
+                                  f"{MANIFEST_NAME} records {table[name]:08x}: its bytes changed since "
+                                  f"convert wrote them. Copy or convert it again; verify --source names "
+                                  f"the first differing byte.", shard=s, tensor=name)
+        if record is None:
+            continue
         rec = record.get(s)
         want = rec.get("checksum") if isinstance(rec, dict) else None
         if not isinstance(want, str):
             raise VerifyError("checksum", f"{out / s}: no checksum recorded for this shard in {p.name}; "
                               f"it was not written by this conversion. Convert again.", shard=s)
-        got, _ = shard_checksum(out / s)
         if got != want:
             raise VerifyError("checksum", f"{out / s}: the shard's bytes changed since convert wrote it "
                               f"(checksum {got} differs from the recorded {want}). Copy or convert it "
                               f"again; verify --source names the first differing byte.", shard=s)
-    return f"{len(shards)} shard checksums equal to the ones recorded at conversion"
+    if record is None:
+        return (f"expert tensors' crc32 equal to {MANIFEST_NAME}'s; other tensors not checked "
+                f"({PROGRESS_NAME} absent)")
+    return f"{len(shards)} shard checksums equal to the ones recorded at conversion, expert crc32 to {MANIFEST_NAME}'s"
 
 
 def expected_expert_specs(manifest: dict) -> dict[str, tuple[str, tuple[int, ...]]]:
@@ -241,7 +271,7 @@ def _check_index_and_headers(out: Path, manifest: dict):
             stamped = json.loads(md.get("mxfp4conv", ""))
         except (ValueError, RecursionError):
             stamped = None
-        if stamped != manifest:
+        if stamped != stamped_part(manifest):
             raise VerifyError("header", f"{out / s}: the manifest stamped in __metadata__ differs from "
                               f"{MANIFEST_NAME}; shards from different conversions are mixed.", shard=s)
         for name in h.tensors:

@@ -298,6 +298,12 @@ def write_safetensors(path: Path, tensors: list[tuple[TensorSpec, Iterable]],
 def shard_checksum(path: Path, chunk_bytes: int = 64 << 20) -> tuple[str, int]:
     """Recompute a finished shard's checksum from its bytes (same definition as the writer's).
     Returns (checksum, file size)."""
+    digest, size, _ = shard_crcs(path, chunk_bytes)
+    return digest, size
+
+
+def shard_crcs(path: Path, chunk_bytes: int = 64 << 20) -> tuple[str, int, dict[str, int]]:
+    """(shard checksum, file size, crc32 of every tensor) recomputed from a shard's bytes."""
     h = read_header(path)
     crcs = []
     buf = bytearray(chunk_bytes)
@@ -313,4 +319,4 @@ def shard_checksum(path: Path, chunk_bytes: int = 64 << 20) -> tuple[str, int]:
                 crc = crc32(memoryview(buf)[:k], crc)
                 left -= k
             crcs.append((e.name, e.nbytes, crc))
-    return combine_digest(h.raw, crcs), h.file_size
+    return combine_digest(h.raw, crcs), h.file_size, {name: crc for name, _, crc in crcs}

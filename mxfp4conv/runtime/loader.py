@@ -23,7 +23,8 @@ from safetensors import SafetensorError, safe_open
 
 from mxfp4conv.checkpoint import strict_json
 from mxfp4conv.checkpoint.safetensors_io import read_header
-from mxfp4conv.convert.manifest import MANIFEST_NAME, load_manifest
+from mxfp4conv.convert.crc import crc32
+from mxfp4conv.convert.manifest import MANIFEST_NAME, expert_checksums, load_manifest, stamped_part
 from mxfp4conv.convert.plan import SHARD_RE
 from mxfp4conv.errors import CheckpointError, RuntimeInputError
 from mxfp4conv.runtime.experts import TENSOR_NAMES, WEIGHT_KINDS, MoEExperts, is_aiter_layout
@@ -33,6 +34,9 @@ log = logging.getLogger(__name__)
 
 INDEX = "model.safetensors.index.json"
 RUNTIME_BACKENDS = ("auto", "torch", "triton", "aiter")
+# set to 1 to load expert bytes without checking them against the manifest's crc32s (for bytes
+# verified offline, e.g. with `mxfp4conv verify OUT`); load_moe_layers(check_checksums=False) too
+SKIP_CHECKSUMS_ENV = "MXFP4CONV_SKIP_CHECKSUMS"
 
 
 class LayoutConversionWarning(UserWarning):
@@ -188,7 +192,43 @@ def _shard_headers(root: Path, weight_map: dict[str, str], manifest: dict) -> di
     return headers
 
 
-def _read_tensors(root: Path, names: list[str], weight_map: dict[str, str], headers: dict) -> dict[str, torch.Tensor]:
+def checksums_to_check(manifest: dict, root: Path, check: bool = True) -> dict[str, int] | None:
+    """The manifest's crc32 of every routed-expert tensor, or None when checking is switched off
+    (``check`` False, or ``MXFP4CONV_SKIP_CHECKSUMS=1``)."""
+    if not check or os.environ.get(SKIP_CHECKSUMS_ENV, "").strip().lower() in ("1", "true", "yes"):
+        return None
+    table = expert_checksums(manifest)
+    if table is None:
+        raise CheckpointError(
+            f"{root / MANIFEST_NAME} records no crc32 of the expert tensors (an mxfp4conv that did not "
+            f"record them converted it), so the bytes cannot be checked as they load. Convert the source "
+            f"again; or, for bytes you verified yourself (`mxfp4conv verify {root} --source SOURCE`), load "
+            f"with check_checksums=False, or set {SKIP_CHECKSUMS_ENV}=1 for the vLLM plugin.")
+    return table
+
+
+def _check_crc(spath: Path, name: str, t: torch.Tensor, crcs: dict[str, int]) -> None:
+    """The tensor's bytes against the crc32 convert recorded for them."""
+    want = crcs.get(name)
+    rank = name.split(".experts.rank", 1)[-1].split(".", 1)[0]
+    if want is None:
+        raise CheckpointError(
+            f"{spath.parent / MANIFEST_NAME} records no crc32 for {name} (rank {rank}); the manifest was "
+            f"edited or belongs to another conversion. Convert the source again.")
+    flat = t.reshape(-1)
+    got = crc32(flat.view(torch.uint8).numpy() if flat.numel() else b"")
+    if got != want:
+        raise CheckpointError(
+            f"{spath}: the bytes of tensor {name} (rank {rank}) changed since convert wrote them: crc32 "
+            f"{got:08x}, {MANIFEST_NAME} records {want:08x}. Copy the shard again or convert the source "
+            f"again (`mxfp4conv verify {spath.parent}` checks every shard). Loading was stopped so that "
+            f"no wrong weight is served; {SKIP_CHECKSUMS_ENV}=1 (or check_checksums=False) skips the "
+            f"check for bytes you verified yourself.")
+
+
+def _read_tensors(root: Path, names: list[str], weight_map: dict[str, str], headers: dict,
+                  crcs: dict[str, int] | None = None) -> dict[str, torch.Tensor]:
+    """``crcs``: {name: crc32} each tensor read is checked against (None: no check)."""
     by_shard: dict[str, list[str]] = defaultdict(list)
     for n in names:
         by_shard[weight_map[n]].append(n)
@@ -203,6 +243,8 @@ def _read_tensors(root: Path, names: list[str], weight_map: dict[str, str], head
             with safe_open(str(spath), framework="pt", device="cpu") as f:
                 for n in shard_names:
                     out[n] = f.get_tensor(n)
+                    if crcs is not None:
+                        _check_crc(spath, n, out[n], crcs)
         except (SafetensorError, OSError) as exc:
             raise CheckpointError(f"{spath}: the shard cannot be read ({exc}); re-run `mxfp4conv convert`.") from None
     return out
@@ -213,7 +255,7 @@ def _check_stamp(header, manifest: dict) -> None:
     shards of two conversions mixed, must not load."""
     stamped = header.metadata.get("mxfp4conv")
     try:
-        same = stamped is not None and json.loads(stamped) == manifest
+        same = stamped is not None and json.loads(stamped) == stamped_part(manifest)
     except (ValueError, RecursionError):
         same = False
     if not same:
@@ -268,11 +310,14 @@ def load_moe_layers(
     backend: str = "auto",
     arch: str | None = None,
     tp: int | None = None,
+    check_checksums: bool = True,
 ) -> dict[str, MoEExperts]:
     """Load this rank's routed experts of every MoE layer, keyed by module prefix.
 
     ``backend``: ``auto`` | ``torch`` | ``triton`` | ``aiter``, or the manifest's vLLM backend
     name (which must match). ``arch`` / ``tp``: when given, must match the manifest.
+    ``check_checksums``: check every expert tensor's bytes against the manifest's crc32 as they
+    are read (False, or ``MXFP4CONV_SKIP_CHECKSUMS=1``: only for bytes verified offline).
     """
     root = Path(path)
     manifest = read_manifest(root)
@@ -280,6 +325,7 @@ def load_moe_layers(
     _check_request(manifest, where, rank, arch, tp, backend)
     weight_map = _weight_map(root)
     headers = _shard_headers(root, weight_map, manifest)
+    crcs = checksums_to_check(manifest, root, check_checksums)
     target, moe, layout = manifest["target"], manifest["moe"], manifest["layout"]
     dev = torch.device(device)
     stored_layout = {k: str(layout.get(k, "identity")) for k in WEIGHT_KINDS}
@@ -338,7 +384,7 @@ def load_moe_layers(
     result: dict[str, MoEExperts] = {}
     for prefix in layers:
         wanted = rank_tensor_names(weight_map, prefix, rank, where)
-        tensors = _read_tensors(root, list(wanted.values()), weight_map, headers)
+        tensors = _read_tensors(root, list(wanted.values()), weight_map, headers, crcs)
         t = {kind: tensors[name] for kind, name in wanted.items()}
         ex = MoEExperts(
             prefix=prefix,

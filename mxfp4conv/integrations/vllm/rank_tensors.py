@@ -9,7 +9,7 @@ import torch
 
 from mxfp4conv.errors import CheckpointError
 from mxfp4conv.runtime.experts import WEIGHT_KINDS
-from mxfp4conv.runtime.loader import _read_tensors, _shard_headers, rank_tensor_names
+from mxfp4conv.runtime.loader import _read_tensors, _shard_headers, checksums_to_check, rank_tensor_names
 
 
 def canonical_shapes(manifest: dict[str, Any]) -> dict[str, tuple[int, ...]]:
@@ -32,11 +32,13 @@ def stored_shape(manifest: dict[str, Any], kind: str) -> tuple[int, ...]:
 
 
 def read_layer(root: Path, weight_map: dict[str, str], manifest: dict[str, Any], prefix: str, rank: int) -> dict[str, torch.Tensor]:
-    """{kind: tensor} of one layer and rank: weights and scales as uint8 bytes, the rest as stored."""
+    """{kind: tensor} of one layer and rank: weights and scales as uint8 bytes, the rest as stored,
+    each checked against the manifest's crc32 as it is read (unless MXFP4CONV_SKIP_CHECKSUMS=1)."""
     names = rank_tensor_names(weight_map, prefix, rank, root)
     wanted = {n: weight_map[n] for n in names.values()}
+    crcs = checksums_to_check(manifest, Path(root))
     # the shards this rank reads: complete files, each stamped with this manifest
-    got = _read_tensors(root, list(wanted), wanted, _shard_headers(root, wanted, manifest))
+    got = _read_tensors(root, list(wanted), wanted, _shard_headers(root, wanted, manifest), crcs)
     out = {}
     for kind, name in names.items():
         t = got[name]
