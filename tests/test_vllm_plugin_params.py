@@ -1,16 +1,22 @@
-"""Plugin load == vLLM's own load, byte for byte, on vLLM 0.33.0's code (gfx950, AITER, tp 2).
+"""Plugin load == vLLM's own load, byte for byte, on vLLM's own code (gfx950, AITER, tp 2), for
+each release the suite runs against and for checkpoints written for each modelled release.
 
-Per family, per rank, ``tests/vllm_plugin_probe.py`` runs in the vLLM 0.33.0 harness
-(``tests/vllm_code``: the wheel's Python code on an emulated ROCm gfx950, ``aiter``'s shuffles
-answered by mxfp4conv's pure-torch ones) and builds the layer twice: from the source checkpoint
-through vLLM's weight loader and conversion, and from the converted checkpoint through the plugin.
-Every parameter (dtype, shape, bytes, ``is_shuffled``), the experts class vLLM's kernel is built
-with and the environment afterwards must be equal. AITER's kernels themselves never run here.
+Per family, per rank, ``tests/vllm_plugin_probe.py`` runs in the vLLM harness (``tests/vllm_code``:
+the wheel's Python code on an emulated ROCm gfx950, ``aiter``'s shuffles answered by mxfp4conv's
+pure-torch ones) and builds the layer three times: from the source checkpoint through vLLM's
+weight loader and conversion ("normal"), and twice from the converted checkpoint through the
+plugin, as two layers of one load: the engine's canary (vLLM converts the canonical bytes; the
+result must equal the stored bytes) and a layer on the fast path (the stored bytes skip vLLM's
+conversion and are checked equal afterwards). Every parameter (dtype, shape, bytes,
+``is_shuffled``), the experts class vLLM's kernel is built with and the environment afterwards
+must equal the normal load's, whatever the verdict. AITER's kernels themselves never run here.
 
-Equality is expected of checkpoints converted for vLLM 0.33 (the manifest's ``vllm`` release).
-Quark ``w_mxfp4`` on AITER_MXFP4_BF16 is the one designed difference: vLLM's converter
-de-interleaves its ``[gate; up]`` w13 rows as if they were gpt-oss's interleaved ones, and
-mxfp4conv writes the correct rows (`mxfp4conv plan` says so); there only w2 must be equal.
+The verdict says whether the start-up saving is kept: ``ready`` (the canary agreed, the fast path
+served the stored bytes) or ``convert`` (the engine disagreed with the bytes; vLLM converted the
+canonical bytes of every layer itself). ``convert`` is expected exactly where the checkpoint's
+release and the engine's differ in that family's conversion: Quark ``w_mxfp4`` written for 0.33
+(mxfp4conv writes the [gate; up] rows the kernel needs, vLLM 0.33's converter de-interleaves them
+as if they were gpt-oss's) loaded on vLLM 0.33.
 Quark ``w_mxfp4_a_fp8``: per expert vLLM keeps whichever of the gate / up static input scales it
 loads last (``_load_single_value``), then the max over experts; the format keeps the max of all, so
 the fp8 quantisation of the shared input clips for neither projection. Real exports calibrate
@@ -68,45 +74,120 @@ def _k3_min_per_partition(src) -> int:
     return config.get("text_config", config).get("min_moe_intermediate_per_partition", 256)
 
 
+def modelled(release: str) -> bool:
+    from mxfp4conv.errors import OracleError
+    from mxfp4conv.oracle.releases import resolve_release
+
+    try:
+        return resolve_release(release) == release
+    except OracleError:
+        return False
+
+
+# (checkpoint written for, engine) pairs: each engine with its own release's checkpoint, and a
+# 0.33 checkpoint on 0.34 (the canary judges bytes written for another release)
+LOADS = [("0.33", "0.33.0"), ("0.33", "0.34.0"), ("0.34", "0.34.0")]
+# (family, scheme, written for, engine) -> the verdict where it is not "ready"
+CONVERT = {("quark", "w_mxfp4", "0.33", "0.33.0")}
+
+
 @pytest.fixture(scope="module")
-def results(synth, tmp_path_factory):  # noqa: F811
-    src_dir = harness.require_vllm()
+def converted(synth, tmp_path_factory):  # noqa: F811
+    """{(case id, release): (source, converted)} for every release the oracle models."""
+    out = {}
+    for release in sorted({r for r, _ in LOADS}):
+        if not modelled(release):
+            continue
+        for (family, scheme, kw), name in zip(PLUGIN_CASES, IDS):
+            src = synth(family, scheme, **kw)
+            dst = tmp_path_factory.mktemp("converted") / f"{name}-{release}"
+            convert(src, dst, Target("gfx950", tp=TP, vllm=release), force=True, progress="off")
+            assert manifest_release(read_manifest(dst)) == release
+            out[(name, release)] = (src, dst)
+    return out
+
+
+def run_loads(converted, written: str, version: str, extra: dict | None = None, ids=None) -> dict:
+    if (IDS[0], written) not in converted:
+        pytest.skip(f"the oracle on this tree does not model vLLM {written}")
+    src_dir = harness.require_vllm(version)
     cases, names = [], []
-    for (family, scheme, kw), name in zip(PLUGIN_CASES, IDS):
-        src = synth(family, scheme, **kw)
-        out = tmp_path_factory.mktemp("converted") / name
-        convert(src, out, Target("gfx950", tp=TP), force=True, progress="off")
+    for name in ids or IDS:
+        src, out = converted[(name, written)]
         for case in probe_cases(src, out):
-            cases.append(case)
+            cases.append({**case, **(extra or {})})
             names.append((name, case["rank"]))
-    if manifest_release(read_manifest(out)) != "0.33":
-        pytest.skip("the oracle on this tree does not record vLLM 0.33 in the manifest")
-    got = harness.run_probe("gfx950", "tests/vllm_plugin_probe.py:probe", cases, src=src_dir, timeout=900)
+    got = harness.run_probe("gfx950", "tests/vllm_plugin_probe.py:probe", cases, src=src_dir, timeout=1200)
     return dict(zip(names, got))
 
 
+_RESULTS: dict = {}
+
+
+@pytest.fixture(params=LOADS, ids=[f"written-{w}-on-{v}" for w, v in LOADS])
+def load(request, converted):
+    written, version = request.param
+    if request.param not in _RESULTS:
+        _RESULTS[request.param] = run_loads(converted, written, version)
+    return written, version, _RESULTS[request.param]
+
+
 @pytest.mark.parametrize("family,scheme,kw", PLUGIN_CASES, ids=IDS)
-def test_plugin_load_equals_vllm_load(results, family, scheme, kw):
+def test_plugin_load_equals_vllm_load(load, family, scheme, kw):
+    written, version, results = load
+    name = IDS[PLUGIN_CASES.index((family, scheme, kw))]
     for rank in range(TP):
-        r = results[(IDS[PLUGIN_CASES.index((family, scheme, kw))], rank)]
+        r = results[(name, rank)]
         assert "raised" not in r, r
-        normal, plugin = r["normal"], r["plugin"]
+        normal = r["normal"]
         assert normal["loaded"], "the source's experts did not reach vLLM's parameters"
-        if (family, scheme) == ("quark", "w_mxfp4") and normal["backend"] == "AITER_MXFP4_BF16":
-            w2 = {k: v for k, v in normal["params"].items() if k.startswith("w2_")}
-            assert {k: plugin["params"][k] for k in w2} == w2
-            assert plugin["params"]["w13_weight"] != normal["params"]["w13_weight"]
-            continue
-        if (family, scheme) == ("quark", "w_mxfp4_a_fp8") and not kw:
-            rest = {k: v for k, v in normal["params"].items() if k != "w13_input_scale"}
-            assert {k: plugin["params"][k] for k in rest} == rest and "w2_input_scale" in rest
-            (ours,), (vllms,) = plugin["params"]["w13_input_scale"][-1], normal["params"]["w13_input_scale"][-1]
-            assert ours > vllms, "the synthetic gate / up scales differ: the max is the larger"
-            continue
-        assert plugin["params"] == normal["params"], (rank, plugin["mode"])
-        env = dict(normal["env"])
-        if not normal["backend"].startswith("AITER"):  # set by hand on the source's server, unused there
-            env.pop("VLLM_ROCM_USE_AITER", None)
-        assert (plugin["backend"], plugin["experts"], plugin["env"]) == (normal["backend"], normal["experts"], env)
+        if r["plugin"]["mode"] == "kernel_ready":
+            ((outcome, reason),) = r["verdicts"]
+            expect = "convert" if (family, scheme, written, version) in CONVERT else "ready"
+            assert outcome == expect, reason
+        else:  # identity bytes that vLLM converts itself: nothing to judge
+            assert r["verdicts"] == [] and r["checked"] == 0
+        for role in ("canary", "plugin"):
+            got = r[role]
+            assert "raised" not in got, got
+            if (family, scheme) == ("quark", "w_mxfp4_a_fp8") and not kw:
+                rest = {k: v for k, v in normal["params"].items() if k != "w13_input_scale"}
+                assert {k: got["params"][k] for k in rest} == rest and "w2_input_scale" in rest
+                # one scale (0.33: the max over experts) or one per expert (0.34)
+                ours, vllms = got["params"]["w13_input_scale"][-1], normal["params"]["w13_input_scale"][-1]
+                assert len(ours) == len(vllms) and all(o >= v for o, v in zip(ours, vllms))
+                assert any(o > v for o, v in zip(ours, vllms)), "the synthetic gate / up scales differ: the max is the larger"
+            else:
+                assert got["params"] == normal["params"], (rank, role, got["mode"])
+            env = dict(normal["env"])
+            if not normal["backend"].startswith("AITER"):  # set by hand on the source's server, unused there
+                env.pop("VLLM_ROCM_USE_AITER", None)
+            assert (got["backend"], got["experts"], got["env"]) == (normal["backend"], normal["experts"], env)
         if normal["backend"].startswith("AITER"):
-            assert plugin["mode"] == "kernel_ready" and normal["params"]["w13_weight"][3] is True
+            assert r["plugin"]["mode"] == "kernel_ready" and normal["params"]["w13_weight"][3] is True
+            assert r["checked"] == (1 if outcome == "ready" else 0)
+            assert r["canary"]["mode"] == "kernel_ready"
+
+
+def test_double_conversion_is_caught_not_served(converted):
+    """A release that shuffles the experts again after its converter: the canary layer (converted
+    by vLLM itself) is right, the fast-path layer is refused, never served."""
+    results = run_loads(converted, "0.33", "0.33.0", {"convert_twice": True}, ids=["kimi_k3-None", "deepseek_v4-None"])
+    for (name, rank), r in results.items():
+        assert r["verdicts"] == [["ready", "equal"]], (name, rank)
+        assert r["canary"]["params"] == r["normal"]["params"]
+        refused = r["plugin"]
+        assert refused.get("raised") == "RuntimeInputError", refused
+        assert "w13_weight no longer holds the converted checkpoint's bytes" in refused["message"]
+        assert "Nothing was served" in refused["message"]
+
+
+def test_canary_mismatch_refused_in_strict_mode(converted):
+    """Strict mode: the engine's disagreement (Quark w_mxfp4 written for 0.33, on vLLM 0.33) is a
+    refusal naming the tensor, the first differing byte and both releases."""
+    results = run_loads(converted, "0.33", "0.33.0", {"strict": True}, ids=["quark-w_mxfp4"])
+    for r in results.values():
+        refused = r["canary"]
+        assert refused.get("raised") == "RuntimeInputError", refused
+        msg = refused["message"]
+        assert "w13_weight first differs at byte offset" in msg and "vLLM 0.33" in msg and "Strict mode" in msg

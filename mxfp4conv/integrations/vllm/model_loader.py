@@ -5,7 +5,10 @@ backend choice and kernels) is built; load every tensor that is not a converted 
 vLLM's default loader does (``model.load_weights``); for each MoE layer check the manifest
 against the live layer (``checks.check_layer``), read only this rank's
 ``{P}.experts.rank{r}.*`` and put it into the layer (``layer.install``), bypassing the slicing
-and padding weight loader.
+and padding weight loader. Kernel-ready bytes are judged by the live engine (``judge``) when
+vLLM processes the layers after loading; ``MXFP4CONV_STRICT=1`` or
+``--model-loader-extra-config '{"strict": true}'`` refuses a checkpoint the engine disagrees with
+instead of letting vLLM convert its canonical bytes.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from safetensors import safe_open
 from mxfp4conv.errors import CheckpointError
 from mxfp4conv.integrations.vllm.checks import LayerPlan, check_layer
 from mxfp4conv.integrations.vllm.facts import METHODS, layer_facts
-from mxfp4conv.integrations.vllm.layer import install
+from mxfp4conv.integrations.vllm.layer import install, new_judge
 from mxfp4conv.integrations.vllm.rank_tensors import read_layer
 from mxfp4conv.runtime.loader import _weight_map, apply_runtime_env, read_manifest
 
@@ -159,10 +162,11 @@ def loader_class():
             plans = plan_layers(model, manifest, where)
             weight_map = _weight_map(root)
             model.load_weights(non_expert_tensors(root, weight_map))
+            judge = new_judge(manifest, where, getattr(self.load_config, "model_loader_extra_config", None))
             for layer, plan in plans:
                 if plan.mode != "mxfp4conv_kernel":
                     stored = read_layer(root, weight_map, manifest, plan.prefix, plan.rank)
-                    install(layer, plan, stored, manifest, f"{where} ({plan.prefix}.experts.rank{plan.rank})")
+                    install(layer, plan, stored, manifest, f"{where} ({plan.prefix}.experts.rank{plan.rank})", judge)
             own = [(layer, plan) for layer, plan in plans if plan.mode == "mxfp4conv_kernel"]
             if own:
                 load_into_mxfp4conv_kernel(root, own)
