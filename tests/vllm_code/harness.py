@@ -30,6 +30,7 @@ API (all importable without vLLM)::
   is a release number (``0.33.0``, the default, ``0.34.0``: ``VERSIONS`` lists those the suite
   runs against) or the path of a ``vllm-*.whl`` (a release not modelled yet).
 - ``source_version(src)``: the version of an extracted tree (from its wheel's name).
+- ``versions()``: the releases a run checks (``VERSIONS``, or ``$MXFP4CONV_VLLM_VERSIONS``).
 
 Wheels: ``$MXFP4CONV_WHEEL_CACHE`` (default ``~/.cache/mxfp4conv-wheels``) holds
 ``vllm-<version>-*.whl``; when one is missing it is fetched with
@@ -50,6 +51,13 @@ from pathlib import Path
 
 VLLM_RELEASE = "0.33.0"  # the default release of the suite
 VERSIONS = ("0.33.0", "0.34.0")  # the releases the conformance suite runs against
+
+
+def versions() -> tuple[str, ...]:
+    """The releases (or wheel paths) a run checks: ``$MXFP4CONV_VLLM_VERSIONS`` (comma-separated
+    versions or ``vllm-*.whl`` paths: a release not modelled yet), else ``VERSIONS``."""
+    raw = os.environ.get("MXFP4CONV_VLLM_VERSIONS", "")
+    return tuple(v.strip() for v in raw.split(",") if v.strip()) or VERSIONS
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
 WORKER = HERE / "worker.py"
