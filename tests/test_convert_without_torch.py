@@ -1,5 +1,6 @@
-"""A conversion whose every step has a numpy path never imports torch, and writes the same
-bytes as the torch paths."""
+"""The converter runs without torch (the base install has none): every command, for every
+family, in a process where ``import torch`` fails; and numpy writes the same bytes as the torch
+paths."""
 
 import dataclasses
 import os
@@ -39,7 +40,10 @@ def _files(d: Path) -> dict[str, bytes]:
 CASES = [("kimi_k3", None, "gfx950", 1), ("kimi_k3", None, "gfx950", 2), ("kimi_k3", None, "sm90", 1),
          ("kimi_k3", None, "gfx942", 2), ("deepseek_v4", None, "gfx950", 2), ("deepseek_v4", None, "sm90", 2),
          ("quark", "w_mxfp4", "gfx950", 2), ("quark", "w_mxfp4_a_mxfp4", "gfx950", 1),
-         ("compressed_tensors", None, "sm90", 2)]
+         ("quark", "w_mxfp4_a_mxfp4", "gfx1250", 2), ("compressed_tensors", None, "sm90", 2),
+         ("gpt_oss", None, "gfx950", 2), ("gpt_oss", None, "gfx942", 2), ("gpt_oss", None, "gfx1250", 1),
+         ("gpt_oss", None, "sm90", 2), ("gpt_oss", None, "cpu", 1), ("quark_gpt_oss", "w_mxfp4_a_fp8", "gfx950", 2),
+         ("quark_gpt_oss", "w_mxfp4", "gfx942", 1)]
 
 
 @pytest.mark.parametrize("family,scheme,arch,tp", CASES)
@@ -128,3 +132,52 @@ def test_convert_without_the_compiled_extension(src, tmp_path):
     ref = tmp_path / "ref"
     convert(str(src), ref, Target(arch="sm90", tp=1), progress="none", workers=2, chunk_bytes=50_000)
     assert _files(out) == _files(ref)
+
+
+# ``import torch`` (and triton) fails in the child, as on an install without the runtime extra
+NO_TORCH_CLI = textwrap.dedent("""
+    import sys
+
+    class NoTorch:
+        def find_spec(self, name, path=None, target=None):
+            if name.split(".")[0] in ("torch", "triton"):
+                raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+
+    sys.meta_path.insert(0, NoTorch())
+    from mxfp4conv.cli import main
+    main()
+""")
+
+# one target each family converts to (as vLLM 0.33.0 decides it), and one it plans for
+CLI_FAMILIES = [("kimi_k3", None, "gfx950", "sm90"), ("deepseek_v4", None, "sm90", "gfx942"),
+                ("quark", "w_mxfp4_a_fp8", "gfx942", "gfx950"), ("gpt_oss", None, "gfx942", "cpu"),
+                ("compressed_tensors", "w_mxfp4_a_fp8", "gfx1250", "sm100"),
+                ("quark_gpt_oss", "w_mxfp4_a_fp8", "gfx950", "sm90")]
+
+
+@pytest.mark.parametrize("family,scheme,arch,other", CLI_FAMILIES)
+def test_every_command_runs_where_torch_cannot_be_imported(tmp_path, family, scheme, arch, other):
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+
+    def cli(*args):
+        p = subprocess.run([sys.executable, "-c", NO_TORCH_CLI, *args], capture_output=True, text=True,
+                           env=env, cwd=tmp_path, timeout=300)
+        assert p.returncode == 0, (args, p.stderr)
+        assert "torch" not in p.stderr, p.stderr
+        return p.stdout
+
+    cli("example", family, "src", *(["--scheme", scheme] if scheme else []))
+    assert f"family        {family.replace('quark_gpt_oss', 'quark')}" in cli("inspect", "src")
+    cli("plan", "src", "--arch", other, "--tp", "2")
+    cli("convert", "src", "out", "--arch", arch, "--tp", "2", "--quiet")
+    assert "verified out against src" in cli("verify", "out", "--source", "src", "--quiet")
+    assert "converted by mxfp4conv" in cli("inspect", "out")
+
+
+def test_the_runtime_without_torch_says_which_extra_to_install():
+    child = NO_TORCH_CLI.replace("from mxfp4conv.cli import main\nmain()", "import mxfp4conv.runtime")
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    p = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, env=env, timeout=120)
+    assert p.returncode == 1
+    assert "ImportError: mxfp4conv.runtime needs torch" in p.stderr
+    assert "pip install 'mxfp4conv[runtime]'" in p.stderr and "download.pytorch.org/whl/cpu" in p.stderr

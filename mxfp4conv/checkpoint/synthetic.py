@@ -13,11 +13,12 @@ import math
 import os
 import shutil
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-from safetensors.torch import save_file
+import numpy as np
 
+from mxfp4conv.convert.writer import TensorSpec, write_safetensors
 from mxfp4conv.errors import CheckpointError
 
 FAMILIES = ("kimi_k3", "deepseek_v4", "quark", "gpt_oss", "compressed_tensors", "quark_gpt_oss")
@@ -38,42 +39,77 @@ DEFAULTS = {
 }
 
 
+@dataclass(frozen=True)
+class _Raw:
+    """A tensor as safetensors stores it: dtype string, logical shape and the raw bytes."""
+
+    dtype: str
+    shape: tuple[int, ...]
+    data: np.ndarray  # any numpy array holding the bytes, in order
+
+
+def _bf16(x: np.ndarray) -> np.ndarray:
+    """float32 -> bfloat16 bits (uint16), rounded to nearest even."""
+    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def _e4m3_values() -> np.ndarray:
+    """The float value of every FP8 E4M3 (fn) code 0..127; 0x7F is NaN."""
+    e, m = np.arange(128) >> 3, np.arange(128) & 7
+    v = np.where(e == 0, m / 8 * 2.0 ** -6, (1 + m / 8) * 2.0 ** (e - 7))
+    v[0x7F] = np.inf  # never the nearest
+    return v
+
+
+def _e4m3(x: np.ndarray) -> np.ndarray:
+    """float -> FP8 E4M3 codes (uint8), nearest value, saturating at 448."""
+    vals = _e4m3_values()
+    mag = np.minimum(np.abs(x), 448.0)
+    hi = np.clip(np.searchsorted(vals[:0x7F], mag), 1, 0x7E)
+    code = np.where(np.abs(vals[hi - 1] - mag) <= np.abs(vals[hi] - mag), hi - 1, hi)
+    return (code | np.where(x < 0, 0x80, 0)).astype(np.uint8)
+
+
 class _Tensors:
     """Tensors in emission order, with a marker for the first MoE layer's experts."""
 
     def __init__(self, seed: int, weight_dtype: str, scale_dtype: str):
-        self.gen = torch.Generator().manual_seed(seed)
-        self.items: list[tuple[str, torch.Tensor]] = []
+        self.gen = np.random.default_rng(seed)
+        self.items: list[tuple[str, _Raw]] = []
         self.split_at: int | None = None  # index in items where shard 2 starts
         self.weight_dtype, self.scale_dtype = weight_dtype, scale_dtype
 
-    def add(self, name: str, t: torch.Tensor) -> None:
+    def add(self, name: str, t: _Raw) -> None:
         self.items.append((name, t))
 
+    def randn(self, *shape: int) -> np.ndarray:
+        return self.gen.standard_normal(shape, dtype=np.float32)
+
     def bf16(self, name: str, *shape: int) -> None:
-        self.add(name, (torch.randn(shape, generator=self.gen) * 0.02).to(torch.bfloat16))
+        self.add(name, _Raw("BF16", shape, _bf16(self.randn(*shape) * 0.02)))
 
     def f32(self, name: str, *shape: int) -> None:
-        self.add(name, torch.randn(shape, generator=self.gen) * 0.02)
+        self.add(name, _Raw("F32", shape, self.randn(*shape) * 0.02))
 
     def ones(self, name: str, n: int) -> None:
-        self.add(name, torch.ones(n, dtype=torch.bfloat16))
+        self.add(name, _Raw("BF16", (n,), _bf16(np.ones(n, dtype=np.float32))))
+
+    def input_scale(self, name: str, dtype: str = "F32", value: float | None = None) -> float:
+        """A static fp8 input scale (a scalar); returns its value."""
+        v = np.float32(self.gen.random() * 0.01 + 0.001 if value is None else value)
+        self.add(name, _Raw(dtype, (), _bf16(np.array(v)) if dtype == "BF16" else np.array(v)))
+        return float(v)
 
     def fp8_block(self, name: str, n: int, k: int, scale_suffix: str = "scale") -> None:
         """DeepSeek FP8: E4M3 weight + F8_E8M0 scale per 128x128 block."""
-        self.add(name + ".weight", torch.randn((n, k), generator=self.gen).to(torch.float8_e4m3fn))
-        s = torch.randint(118, 128, (math.ceil(n / 128), math.ceil(k / 128)), generator=self.gen,
-                          dtype=torch.uint8)
-        self.add(f"{name}.{scale_suffix}", s.view(torch.float8_e8m0fnu))
+        self.add(name + ".weight", _Raw("F8_E4M3", (n, k), _e4m3(self.randn(n, k))))
+        shape = (math.ceil(n / 128), math.ceil(k / 128))
+        self.add(f"{name}.{scale_suffix}", _Raw("F8_E8M0", shape, self.gen.integers(118, 128, shape, dtype=np.uint8)))
 
-    def mxfp4(self, n: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def mxfp4(self, n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Packed uint8 [n, k/2] and e8m0 uint8 [n, k/32] of random normal values."""
-        x = torch.randn((n, k), generator=self.gen)
-        try:
-            from mxfp4conv.codec import quantize_mxfp4
-        except ImportError:  # pragma: no cover - the codec ships with the package
-            quantize_mxfp4 = _quantize
-        return quantize_mxfp4(x)
+        return _quantize(self.randn(n, k))
 
     def expert(self, name: str, scale_name: str, n: int, k: int) -> None:
         w, s = self.mxfp4(n, k)
@@ -85,26 +121,29 @@ class _Tensors:
             self.split_at = len(self.items)
 
 
-def _quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Minimal MXFP4 quantiser (floor-log2 scales, nearest e2m1), used without the codec."""
-    grid = torch.tensor([0, 0.5, 1, 1.5, 2, 3, 4, 6])
-    b = x.unflatten(-1, (-1, 32))
-    amax = b.abs().amax(-1).clamp_min(2.0 ** -120)
-    code = (torch.floor(torch.log2(amax)) - 2 + 127).clamp(1, 254)
-    y = b / torch.exp2(code - 127).unsqueeze(-1)
-    idx = (y.abs().unsqueeze(-1) - grid).abs().argmin(-1)
-    nib = (idx + 8 * (y < 0)).to(torch.uint8).flatten(-2)
-    return nib[..., 0::2] | (nib[..., 1::2] << 4), code.to(torch.uint8)
+E2M1 = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6], dtype=np.float32)
 
 
-def _as_dtype(t: torch.Tensor, dtype: str) -> torch.Tensor:
-    """Raw bytes stored under the dtype string ``dtype`` (same bytes, header differs)."""
-    views = {"U8": torch.uint8, "I8": torch.int8, "F8_E8M0": torch.float8_e8m0fnu,
-             "F4": torch.float4_e2m1fn_x2}
-    if dtype not in views:
+def _quantize(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """MXFP4 of ``x[..., K]``: per 32 values an e8m0 scale 2**(floor(log2(amax)) - 2) (AITER's
+    rule) and the nearest e2m1 code of each value over it, saturating at 6."""
+    b = x.reshape(*x.shape[:-1], -1, 32)
+    amax = np.maximum(np.abs(b).max(-1), np.float32(2.0 ** -120))
+    code = np.clip(np.floor(np.log2(amax)) - 2 + 127, 1, 254)
+    y = b / np.exp2(code - 127)[..., None]
+    idx = np.abs(np.abs(y)[..., None] - E2M1).argmin(-1)
+    nib = (idx + 8 * (y < 0)).astype(np.uint8).reshape(*x.shape)
+    return nib[..., 0::2] | (nib[..., 1::2] << 4), code.astype(np.uint8)
+
+
+def _as_dtype(t: np.ndarray, dtype: str) -> _Raw:
+    """MXFP4 bytes stored under the dtype string ``dtype`` (same bytes, header differs; F4
+    counts two elements per byte)."""
+    if dtype not in ("U8", "I8", "F8_E8M0", "F4"):
         raise CheckpointError(f"synthetic checkpoints store MXFP4 bytes as U8, I8, F8_E8M0 or F4, "
                               f"not {dtype!r}.")
-    return t.contiguous().view(views[dtype])
+    shape = tuple(t.shape[:-1]) + (t.shape[-1] * 2,) if dtype == "F4" else tuple(t.shape)
+    return _Raw(dtype, shape, t)
 
 
 def make_checkpoint(family: str, out_dir: str | os.PathLike, *, scheme: str | None = None,
@@ -153,6 +192,7 @@ def make_checkpoint(family: str, out_dir: str | os.PathLike, *, scheme: str | No
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+        os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes it private; the example is an ordinary folder
     except OSError as exc:
         raise CheckpointError(f"{out}: cannot create the example directory here ({exc.strerror}); "
                               f"choose a path inside a writable directory.") from None
@@ -196,6 +236,12 @@ def make_checkpoint(family: str, out_dir: str | os.PathLike, *, scheme: str | No
     return out
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def _write_json(path: Path, obj) -> None:
     path.write_text(json.dumps(obj, indent=2) + "\n")
 
@@ -214,10 +260,11 @@ def _write_shards(root: Path, ts: _Tensors, num_shards: int, *, zero_indexed: bo
         # gpt-oss numbers its shards from 0 (model-00000-of-00014 for 15 files).
         fname = (f"model-{i:05d}-of-{num_shards - 1:05d}.safetensors" if zero_indexed
                  else f"model-{i + 1:05d}-of-{num_shards:05d}.safetensors")
-        save_file({n: t.contiguous() for n, t in group}, str(root / fname), metadata={"format": "pt"})
+        write_safetensors(root / fname, [(TensorSpec(n, t.dtype, t.shape), [t.data]) for n, t in group],
+                          metadata={"format": "pt"})
         for n, t in group:
             weight_map[n] = fname
-            total += t.numel() * t.element_size()
+            total += t.data.nbytes
     _write_json(root / "model.safetensors.index.json",
                 {"metadata": {"total_size": total}, "weight_map": weight_map})
 
@@ -317,7 +364,7 @@ def _deepseek_v4(ts: _Tensors, g: dict, scheme: str, opts: dict) -> dict:
         f = f"{p}.ffn"
         ts.bf16(f"{f}.gate.weight", E, H)
         if i == 0:  # num_hash_layers = 1: token-id hash routing instead of a bias
-            ts.add(f"{f}.gate.tid2eid", torch.randint(0, E, (V, k), generator=ts.gen, dtype=torch.int64))
+            ts.add(f"{f}.gate.tid2eid", _Raw("I64", (V, k), ts.gen.integers(0, E, (V, k), dtype=np.int64)))
         else:
             ts.f32(f"{f}.gate.bias", E)
         for w, n, kk in (("w1", I, H), ("w3", I, H), ("w2", H, I)):
@@ -396,16 +443,16 @@ def _quark(ts: _Tensors, g: dict, scheme: str, opts: dict) -> dict:
     static_fp8 = scheme.endswith("_a_fp8")
     dense_i = 2 * I
 
-    shared: dict[str, torch.Tensor] = {}
+    shared: dict[str, float] = {}
 
     def linear(p: str, n: int, k: int) -> None:
         ts.expert(f"{p}.weight", f"{p}.weight_scale", n, k)
         if static_fp8:
             mlp, proj = p.rsplit(".", 1)
-            scale = torch.rand((), generator=ts.gen) * 0.01 + 0.001
+            value = shared.get(mlp) if opts.get("shared_input_scales") and proj in ("gate_proj", "up_proj") else None
+            v = ts.input_scale(f"{p}.input_scale", "F32", value)
             if opts.get("shared_input_scales") and proj in ("gate_proj", "up_proj"):
-                scale = shared.setdefault(mlp, scale).clone()
-            ts.add(f"{p}.input_scale", scale)
+                shared.setdefault(mlp, v)
 
     ts.bf16("model.embed_tokens.weight", V, H)
     for layer in range(L + 1):
@@ -465,19 +512,19 @@ def _gpt_oss(ts: _Tensors, g: dict, scheme: str, opts: dict) -> dict:
             gw, gs = ts.mxfp4(I, H)
             uw, us = ts.mxfp4(I, H)
             # Rows interleaved: 2i = gate channel i, 2i+1 = up channel i.
-            gu_w.append(torch.stack([gw, uw], 1).reshape(2 * I, H // 2))
-            gu_s.append(torch.stack([gs, us], 1).reshape(2 * I, H // 32))
+            gu_w.append(np.stack([gw, uw], 1).reshape(2 * I, H // 2))
+            gu_s.append(np.stack([gs, us], 1).reshape(2 * I, H // 32))
             dw, ds = ts.mxfp4(H, I)
             d_w.append(dw)
             d_s.append(ds)
         x = f"{p}.mlp.experts"
-        ts.add(f"{x}.gate_up_proj_blocks", _as_dtype(torch.stack(gu_w).reshape(E, 2 * I, H // 32, 16), ts.weight_dtype))
-        ts.add(f"{x}.gate_up_proj_scales", _as_dtype(torch.stack(gu_s), ts.scale_dtype))
+        ts.add(f"{x}.gate_up_proj_blocks", _as_dtype(np.stack(gu_w).reshape(E, 2 * I, H // 32, 16), ts.weight_dtype))
+        ts.add(f"{x}.gate_up_proj_scales", _as_dtype(np.stack(gu_s), ts.scale_dtype))
         ts.bf16(f"{x}.gate_up_proj_bias", E, 2 * I)
         if layer == 0:
             ts.mark_split()
-        ts.add(f"{x}.down_proj_blocks", _as_dtype(torch.stack(d_w).reshape(E, H, I // 32, 16), ts.weight_dtype))
-        ts.add(f"{x}.down_proj_scales", _as_dtype(torch.stack(d_s), ts.scale_dtype))
+        ts.add(f"{x}.down_proj_blocks", _as_dtype(np.stack(d_w).reshape(E, H, I // 32, 16), ts.weight_dtype))
+        ts.add(f"{x}.down_proj_scales", _as_dtype(np.stack(d_s), ts.scale_dtype))
         ts.bf16(f"{x}.down_proj_bias", E, H)
     ts.ones("model.norm.weight", H)
     ts.bf16("lm_head.weight", V, H)
@@ -590,20 +637,18 @@ def _quark_gpt_oss(ts: _Tensors, g: dict, scheme: str, opts: dict) -> dict:
             x = f"{p}.mlp.experts.{e}"
             ts.bf16(f"{x}.down_proj.bias", H)
             if static_fp8:
-                ts.add(f"{x}.down_proj.input_scale",
-                       (torch.rand((), generator=ts.gen) * 0.01 + 0.001).to(torch.bfloat16))
+                ts.input_scale(f"{x}.down_proj.input_scale", "BF16")
             ts.expert(f"{x}.down_proj.weight", f"{x}.down_proj.weight_scale", H, I)
             ts.bf16(f"{x}.gate_up_proj.bias", 2 * I)
             if static_fp8:
-                ts.add(f"{x}.gate_up_proj.input_scale",
-                       (torch.rand((), generator=ts.gen) * 0.01 + 0.001).to(torch.bfloat16))
+                ts.input_scale(f"{x}.gate_up_proj.input_scale", "BF16")
             gw, gs = ts.mxfp4(I, H)
             uw, us = ts.mxfp4(I, H)
             # Rows interleaved: 2i = gate channel i, 2i+1 = up channel i.
             ts.add(f"{x}.gate_up_proj.weight",
-                   _as_dtype(torch.stack([gw, uw], 1).reshape(2 * I, H // 2), ts.weight_dtype))
+                   _as_dtype(np.stack([gw, uw], 1).reshape(2 * I, H // 2), ts.weight_dtype))
             ts.add(f"{x}.gate_up_proj.weight_scale",
-                   _as_dtype(torch.stack([gs, us], 1).reshape(2 * I, H // 32), ts.scale_dtype))
+                   _as_dtype(np.stack([gs, us], 1).reshape(2 * I, H // 32), ts.scale_dtype))
         ts.bf16(f"{p}.mlp.router.bias", E)
         ts.bf16(f"{p}.mlp.router.weight", E, H)
         ts.ones(f"{p}.post_attention_layernorm.weight", H)

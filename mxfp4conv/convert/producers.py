@@ -19,7 +19,7 @@ import numpy as np
 from mxfp4conv.convert.manifest import SHUFFLE_PAD_BYTE
 from mxfp4conv.convert.plan import OutputPlan, Unit
 from mxfp4conv.convert.direct_read import DirectReader, build_chunk_direct, build_chunk_direct_np
-from mxfp4conv.convert.rank_tensors import WEIGHT_KINDS, build_chunk, find_nan_scale
+from mxfp4conv.convert.rank_tensors import WEIGHT_KINDS, build_chunk, build_chunk_np, find_nan_scale
 from mxfp4conv.errors import Mxfp4convError
 
 COPY_CHUNK = 32 << 20
@@ -91,10 +91,8 @@ def is_direct(layer, plan: OutputPlan) -> bool:
 
 
 def numpy_only(model, plan: OutputPlan) -> bool:
-    """Whether converting runs without torch: every MoE layer is read directly and every layout
-    of the plan has a numpy path."""
-    return (all(is_direct(layer, plan) for layer in model.layers)
-            and all(plan.layouts[kind].forward_np is not None for kind in plan.kinds))
+    """Whether converting runs without torch: every layout of the plan has a numpy path."""
+    return all(plan.layouts[kind].forward_np is not None for kind in plan.layouts)
 
 
 def _layer_tasks(src, model, plan: OutputPlan, unit: Unit, chunk_bytes: int, allow_nan: bool,
@@ -103,7 +101,7 @@ def _layer_tasks(src, model, plan: OutputPlan, unit: Unit, chunk_bytes: int, all
     names = {(t.rank, t.kind): t.name for t in unit.tensors}
     g = plan.geometry
     direct = is_direct(layer, plan)
-    with_numpy = direct and all(plan.layouts[kind].forward_np is not None for kind in plan.kinds)
+    with_numpy = numpy_only(model, plan)
 
     def direct_task(experts: range):
         def run() -> list:
@@ -123,24 +121,24 @@ def _layer_tasks(src, model, plan: OutputPlan, unit: Unit, chunk_bytes: int, all
         return run
 
     def task(experts: range):
-        from mxfp4conv.checkpoint.experts import read_expert
+        from mxfp4conv.checkpoint.experts import read_expert, read_expert_np
 
         def run() -> list:
             data = []
             for e in experts:
-                ex = read_expert(src, layer, e)
+                ex = (read_expert_np if with_numpy else read_expert)(src, layer, e)
                 if not allow_nan:
                     _check_nan(layer, e, ex)
                 data.append(ex)
             pieces = []
             ranks = g.owner(experts.start)
             for r in ranks:
-                chunk = build_chunk(data, g, r, plan.kinds)
+                chunk = (build_chunk_np if with_numpy else build_chunk)(data, g, r, plan.kinds)
                 for kind in plan.kinds:
                     t = chunk[kind]
                     lay = plan.layouts.get(kind)
                     if lay is not None:
-                        t = lay.forward_chunk(t)
+                        t = lay.forward_np(t) if with_numpy else lay.forward_chunk(t)
                     pieces.append((names[(r, kind)], t))
             return pieces
         return run

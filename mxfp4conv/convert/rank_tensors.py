@@ -101,21 +101,28 @@ class RankGeometry:
         }
 
 
-def build_chunk(experts: list, geom: RankGeometry, rank: int, kinds: tuple[str, ...]) -> dict[str, torch.Tensor]:
-    """Stacked canonical padded tensors of ``rank`` for a list of ``ExpertData`` (in order).
+def build_chunk(experts: list, geom: RankGeometry, rank: int, kinds: tuple[str, ...]) -> dict:
+    """``build_chunk_np`` as torch tensors, from ``ExpertData`` of torch tensors or numpy arrays."""
+    from mxfp4conv.checkpoint.experts import as_numpy
 
-    Returns kind -> tensor with a leading expert dimension of ``len(experts)``.
-    """
+    return {k: torch.from_numpy(v) for k, v in build_chunk_np([as_numpy(ex) for ex in experts], geom, rank,
+                                                             kinds).items()}
+
+
+def build_chunk_np(experts: list, geom: RankGeometry, rank: int, kinds: tuple[str, ...]) -> dict[str, np.ndarray]:
+    """Stacked canonical padded arrays of ``rank`` for a list of ``ExpertData`` holding numpy
+    arrays (in order): kind -> array with a leading expert dimension of ``len(experts)``
+    (weights and scales uint8, biases and input scales float32)."""
     n = len(experts)
     H, Hp, I, Ip = geom.hidden, geom.hidden_padded, geom.intermediate, geom.inter_rank_padded
     sl = geom.inter_slice(rank)
     ir = sl.stop - sl.start
-    out: dict[str, torch.Tensor] = {}
+    out: dict[str, np.ndarray] = {}
     for kind in kinds:
         if kind == "w13_weight" or kind == "w13_weight_scale":
             div = 2 if kind == "w13_weight" else 32
             pad = geom.weight_pad if kind == "w13_weight" else geom.scale_pad
-            t = torch.full((n, 2 * Ip, Hp // div), pad, dtype=torch.uint8)
+            t = np.full((n, 2 * Ip, Hp // div), pad, dtype=np.uint8)
             for i, ex in enumerate(experts):
                 src = ex.w13 if kind == "w13_weight" else ex.w13_scale
                 t[i, :ir, : H // div] = src[sl.start:sl.stop]
@@ -123,18 +130,18 @@ def build_chunk(experts: list, geom: RankGeometry, rank: int, kinds: tuple[str, 
         elif kind == "w2_weight" or kind == "w2_weight_scale":
             div = 2 if kind == "w2_weight" else 32
             pad = geom.weight_pad if kind == "w2_weight" else geom.scale_pad
-            t = torch.full((n, Hp, Ip // div), pad, dtype=torch.uint8)
+            t = np.full((n, Hp, Ip // div), pad, dtype=np.uint8)
             for i, ex in enumerate(experts):
                 src = ex.w2 if kind == "w2_weight" else ex.w2_scale
                 t[i, :H, : ir // div] = src[:, sl.start // div: sl.stop // div]
         elif kind == "w13_bias":
-            t = torch.zeros((n, 2 * Ip), dtype=torch.float32)
+            t = np.zeros((n, 2 * Ip), dtype=np.float32)
             for i, ex in enumerate(experts):
                 b = _bias(ex, "w13_bias")
                 t[i, :ir] = b[sl.start:sl.stop]
                 t[i, Ip:Ip + ir] = b[I + sl.start:I + sl.stop]
         elif kind == "w2_bias":
-            t = torch.zeros((n, Hp), dtype=torch.float32)
+            t = np.zeros((n, Hp), dtype=np.float32)
             if geom.ep or rank == 0:
                 for i, ex in enumerate(experts):
                     t[i, :H] = _bias(ex, "w2_bias")
@@ -145,7 +152,7 @@ def build_chunk(experts: list, geom: RankGeometry, rank: int, kinds: tuple[str, 
                 if v is None:
                     raise Mxfp4convError(f"expert has no {kind} although the checkpoint declares static input scales")
                 vals.append(float(v))
-            t = torch.tensor(vals, dtype=torch.float32)
+            t = np.array(vals, dtype=np.float32)
         else:
             raise ValueError(kind)
         out[kind] = t
@@ -154,38 +161,20 @@ def build_chunk(experts: list, geom: RankGeometry, rank: int, kinds: tuple[str, 
 
 def build_weight_chunk_np(experts: list[dict], geom: RankGeometry, rank: int,
                           kinds: tuple[str, ...]) -> dict[str, np.ndarray]:
-    """``build_chunk`` for the weight and scale kinds only, from uint8 numpy arrays: each expert a
-    dict with ``w13`` / ``w13_scale`` (rows [gate; up]) and ``w2`` / ``w2_scale``, as ``ExpertData``."""
-    n = len(experts)
-    H, Hp, I, Ip = geom.hidden, geom.hidden_padded, geom.intermediate, geom.inter_rank_padded
-    sl = geom.inter_slice(rank)
-    ir = sl.stop - sl.start
-    out: dict[str, np.ndarray] = {}
-    for kind in kinds:
-        if kind not in WEIGHT_KINDS:
-            raise ValueError(kind)
-        div = 2 if kind.endswith("weight") else 32
-        pad = geom.weight_pad if div == 2 else geom.scale_pad
-        key = kind[:-len("_weight")] if div == 2 else kind.replace("_weight_scale", "_scale")
-        if kind.startswith("w13"):
-            t = np.full((n, 2 * Ip, Hp // div), pad, dtype=np.uint8)
-            for i, ex in enumerate(experts):
-                src = ex[key]
-                t[i, :ir, : H // div] = src[sl.start:sl.stop]
-                t[i, Ip:Ip + ir, : H // div] = src[I + sl.start:I + sl.stop]
-        else:
-            t = np.full((n, Hp, Ip // div), pad, dtype=np.uint8)
-            for i, ex in enumerate(experts):
-                t[i, :H, : ir // div] = ex[key][:, sl.start // div: sl.stop // div]
-        out[kind] = t
-    return out
+    """``build_chunk_np`` for the weight and scale kinds only, each expert a dict with ``w13`` /
+    ``w13_scale`` (rows [gate; up]) and ``w2`` / ``w2_scale`` uint8 arrays."""
+    from mxfp4conv.checkpoint.experts import ExpertData
+
+    if any(k not in WEIGHT_KINDS for k in kinds):
+        raise ValueError(kinds)
+    return build_chunk_np([ExpertData(**ex) for ex in experts], geom, rank, kinds)
 
 
-def _bias(ex, kind: str) -> torch.Tensor:
+def _bias(ex, kind: str) -> np.ndarray:
     b = getattr(ex, kind)
     if b is None:
         raise Mxfp4convError(f"expert has no {kind} although the layer declares biases")
-    return b.to(torch.float32)
+    return np.asarray(b, dtype=np.float32)
 
 
 def find_nan_scale(t) -> int | None:

@@ -33,7 +33,7 @@ from mxfp4conv.convert.direct_read import DirectReader, merge_ranges
 from mxfp4conv.convert.memory import keep_freed_memory
 from mxfp4conv.convert.parallel import OrderedPool, chunk_budget, default_workers, one_torch_thread
 from mxfp4conv.convert.progress import Progress
-from mxfp4conv.convert.rank_tensors import WEIGHT_KINDS, RankGeometry, build_chunk, build_weight_chunk_np
+from mxfp4conv.convert.rank_tensors import WEIGHT_KINDS, RankGeometry, build_chunk, build_chunk_np
 from mxfp4conv.convert.writer import as_bytes
 from mxfp4conv.errors import CheckpointError, Mxfp4convError
 
@@ -383,8 +383,7 @@ def _compare_plain(out, reader, src, info, off: int, n: int) -> int:
     a = reader.read(info.name, off, n)
     b = src.read_range(info.shard, info.begin + off, n)
     if a != b:
-        d = (torch.frombuffer(a, dtype=torch.uint8) != torch.frombuffer(b, dtype=torch.uint8)).nonzero()
-        first = off + int(d[0, 0])
+        first = off + _first_difference(a, b)
         raise VerifyError("tensor bytes", f"{out}: tensor {info.name} differs from the source, first at byte "
                           f"offset {first}.", tensor=info.name, offset=first)
     return n
@@ -419,9 +418,8 @@ class _LayerCheck:
                                   f"bytes for {g.experts_per_rank} experts).")
             self.per_expert[k] = (body // g.experts_per_rank, tail, body)
         self.total = sum(body for _, _, body in self.per_expert.values()) * g.tp
-        # per-expert source tensors and numpy layout paths: checked without torch
-        self.numpy = (layer.experts is not None and set(self.kinds) <= set(WEIGHT_KINDS)
-                      and all(self.layouts[k].forward_np is not None for k in self.kinds))
+        # numpy layout paths: checked without torch
+        self.numpy = all(self.layouts[k].forward_np is not None for k in self.kinds if k in WEIGHT_KINDS)
 
     def spans(self, chunk_bytes: int):
         g = self.g
@@ -469,26 +467,22 @@ class _LayerCheck:
             return self._check_torch(experts)
 
         def differs(name, k, r, local0, got, want):
-            self._check_torch(experts)  # names the first difference
-            raise VerifyError("expert bytes", f"MoE layer {self.layer.prefix}, rank {r}, tensor {name}: differs "
-                              f"from the source through the layout {self.layouts[k].name}.",
-                              layer=self.layer.prefix, rank=r, tensor=name)
+            try:
+                self._check_torch(experts)  # names the first difference in canonical coordinates
+            except ImportError:  # no torch: the byte offset below
+                pass
+            off = local0 * self.per_expert[k][0] + _first_difference(got, want)
+            how = f"through the layout {self.layouts[k].name}" if k in WEIGHT_KINDS else "as float32"
+            raise VerifyError("expert bytes", f"MoE layer {self.layer.prefix}, rank {r}, tensor {name}: byte "
+                              f"{off} differs from the source {how}.", layer=self.layer.prefix, rank=r,
+                              tensor=name, offset=off)
 
-        return self._compare(experts, [self._read_np(e) for e in experts], build_weight_chunk_np,
-                             lambda k, c: as_bytes(self.layouts[k].forward_np(c)), differs)
+        from mxfp4conv.checkpoint.experts import read_expert_np
 
-    def _read_np(self, e: int) -> dict:
-        """Expert ``e``'s weights and scales as uint8 ``[rows, bytes per row]`` (``read_expert``'s bytes)."""
-        ex = self.layer.experts[e]
-
-        def rows(ref):
-            info = self.src.tensor_info(ref.name)
-            a = np.frombuffer(self.src.read_range(info.shard, info.begin, info.nbytes), dtype=np.uint8)
-            return a.reshape(info.shape[0], -1) if len(info.shape) >= 1 else a
-
-        return {"w13": np.concatenate([rows(ex.gate), rows(ex.up)]),
-                "w13_scale": np.concatenate([rows(ex.gate_scale), rows(ex.up_scale)]),
-                "w2": rows(ex.down), "w2_scale": rows(ex.down_scale)}
+        data = [read_expert_np(self.src, self.layer, e) for e in experts]
+        return self._compare(
+            experts, data, build_chunk_np,
+            lambda k, c: as_bytes(self.layouts[k].forward_np(c) if k in WEIGHT_KINDS else c), differs)
 
     def _check_torch(self, experts: range) -> int:
         from mxfp4conv.checkpoint.experts import read_expert
@@ -526,11 +520,16 @@ class _LayerCheck:
                                 self.reader, prefix, e0)
         else:
             _check_float_chunk(name, k, self.canonical[k], g, r, local0, data, self.reader, prefix, e0)
-        d = (torch.frombuffer(got, dtype=torch.uint8) != torch.frombuffer(want, dtype=torch.uint8)).nonzero()
-        off = local0 * pe + int(d[0, 0])
+        off = local0 * pe + _first_difference(got, want)
         how = f"through the layout {self.layouts[k].name}" if k in WEIGHT_KINDS else "as float32"
         raise VerifyError("expert bytes", f"MoE layer {prefix}, rank {r}, tensor {name}: byte {off} differs "
                           f"from the source {how}.", layer=prefix, rank=r, tensor=name, offset=off)
+
+
+def _first_difference(a, b) -> int:
+    """Offset of the first differing byte of two equally long byte strings."""
+    x, y = np.frombuffer(a, dtype=np.uint8), np.frombuffer(b, dtype=np.uint8)
+    return int(np.flatnonzero(x != y)[0])
 
 
 def _fail(cls, layer, rank, name, e_global, coord, got, want, what):

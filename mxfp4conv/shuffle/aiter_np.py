@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from mxfp4conv.shuffle.aiter import SCALE_PAD, _gui_plan, _scale_plan, _tile_plan
+from mxfp4conv.shuffle.aiter import SCALE_PAD, _gui_plan, _n32k4_plan, _scale_plan, _tile_plan
 
 
 def _kept_tail(perm: Sequence[int]) -> int:
@@ -55,3 +55,26 @@ def scale_a16w4(s2d: np.ndarray, experts: int, gate_up: bool) -> np.ndarray:
         padded[:m, :ks] = s2d
         s2d = padded
     return permute_bytes(s2d.reshape(view), perm).reshape(mp, kp)
+
+
+def interleave_gate_up_rows(x: np.ndarray) -> np.ndarray:
+    """``interleave_gate_up_rows`` of a uint8 ``[E, 2*I, ...]``: rows [gate; up] -> [g0, u0, g1, ...]."""
+    e, n = x.shape[:2]
+    rest = x.shape[2:]
+    return permute_bytes(x.reshape(e, 2, n // 2, *rest), (0, 2, 1, *range(3, 3 + len(rest)))).reshape(x.shape)
+
+
+def scale_n32k4(x: np.ndarray, gu1: bool) -> np.ndarray:
+    """``shuffle_scale_n32k4(x, E, gu1, gu1)`` of a uint8 ``[E, N, K/32]`` -> ``[E, N/32, (K/32)*32]``."""
+    e, n, ks = x.shape
+    view, perm = _n32k4_plan(e, n, ks, gu1, "shuffle_scale_n32k4")
+    # the plan moves 4-byte words: the bytes of a word stay together as a trailing axis
+    moved = permute_bytes(x.reshape(*view, 4), (*perm, len(view)))
+    return moved.reshape(e, n // 32, ks * 32)
+
+
+def cdna4_scale(x: np.ndarray) -> np.ndarray:
+    """triton_kernels' CDNA4 scale swizzle (``triton_cdna4.swizzle``) of a uint8 ``[E, N, K/32]``."""
+    e, n, ks = x.shape
+    t = x.reshape(e, n // 32, 2, 16, ks // 8, 2, 4)
+    return permute_bytes(t, (0, 1, 4, 6, 3, 5, 2)).reshape(e, n // 32, ks * 32)

@@ -184,6 +184,7 @@ _GFX1250_GU1 = make_layout(
     lambda s: s,
     lambda x, s: A.moe_shuffle_weight(x, s[0], True, True, arch="gfx1250"),
     lambda y, s: A.moe_unshuffle_weight(y, s[0], True, True, arch="gfx1250"),
+    np_chunk=lambda x, s: AN.weight_p16(AN.interleave_gate_up_rows(x)),
 )
 
 
@@ -203,6 +204,7 @@ def _n32k4_scale(gate_up: bool):
         lambda s: (s[0], s[1] // 32, s[2] * 32),
         lambda x, s: A.shuffle_scale_n32k4(x, s[0], gate_up, gate_up),
         lambda y, s: A.unshuffle_scale_n32k4(y, s[0], gate_up, gate_up),
+        np_chunk=lambda x, s: AN.scale_n32k4(x, gate_up),
     )
 
 

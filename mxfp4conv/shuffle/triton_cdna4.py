@@ -18,6 +18,7 @@ from mxfp4conv.lazy_torch import torch
 
 from mxfp4conv.errors import LayoutError
 from mxfp4conv.shuffle import aiter as A
+from mxfp4conv.shuffle import aiter_np as AN
 from mxfp4conv.shuffle.layout_base import Shape3, make_layout
 from mxfp4conv.shuffle.triton_strided import check_gate_up_rows
 
@@ -66,6 +67,7 @@ TRITON_CDNA4_SCALE = make_layout(
     lambda x, s: swizzle(x),
     unswizzle,
     vllm_call=CALL,
+    np_chunk=lambda x, s: AN.cdna4_scale(x),
 )
 
 TRITON_CDNA4_SCALE_GU1 = make_layout(
@@ -78,4 +80,5 @@ TRITON_CDNA4_SCALE_GU1 = make_layout(
     lambda x, s: swizzle(A.interleave_gate_up_rows(x)),
     lambda y, s: A.deinterleave_gate_up_rows(unswizzle(y, s)),
     vllm_call="AITER_TRITON_MXFP4_BF16: interleave_gate_up(w13 scale), then " + CALL,
+    np_chunk=lambda x, s: AN.cdna4_scale(AN.interleave_gate_up_rows(x)),
 )

@@ -12,6 +12,7 @@ what is stored here is its contiguous storage.
 from __future__ import annotations
 
 from mxfp4conv.shuffle import aiter as A
+from mxfp4conv.shuffle import aiter_np as AN
 from mxfp4conv.shuffle.layout_base import Shape3, make_layout
 
 CALL = ('aiter shuffle_scale_moe(scale.transpose(-2, -1), arch="gfx1250", preshuffle_factor=32, '
@@ -39,6 +40,7 @@ TRITON_GFX1250_SCALE = make_layout(
     lambda x, s: A.shuffle_scale_n32k4(x, s[0], False, False),
     lambda y, s: A.unshuffle_scale_n32k4(y, s[0], False, False),
     vllm_call=CALL,
+    np_chunk=lambda x, s: AN.scale_n32k4(x, False),
 )
 
 TRITON_GFX1250_SCALE_GU1 = make_layout(
@@ -52,4 +54,5 @@ TRITON_GFX1250_SCALE_GU1 = make_layout(
     lambda y, s: A.unshuffle_scale_n32k4(y, s[0], True, True),
     vllm_call="interleave_gate_up(w13 scale) (AITER_TRITON_MXFP4_BF16, or SwiGLU-OAI on "
               "AITER_TRITON_MXFP4_MXFP4), then " + CALL,
+    np_chunk=lambda x, s: AN.scale_n32k4(x, True),
 )

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from mxfp4conv.errors import LayoutError
 from mxfp4conv.shuffle import aiter as A
+from mxfp4conv.shuffle import aiter_np as AN
 from mxfp4conv.shuffle.layout_base import Shape3, make_layout
 
 
@@ -34,4 +35,5 @@ TRITON_GU1 = make_layout(
     lambda y, s: A.deinterleave_gate_up_rows(y),
     vllm_call="convert_weight_to_mxfp4_moe_kernel_format, AITER_TRITON_MXFP4_BF16: "
               "interleave_gate_up(w13 or its scale), then _swizzle_mxfp4's StridedLayout (a view)",
+    np_chunk=lambda x, s: AN.interleave_gate_up_rows(x),
 )

@@ -1,6 +1,6 @@
 """The mxfp4conv vLLM plugin: ``vllm serve OUT --load-format mxfp4conv``.
 
-Installed with ``pip install 'mxfp4conv[vllm]'`` as an entry point in vLLM's
+Installed with ``pip install -e '.[vllm]'`` from a clone as an entry point in vLLM's
 ``vllm.general_plugins`` group; vLLM calls ``register`` in every process it starts, which adds
 the ``mxfp4conv`` load format (``model_loader.loader_class``). vLLM is imported only when
 ``register`` runs.
