@@ -19,7 +19,7 @@ uses the next copy and its own routing, so L2 never serves weights. Columns:
     python benchmarks/moe_bench.py --out DIR [--sweep] [--gemv-sweep] [--shapes dsv3,k3] [--tokens 1,8,...]
         [--layout hopper_mma_xor|hopper_mma_rot|hopper_mma] [--grid rows2|t1] [--no-baselines] [--random-layout] [--compile-workers N]
         [--before PKG.runtime.triton_moe [--before-layout L] --rounds 3] [--triton-kernels DIR] [--variants JSON]
-        [--codes random|zero]
+        [--codes random|zero] [--humming] [--routing uniform|skewed]
 
 --before times another tree's default beside ours, interleaved round by round (the same config
 drifts by up to 10-15% over a run on the H200), e.g. the previous release copied under another
@@ -29,6 +29,12 @@ tk_moe.py) on the same bytes and routing, interleaved with ours: "tk" with its r
 (bitmatrix, sort; ours includes the align the same way), "tk_gemms" with the routing made
 outside the graph; its output is checked once per layer against a float64 reference beside
 ours (both with the swigluoai activation, the one triton_kernels fuses).
+--humming times Humming's MXFP4 MoE (humming-kernels, the JIT-compiled CUDA kernels vLLM 0.33 / 0.34 pick for
+Kimi-K3 and DeepSeek-V4 on sm90) on the same bytes and routing, driven as vLLM's HummingIndexedExperts drives it
+(humming_moe.py), interleaved with ours; the routing's block alignment is made outside the graph; its output is
+checked against the float64 reference beside ours at the second T and at T = 1024, before timing.
+--routing skewed draws each token's experts from a zipf-like popularity (1 / rank over a random order of the
+experts) instead of uniformly.
 --variants '{"1": [{"block_n1": 128}], "8": [{"direct": 1}]}' times config overrides of the
 default at those T, interleaved with the default (ratio: median over rounds of variant / the
 default timed next to it); a "layout" key times the same weights in the other hopper layout
@@ -157,8 +163,21 @@ def zero_codes(w13, s13, w2, s2):
     return torch.zeros_like(w13), s13, torch.zeros_like(w2), s2
 
 
+ROUTING = "uniform"  # set from --routing
+ZIPF_S = 1.0  # skewed routing: expert popularity 1 / rank^s
+
+
 def routing(T, E, k, gen):
-    ids = torch.rand(T, E, device="cuda", generator=gen).topk(k, dim=1).indices.to(torch.int32)
+    """top-k ids [T, k] (int32) and weights summing to 1. uniform: every expert equally likely;
+    skewed (ROUTING): expert popularity 1 / rank^ZIPF_S over a random order of the experts, k
+    distinct experts a token drawn without replacement (Gumbel top-k)."""
+    if ROUTING == "skewed":
+        rank = torch.randperm(E, device="cuda", generator=gen).double() + 1
+        logp = (-ZIPF_S * torch.log(rank)).float()
+        u = torch.rand(T, E, device="cuda", generator=gen).clamp_(min=1e-20)
+        ids = (logp - torch.log(-torch.log(u))).topk(k, dim=1).indices.to(torch.int32)
+    else:
+        ids = torch.rand(T, E, device="cuda", generator=gen).topk(k, dim=1).indices.to(torch.int32)
     tw = torch.rand(T, k, device="cuda", generator=gen)
     return ids, tw / tw.sum(1, keepdim=True)
 
@@ -306,7 +325,7 @@ def warm_compile(name, tokens, sweep, layout, workers, log, before=None, tk_path
 
 
 def bench_shape(name, tokens, copy_bw, sweep, rows, log, gemv_sweep=False, layout="identity", baselines=True,
-                random_layout=False, before=None, rounds=1, tk=None, variants=None, before_layout=None):
+                random_layout=False, before=None, rounds=1, tk=None, variants=None, before_layout=None, hm=None):
     H, I, E, k = SHAPES[name]
     gen = torch.Generator(device="cuda").manual_seed(0)
     ncopies = weight_copies(H, I, E)
@@ -324,6 +343,16 @@ def bench_shape(name, tokens, copy_bw, sweep, rows, log, gemv_sweep=False, layou
         import tk_moe
         tkms = [tk_moe.TkMoE(tk, *c) for c in copies]
         canon0 = copies[0]
+    hms = None
+    if hm is not None:  # Humming's copies of the same bytes, repacked from the canonical layout as vLLM does at load
+        import humming_moe
+        try:
+            hms = [humming_moe.HummingMoE(hm, *c, SITU["beta"], SITU["linear_beta"]) for c in copies]
+            canon0 = copies[0]
+        except Exception as exc:
+            import traceback
+            log(f"  {name}: Humming's weight repack failed {type(exc).__name__}: {str(exc)[:300]}")
+            log(traceback.format_exc()[-3000:])
     canonical = copies
 
     def laid_out(lay):  # the canonical copies in a hopper_mma layout set
@@ -379,6 +408,16 @@ def bench_shape(name, tokens, copy_bw, sweep, rows, log, gemv_sweep=False, layou
             side["tk"] = [lambda c=c: tkms[c](xs[c], routes[c][0], routes[c][1]) for c in range(ncopies)]
             preps = [tkms[c].prepare(routes[c][0], routes[c][1]) for c in range(ncopies)]
             side["tk_gemms"] = [lambda c=c: tkms[c].run(xs[c], preps[c]) for c in range(ncopies)]
+        if hms is not None:  # the routing aligned outside the graph (vLLM's align is its own CUDA op)
+            hpreps = [hms[c].prepare(routes[c][0]) for c in range(ncopies)]
+            side["humming"] = [lambda c=c: hms[c].run(xs[c], routes[c][1], hpreps[c]) for c in range(ncopies)]
+            if T in (tokens[min(1, len(tokens) - 1)], 1024):
+                try:
+                    check_humming(name, T, hms[0], canon0, copies[0], xs[0], routes[0], layout, log)
+                except Exception as exc:
+                    import traceback
+                    log(f"  {name} T={T} Humming check failed {type(exc).__name__}: {str(exc)[:300]}")
+                    log(traceback.format_exc()[-3000:])
         for v in (variants or {}).get(str(T), []):
             cfg, lay = _variant(default, v, layout)
             side[_diff(cfg, default) + (f" layout={lay}" if lay != layout else "")] = tri(cfg, lay)
@@ -391,7 +430,7 @@ def bench_shape(name, tokens, copy_bw, sweep, rows, log, gemv_sweep=False, layou
                         times[n].append(graph_time_us(fns))
                     except Exception as exc:
                         log(f"  {name} T={T} {n}: failed {type(exc).__name__}: {str(exc)[:300]}")
-                        if n.startswith("tk"):
+                        if n.startswith("tk") or n == "humming":
                             import traceback
                             log(traceback.format_exc()[-3000:])
                         times[n].append(float("nan"))
@@ -437,6 +476,7 @@ def bench_shape(name, tokens, copy_bw, sweep, rows, log, gemv_sweep=False, layou
                    tbps=mb / (t_def * 1e-6) / 1e12, pct_copy=100 * mb / (t_def * 1e-6) / copy_bw,
                    tflops=flops / (t_def * 1e-6) / 1e12, before_us=t_before,
                    tk_us=res.get("tk", float("nan")), tk_gemms_us=res.get("tk_gemms", float("nan")),
+                   humming_us=res.get("humming", float("nan")), routing=ROUTING,
                    best_us=best_t, best_cfg=str(best_cfg),
                    best_tbps=mb / (best_t * 1e-6) / 1e12, bf16_us=t_bf16, bf16_speedup=t_bf16 / best_t,
                    emul_us=t_emul, emul_speedup=t_emul / best_t, copy_tbps=copy_bw / 1e12)
@@ -444,7 +484,7 @@ def bench_shape(name, tokens, copy_bw, sweep, rows, log, gemv_sweep=False, layou
         log(f"{name} T={T}: triton {t_def:.1f} us (best {best_t:.1f}), bf16 {t_bf16:.1f}, emul {t_emul:.0f}, "
             f"floor {floor:.1f}, {row['pct_copy']:.1f}% copy, {row['tflops']:.0f} TFLOP/s")
         del routes, xs
-    del copies, w13b, w2b, bf16, tkms, canon0
+    del copies, w13b, w2b, bf16, tkms, canon0, hms
     torch.cuda.empty_cache()
 
 
@@ -460,6 +500,19 @@ def check_tk(name, T, tkm, canon, copy, x, route, layout, log):
     rel = lambda a, b: float((a.double() - b.double()).norm() / b.double().norm())
     log(f"  {name} T={T} accuracy (swigluoai, bf16): ours {rel(ours, ref):.2e}, triton_kernels {rel(theirs, ref):.2e}, "
         f"between them {rel(theirs, ours):.2e}")
+
+
+def check_humming(name, T, hmm, canon, copy, x, route, layout, log):
+    """Humming and ours on one routing, both with situ, against a float64 reference from the
+    canonical bytes: relative errors (||out - ref|| / ||ref||) of each, and between them."""
+    from gpu_check import reference
+    ids, tw = route
+    ref = reference(x, *canon, tw, ids, "situ", SITU)
+    ours = fused_moe_triton(x, *copy, tw, ids, activation="situ", activation_params=SITU, layout=layout)
+    theirs = hmm(x, ids, tw)
+    rel = lambda a, b: float((a.double() - b.double()).norm() / b.double().norm())
+    log(f"  {name} T={T} accuracy (situ, bf16): ours {rel(ours, ref):.2e}, Humming {rel(theirs, ref):.2e}, "
+        f"between them {rel(theirs, ours):.2e}; Humming finite: {bool(torch.isfinite(theirs).all())}")
 
 
 def _variant(default, overrides: dict, layout: str):
@@ -546,15 +599,21 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds with --before (median)")
     ap.add_argument("--triton-kernels", default=None, metavar="DIR",
                     help="directory holding OpenAI's triton_kernels package: timed beside ours (tk_moe.py)")
+    ap.add_argument("--humming", action="store_true",
+                    help="time Humming's MXFP4 MoE (the humming-kernels package, as vLLM drives it on sm90; "
+                         "humming_moe.py) beside ours, interleaved")
+    ap.add_argument("--routing", default="uniform", choices=["uniform", "skewed"],
+                    help="skewed: expert popularity 1 / rank (zipf-like) over a random order of the experts")
     ap.add_argument("--variants", default=None, help="JSON {T: [config overrides]} timed beside the default")
     ap.add_argument("--grid", default=None, choices=sorted(GRIDS), help="hopper_mma sweep grid instead of the default ones")
     ap.add_argument("--codes", default="random", choices=["random", "zero"],
                     help="zero: every fp4 code byte 0x00, the scales as they are: what the weights' bits cost a call "
                          "where it runs at the power limit (the outputs are all zero)")
     args = ap.parse_args()
-    global GRID, CODES
-    GRID, CODES = args.grid, args.codes
-    logf = open(f"{args.out}/moe_bench{'_compile' if args.compile_only else ''}.log", "w")
+    global GRID, CODES, ROUTING
+    GRID, CODES, ROUTING = args.grid, args.codes, args.routing
+    tag = "" if args.routing == "uniform" else f"_{args.routing}"
+    logf = open(f"{args.out}/moe_bench{tag}{'_compile' if args.compile_only else ''}.log", "w")
 
     def log(msg):
         print(msg, flush=True)
@@ -590,25 +649,37 @@ def main() -> int:
             import traceback
             log(f"triton_kernels from {args.triton_kernels} could not be imported: {type(exc).__name__}: {exc}")
             log(traceback.format_exc())
+    hm = None
+    if args.humming:
+        import humming_moe
+        try:
+            hm = humming_moe.Humming()
+            log(f"Humming: {hm.describe()}; driven as vLLM 0.33.0 / 0.34.0's HummingIndexedExperts")
+        except Exception as exc:  # say why, time the rest
+            import traceback
+            log(f"humming could not be imported: {type(exc).__name__}: {exc}")
+            log(traceback.format_exc())
+    log(f"routing: {args.routing}")
     for name in args.shapes.split(","):
         bench_shape(name, tokens, copy_bw, args.sweep, rows, log, args.gemv_sweep, args.layout,
                     baselines=not args.no_baselines, random_layout=args.random_layout, before=before,
-                    rounds=args.rounds, tk=tk, variants=variants, before_layout=args.before_layout)
-    with open(f"{args.out}/moe_bench.csv", "w", newline="") as f:
+                    rounds=args.rounds, tk=tk, variants=variants, before_layout=args.before_layout, hm=hm)
+    with open(f"{args.out}/moe_bench{tag}.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
         w.writerows(rows)
     try:
-        plot(rows, f"{args.out}/moe_bench.png", copy_bw)
+        plot(rows, f"{args.out}/moe_bench{tag}.png", copy_bw)
     except Exception as exc:
         log(f"plot failed: {exc}")
     log(f"\ncopy bandwidth {copy_bw / 1e12:.2f} TB/s")
     log(f"{'shape':6s} {'T':>5s} {'path':>5s} {'touch':>6s} {'MB':>7s} {'floor':>7s} {'triton':>8s} {'TB/s':>5s} {'%copy':>6s} "
-        f"{'TFLOP/s':>7s} {'before':>8s} {'x bef':>6s} {'tk':>8s} {'tk/ours':>7s} {'tkgemm':>8s} {'best':>8s} {'bf16':>8s} {'x bf16':>6s} {'emul':>8s} {'x emul':>7s}")
+        f"{'TFLOP/s':>7s} {'before':>8s} {'x bef':>6s} {'tk':>8s} {'tk/ours':>7s} {'tkgemm':>8s} {'humming':>8s} {'hum/ours':>8s} {'best':>8s} {'bf16':>8s} {'x bf16':>6s} {'emul':>8s} {'x emul':>7s}")
     for r in rows:
         log(f"{r['shape']:6s} {r['T']:5d} {r['path'][:5]:>5s} {r['touched']:6.0f} {r['MB']:7.0f} {r['floor_us']:7.1f} {r['triton_us']:8.1f} "
             f"{r['tbps']:5.2f} {r['pct_copy']:5.1f}% {r['tflops']:7.0f} {r['before_us']:8.1f} {r['before_us'] / r['triton_us']:6.3f} "
             f"{r['tk_us']:8.1f} {r['tk_us'] / r['triton_us']:7.3f} {r['tk_gemms_us']:8.1f} "
+            f"{r['humming_us']:8.1f} {r['humming_us'] / r['triton_us']:8.3f} "
             f"{r['best_us']:8.1f} {r['bf16_us']:8.1f} {r['bf16_speedup']:6.2f} {r['emul_us']:8.0f} {r['emul_speedup']:7.1f}")
     for r in rows:
         log(f"best config {r['shape']} T={r['T']}: {r['best_cfg']}")
