@@ -28,10 +28,13 @@ import torch
 
 from mxfp4conv.codec import dequantize_mxfp4
 
-from mxfp4conv.runtime.triton_moe import (ALIGN_GRID_PAIRS, HOPPER_ORDERS, HOPPER_SETS, LAYOUT_SETS, device_sms,
-                                          fused_moe_triton, gluon_plan, gluon_rows2, gluon_tiles, grouped_masks, grouped_plan,
-                                          grouped_programs1, grouped_takes, grouped_tiles, hopper_options, loop_tuning,
-                                          pairs_take, select_config, sum2_by_kernel, uses_gemv)
+from mxfp4conv.kernels.triton_moe import (HOPPER_ORDERS, HOPPER_SETS, LAYOUT_SETS, fused_moe_triton, select_config,
+                                          uses_gemv)
+from mxfp4conv.kernels.triton_moe.gluon_choice import (device_sms, gluon_plan, gluon_rows2, gluon_tiles, grouped_masks,
+                                                       grouped_plan, grouped_programs1, grouped_takes, grouped_tiles,
+                                                       loop_tuning, pairs_take, sum2_by_kernel)
+from mxfp4conv.kernels.triton_moe.hopper_forward import hopper_options
+from mxfp4conv.kernels.triton_moe.launch import ALIGN_GRID_PAIRS
 from mxfp4conv.shuffle import get_layout
 
 

@@ -18,7 +18,7 @@ uses the next copy and its own routing, so L2 never serves weights. Columns:
 
     python benchmarks/moe_bench.py --out DIR [--sweep] [--gemv-sweep] [--shapes dsv3,k3] [--tokens 1,8,...]
         [--layout hopper_mma_xor|hopper_mma_rot|hopper_mma] [--grid rows2|t1] [--no-baselines] [--random-layout] [--compile-workers N]
-        [--before PKG.runtime.triton_moe [--before-layout L] --rounds 3] [--triton-kernels DIR] [--variants JSON]
+        [--before PKG.kernels.triton_moe [--before-layout L] --rounds 3] [--triton-kernels DIR] [--variants JSON]
         [--codes random|zero] [--humming] [--routing uniform|skewed]
 
 --before times another tree's default beside ours, interleaved round by round (the same config
@@ -57,7 +57,7 @@ import triton.testing
 from mxfp4conv.codec import dequantize_mxfp4
 import dataclasses
 
-from mxfp4conv.runtime.triton_moe import HOPPER_SETS, LAYOUT_SETS, MoEConfig, fused_moe_triton, select_config, uses_gemv
+from mxfp4conv.kernels.triton_moe import HOPPER_SETS, LAYOUT_SETS, MoEConfig, fused_moe_triton, select_config, uses_gemv
 from mxfp4conv.shuffle import get_layout
 
 SHAPES = {"dsv3": (7168, 2048, 256, 8), "k3": (3584, 384, 896, 16)}
@@ -591,8 +591,9 @@ def main() -> int:
                          "GPU's free memory)")
     ap.add_argument("--compile-only", action="store_true", help="only that compilation (fills Triton's cache)")
     ap.add_argument("--before", default=None,
-                    help="module path of another tree's triton_moe (e.g. a copy of the previous release under "
-                         "another package name): its default timed beside ours, interleaved")
+                    help="module path of another tree's fused_moe_triton (PKG.kernels.triton_moe; PKG.runtime.triton_moe "
+                         "in trees before 2026-12-07), e.g. a copy of the previous release under another package "
+                         "name: its default timed beside ours, interleaved")
     ap.add_argument("--before-layout", default=None,
                     help="the layout the --before tree reads (default: --layout), e.g. hopper_mma for a tree "
                          "from before hopper_mma_rot")

@@ -29,7 +29,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import torch  # noqa: E402
 
-from mxfp4conv.runtime import triton_moe as M  # noqa: E402
+from mxfp4conv.kernels import triton_moe as M  # noqa: E402
 from moe_bench import SHAPES, captured, make_weights, routing, zero_codes  # noqa: E402
 
 QUERY = "timestamp,clocks.sm,power.draw,clocks.mem,temperature.memory,power.limit"

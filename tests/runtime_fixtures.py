@@ -231,7 +231,7 @@ def triton_ready() -> bool:
     if os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available():
         return False
     try:
-        from mxfp4conv.runtime import triton_moe  # noqa: F401
+        from mxfp4conv.kernels import triton_moe  # noqa: F401
     except Exception:
         return False
     return True

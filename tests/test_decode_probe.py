@@ -12,21 +12,22 @@ import sys
 import pytest
 
 import test_gluon_few_tokens as gluon_tests
-from mxfp4conv.runtime.gluon_few_tokens import WORDS32_PTX, words32_ptx
+from mxfp4conv.kernels.triton_moe.gluon_few_tokens import WORDS32_PTX, words32_ptx
 from sm90_child import ROOT, nvidia_tools, run_child
 
 _COMPILE = r"""
 import json, sys
 sys.path.insert(0, "benchmarks/probes")
 import decode_probe, hopper_sass as S
-from mxfp4conv.runtime import triton_hopper_kernels as HK, triton_moe as M
+from mxfp4conv.kernels.triton_moe import hopper_kernels as HK
+from mxfp4conv.kernels import triton_moe as M
 layouts = ["hopper_mma_xor"] + list(decode_probe.register_probes().values())
 out = []
 for shape, T in json.loads(sys.argv[1]):
     for layout in layouts:
         cfg, c1, c2 = S.point_constants(shape, T, {}, layout)
         for fn, consts, second in ((HK.moe_hgemm1_kernel, c1, False), (HK.moe_hgemm2_kernel, c2, True)):
-            launch = M._launch_options(cfg, second=second)
+            launch = M.launch._launch_options(cfg, second=second)
             sass, _ = S.compile_sass(fn, consts, launch["num_warps"], launch["num_stages"], None, "",
                                      launch.get("maxnreg"))
             out.append([shape, T, layout, int(second), [[n, dict(ops)] for n, ops in S.loops(sass)]])

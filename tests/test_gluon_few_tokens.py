@@ -1,4 +1,4 @@
-"""The few-token Gluon MoE kernels (mxfp4conv/runtime/gluon_few_tokens.py) without a GPU: their tiles
+"""The few-token Gluon MoE kernels (mxfp4conv/kernels/triton_moe/gluon_few_tokens.py) without a GPU: their tiles
 and K splits, the gates that keep every other call on the hopper_mma kernels, and their compilation
 for sm_90a with this Triton (Gluon kernels do not run in the interpreter; benchmarks/gpu_check.py
 checks their results on a GPU)."""
@@ -15,12 +15,13 @@ import torch
 from hypothesis import given, strategies as st
 
 from mxfp4conv.errors import RuntimeInputError
-from mxfp4conv.runtime import triton_moe
-from mxfp4conv.runtime.gluon_few_tokens import WORDS32_PTX
+from mxfp4conv.kernels import triton_moe
+from mxfp4conv.kernels.triton_moe.gluon_few_tokens import WORDS32_PTX
 from sm90_child import nvidia_tools, run_child
-from mxfp4conv.runtime.triton_moe import (MoEConfig, expected_experts, fused_moe_triton, gluon_plan, gluon_rows2,
-                                          gluon_tiles, grouped_masks, grouped_programs1, grouped_takes, grouped_tiles,
-                                          loop_tuning, pairs_take, select_config, sum2_by_kernel)
+from mxfp4conv.kernels.triton_moe import MoEConfig, fused_moe_triton, select_config
+from mxfp4conv.kernels.triton_moe.gluon_choice import (expected_experts, gluon_plan, gluon_rows2, gluon_tiles,
+                                                       grouped_masks, grouped_programs1, grouped_takes, grouped_tiles,
+                                                       loop_tuning, pairs_take, sum2_by_kernel)
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", "probes"))
 import hopper_sass  # noqa: E402  (the benchmarks' SASS loop counter)
@@ -60,7 +61,7 @@ def test_tiles_always_cover_k_in_whole_steps(h, i, top_k, tokens, k1, k2, s1, s2
 
 @given(kb=st.sampled_from([1, 2]), steps=st.integers(1, 12))
 def test_fragment_order_puts_each_lanes_mma_fragments_side_by_side(kb, steps):
-    order = pytest.importorskip("mxfp4conv.runtime.gluon_few_tokens").fragment_order.fn  # the kernels' own code
+    order = pytest.importorskip("mxfp4conv.kernels.triton_moe.gluon_few_tokens").fragment_order.fn  # the kernels' own code
     step = 64 * kb
     pos = [order(k, kb) for k in range(step * steps)]
     # a permutation of every GEMM2 step's codes within that step
@@ -297,10 +298,10 @@ def test_expert_block_tiles_always_divide_their_loops(h, i, pairs, experts, k1, 
     t1, t2, splits, blocks = grouped_tiles(cfg, H, I, pairs, experts)
     assert t1 == ((k1 or 128) if H % (k1 or 128) == 0 else 64) and t2 == (k2 if I % k2 == 0 else 64)
     assert (H // t1) % splits == 0 and splits <= max(1, s1)
-    assert (H // 64) % blocks == 0 and blocks <= (b2 or triton_moe._GROUPED_BLOCKS2)
+    assert (H // 64) % blocks == 0 and blocks <= (b2 or triton_moe.gluon_choice._GROUPED_BLOCKS2)
     if not b2 and blocks > 1:  # automatic: short GEMM2 rows and programs enough (more where the rows a program are)
-        assert I // t2 <= triton_moe._GROUPED_SHORT_STEPS
-        least = triton_moe._GROUPED_PROGRAMS2_WIDE if gluon_rows2(cfg, H, I, t2) > 64 else triton_moe._GROUPED_PROGRAMS2
+        assert I // t2 <= triton_moe.gluon_choice._GROUPED_SHORT_STEPS
+        least = triton_moe.gluon_choice._GROUPED_PROGRAMS2_WIDE if gluon_rows2(cfg, H, I, t2) > 64 else triton_moe.gluon_choice._GROUPED_PROGRAMS2
         assert min(experts, pairs) * (H // 64 // blocks) >= least
 
 
@@ -332,7 +333,7 @@ def test_one_token_off_gpu_runs_the_hopper_kernels(monkeypatch):
     if os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("a CUDA GPU is present: gpu_check covers this call there")
     called = []
-    monkeypatch.setattr(triton_moe, "_gluon_forward", lambda *a, **k: called.append(1))
+    monkeypatch.setattr(triton_moe.forward, "_gluon_forward", lambda *a, **k: called.append(1))
     x, w, tw, ids = _hopper_rot_case()
     out = fused_moe_triton(x, *w, tw, ids, activation="silu", activation_params={}, layout="hopper_mma_rot")
     ref = fused_moe_triton(x, *w, tw, ids, activation="silu", activation_params={}, layout="hopper_mma_rot",
@@ -340,7 +341,7 @@ def test_one_token_off_gpu_runs_the_hopper_kernels(monkeypatch):
     assert not called
     assert torch.equal(out, ref) and bool(torch.isfinite(out).all())
     # the expert-block kernels, asked for past the per-pair limit, are not entered either
-    monkeypatch.setattr(triton_moe, "_gluon_grouped_module", lambda: called.append(2))
+    monkeypatch.setattr(triton_moe.gluon_forward, "_gluon_grouped_module", lambda: called.append(2))
     x2, w2, tw2, ids2 = _hopper_rot_case(T=3)
     cfg = dataclasses.replace(select_config(6, 4, 128, 128, "hopper_mma_rot"), gluon_grouped=1, gluon_max_tokens=1)
     out = fused_moe_triton(x2, *w2, tw2, ids2, activation="silu", activation_params={}, layout="hopper_mma_rot",
@@ -353,7 +354,7 @@ _COMPILE = r"""
 import json, sys
 sys.path.insert(0, "benchmarks/probes")
 import hopper_sass
-from mxfp4conv.runtime import gluon_few_tokens, gluon_grouped
+from mxfp4conv.kernels.triton_moe import gluon_few_tokens, gluon_grouped
 
 # as a launch specialises them: the shape arguments (H_pad, I_pad and whole K splits of them) are multiples of 64
 SHAPE_ARGS = {"K", "N", "I", "K_SPLIT"}
@@ -375,8 +376,8 @@ def _tools_available() -> bool:
     return nvidia_tools()
 
 
-ACTS = {"silu+limit": (triton_moe._ACT_IDS["silu"], True, False), "situ": (triton_moe._ACT_IDS["situ"], False, True),
-        "swigluoai": (triton_moe._ACT_IDS["swigluoai"], False, False)}
+ACTS = {"silu+limit": (triton_moe.launch._ACT_IDS["silu"], True, False), "situ": (triton_moe.launch._ACT_IDS["situ"], False, True),
+        "swigluoai": (triton_moe.launch._ACT_IDS["swigluoai"], False, False)}
 # activation, KB, splits, bias, PDL, GEMM2's sum over k (in its last program or after it), intermediate rows in
 # fragment order (GEMM2's B operand in 16-byte words)
 VARIANTS = [("silu+limit", 1, 4, False, 0, True, True), ("situ", 2, 1, False, 1, False, True),
@@ -623,7 +624,7 @@ def test_gemm2s_chain_to_the_kernels_beside_them(compiled, i):
 
 
 def test_reused_counters_are_one_zeroed_buffer_a_device_that_grows():
-    from mxfp4conv.runtime import counters
+    from mxfp4conv.kernels.triton_moe import counters
     counters._BUFFERS.clear()
     a = counters.zeroed_counters(torch.device("cpu"), 10)
     assert a.dtype == torch.int32 and a.shape == (10,) and not a.any()

@@ -16,8 +16,8 @@ _COMPILE = r"""
 import json, sys
 sys.path.insert(0, "benchmarks/probes")
 import hopper_sass as S
-from mxfp4conv.runtime import gluon_wgmma as G
-from mxfp4conv.runtime.gluon_few_tokens import WORDS32_PTX
+from mxfp4conv.kernels.triton_moe import gluon_wgmma as G
+from mxfp4conv.kernels.triton_moe.gluon_few_tokens import WORDS32_PTX
 TYPES = {"x_ptr": "*bf16", "a_ptr": "*bf16", "inter_ptr": "*bf16", "out_ptr": "*bf16", "b_ptr": "*fp32",
          "tw_ptr": "*fp32", "p0": "fp32", "p1": "fp32"}
 out = []
@@ -26,12 +26,13 @@ for name, consts, cap in json.loads(sys.argv[1]):
                                      {"maxnreg": cap} if cap else {})
     out.append([res, [[n, dict(ops)] for n, ops in S.loops(sass)], sass.count("LDL")])
 # the hopper_mma kernels' K loops at the same points, for the instruction counts
-from mxfp4conv.runtime import triton_hopper_kernels as HK, triton_moe as M
+from mxfp4conv.kernels.triton_moe import hopper_kernels as HK
+from mxfp4conv.kernels import triton_moe as M
 ref = {}
 for shape, T in (("dsv3", 1024), ("k3", 1024)):
     cfg, c1, c2 = S.point_constants(shape, T, {})
     for fn, consts, second in ((HK.moe_hgemm1_kernel, c1, False), (HK.moe_hgemm2_kernel, c2, True)):
-        launch = M._launch_options(cfg, second=second)
+        launch = M.launch._launch_options(cfg, second=second)
         sass, _ = S.compile_sass(fn, consts, launch["num_warps"], launch["num_stages"], None, "", launch.get("maxnreg"))
         ref[f"{shape}{int(second) + 1}"] = [n for n, _ in S.loops(sass)]
 print("RESULT" + json.dumps([out, ref]))
@@ -116,7 +117,7 @@ def test_kernel_compiles_with_warpgroup_mmas_and_no_spills(compiled, job):
 def test_the_forms_select_config_asks_for_are_compiled_here():
     """Every gluon_wgmma GEMM1 that select_config asks for on the two layer shapes is among JOBS, so the checks above
     cover the kernels the default runs."""
-    from mxfp4conv.runtime import triton_moe as M
+    from mxfp4conv.kernels import triton_moe as M
     asked = set()
     for E, H, I, k in ((256, 7168, 2048, 8), (896, 3584, 384, 16)):
         for T in (64, 128, 256, 384, 512, 640, 768, 896, 1024, 1280, 1536, 2048, 3072, 4096):

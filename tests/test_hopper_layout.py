@@ -165,7 +165,7 @@ def test_decode_ptx_gives_the_registers(order):
     """The PTX the kernels inline for hopper_mma_w_rot words (its shifts where no bit wraps: ptxas issues those
     as IMAD.SHL on the FMA pipe) and hopper_mma_w_xor words computes the registers the hopper_mma_w decode gives in
     the same place, each code in each position, and the documented decode of any word."""
-    HK = pytest.importorskip("mxfp4conv.runtime.triton_hopper_kernels")
+    HK = pytest.importorskip("mxfp4conv.kernels.triton_moe.hopper_kernels")
     x = rand_u8(2, 32, 96, seed=12)
     x[0, 0, :16] = torch.arange(0, 256, 16, dtype=torch.uint8) + torch.arange(16, dtype=torch.uint8)
     z = get_layout(f"hopper_mma_w_{order}").forward(x)

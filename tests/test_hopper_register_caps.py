@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from mxfp4conv.runtime import triton_moe
+from mxfp4conv.kernels import triton_moe
 from layer_shapes import SHAPES
 from sm90_child import nvidia_tools, run_child
 
@@ -15,12 +15,13 @@ _COMPILE = r"""
 import json, sys
 sys.path.insert(0, "benchmarks/probes")
 import hopper_sass as S
-from mxfp4conv.runtime import triton_hopper_kernels as HK, triton_moe as M
+from mxfp4conv.kernels.triton_moe import hopper_kernels as HK
+from mxfp4conv.kernels import triton_moe as M
 out = []
 for shape, T in json.loads(sys.argv[1]):
     cfg, c1, c2 = S.point_constants(shape, T, {})
     for fn, consts, second in ((HK.moe_hgemm1_kernel, c1, False), (HK.moe_hgemm2_kernel, c2, True)):
-        launch = M._launch_options(cfg, second=second)
+        launch = M.launch._launch_options(cfg, second=second)
         sass, usage = S.compile_sass(fn, consts, launch["num_warps"], launch["num_stages"], None, "", launch.get("maxnreg"))
         out.append([shape, T, int(second), launch.get("maxnreg", 0), usage, "STL" in sass or "LDL" in sass])
 print("RESULT" + json.dumps(out))

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mxfp4conv.runtime import triton_moe
+from mxfp4conv.kernels import triton_moe
 from layer_shapes import SHAPES
 from sm90_child import nvidia_tools, run_child
 
@@ -19,12 +19,13 @@ import json, sys
 sys.path.insert(0, "benchmarks/probes")
 import triton.language as tl
 import hopper_sass as S
-from mxfp4conv.runtime import triton_hopper_kernels as HK, triton_moe as M
+from mxfp4conv.kernels.triton_moe import hopper_kernels as HK
+from mxfp4conv.kernels import triton_moe as M
 out = []
 for shape, T, second, stages in json.loads(sys.argv[1]):
     cfg, c1, c2 = S.point_constants(shape, T, {}, dtype=tl.float32)
     fn, consts = (HK.moe_hgemm2_kernel, c2) if second else (HK.moe_hgemm1_kernel, c1)
-    launch = M.hopper_launch_options(cfg, 4, second=bool(second))
+    launch = M.launch.hopper_launch_options(cfg, 4, second=bool(second))
     if stages:
         launch["num_stages"] = stages
     k = S.compile_kernel(fn, consts, launch["num_warps"], launch["num_stages"], launch.get("maxnreg"), x_type="fp32")
@@ -39,14 +40,14 @@ def test_fp32_prefill_takes_two_stages_and_bf16_three():
         cfg = triton_moe.select_config(T * k, E, H, I, "hopper_mma_xor")
         assert cfg.block_t == 128 and cfg.num_stages == 3, (shape, T)
         for second in (False, True):
-            bf16 = triton_moe.hopper_launch_options(cfg, torch.bfloat16.itemsize, second)
-            fp32 = triton_moe.hopper_launch_options(cfg, torch.float32.itemsize, second)
-            assert bf16 == triton_moe._launch_options(cfg, second), (shape, T, second)
+            bf16 = triton_moe.launch.hopper_launch_options(cfg, torch.bfloat16.itemsize, second)
+            fp32 = triton_moe.launch.hopper_launch_options(cfg, torch.float32.itemsize, second)
+            assert bf16 == triton_moe.launch._launch_options(cfg, second), (shape, T, second)
             assert fp32 == dict(bf16, num_stages=min(bf16["num_stages"], 2)), (shape, T, second)
     # 64-pair blocks keep their stages with fp32 x (their tiles fit three deep)
     cfg = triton_moe.select_config(2048 * 16, 896, 3584, 384, "hopper_mma_xor")
     assert cfg.block_t == 64
-    assert triton_moe.hopper_launch_options(cfg, 4) == triton_moe._launch_options(cfg)
+    assert triton_moe.launch.hopper_launch_options(cfg, 4) == triton_moe.launch._launch_options(cfg)
 
 
 @pytest.mark.skipif(not nvidia_tools(), reason="this Triton ships no NVIDIA tools")

@@ -22,7 +22,7 @@ if os.environ.get("TRITON_INTERPRET") != "1":
 
 from mxfp4conv.codec import dequantize_mxfp4  # noqa: E402
 from mxfp4conv.errors import RuntimeInputError  # noqa: E402
-from mxfp4conv.runtime import triton_moe  # noqa: E402
+from mxfp4conv.kernels import triton_moe  # noqa: E402
 from layer_shapes import DSV3, K3  # noqa: E402
 
 
@@ -134,7 +134,7 @@ def test_fp16_multi_k_steps_and_tile_tails(cfg):
 @pytest.mark.parametrize("grid", [0, 1])
 def test_align_blocks_cover_every_pair_once(grid):
     ids = torch.tensor([[2, 0], [2, -1], [2, 1], [0, 2], [-1, -1]], dtype=torch.int32)
-    sorted_ids, block_expert, npp, max_blocks = triton_moe.moe_align(ids, 4, 4, grid)
+    sorted_ids, block_expert, npp, max_blocks = triton_moe.launch.moe_align(ids, 4, 4, grid)
     n = int(npp)
     assert n == 4 * 3  # expert 0: 2 pairs, 1: 1, 2: 4 -> one block each
     flat = ids.reshape(-1)
@@ -153,8 +153,8 @@ def test_align_many_programs_matches_one_program():
     # several CHUNKs of pairs, many experts, skipped slots: same blocks, same members per expert
     g = torch.Generator().manual_seed(3)
     ids = torch.randint(-1, 37, (700, 4), generator=g, dtype=torch.int32)
-    one = triton_moe.moe_align(ids, 37, 16, 0)
-    many = triton_moe.moe_align(ids, 37, 16, 1)
+    one = triton_moe.launch.moe_align(ids, 37, 16, 0)
+    many = triton_moe.launch.moe_align(ids, 37, 16, 1)
     n = int(one[2])
     assert int(many[2]) == n
     assert torch.equal(one[1], many[1])
@@ -201,8 +201,8 @@ def test_one_token_gemm1_splits_keep_six_k_steps(H, I, E, k):
     # never more than the automatic count, and they cover K
     cfg = triton_moe.select_config(k, E, H, I, "hopper_mma_rot")
     programs = k * -(-I // cfg.block_n1)
-    splits, per = triton_moe._splits(cfg.split_k1, programs, H, cfg.block_k)
-    auto, _ = triton_moe._splits(0, programs, H, cfg.block_k)
+    splits, per = triton_moe.tiles._splits(cfg.split_k1, programs, H, cfg.block_k)
+    auto, _ = triton_moe.tiles._splits(0, programs, H, cfg.block_k)
     assert splits == 1 or per >= 6 * cfg.block_k
     assert 1 <= splits <= auto and splits * per >= H > (splits - 1) * per
 
@@ -215,14 +215,14 @@ def test_short_gemm2_rows_take_several_row_tiles_once_there_are_programs_enough(
     # pair per expert); long rows (DSV3-like) keep one tile a program
     cfg = triton_moe.select_config(T * k, E, H, I, "hopper_mma_rot")
     one_tile_programs = T * k * -(-H // cfg.block_n2)  # <= one pair a block at these T
-    many = I <= 512 and (T * k > E or one_tile_programs >= 3 * triton_moe._TARGET_PROGRAMS)
+    many = I <= 512 and (T * k > E or one_tile_programs >= 3 * triton_moe.tiles._TARGET_PROGRAMS)
     assert (cfg.rows2 > 1) == many
     assert cfg.maxnreg2 == (0 if cfg.rows2 > 1 else -1)
 
 
 @pytest.mark.parametrize("requested,programs,k", [(0, 96, 3584), (0, 448, 384), (0, 5000, 7168), (3, 10, 96), (1, 1, 4096)])
 def test_split_k_ranges_cover_k_without_empty_splits(requested, programs, k):
-    splits, per = triton_moe._splits(requested, programs, k, 128)
+    splits, per = triton_moe.tiles._splits(requested, programs, k, 128)
     assert per % 128 == 0 and splits >= 1
     assert splits * per >= k and (splits - 1) * per < k  # every split has work, together all of K
     if requested == 0 and programs >= 1024:
@@ -247,13 +247,13 @@ def test_default_config_expert_parallel_ids(dtype):
 
 def _spy_gemv(monkeypatch):
     calls = []
-    real = triton_moe._gemv_forward
+    real = triton_moe.forward._gemv_forward
 
     def spy(*a, **kw):
         calls.append(a[-2])  # the config it ran with
         return real(*a, **kw)
 
-    monkeypatch.setattr(triton_moe, "_gemv_forward", spy)
+    monkeypatch.setattr(triton_moe.forward, "_gemv_forward", spy)
     return calls
 
 
@@ -429,7 +429,7 @@ def test_hopper_one_block_per_pair_and_fused_reductions(T, direct, fused, split,
     ref = reference(x, w13, s13, w2, s2, tw, ids, "silu", {"swiglu_limit": 1.5}, b13, b2)
     cfg = triton_moe.MoEConfig(block_t=16, block_n1=64, block_n2=64, block_k=64, direct=direct, fused=fused,
                                split_k1=2 if split else 1, split_k2=3 if split else 1, rows2=rows2)
-    assert triton_moe.hopper_options(cfg, T, T * k, False)[:2] == (direct == 1 or (direct < 0 and T == 1),
+    assert triton_moe.hopper_forward.hopper_options(cfg, T, T * k, False)[:2] == (direct == 1 or (direct < 0 and T == 1),
                                                                  fused == 1 or (fused < 0 and T == 1))
     out = triton_moe.fused_moe_triton(x, *_hopper(w13, s13, w2, s2), tw, ids, activation="silu",
                                       activation_params={"swiglu_limit": 1.5}, w13_bias=b13, w2_bias=b2,

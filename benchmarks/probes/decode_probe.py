@@ -32,14 +32,22 @@ sys.path[:0] = [_HERE, os.path.join(_HERE, ".."), os.path.join(_HERE, "..", ".."
 
 import torch  # noqa: E402
 
-from mxfp4conv.runtime import gluon_few_tokens as GF  # noqa: E402
-from mxfp4conv.runtime import triton_hopper_kernels as HK  # noqa: E402
-from mxfp4conv.runtime import triton_moe as M  # noqa: E402
+from mxfp4conv.kernels.triton_moe import gluon_few_tokens as GF  # noqa: E402
+from mxfp4conv.kernels.triton_moe import hopper_kernels as HK  # noqa: E402
+from mxfp4conv.kernels import triton_moe as M  # noqa: E402
 from moe_bench import (SHAPES, SITU, _warm_worker, copy_bandwidth, fit_workers, graph_time_us,  # noqa: E402
                        make_weights, model_bytes, routing, weight_copies)
 from moe_power import power_table, sampled  # noqa: E402
 
 BASE = "hopper_mma_xor"
+
+
+def _rebind(name: str, value) -> None:
+    """name = value in every module of the kernel package that imported the same object (each holds its own binding)."""
+    old = getattr(M.layouts, name, None) or getattr(M.gluon_choice, name)
+    for mod in list(sys.modules.values()):
+        if getattr(mod, "__name__", "").startswith(M.__name__) and getattr(mod, name, None) is old:
+            setattr(mod, name, value)
 
 
 def register_probes() -> dict[str, str]:
@@ -51,14 +59,14 @@ def register_probes() -> dict[str, str]:
         M.LAYOUT_SETS[layouts[probe]] = M.LAYOUT_SETS[BASE]
         M.HOPPER_ORDERS[layouts[probe]] = probe
         HK.ORDER_IDS[probe] = rot
-    M.HOPPER_SETS = tuple(M.HOPPER_ORDERS)
+    _rebind("HOPPER_SETS", tuple(M.HOPPER_ORDERS))
     GF.WORDS32_PTX["nodecode"] = GF.words32_ptx("nodecode")
-    M.GLUON_SETS = M.GLUON_SETS + (layouts["nodecode"],)
-    tuning = M.loop_tuning
+    _rebind("GLUON_SETS", M.GLUON_SETS + (layouts["nodecode"],))
+    tuning = M.gluon_choice.loop_tuning
 
     def xor_tuning(cfg, grouped, k1, rows2, programs1=0, sms=0, order="rot"):  # the Gluon probe on the default's loops
         return tuning(cfg, grouped, k1, rows2, programs1, sms, "xor" if order == "nodecode" else order)
-    M.loop_tuning = xor_tuning
+    _rebind("loop_tuning", xor_tuning)
     return layouts
 
 
@@ -102,7 +110,7 @@ def probe_caps(shape: str, T: int, cfg, probes: dict[str, str]) -> dict[str, dic
         _, c1, c2 = S.point_constants(shape, T, {}, layout, "situ", SITU)
         out = []
         for fn, consts, second in ((HK.moe_hgemm1_kernel, c1, False), (HK.moe_hgemm2_kernel, c2, True)):
-            launch = M._launch_options(c, second=second)
+            launch = M.launch._launch_options(c, second=second)
             _, text = S.compile_sass(fn, consts, launch["num_warps"], launch["num_stages"], None, "",
                                      launch.get("maxnreg"))
             regs, smem = (int(text.split(key)[1].split()[0].rstrip("K")) for key in ("REG:", "SMEM:"))
@@ -114,11 +122,11 @@ def probe_caps(shape: str, T: int, cfg, probes: dict[str, str]) -> dict[str, dic
     for probe, layout in probes.items():
         over = {}
         for second, (want, got) in enumerate(zip(base, usage(layout, cfg))):
-            warps = M._launch_options(cfg, second=bool(second))["num_warps"]
+            warps = M.launch._launch_options(cfg, second=bool(second))["num_warps"]
             if got < want:
                 over["maxnreg2" if second else "maxnreg"] = 65536 // (32 * warps * want) // 8 * 8
         if "maxnreg" in over and "maxnreg2" not in over:  # (maxnreg caps GEMM2 too unless maxnreg2 is set)
-            over["maxnreg2"] = M._launch_options(cfg, second=True).get("maxnreg", 0)
+            over["maxnreg2"] = M.launch._launch_options(cfg, second=True).get("maxnreg", 0)
         caps[probe] = over
     return caps
 
@@ -160,8 +168,8 @@ def main() -> int:
         xs = [torch.randn(T, H, device="cuda", generator=gen).to(torch.bfloat16) for _ in range(ncopies)]
         mb = model_bytes(statistics.mean(int(torch.unique(r[0]).numel()) for r in routes), T, H, I, k)
         cfg = M.select_config(T * k, E, H, I, BASE)
-        per_pair = M.gluon_plan(cfg, xs[0], copies[0], k, BASE) is not None
-        grouped = not per_pair and M.grouped_plan(cfg, xs[0], copies[0], k, BASE, E) is not None
+        per_pair = M.gluon_choice.gluon_plan(cfg, xs[0], copies[0], k, BASE) is not None
+        grouped = not per_pair and M.gluon_choice.grouped_plan(cfg, xs[0], copies[0], k, BASE, E) is not None
         gluon = per_pair or grouped
         if gluon:  # the same kernels, required: a probe that failed to compile would raise, not run other kernels
             cfg = dataclasses.replace(cfg, gluon=1, **({"gluon_grouped": 1} if grouped else {}))

@@ -143,7 +143,7 @@ from triton.experimental import gluon  # noqa: E402
 from triton.experimental.gluon import language as gl  # noqa: E402
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2  # noqa: E402
 
-from mxfp4conv.runtime.gluon_few_tokens import WORDS32_PTX, _along  # noqa: E402
+from mxfp4conv.kernels.triton_moe.gluon_few_tokens import WORDS32_PTX, _along  # noqa: E402
 
 
 # f8_stream's group bytes [nb, g, t, j, byte] (warp = slab, lane 4 g + t, its 8 bytes, words 2 c and 2 c + 1, in
@@ -288,7 +288,7 @@ def sass_table(log) -> None:
     rotw: its rotations as wide multiplies) and the xor order's, and of f8_stream, each GEMM1 (gate and up) and
     GEMM2-like (one matrix)."""
     from benchmarks.probes.gluon_t1_bench import stream
-    from mxfp4conv.runtime.gluon_few_tokens import FACTORS32_PTX, WORDS32_PTX
+    from mxfp4conv.kernels.triton_moe.gluon_few_tokens import FACTORS32_PTX, WORDS32_PTX
 
     types = {"w_ptr": "*i32", "s_ptr": "*i32", "x_ptr": "*bf16", "out_ptr": "*fp32"}
     f8_types = {"w_ptr": "*u8", "s_ptr": "*i32", "x_ptr": "*fp8e4nv", "cw_ptr": "*fp32", "out_ptr": "*fp32"}
@@ -313,7 +313,7 @@ def bench(name, T, copy_bw, log):
     from benchmarks.probes.kernel_split import split as kernel_times
     from benchmarks.moe_bench import graph_time_us
     from mxfp4conv.codec import dequantize_mxfp4
-    from mxfp4conv.runtime.triton_moe import LAYOUT_SETS, fused_moe_triton
+    from mxfp4conv.kernels.triton_moe import LAYOUT_SETS, fused_moe_triton
     from mxfp4conv.shuffle import get_layout
 
     (H, I, _, _), gen, (w13, s13, w2, s2), (ids, tw), x, touched = layer_point(name, T)

@@ -1,5 +1,5 @@
 """The few-token MoE layer of fused_moe_triton over hopper_mma_rot: the Gluon MMA v2 kernels
-(mxfp4conv/runtime/gluon_few_tokens.py, taken automatically at up to 8 bf16 tokens on Hopper; here
+(mxfp4conv/kernels/triton_moe/gluon_few_tokens.py, taken automatically at up to 8 bf16 tokens on Hopper; here
 at every --tokens count) against the hopper_mma kernels (config gluon=0) on the same bytes and
 routing.
 
@@ -32,7 +32,8 @@ from benchmarks.probes.kernel_split import split as kernel_times  # noqa: E402
 from benchmarks.moe_bench import SHAPES, graph_time_us, make_weights  # noqa: E402
 from mxfp4conv.codec import dequantize_mxfp4  # noqa: E402
 from mxfp4conv.runtime.activations import resolve_activation  # noqa: E402
-from mxfp4conv.runtime.triton_moe import LAYOUT_SETS, fused_moe_triton, gluon_plan, select_config  # noqa: E402
+from mxfp4conv.kernels.triton_moe import LAYOUT_SETS, fused_moe_triton, select_config  # noqa: E402
+from mxfp4conv.kernels.triton_moe.gluon_choice import gluon_plan  # noqa: E402
 from mxfp4conv.shuffle import get_layout  # noqa: E402
 
 

@@ -36,11 +36,11 @@ from triton.experimental.gluon.language.nvidia.ampere import mma_v2  # noqa: E40
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma  # noqa: E402
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: E402
 
-from mxfp4conv.runtime.gluon_few_tokens import FACTORS32_PTX, WORDS32_PTX, _barrier, _decode, _offsets  # noqa: E402
+from mxfp4conv.kernels.triton_moe.gluon_few_tokens import (FACTORS32_PTX, WORDS32_PTX, _barrier, _decode, _offsets)  # noqa: E402
 from benchmarks.probes.kernel_split import split as kernel_times  # noqa: E402
 from benchmarks.moe_bench import SHAPES, copy_bandwidth, graph_time_us, make_weights, routing  # noqa: E402
 from mxfp4conv.codec import dequantize_mxfp4  # noqa: E402
-from mxfp4conv.runtime.triton_moe import LAYOUT_SETS, fused_moe_triton, select_config  # noqa: E402
+from mxfp4conv.kernels.triton_moe import LAYOUT_SETS, fused_moe_triton, select_config  # noqa: E402
 from mxfp4conv.shuffle import get_layout  # noqa: E402
 
 

@@ -34,7 +34,7 @@ from triton.experimental.gluon._runtime import GluonASTSource  # noqa: E402
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2  # noqa: E402
 
 from benchmarks.probes.hopper_sass import _tool, loops  # noqa: E402
-from mxfp4conv.runtime.gluon_few_tokens import FACTORS32_PTX, WORDS32_PTX, _decode, _offsets  # noqa: E402
+from mxfp4conv.kernels.triton_moe.gluon_few_tokens import FACTORS32_PTX, WORDS32_PTX, _decode, _offsets  # noqa: E402
 
 
 @gluon.jit

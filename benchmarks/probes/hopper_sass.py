@@ -35,8 +35,8 @@ import triton.language as tl  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from mxfp4conv.runtime import triton_hopper_kernels as HK  # noqa: E402
-from mxfp4conv.runtime import triton_moe as M  # noqa: E402
+from mxfp4conv.kernels.triton_moe import hopper_kernels as HK  # noqa: E402
+from mxfp4conv.kernels import triton_moe as M  # noqa: E402
 from moe_bench import SHAPES  # noqa: E402
 
 X_PTRS = ("x_ptr", "a_ptr", "out_ptr", "y_ptr")  # x, the intermediate, the pair outputs, y: x's element type
@@ -139,10 +139,10 @@ def point_constants(shape: str, T: int, override: dict, layout: str = "hopper_mm
     limit)."""
     H, I, E, k = SHAPES[shape]
     cfg = dataclasses.replace(M.select_config(T * k, E, H, I, layout), **override)
-    acts = {n: v for n, v in M._activation_args(act, act_params).items() if n in ("ACT", "HAS_LIMIT", "HAS_LINEAR")}
-    c1, c2, (direct, fused, rows2) = M.hopper_constants(cfg, T, k, H, I, dtype, True, cfg.factor_pairs, acts,
+    acts = {n: v for n, v in M.launch._activation_args(act, act_params).items() if n in ("ACT", "HAS_LIMIT", "HAS_LINEAR")}
+    c1, c2, (direct, fused, rows2) = M.hopper_forward.hopper_constants(cfg, T, k, H, I, dtype, True, cfg.factor_pairs, acts,
                                                         False, False, rot=HK.ORDER_IDS[M.HOPPER_ORDERS[layout]])
-    (s1, _), _ = M.gemm_splits(cfg, T * k, E, H, I, direct, rows2)
+    (s1, _), _ = M.tiles.gemm_splits(cfg, T * k, E, H, I, direct, rows2)
     c1.update(SPLIT=s1 > 1, ROWS_FIRST=bool(cfg.rows_first1 and not fused))
     c2.update(ROWS_FIRST=bool(cfg.rows_first2 and not fused))
     return cfg, c1, c2
@@ -164,7 +164,7 @@ def main() -> int:
             cfg, c1, c2 = point_constants(shape, T, override, args.layout)
             for name, fn, consts, second in (("gemm1", HK.moe_hgemm1_kernel, c1, False),
                                              ("gemm2", HK.moe_hgemm2_kernel, c2, True)):
-                launch = M._launch_options(cfg, second=second)
+                launch = M.launch._launch_options(cfg, second=second)
                 sass, usage = compile_sass(fn, consts, launch["num_warps"], launch["num_stages"], args.keep,
                                            f"{shape}_T{T}_{name}", launch.get("maxnreg"))
                 body = "; ".join(f"{n} ({', '.join(f'{op} {c}' for op, c in ops.most_common(4))})"

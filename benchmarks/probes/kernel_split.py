@@ -25,7 +25,7 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [_HERE, os.path.join(_HERE, ".."), os.path.join(_HERE, "..", "..")]  # the probes, the tools, the repository
 from moe_bench import SHAPES, SITU, make_weights, routing  # noqa: E402
 
-from mxfp4conv.runtime.triton_moe import fused_moe_triton, select_config  # noqa: E402
+from mxfp4conv.kernels.triton_moe import fused_moe_triton, select_config  # noqa: E402
 from mxfp4conv.shuffle import get_layout  # noqa: E402
 
 

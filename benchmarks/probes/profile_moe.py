@@ -11,7 +11,7 @@ import dataclasses
 
 import torch
 
-from mxfp4conv.runtime.triton_moe import LAYOUT_SETS, fused_moe_triton, select_config
+from mxfp4conv.kernels.triton_moe import LAYOUT_SETS, fused_moe_triton, select_config
 from mxfp4conv.shuffle import get_layout
 
 SHAPES = {"dsv3": (7168, 2048, 256, 8), "k3": (3584, 384, 896, 16)}

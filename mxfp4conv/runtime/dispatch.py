@@ -68,7 +68,7 @@ def _run_triton(x, experts, topk_weights, topk_ids, act_quant):
             f"the triton backend computes W4A16 only, but act_quant resolved to {act_quant!r}; pass "
             "act_quant='none' for W4A16 math or backend='torch' to emulate the activation quantisation."
         )
-    from mxfp4conv.runtime.triton_moe import fused_moe_triton
+    from mxfp4conv.kernels.triton_moe import fused_moe_triton
 
     ex = experts
     layout = triton_layout(ex.layout)

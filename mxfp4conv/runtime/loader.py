@@ -109,7 +109,7 @@ def aiter_available() -> bool:
 
 def _triton_moe():
     try:
-        from mxfp4conv.runtime import triton_moe
+        from mxfp4conv.kernels import triton_moe
     except Exception:  # no triton (or no usable build) here
         return None
     return triton_moe

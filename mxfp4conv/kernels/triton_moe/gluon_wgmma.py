@@ -18,8 +18,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia import hopper
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
 
-from mxfp4conv.runtime.gluon_few_tokens import _FPTX, _barrier, _decode, _offsets
-from mxfp4conv.runtime.triton_moe_kernels import _activate
+from mxfp4conv.kernels.triton_moe.gluon_few_tokens import _FPTX, _barrier, _decode, _offsets
+from mxfp4conv.kernels.triton_moe.mma_kernels import _activate
 
 # cp.async of a tile into shared memory: async_load from triton 3.9 on, async_copy_global_to_shared before
 _async_load = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared

@@ -26,8 +26,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from mxfp4conv.runtime.triton_moe_kernels import (HAS_GDC, _gdc_launch, _gdc_wait, block_pairs,  # noqa: F401
-                                                  gemm1_finish, gemm2_finish)
+from mxfp4conv.kernels.triton_moe.mma_kernels import (HAS_GDC, _gdc_launch, _gdc_wait, block_pairs,  # noqa: F401
+                                                      gemm1_finish, gemm2_finish)
 
 
 def _decode_ptx(order: str, out: tuple[str, str, str, str], w: str) -> str:

@@ -30,14 +30,14 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
-from mxfp4conv.runtime import triton_hopper_kernels as HK
-from mxfp4conv.runtime.counters import zeroed_counters
-from mxfp4conv.runtime.triton_hopper_kernels import _arrive, _gdc_launch, _gdc_wait
-from mxfp4conv.runtime.triton_moe_kernels import _activate
+from mxfp4conv.kernels.triton_moe import hopper_kernels as HK
+from mxfp4conv.kernels.triton_moe.counters import zeroed_counters
+from mxfp4conv.kernels.triton_moe.hopper_kernels import _arrive, _gdc_launch, _gdc_wait
+from mxfp4conv.kernels.triton_moe.mma_kernels import _activate
 
 def words32_ptx(order: str) -> str:
     """One int32 word in, its 8 codes out as 16-bit halves (R0 low, R0 high, ... R3 high): the hopper kernels'
-    decode of a bit order (``triton_hopper_kernels._decode_ptx``) with its four outputs split."""
+    decode of a bit order (``hopper_kernels._decode_ptx``) with its four outputs split."""
     return ("{\n.reg .b32 a, b, c, r0, r1, r2, r3;\n" + HK._decode_ptx(order, ("r0", "r1", "r2", "r3"), "$8")
             + "mov.b32 {$0, $1}, r0;\nmov.b32 {$2, $3}, r1;\nmov.b32 {$4, $5}, r2;\nmov.b32 {$6, $7}, r3;\n}")
 

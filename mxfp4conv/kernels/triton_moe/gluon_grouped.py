@@ -14,11 +14,11 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
-from mxfp4conv.runtime.gluon_few_tokens import (_FPTX, A_OP, B_OP, MMA, ROWS, WORDS32_PTX, _barrier,
-                                                _cap, _decode, _frag_cols, _fragment_ptrs, _fragments, _k_loop,
-                                                _offsets, _words, _x_load, fragment_order, shared_x_layout)
-from mxfp4conv.runtime.triton_hopper_kernels import _arrive, _gdc_launch, _gdc_wait
-from mxfp4conv.runtime.triton_moe_kernels import _activate
+from mxfp4conv.kernels.triton_moe.gluon_few_tokens import (_FPTX, A_OP, B_OP, MMA, ROWS, WORDS32_PTX, _barrier, _cap,
+                                                         _decode, _frag_cols, _fragment_ptrs, _fragments, _k_loop,
+                                                         _offsets, _words, _x_load, fragment_order, shared_x_layout)
+from mxfp4conv.kernels.triton_moe.hopper_kernels import _arrive, _gdc_launch, _gdc_wait
+from mxfp4conv.kernels.triton_moe.mma_kernels import _activate
 
 COLS = gl.constexpr(gl.SliceLayout(0, MMA))  # a tile's pair columns
 
