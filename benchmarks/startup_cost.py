@@ -125,10 +125,14 @@ def gpu_layer(m: Model, tp: int, how: str, hm, tk, log) -> dict:
     elif how == "triton_kernels":
         import tk_moe
         out = tk_moe.TkMoE(tk, w13, s13, w2, s2)
-    else:  # the AITER a16w4 sequence, torch ports (gfx950 stand-in)
+    elif H % 128 == 0 and I % 128 == 0:  # the AITER a16w4 sequence, torch ports (gfx950 stand-in)
         from mxfp4conv.shuffle import aiter as A
         out = (A.shuffle_weight_a16w4(w13, 16, False), A.shuffle_weight_a16w4(w2, 16, False),
                A.shuffle_scale_a16w4(s13.view(-1, s13.shape[-1]), E, False), A.e8m0_shuffle(s2.view(-1, s2.shape[-1])))
+    else:  # K not a multiple of 128 fp4 (gpt-oss): the default shuffle_weight and e8m0_shuffle, torch ports
+        from mxfp4conv.shuffle import aiter as A
+        out = (A.shuffle_weight(w13), A.shuffle_weight(w2), A.e8m0_shuffle(s13.view(-1, s13.shape[-1])),
+               A.e8m0_shuffle(s2.view(-1, s2.shape[-1])))
     torch.cuda.synchronize()
     seconds = time.perf_counter() - t0
     extra = torch.cuda.max_memory_allocated() - before
