@@ -101,7 +101,11 @@ CASES = [
           tried=["FLASHINFER_TRTLLM_MXFP4_MXFP8", "DEEPGEMM_MXFP4", "HUMMING", "EMULATION"],
           rejected={"FLASHINFER_TRTLLM_MXFP4_MXFP8": "family 100",
                     "DEEPGEMM_MXFP4": "family 100 or 120", "HUMMING": "humming library"},
-          selected_reason="mxfp4conv fallback", producible=["EMULATION"])),
+          selected_reason="mxfp4conv fallback", producible=["MARLIN", "HUMMING", "EMULATION"],
+          kernel="mxfp4conv")),
+    # sm90: --backend naming vLLM's pick keeps vLLM's kernel (canonical bytes vLLM converts)
+    ("k3-h200-keep-humming", K3, Target("h200", tp=8, backend="humming"),
+     dict(backend="HUMMING", vllm="HUMMING", I=384, layout=IDENT, kernel="vllm")),
     # --layout identity keeps the canonical bytes (32-aligned); hopper_mma pads to 64
     ("k3-h200-identity", K3, Target("h200", tp=8, layout="identity"),
      dict(backend="EMULATION", vllm="HUMMING", I=384, layout=IDENT)),
@@ -111,12 +115,18 @@ CASES = [
      dict(backend="EMULATION", H=2880, I=1440, I_real=1440, layout=IDENT)),
     ("quark-h200-tp3-hopper", QUARK_W4A16, Target("h200", tp=3),
      dict(backend="EMULATION", H=4096, I=512, I_real=512, layout=HOPPER)),
+    # sm100 / sm120: mxfp4conv's own format only when --layout asks for it
     ("k3-b200-hopper-forced", K3, Target("b200", layout="hopper_mma"),
-     dict(backend="EMULATION", I=3072, layout=HOPPER)),
-    ("k3-b200", K3, Target("b200"),
-     dict(backend="EMULATION", vllm="FLASHINFER_TRTLLM_MXFP4_MXFP8",
-          selected_reason="mxfp4conv fallback")),
-    ("k3-sm120", K3, Target("sm120"), dict(backend="EMULATION", vllm="DEEPGEMM_MXFP4")),
+     dict(backend="EMULATION", I=3072, layout=HOPPER, kernel="mxfp4conv")),
+    ("k3-b200-identity-forced", K3, Target("b200", tp=8, layout="identity"),
+     dict(backend="EMULATION", vllm="FLASHINFER_TRTLLM_MXFP4_MXFP8", I=384, layout=IDENT,
+          kernel="mxfp4conv", selected_reason="mxfp4conv fallback")),
+    # by default vLLM's pick is kept: canonical bytes, converted by vLLM at start-up
+    ("k3-b200", K3, Target("b200", tp=8),
+     dict(backend="FLASHINFER_TRTLLM_MXFP4_MXFP8", vllm="FLASHINFER_TRTLLM_MXFP4_MXFP8", I=384,
+          layout=IDENT, kernel="vllm", selected_reason="flashinfer assumed installed")),
+    ("k3-sm120", K3, Target("sm120"),
+     dict(backend="DEEPGEMM_MXFP4", vllm="DEEPGEMM_MXFP4", layout=IDENT, kernel="vllm")),
     # vLLM raises here; --layout asks for mxfp4conv's own format explicitly
     ("k3-cpu-own-format", K3, Target("cpu", layout="identity"),
      dict(backend="EMULATION", vllm=None, I=3072, selected_reason="mxfp4conv fallback")),
@@ -144,8 +154,8 @@ CASES = [
     ("dsv4-gfx1250-no-aiter-own-format", DSV4, Target("gfx1250", tp=8, aiter=False, layout="identity"),
      dict(backend="EMULATION", vllm=None, rejected={"TRITON_UNFUSED": "not gfx1250"})),
     ("dsv4-b200", DSV4, Target("b200", tp=8),
-     dict(backend="EMULATION", vllm="FLASHINFER_TRTLLM_MXFP4_MXFP8",
-          rejected={"FLASHINFER_TRTLLM_MXFP4_MXFP8": "TrtLlmMxfp4ExpertsModular: all gates pass"})),
+     dict(backend="FLASHINFER_TRTLLM_MXFP4_MXFP8", vllm="FLASHINFER_TRTLLM_MXFP4_MXFP8", kernel="vllm",
+          selected_reason="TrtLlmMxfp4ExpertsModular: all gates pass")),
     ("dsv4-h100", DSV4, Target("h100", tp=8), dict(backend="EMULATION", vllm="HUMMING")),
     # ---- Quark OCP-MX (no activation passed to the round-up: 256 on ROCm) ----
     ("quark-k3-w4a4-gfx950-tp8", QUARK_K3_W4A4, Target("gfx950", tp=8),
@@ -207,10 +217,10 @@ CASES = [
     ("gptoss-h100", GPT_OSS, Target("h100"),
      dict(backend="EMULATION", vllm="TRITON", rejected={"TRITON": "swizzled"})),
     ("gptoss-b200", GPT_OSS, Target("b200"),
-     dict(backend="EMULATION", vllm="FLASHINFER_TRTLLM_MXFP4_BF16",
-          rejected={"FLASHINFER_TRTLLM_MXFP4_BF16": "TrtLlmMxfp4ExpertsMonolithic: all gates"})),
+     dict(backend="FLASHINFER_TRTLLM_MXFP4_BF16", vllm="FLASHINFER_TRTLLM_MXFP4_BF16", H=3072, I=2944,
+          layout=IDENT, kernel="vllm", selected_reason="TrtLlmMxfp4ExpertsMonolithic: all gates")),
     ("gptoss-sm120", GPT_OSS, Target("sm120"),
-     dict(backend="EMULATION", vllm="MARLIN",
+     dict(backend="MARLIN", vllm="MARLIN", layout=IDENT, kernel="vllm",
           rejected={"FLASHINFER_CUTLASS_MXFP4_BF16": "only on sm90 exactly"})),
     ("gptoss-cpu", GPT_OSS, Target("cpu"),
      dict(backend="EMULATION", vllm="CPU", rejected={"CPU": "VNNI"})),
@@ -246,6 +256,8 @@ def test_decision_table(name, m, target, exp):
         assert d.scale_pad_byte == exp["scale_pad"]
     if "tried" in exp:
         assert [c.backend for c in d.candidates] == exp["tried"]
+    if "kernel" in exp:  # who runs the experts behind the vLLM plugin
+        assert d.options["serving_kernel"] == exp["kernel"]
     if "producible" in exp:
         assert d.options["producible"] == exp["producible"]
     for backend, text in exp.get("rejected", {}).items():
@@ -293,8 +305,8 @@ REFUSALS = [
                                                       "No MXFP4 MoE backend"]),
     ("gptoss-fp8-no-scales", GPT_OSS, Target("gfx950", act_quant="fp8"),
      ["AITER_MXFP4_FP8's weight converter raises", "input scales"]),
-    ("forced-marlin-unwritable", DSV4, Target("h100", backend="marlin"),
-     ["vLLM would serve", "MARLIN", "cannot write", "EMULATION"]),
+    ("forced-cpu-unwritable", GPT_OSS, Target("cpu", backend="cpu"),
+     ["vLLM would serve", "CPU", "cannot write", "EMULATION"]),
     ("forced-triton-on-cuda-s", K3, Target("h100", backend="triton"),
      ["cannot serve", "activation situ not supported"]),
     ("forced-emulation-cuda-no-quark", K3, Target("h100", backend="emulation"),

@@ -77,6 +77,34 @@ def test_matching_server_is_accepted_with_its_mode(synth, family, scheme, arch, 
         assert (plan.mode, plan.rank, plan.prefix) == (mode, rank, m["moe"]["layers"][0])
 
 
+@pytest.mark.parametrize("family,scheme,arch,layout,mode", [
+    # sm100 / sm120: by default vLLM's own pick converts the canonical bytes at start-up
+    ("kimi_k3", None, "sm100", "auto", "vllm_transforms"),
+    ("deepseek_v4", None, "sm100", "auto", "vllm_transforms"),
+    ("gpt_oss", None, "sm100", "auto", "vllm_transforms"),
+    ("deepseek_v4", None, "sm120", "auto", "vllm_transforms"),
+    ("quark", "w_mxfp4", "sm100", "auto", "vllm_transforms"),
+    # vLLM's own EMULATION pick stays vLLM's
+    ("quark", "w_mxfp4_a_fp8", "sm100", "auto", "vllm_transforms"),
+    # mxfp4conv's kernel only when --layout asks for its format
+    ("deepseek_v4", None, "sm100", "identity", "mxfp4conv_kernel"),
+    ("gpt_oss", None, "sm120", "hopper_mma", "mxfp4conv_kernel"),
+    ("quark", "w_mxfp4_a_fp8", "sm100", "identity", "mxfp4conv_kernel"),
+])
+def test_nvidia_keeps_vllm_kernel_unless_asked(synth, family, scheme, arch, layout, mode):  # noqa: F811
+    m = manifest_of(synth(family, scheme), Target(arch, tp=2, layout=layout))
+    assert m["target"]["options"]["serving_kernel"] == ("mxfp4conv" if mode == "mxfp4conv_kernel" else "vllm")
+    plan = check_layer(m, live_facts(m, family), m["moe"]["layers"][0], "OUT")
+    assert plan.mode == mode
+
+
+def test_manifest_without_serving_kernel_runs_mxfp4conv_kernel(synth):  # noqa: F811
+    """A manifest written before ``serving_kernel`` existed: its CUDA EMULATION format ran mxfp4conv's kernel."""
+    m = manifest_of(synth("deepseek_v4"), Target("sm100", tp=2, layout="identity"))
+    del m["target"]["options"]["serving_kernel"]
+    assert check_layer(m, live_facts(m, "deepseek_v4"), m["moe"]["layers"][0], "OUT").mode == "mxfp4conv_kernel"
+
+
 def test_identity_layout_on_rocm_lets_vllm_transform(synth):  # noqa: F811
     m = manifest_of(synth("deepseek_v4"), Target("gfx942", tp=2))  # TRITON_UNFUSED, raw bytes
     assert set(m["layout"][k] for k in ("w13", "w13_scale", "w2", "w2_scale")) == {"identity"}

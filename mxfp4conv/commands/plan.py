@@ -83,6 +83,20 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
+def _served_by(d) -> str | None:
+    """Which kernel runs the experts when vLLM serves the output through the plugin."""
+    o = d.options
+    pick, kernel = o.get("vllm_backend"), o.get("serving_kernel")
+    if kernel == "mxfp4conv":
+        instead = f"in place of vLLM's {pick}" if pick else "(vLLM has no backend here)"
+        return f"mxfp4conv's Triton MoE kernel {instead} (see the notes)"
+    if kernel == "vllm" and pick:
+        how = ("vLLM converts the canonical bytes at start-up" if d.layout.as_dict()["w13"] == "identity"
+               else "the bytes are what its conversion produces")
+        return f"vLLM's own {pick} kernel ({how})"
+    return None
+
+
 def _render(d, model, spec: str, output: dict | None = None) -> None:
     from rich.console import Console
     from rich.markup import escape
@@ -120,6 +134,9 @@ def _render(d, model, spec: str, output: dict | None = None) -> None:
     con.print(f"[bold]Backend: {d.backend}[/]"
               + (f"  (vLLM would pick {o['vllm_backend']})"
                  if o.get("vllm_backend") and o["vllm_backend"] != d.backend else ""))
+    served = _served_by(d)
+    if served:
+        con.print(f"[bold]Served by (vLLM plugin):[/] {escape(served)}")
     geo = Table(title="Padded geometry (per rank)")
     for col in ("", "real", "padded"):
         geo.add_column(col, justify="right" if col else "left")

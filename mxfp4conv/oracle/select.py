@@ -37,6 +37,7 @@ from dataclasses import dataclass, field, replace
 from mxfp4conv.checkpoint.canonical import MoEModel
 from mxfp4conv.errors import OracleError
 from mxfp4conv.oracle import compressed_tensors as ct_methods
+from mxfp4conv.oracle import nvidia
 from mxfp4conv.oracle.arch import Arch, get_arch
 from mxfp4conv.oracle.backends import (
     B12X_FORCE_A16_ENV, BACKENDS, DSV4_ROCM_PRIORITY, FP8_STATIC, INT4_G32, KEY_TEXT, MOE_BACKEND_STRINGS,
@@ -247,6 +248,19 @@ class _Resolved:
 
 
 def _resolve(model: MoEModel, target: Target, arch: Arch, server: Server) -> _Resolved:
+    """vLLM's pick and the format written for it: on NVIDIA, a pick whose converted layout
+    mxfp4conv does not write is kept with canonical bytes vLLM converts (``oracle.nvidia``)."""
+    r = _resolve_pick(model, target, arch, server)
+    if (r.walk.pick is not None and type(r.fmt) is NotProducible
+            and nvidia.keeps_vllm_backend(arch, model.moe_method, target.layout != "auto", target.backend is not None)):
+        canonical = _fallback_format(model, target, arch, r.walk)
+        if isinstance(canonical, KernelFormat):
+            kernel_act = KEY_TEXT[BACKENDS[r.walk.pick].default_key]
+            return _Resolved(r.walk, nvidia.vllm_converts(r.walk.pick, r.fmt, canonical, arch, kernel_act))
+    return r
+
+
+def _resolve_pick(model: MoEModel, target: Target, arch: Arch, server: Server) -> _Resolved:
     quark = model.moe_method == "quark"
     forced = parse_backend(target.backend) if target.backend else None
     ctx = Ctx(
@@ -326,11 +340,12 @@ def _fallback_format(model: MoEModel, target: Target, arch: Arch,
 
 
 def _producible(model: MoEModel, target: Target, arch: Arch, server: Server) -> list[str]:
-    """Backends mxfp4conv can write for this target (each would be accepted by --backend)."""
+    """Backends mxfp4conv can write for this target (each accepted by --backend without --layout;
+    on NVIDIA some as canonical bytes that vLLM converts, see ``oracle.nvidia``)."""
     out = []
     for name in BACKENDS:
         try:
-            r = _resolve(model, replace(target, backend=name), arch, server)
+            r = _resolve(model, replace(target, backend=name, layout="auto"), arch, server)
         except OracleError:
             continue
         if r.walk.pick == name and isinstance(r.fmt, KernelFormat):
@@ -463,6 +478,9 @@ def decide(model: MoEModel, target: Target, server: Server | None = None) -> Dec
             f"decodes without a shared-memory shuffle; both sizes are padded to multiples of "
             f"{HOPPER_MMA_ALIGN}. Only mxfp4conv's runtime reads this layout (its torch backend "
             "inverts it); pass --layout identity for the canonical bytes.")
+    kernel = nvidia.serving_kernel(arch, backend, own_format)
+    if kernel == nvidia.MXFP4CONV:
+        notes.append(nvidia.replacement_note(arch, walk.pick, walk.cls, kernel_layout, own_format))
     if walk.pick == "B12X_MXFP4_BF16" and target.backend and parse_backend(target.backend) == ("B12X_MXFP4_BF16",):
         # vLLM reaches this member only through --moe-backend b12x with the bf16-only switch
         final = replace(final, runtime_env={**final.runtime_env, B12X_FORCE_A16_ENV: "1"})
@@ -554,6 +572,7 @@ def decide(model: MoEModel, target: Target, server: Server | None = None) -> Dec
             "intermediate_pad": g.intermediate_per_rank_padded - g.intermediate_per_rank,
             "quark_literal_deinterleave": server.quark_literal_deinterleave,
             "kernel_layout": kernel_layout,
+            "serving_kernel": kernel,
             "requested_layout": target.layout,
             "moe_weight": target.moe_weight,
             "vllm_int4_requant": walk.int4,

@@ -18,8 +18,11 @@ Load modes:
   cannot be handed ready-made (triton_kernels objects): the bytes, brought back to the identity
   layout with the layouts' inverses, are loaded as vLLM's weight loader would leave them and
   vLLM's usual ``process_weights_after_loading`` runs.
-- ``mxfp4conv_kernel``: a CUDA target written in mxfp4conv's own format (EMULATION, identity
-  or hopper_mma): the layer runs mxfp4conv's Triton MoE kernel in place of vLLM's pick.
+- ``mxfp4conv_kernel``: a CUDA target written in mxfp4conv's own format for its kernel (EMULATION,
+  identity or hopper_mma; ``serving_kernel`` ``mxfp4conv`` in the manifest: sm90's default, or
+  ``--layout`` elsewhere): the layer runs mxfp4conv's Triton MoE kernel in place of vLLM's pick.
+  On other NVIDIA targets the default output keeps vLLM's pick (``vllm_transforms``, or
+  ``kernel_ready`` where mxfp4conv writes its converted layout).
 """
 
 from __future__ import annotations
@@ -81,6 +84,14 @@ def _refuse(where: str, prefix: str, facts: EngineFacts, what: str, ours: Any, t
     )
 
 
+def _runs_mxfp4conv_kernel(target: dict[str, Any], written: str) -> bool:
+    """mxfp4conv's own format, meant for its kernel: the manifest's ``serving_kernel`` says so (an
+    EMULATION format that vLLM's own EMULATION backend serves says ``vllm``); manifests that predate
+    it ran mxfp4conv's kernel for every EMULATION format on CUDA."""
+    kernel = (target.get("options") or {}).get("serving_kernel")
+    return written == MXFP4CONV_FORMAT and (kernel is None or kernel == "mxfp4conv")
+
+
 def check_layer(manifest: dict[str, Any], facts: EngineFacts, prefix: str, where: str) -> LayerPlan:
     """Refuse unless the manifest's layer ``prefix`` fits the live layer; say how to load it."""
     t, moe = manifest["target"], manifest["moe"]
@@ -123,7 +134,7 @@ def check_layer(manifest: dict[str, Any], facts: EngineFacts, prefix: str, where
     stored = _stored_layouts(manifest)
     written = str(t["backend"])
     identity = all(v == "identity" for v in stored.values())
-    if written == MXFP4CONV_FORMAT and facts.platform == "cuda" and all(v in OWN_LAYOUTS for v in stored.values()):
+    if _runs_mxfp4conv_kernel(t, written) and facts.platform == "cuda" and all(v in OWN_LAYOUTS for v in stored.values()):
         mode = "mxfp4conv_kernel"
     elif not identity and written == facts.backend and (facts.method, written, activation == "situ") in KERNEL_READY:
         mode = "kernel_ready"
