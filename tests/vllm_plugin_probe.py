@@ -295,3 +295,61 @@ def probe_kernel(case: dict) -> dict:
     return {"mode": plan.mode, "picked": picked, "experts": type(kernel.fused_experts).__name__,
             "prepare": type(kernel.prepare_finalize).__name__, "rel_err": err, "ref_norm": ref.float().norm().item(),
             "w13_layout": manifest["layout"]["w13"]}
+
+
+def probe_cost(case: dict) -> dict:
+    """Seconds and peak resident memory of one way of loading the layer (``case["phase"]``):
+    ``normal`` (vLLM's weight loader and conversion of the source), ``canary`` (the plugin's canary:
+    canonical bytes converted by vLLM, compared) or ``fast`` (the plugin's fast path: the stored
+    bytes handed over, checked). One phase per worker process, so that the peaks are its own."""
+    import threading
+    import time
+
+    from mxfp4conv.integrations.vllm.judge import READY, Verdict
+    from mxfp4conv.integrations.vllm.layer import new_judge
+    from mxfp4conv.integrations.vllm.model_loader import refresh_engine_env
+    from mxfp4conv.runtime.loader import apply_runtime_env, read_manifest
+
+    _aiter_from_mxfp4conv()
+    phase = case["phase"]
+    if phase == "normal":
+        _env(case["server_env"])
+    else:
+        _env({})
+        apply_runtime_env(read_manifest(Path(case["converted"]))["runtime_env"])
+        refresh_engine_env()
+    layer = build_layer(case)
+    page = os.sysconf("SC_PAGE_SIZE")
+
+    def rss() -> int:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * page
+
+    rss0, peak, done = rss(), [0], threading.Event()
+
+    def sample():
+        while not done.is_set():
+            peak[0] = max(peak[0], rss())
+            time.sleep(0.002)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    t0 = time.perf_counter()
+    if phase == "normal":
+        load_normal(layer, case)
+    else:
+        judge = new_judge(read_manifest(Path(case["converted"])), case["converted"])
+        if phase == "fast":  # as after a canary that agreed
+            kind = (type(layer.quant_method).__name__, layer.quant_method.mxfp4_backend.name,
+                    getattr(layer.activation, "value", str(layer.activation)).lower())
+            judge.verdicts[kind] = Verdict(READY, "equal", "earlier layer", 0.0)
+        load_plugin(layer, case, judge)
+    t1 = time.perf_counter()
+    layer.quant_method.process_weights_after_loading(layer)
+    t2 = time.perf_counter()
+    done.set()
+    sampler.join()
+    layer_bytes = sum(p.numel() * p.element_size() for n, p in layer.named_parameters()
+                      if n in ("w13_weight", "w2_weight", "w13_weight_scale", "w2_weight_scale"))
+    return {"phase": phase, "load_s": t1 - t0, "process_s": t2 - t1, "layer_bytes": layer_bytes,
+            "peak_rss_growth_bytes": max(peak[0], rss()) - rss0}

@@ -123,7 +123,7 @@ def _judged_process(judge: Judge, kind: tuple, qm, layer, vllm_process, stored, 
 
     # vLLM keeps the tensors it is handed and may write into them: the check needs its own copy
     # (one layer's expert bytes on the device, freed after the check)
-    handed = {n: _same_flags(t.clone(), t) for n, t in ready.items()}
+    handed = {n: _same_flags(_byte_copy(t), t) for n, t in ready.items()}
     with converters_replaced(module, functions, answering):
         vllm_process(qm, layer)
     diff = compare(layer, ready)
@@ -206,3 +206,10 @@ def _same_flags(copy: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
     if flag is not None:
         copy.is_shuffled = flag
     return copy
+
+
+def _byte_copy(t: torch.Tensor) -> torch.Tensor:
+    """A copy of ``t``'s bytes in its dtype and shape (a plain memcpy for fp4 / e8m0 too)."""
+    if t.element_size() == 1 and t.is_contiguous():
+        return t.view(torch.uint8).clone().view(t.dtype)
+    return t.clone()
