@@ -22,6 +22,7 @@ from mxfp4conv.oracle import decide
 from mxfp4conv.oracle.decision import Target
 from mxfp4conv.runtime import load_moe_layers
 from mxfp4conv.runtime.reference import dequant_expert
+from mxfp4conv.runtime.relayout import canonical
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*cannot consume them")
 DATA = Path(__file__).parent / "data" / "exporters"
@@ -123,7 +124,7 @@ def _converted_expert(layers_by_rank, prefix: str, e: int) -> dict[str, torch.Te
     """gate / up / down of global expert ``e``, reassembled from every rank's canonical bytes."""
     parts = {"gate": [], "up": [], "down": []}
     for layers in layers_by_rank:
-        ex = layers[prefix].canonical()
+        ex = canonical(layers[prefix])
         local = e - ex.expert_offset
         if not 0 <= local < ex.experts_per_rank:
             continue

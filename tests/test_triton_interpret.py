@@ -363,7 +363,7 @@ def test_dispatcher_picks_gemv_for_few_pairs_per_expert(monkeypatch):
 # ---- the hopper_mma layouts (weights in the wgmma operand order, mxfp4conv.shuffle.hopper) ----
 
 
-HOP = "hopper_mma_rot"  # what convert writes for sm90; the earlier order is checked against it below
+HOP = "hopper_mma_rot"  # one order the kernels read (convert writes hopper_mma_xor); the earlier order is checked against it below
 
 
 def _hopper(w13, s13, w2, s2, layout=HOP):

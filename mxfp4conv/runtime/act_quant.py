@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 
 from mxfp4conv.errors import CheckpointError, RuntimeInputError
+from mxfp4conv.runtime import situv2
 
 ACT_QUANTS = ("none", "fp8", "mxfp4")
 _ALIASES = {
@@ -46,8 +47,6 @@ def resolve_act_quant(requested: str, target_act_quant: str | None) -> str:
 
 def served_act_quant(target: dict, runtime_env: dict, layout: dict, where: str) -> tuple[str, str | None]:
     """(activation quantisation the served kernels apply: none | fp8 | mxfp4, SiTUv2 mode or None)."""
-    from mxfp4conv.runtime import situv2
-
     raw = str(target.get("act_quant", "bf16"))
     if (raw or "auto").lower() not in (*_ALIASES, "auto"):
         raise CheckpointError(
@@ -55,7 +54,8 @@ def served_act_quant(target: dict, runtime_env: dict, layout: dict, where: str) 
             "manifest is damaged. Convert the source again."
         )
     declared = resolve_act_quant("auto", raw)
-    mode = situv2.resolve(target, runtime_env, layout, declared, where)
+    kernel = _ALIASES.get(str((target.get("options") or {}).get("kernel_act", "")).lower())
+    mode = situv2.resolve(target, runtime_env, layout, declared, kernel, where)
     return (situv2.ACT_QUANT[mode], mode) if mode else (declared, None)
 
 

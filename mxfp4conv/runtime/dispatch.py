@@ -8,6 +8,7 @@ from mxfp4conv.errors import RuntimeInputError
 from mxfp4conv.runtime.act_quant import resolve_act_quant
 from mxfp4conv.runtime.experts import MoEExperts
 from mxfp4conv.runtime.loader import choose_backend, triton_layout
+from mxfp4conv.runtime.relayout import canonical
 
 BACKENDS = ("auto", "torch", "triton", "aiter")
 FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -73,7 +74,7 @@ def _run_triton(x, experts, topk_weights, topk_ids, act_quant):
     ex = experts
     layout = triton_layout(ex.layout)
     if layout is None:
-        ex, layout = ex.canonical(), "identity"
+        ex, layout = canonical(ex), "identity"
     H = x.shape[1]
     xp = x if ex.hidden_padded == H else torch.nn.functional.pad(x, (0, ex.hidden_padded - H))
     local = ex.local_ids(topk_ids).to(torch.int32)

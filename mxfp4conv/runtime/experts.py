@@ -102,15 +102,3 @@ class MoEExperts:
         local = topk_ids.to(torch.int64) - self.expert_offset
         on_rank = (local >= 0) & (local < self.experts_per_rank)
         return torch.where(on_rank, local, torch.full_like(local, -1))
-
-    def canonical(self) -> "MoEExperts":
-        """These experts in the identity layout (inverting stored layouts; cached)."""
-        from mxfp4conv.runtime.relayout import to_canonical
-
-        if self.is_canonical:
-            return self
-        cached = getattr(self, "_canonical_cache", None)
-        if cached is None:
-            cached = to_canonical(self)
-            object.__setattr__(self, "_canonical_cache", cached)
-        return cached

@@ -13,6 +13,7 @@ from mxfp4conv.errors import CheckpointError
 from mxfp4conv.runtime.act_quant import qdq
 from mxfp4conv.runtime.activations import resolve_activation
 from mxfp4conv.runtime.experts import MoEExperts
+from mxfp4conv.runtime.relayout import canonical
 
 
 def _static_scale(scales: torch.Tensor | None) -> float | None:
@@ -43,7 +44,7 @@ def torch_fused_moe(
     act_quant: str,
 ) -> torch.Tensor:
     """``[T, H]`` -> ``[T, H]`` fp32: ``sum_k w_k * expert_k(x)`` over this rank's experts."""
-    ex = experts.canonical()
+    ex = canonical(experts)
     T, H = x.shape
     h_pad, i_pad = ex.hidden_padded, ex.intermediate_per_rank_padded
     xp = torch.zeros(T, h_pad, dtype=torch.float32, device=x.device)

@@ -40,3 +40,14 @@ def to_canonical(ex: MoEExperts) -> MoEExperts:
     return dataclasses.replace(
         ex, **changes, layout={k: "identity" for k in WEIGHT_KINDS}, is_shuffled=False,
     )
+
+
+def canonical(ex: MoEExperts) -> MoEExperts:
+    """``ex`` in the identity layout (its stored layouts inverted once, the copy kept on ``ex``)."""
+    if ex.is_canonical:
+        return ex
+    cached = getattr(ex, "_canonical_cache", None)
+    if cached is None:
+        cached = to_canonical(ex)
+        object.__setattr__(ex, "_canonical_cache", cached)
+    return cached

@@ -55,19 +55,16 @@ def env_mode(runtime_env: Mapping[str, str], where: str) -> str | None:
 
 
 def resolve(target: Mapping, runtime_env: Mapping[str, str], layout: Mapping[str, str], declared: str,
-            where: str) -> str | None:
+            kernel: str | None, where: str) -> str | None:
     """The SiTUv2 mode of these experts, or None when they do not run SiTUv2 on AITER.
 
-    The pinned environment wins; without one the manifest's ``options.kernel_act`` or, failing
-    that, its resolved act_quant (``declared``: none | fp8 | mxfp4) names the mode. A mode that
-    contradicts ``kernel_act`` or the stored w13 layout is an error.
+    The pinned environment wins; without one the manifest's ``options.kernel_act`` (``kernel``: none | fp8 |
+    mxfp4, or None where it names none) or, failing that, its resolved act_quant (``declared``) names the mode. A
+    mode that contradicts ``kernel_act`` or the stored w13 layout is an error.
     """
     if not applies(target):
         return None
-    from mxfp4conv.runtime.act_quant import _ALIASES
-
     pinned = env_mode(runtime_env, where)
-    kernel = _ALIASES.get(str((target.get("options") or {}).get("kernel_act", "")).lower())
     mode = pinned or _FROM_ACT[kernel or declared]
     if kernel is not None and _FROM_ACT[kernel] != mode:
         raise CheckpointError(

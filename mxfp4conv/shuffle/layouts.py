@@ -25,10 +25,10 @@ triton_kernels on ROCm, as vLLM 0.33.0's ``_swizzle_mxfp4`` builds them (``trito
   triton_gfx1250_scale      [E, N/32, K]         shuffle_scale_moe(arch="gfx1250", 32, 4)
   triton_gfx1250_scale_gu1  [E, N/32, K]         interleave_gate_up, then shuffle_scale_moe
 mxfp4conv's own Triton kernels on Hopper (``shuffle/hopper.py``)
-  hopper_mma_w_rot            canonical shape      fp4 in wgmma register-operand order, bits for a
-                                                 9-instruction decode (what convert writes)
-  hopper_mma_w_xor            canonical shape      the same words, bits for an 8-instruction decode
-                                                 (read and timed; not written by convert)
+  hopper_mma_w_xor            canonical shape      fp4 in wgmma register-operand order, bits for an
+                                                 8-instruction decode (what convert writes)
+  hopper_mma_w_rot            canonical shape      the same words, bits for a 9-instruction decode
+                                                 (what earlier releases wrote; still read)
   hopper_mma_w                canonical shape      the same words, bits for an 11-instruction decode
                                                  (what earlier releases wrote; still read)
   hopper_mma_s                canonical shape      e8m0 in the order of those words' rows
