@@ -20,8 +20,8 @@ sys.path[:0] = [str(ROOT / "tests"), str(ROOT)]  # runs from a checkout, install
 
 from fuzz_cases import TARGETS, build_corpus, run_one  # noqa: E402
 
-WEIGHTS = {"header": 30, "index": 12, "config": 20, "manifest": 12, "converted_shard": 10,
-           "source_shard": 4, "cli": 12}
+WEIGHTS = {"header": 30, "index": 12, "config": 20, "config_field": 12, "manifest": 12, "converted_shard": 10,
+           "source_shard": 4, "resume": 3, "load_flip": 6, "cli": 12}
 FIRST_SEED = 1000
 
 

@@ -1,8 +1,9 @@
 """Seeded mutational fuzzing of every parser and command input, with an oracle per target.
 
-Each target mutates one kind of input (a shard header, an index, a config, a manifest, the
-bytes of a converted or a source shard, a command line), runs the code that reads it and
-classifies the outcome:
+Each target mutates one kind of input (a shard header, an index, a config, one config field,
+a manifest, the bytes of a converted or a source shard, a resume into an output directory, an
+expert byte a loader reads, a command line), runs the code that reads it and classifies the
+outcome:
 
 - ``ok``: accepted, and the result passed the target's correctness checks;
 - ``refused``: the project's own error (CLI: exit 1 with one ``error:`` paragraph, or a usage
@@ -22,6 +23,7 @@ import copy
 import hashlib
 import io
 import json
+import math
 import os
 import random
 import shutil
@@ -400,13 +402,15 @@ def t_manifest(c: Corpus, rng: random.Random) -> None:
     text, _ = mutate_json(orig, rng, prefer=[("tp",), ("layers",), ("hidden",), ("experts_per_rank",),
                                              ("w13",), ("activation",), ("top_k",), ("activation_params",)])
     (out / "mxfp4conv.json").write_text(text, encoding="utf-8", errors="surrogatepass")
+    rank = rng.randrange(2)
     try:
-        same = json.loads(text) == orig
+        edited = json.loads(text)
+        same = edited == orig
     except (ValueError, RecursionError):
-        same = False
+        edited, same = None, False
     accepted = []
     for name, run in (("verify", lambda: verify(out)),
-                      ("load_moe_layers", lambda: load_moe_layers(out, rank=rng.randrange(2)))):
+                      ("load_moe_layers", lambda: load_moe_layers(out, rank=rank))):
         try:
             import warnings
 
@@ -416,9 +420,24 @@ def t_manifest(c: Corpus, rng: random.Random) -> None:
             accepted.append(name)
         except Mxfp4convError:
             pass
+    if accepted == ["load_moe_layers"] and _same_for_rank(edited, orig, rank):
+        return "ok"  # only crc32s of the other rank's tensors changed: that load reads none of them
     if accepted and not same:
         raise Silent(f"{' and '.join(accepted)} accepted an edited manifest")
     return "ok" if accepted else "refused"
+
+
+def _same_for_rank(edited, orig: dict, rank: int) -> bool:
+    """``edited`` differs from ``orig`` at most in crc32 values of tensors of ranks but ``rank``."""
+    if not isinstance(edited, dict) or {k: v for k, v in edited.items() if k != "checksums"} != \
+            {k: v for k, v in orig.items() if k != "checksums"}:
+        return False
+    table = edited.get("checksums", {}).get("crc32") if isinstance(edited.get("checksums"), dict) else None
+    want = orig["checksums"]["crc32"]
+    if not isinstance(table, dict) or table.keys() != want.keys() or set(edited["checksums"]) != {"crc32"}:
+        return False
+    mine = f".experts.rank{rank}."
+    return all(table[n] == c for n, c in want.items() if mine in n)
 
 
 def t_converted_shard(c: Corpus, rng: random.Random) -> None:
@@ -572,8 +591,155 @@ def t_cli(c: Corpus, rng: random.Random) -> None:
     return "ok" if code == 0 else "refused"
 
 
-TARGETS = {"header": t_header, "index": t_index, "config": t_config, "manifest": t_manifest,
-           "converted_shard": t_converted_shard, "source_shard": t_source_shard, "cli": t_cli}
+# ---- one config field at a time: what may be accepted, written from vLLM's code ---------------
+
+def _finite_in(lo: float, hi: float, *, open_lo: bool = True):
+    def ok(v) -> bool:
+        return (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+                and (lo < v if open_lo else lo <= v) and v <= hi)
+    return ok
+
+
+def _whole_in(lo: int, hi: int):
+    def ok(v) -> bool:
+        return (isinstance(v, (int, float)) and not isinstance(v, bool)
+                and (isinstance(v, int) or (math.isfinite(v) and v.is_integer())) and lo <= v <= hi)
+    return ok
+
+
+VLLM_SCORING = ("softmax", "sigmoid", "sqrtsoftplus")  # vLLM 0.33 / 0.34 fused_topk_bias_router
+ROUTING_FIELDS = {
+    "scoring_func": lambda v: v in VLLM_SCORING,
+    "moe_router_activation_func": lambda v: v in VLLM_SCORING,
+    "norm_topk_prob": lambda v: isinstance(v, bool),
+    "moe_renormalize": lambda v: isinstance(v, bool),
+    "n_group": _whole_in(0, 1 << 16),
+    "num_expert_group": _whole_in(0, 1 << 16),
+    "topk_method": lambda v: isinstance(v, str) and bool(v),
+    "routed_scaling_factor": _finite_in(0, 65504.0),
+}
+ACTIVATION_FIELDS = {
+    "kimi_k3": {"activation_situ_beta": _finite_in(0, 65504.0),
+                "activation_situ_linear_beta": _finite_in(-65504.0, 65504.0, open_lo=False)},
+    "deepseek_v4": {"swiglu_limit": _finite_in(0, 65504.0)},
+    "gpt_oss": {"swiglu_limit": _finite_in(0, 65504.0)},
+    "quark": {"swiglu_limit": _finite_in(0, 65504.0)},
+}
+# the routing each family's vLLM model takes from the config, where mxfp4conv records one
+FAMILY_ONLY = {("deepseek_v4", "scoring_func"): "sqrtsoftplus", ("kimi_k3", "moe_router_activation_func"): "sigmoid"}
+FIELD_VALUES = HOSTILE + ["softmax", "sigmoid", "sqrtsoftplus", "bogus", "noaux_tc", 2 ** 63, 65504.0, 65505.0,
+                          7.0, 1e-30, 2.0, 4, -7.5]
+
+
+def t_config_field(c: Corpus, rng: random.Random) -> None:
+    """One field the decision or the runtime reads, set to a hostile or a legal value: accepted
+    only if the value is one vLLM (and the recorded routing) accepts."""
+    from mxfp4conv.checkpoint.detect import load_model
+    from mxfp4conv.checkpoint.source import open_source
+
+    family = rng.choice(sorted(c.sources))
+    fields = {**ROUTING_FIELDS, **ACTIVATION_FIELDS[family]}
+    key = rng.choice(sorted(fields))
+    value = copy.deepcopy(rng.choice(FIELD_VALUES))
+    root = _copy(c.sources[family], c.scratch() / "src")
+    cfg = json.loads((root / "config.json").read_text())
+    tc = cfg["text_config"] if isinstance(cfg.get("text_config"), dict) and "hidden_size" in cfg["text_config"] else cfg
+    tc[key] = value
+    (root / "config.json").write_text(json.dumps(cfg))
+    inspect_bad = inspect_refuses(root)
+    try:
+        src = open_source(str(root))
+        load_model(src)
+        src.close()
+    except Mxfp4convError:
+        return "refused"
+    if inspect_bad:
+        raise Silent(f"convert's check accepts {key} = {value!r}, which inspect calls bad")
+    legal = value is None or (fields[key](value) and FAMILY_ONLY.get((family, key), value) == value)
+    if not legal:
+        raise Silent(f"{family}: accepted {key} = {json.dumps(value)[:40]}")
+    return "ok"
+
+
+# ---- --resume into an output directory that holds another conversion --------------------------
+
+RESUME_PLANS = ("same", "arch", "tp", "shard_size", "source", "ep")
+
+
+def t_resume(c: Corpus, rng: random.Random) -> None:
+    """``convert --resume`` into a finished or interrupted OUT: only the same conversion may go
+    on; anything else is refused with OUT unchanged."""
+    from mxfp4conv.convert import convert
+    from mxfp4conv.oracle import Target
+
+    out = _copy(c.converted, c.scratch() / "out")
+    if rng.random() < 0.5:  # interrupted: no manifest nor index yet, a shard lost
+        for name in ("mxfp4conv.json", "model.safetensors.index.json"):
+            (out / name).unlink()
+        if rng.random() < 0.5:
+            rng.choice(_shards(out)).unlink()
+    plan = rng.choice(RESUME_PLANS)
+    family = rng.choice(["deepseek_v4", "quark", "gpt_oss"]) if plan == "source" else "kimi_k3"
+    target = {"arch": Target(arch=rng.choice(["gfx942", "sm90", "sm100"]), tp=2),
+              "tp": Target(arch="gfx950", tp=rng.choice([1, 4])),
+              "ep": Target(arch="gfx950", tp=2, ep=True)}.get(plan, Target(arch="gfx950", tp=2))
+    shard_size = rng.choice(["100KB", "1MB"]) if plan == "shard_size" else 5_000_000_000
+    before = digest(out)
+    try:
+        convert(str(c.sources[family]), out, target, shard_size=shard_size, resume=True, progress="none")
+    except Mxfp4convError:
+        if digest(out) != before:
+            raise Silent(f"a refused resume ({plan}) changed OUT")
+        if plan == "same":
+            raise AssertionError("a resume of the very same conversion was refused")
+        return "refused"
+    if plan != "same":
+        raise Silent(f"--resume into OUT with another {plan} was accepted")
+    return "ok"
+
+
+# ---- one expert byte flipped where a loader reads it -------------------------------------------
+
+def t_load_flip(c: Corpus, rng: random.Random) -> None:
+    """A byte of one rank's expert tensor flipped: load_moe_layers and the vLLM plugin's reader
+    must refuse that rank (the other rank, which reads none of it, loads)."""
+    import warnings
+
+    from mxfp4conv.checkpoint.safetensors_io import read_header
+    from mxfp4conv.integrations.vllm.rank_tensors import read_layer
+    from mxfp4conv.runtime import load_moe_layers
+    from mxfp4conv.runtime.loader import _weight_map, read_manifest
+
+    out = _copy(c.converted, c.scratch() / "out")
+    wm = json.loads((out / "model.safetensors.index.json").read_text())["weight_map"]
+    name = rng.choice(sorted(n for n in wm if ".experts.rank" in n))
+    rank = int(name.split(".experts.rank")[1].split(".")[0])
+    b, e = read_header(out / wm[name]).absolute(name)
+    with open(out / wm[name], "r+b") as f:
+        f.seek(rng.randrange(b, e))
+        x = f.read(1)[0]
+        f.seek(-1, 1)
+        f.write(bytes([x ^ rng.randrange(1, 256)]))
+    other = 1 - rank
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        load_moe_layers(out, rank=other)  # must load: none of its bytes changed
+        try:
+            load_moe_layers(out, rank=rank)
+            raise Silent(f"load_moe_layers loaded rank {rank} with a flipped byte in {name}")
+        except Mxfp4convError:
+            pass
+    manifest, weight_map = read_manifest(out), _weight_map(out)
+    try:
+        read_layer(out, weight_map, manifest, name.split(".experts.rank")[0], rank)
+    except Mxfp4convError:
+        return "refused"
+    raise Silent(f"the vLLM plugin's reader loaded a flipped byte in {name}")
+
+
+TARGETS = {"header": t_header, "index": t_index, "config": t_config, "config_field": t_config_field,
+           "manifest": t_manifest, "converted_shard": t_converted_shard, "source_shard": t_source_shard,
+           "resume": t_resume, "load_flip": t_load_flip, "cli": t_cli}
 
 
 def run_one(c: Corpus, target: str, seed: int, limit_s: float = 20.0) -> Outcome:

@@ -10,8 +10,8 @@ import pytest
 from fuzz_cases import TARGETS, build_corpus, run_one
 
 # inputs per target in CI; the cheap parsers get more
-COUNTS = {"header": 60, "index": 25, "config": 40, "manifest": 25, "converted_shard": 20,
-          "source_shard": 8, "cli": 25}
+COUNTS = {"header": 60, "index": 25, "config": 40, "config_field": 40, "manifest": 25, "converted_shard": 20,
+          "source_shard": 8, "resume": 8, "load_flip": 12, "cli": 25}
 
 
 @pytest.fixture(scope="module")

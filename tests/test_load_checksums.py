@@ -128,3 +128,20 @@ def test_loaded_bytes_are_unchanged_by_the_check(converted):
     for prefix in a:
         for kind in ("w13_weight", "w13_weight_scale", "w2_weight", "w2_weight_scale"):
             assert torch.equal(getattr(a[prefix], kind), getattr(b[prefix], kind))
+
+
+@pytest.mark.parametrize("edit", ["drop_other_rank", "add"])
+def test_crc32_table_must_name_exactly_the_expert_tensors(copy, edit):
+    p = copy / "mxfp4conv.json"
+    m = json.loads(p.read_text())
+    table = m["checksums"]["crc32"]
+    if edit == "add":
+        table["model.layers.1.mlp.experts.rank9.w13_weight"] = 1
+    else:
+        del table[sorted(n for n in table if ".experts.rank1." in n)[0]]
+    p.write_text(json.dumps(m))
+    with pytest.raises(CheckpointError, match="crc32 table"):
+        load(copy, rank=0)
+    wm, manifest = _weight_map(copy), read_manifest(copy)
+    with pytest.raises(CheckpointError, match="crc32 table"):
+        read_layer(copy, wm, manifest, manifest["moe"]["layers"][0], 0)

@@ -10,8 +10,10 @@ from mxfp4conv.checkpoint.canonical import MoELayer, TensorRef
 from mxfp4conv.checkpoint.problems import Problems
 from mxfp4conv.checkpoint.safetensors_io import DTYPE_BITS, expected_nbytes
 from mxfp4conv.checkpoint.source import INDEX_NAME, Source, duplicate_index_keys
+from mxfp4conv.errors import CheckpointError
 
 NAN_E8M0 = 0xFF
+E8M0_DTYPE = "F8_E8M0"  # safetensors' dtype for e8m0 bytes
 SAMPLE_TENSORS = 24  # scale tensors looked at by the default (cheap) NaN check
 SAMPLE_BYTES = 1 << 20  # at most this many scale bytes read by the default check
 # A median scale code at or above this implies weights no real model has (see magnitude_warning).
@@ -75,6 +77,7 @@ def check_nan_scales(source: Source, layers: list[MoELayer], problems: Problems,
     By default a sample of at most ``SAMPLE_BYTES`` from a few scale tensors (first/last
     layers and experts); ``full`` reads every scale byte. Returns what was scanned (the
     ``scale_scan`` of inspect's report)."""
+    others = other_e8m0(source, layers)
     if full:
         todo = [(r, None) for layer in layers for r, _ in scale_refs(layer)]
         budget = None
@@ -83,10 +86,21 @@ def check_nan_scales(source: Source, layers: list[MoELayer], problems: Problems,
         budget = SAMPLE_BYTES // max(len(todo), 1)
     bad, total, histogram = _read_scales(source, todo, budget)
     all_bytes = sum(_scale_nbytes(r) for layer in layers for r, _ in scale_refs(layer))
+    all_bytes += sum(_scale_nbytes(r) for r in others)
     if bad:
         problems.error(f"{len(bad)} expert scale tensors contain 0xFF e8m0 bytes, which decode to "
                        f"NaN ({'; '.join(bad[:5])}{' ...' if len(bad) > 5 else ''}). The weights "
                        f"are corrupt or were quantized from NaN/inf values; re-export them.")
+    if full:  # the e8m0 tensors outside the routed experts (e.g. DeepSeek-V4's FP8 block scales)
+        bad_other, n_other, _ = _read_scales(source, [(r, None) for r in others], None)
+        total += n_other
+        todo += [(r, None) for r in others]
+        if bad_other:
+            problems.error(f"{len(bad_other)} e8m0 tensors outside the routed experts contain 0xFF "
+                           f"bytes, which decode to NaN ({'; '.join(bad_other[:5])}"
+                           f"{' ...' if len(bad_other) > 5 else ''}). The weights are corrupt or "
+                           f"were quantized from NaN/inf values; re-export them (convert refuses "
+                           f"them unless --allow-nan-scales).")
     elif not full and len(todo) < len(_sample(layers)):
         problems.warning("the NaN-scale sample skipped shards that are not downloaded; run "
                          "inspect --full to download and scan every scale.")
@@ -95,6 +109,21 @@ def check_nan_scales(source: Source, layers: list[MoELayer], problems: Problems,
         problems.warning(implausible)
     return {"mode": "full" if full else "sample", "tensors_read": len(todo),
             "bytes_read": total, "bytes_total": all_bytes}
+
+
+def other_e8m0(source: Source, layers: list[MoELayer]) -> list[TensorRef]:
+    """Every tensor stored as F8_E8M0 that is not a routed expert's scale: 0xFF is NaN there too."""
+    routed = {r.name for layer in layers for r, _ in scale_refs(layer)}
+    out = []
+    for shard in source.shards():
+        try:
+            header = source.header(shard)
+        except CheckpointError:  # reported by the index checks
+            continue
+        for name, e in header.tensors.items():
+            if e.dtype == E8M0_DTYPE and name not in routed and source.weight_map.get(name) == shard:
+                out.append(TensorRef(name=name, shard=shard, dtype=e.dtype, shape=tuple(e.shape)))
+    return out
 
 
 def _read_scales(source: Source, todo, budget: int | None) -> tuple[list[str], int, list[int]]:

@@ -19,6 +19,7 @@ import numpy as np
 from mxfp4conv.convert.manifest import SHUFFLE_PAD_BYTE
 from mxfp4conv.convert.plan import OutputPlan, Unit
 from mxfp4conv.convert.direct_read import DirectReader, build_chunk_direct, build_chunk_direct_np
+from mxfp4conv.checkpoint.checks import E8M0_DTYPE
 from mxfp4conv.convert.rank_tensors import WEIGHT_KINDS, build_chunk, build_chunk_np, find_nan_scale
 from mxfp4conv.errors import Mxfp4convError
 
@@ -39,18 +40,34 @@ def unit_tasks(src, model, plan: OutputPlan, unit: Unit, chunk_bytes: int, allow
                reader: DirectReader | None = None) -> Iterator[Task]:
     """``reader``: a shared ``DirectReader`` (its descriptors are the caller's to close)."""
     if unit.layer < 0:
-        yield from _copy_tasks(src, unit.tensors[0], chunk_bytes)
+        yield from _copy_tasks(src, unit.tensors[0], chunk_bytes, allow_nan)
     else:
         yield from _layer_tasks(src, model, plan, unit, chunk_bytes, allow_nan, reader or DirectReader(src))
 
 
-def _copy_tasks(src, t, chunk_bytes: int) -> Iterator[Task]:
+def _copy_tasks(src, t, chunk_bytes: int, allow_nan: bool = False) -> Iterator[Task]:
     size = t.spec.size()
     step = max(1, min(COPY_CHUNK, chunk_bytes))
+    check = t.spec.dtype == E8M0_DTYPE and not allow_nan  # 0xFF is NaN in any e8m0 tensor
+
+    def read(off: int, n: int) -> list:
+        data = src.read_range(t.src_shard, t.src_offset + off, n)
+        if check:
+            _check_nan_copy(t.name, off, data)
+        return [(t.name, data)]
+
     for off in range(0, size, step):
         n = min(step, size - off)
-        yield Task(lambda off=off, n=n: [(t.name, src.read_range(t.src_shard, t.src_offset + off, n))],
-                   ((t.name, off, n),), ((t.src_shard, t.src_offset + off, n),))
+        yield Task(lambda off=off, n=n: read(off, n), ((t.name, off, n),), ((t.src_shard, t.src_offset + off, n),))
+
+
+def _check_nan_copy(name: str, off: int, data) -> None:
+    i = find_nan_scale(np.frombuffer(data, dtype=np.uint8))
+    if i is not None:
+        raise Mxfp4convError(
+            f"tensor {name} holds a NaN scale byte (0xFF) at byte offset {off + i} (an e8m0 tensor "
+            f"outside the routed experts, copied as it is); served, it would produce NaNs. Fix the "
+            f"checkpoint, or pass --allow-nan-scales to copy it as is.")
 
 
 def per_expert_bytes(plan: OutputPlan) -> dict[str, int]:

@@ -192,9 +192,11 @@ def _shard_headers(root: Path, weight_map: dict[str, str], manifest: dict) -> di
     return headers
 
 
-def checksums_to_check(manifest: dict, root: Path, check: bool = True) -> dict[str, int] | None:
+def checksums_to_check(manifest: dict, root: Path, weight_map: dict[str, str],
+                       check: bool = True) -> dict[str, int] | None:
     """The manifest's crc32 of every routed-expert tensor, or None when checking is switched off
-    (``check`` False, or ``MXFP4CONV_SKIP_CHECKSUMS=1``)."""
+    (``check`` False, or ``MXFP4CONV_SKIP_CHECKSUMS=1``). The table must name exactly the
+    expert tensors of ``weight_map`` (the index)."""
     if not check or os.environ.get(SKIP_CHECKSUMS_ENV, "").strip().lower() in ("1", "true", "yes"):
         return None
     table = expert_checksums(manifest)
@@ -204,6 +206,13 @@ def checksums_to_check(manifest: dict, root: Path, check: bool = True) -> dict[s
             f"record them converted it), so the bytes cannot be checked as they load. Convert the source "
             f"again; or, for bytes you verified yourself (`mxfp4conv verify {root} --source SOURCE`), load "
             f"with check_checksums=False, or set {SKIP_CHECKSUMS_ENV}=1 for the vLLM plugin.")
+    experts = {n for n in weight_map if ".experts.rank" in n}
+    if table.keys() != experts:
+        odd = sorted(experts - table.keys()) or sorted(table.keys() - experts)
+        what = "lacks" if odd[0] in experts else "names a tensor the index does not hold,"
+        raise CheckpointError(
+            f"{root / MANIFEST_NAME}: its crc32 table {what} {odd[0]}; the manifest was edited or "
+            f"belongs to another conversion. Convert the source again.")
     return table
 
 
@@ -325,7 +334,7 @@ def load_moe_layers(
     _check_request(manifest, where, rank, arch, tp, backend)
     weight_map = _weight_map(root)
     headers = _shard_headers(root, weight_map, manifest)
-    crcs = checksums_to_check(manifest, root, check_checksums)
+    crcs = checksums_to_check(manifest, root, weight_map, check_checksums)
     target, moe, layout = manifest["target"], manifest["moe"], manifest["layout"]
     dev = torch.device(device)
     stored_layout = {k: str(layout.get(k, "identity")) for k in WEIGHT_KINDS}

@@ -100,18 +100,73 @@ def cfg_int(config: dict, where: str, *keys: str, lo: int = 1, hi: int, default:
     return int(v)
 
 
+# Activation parameters (clamp limits, tanh saturation betas, slopes, routing scale) act on
+# activations the MoE kernels hold in 16-bit floats: a limit above float16's largest finite value
+# can never clamp one, a beta that large never saturates, so such a value is the clamp or the
+# saturation switched off in disguise. Real models use 1.702 to 10.
+MAX_ACT_PARAM = 65504.0
+
+
 def cfg_float(config: dict, where: str, key: str, *, default: float | None = None,
-              positive: bool = True) -> float | None:
-    """A finite number (positive unless told otherwise), or ``default`` when absent."""
+              positive: bool = True, hi: float = MAX_ACT_PARAM) -> float | None:
+    """A finite number (positive unless told otherwise) of magnitude at most ``hi``, or
+    ``default`` when absent."""
     v = config.get(key)
     if v is None:
         return default
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
-            or (positive and v <= 0):
+            or (positive and v <= 0) or abs(v) > hi:
         raise CheckpointError(f"{where}: {key!r} is {_shown(v)}, but it must be a finite "
-                              f"{'positive ' if positive else ''}number. Use the model's original "
-                              f"config.json.")
+                              f"{'positive ' if positive else ''}number of magnitude at most {hi:g} "
+                              f"(larger is no limit for the 16-bit activations it acts on). Use the "
+                              f"model's original config.json.")
     return float(v)
+
+
+def cfg_bool(config: dict, where: str, key: str) -> bool | None:
+    """An optional true / false (a string or number is refused: ``bool("false")`` is True)."""
+    v = config.get(key)
+    if v is None or isinstance(v, bool):
+        return v
+    raise CheckpointError(f"{where}: {key!r} is {_shown(v)}, but it must be true or false. Use the "
+                          f"model's original config.json.")
+
+
+def cfg_choice(config: dict, where: str, key: str, allowed: tuple[str, ...], who: str) -> str | None:
+    """An optional name out of ``allowed`` (``who`` says whose list it is)."""
+    v = config.get(key)
+    if v is None or (isinstance(v, str) and v in allowed):
+        return v
+    raise CheckpointError(f"{where}: {key!r} is {_shown(v)}, but it must be one of "
+                          f"{', '.join(allowed)} ({who}). Use the model's original config.json.")
+
+
+def cfg_name(config: dict, where: str, key: str) -> str | None:
+    """An optional non-empty string."""
+    v = config.get(key)
+    if v is None or (isinstance(v, str) and v):
+        return v
+    raise CheckpointError(f"{where}: {key!r} is {_shown(v)}, but it must be a name (a non-empty "
+                          f"string). Use the model's original config.json.")
+
+
+# the scoring functions vLLM 0.33.0 / 0.34.0's MoE routers implement (fused_topk_bias_router:
+# softmax, sigmoid, sqrtsoftplus; any other raises "Unsupported scoring function")
+VLLM_SCORING_FUNCS = ("softmax", "sigmoid", "sqrtsoftplus")
+
+
+def check_routing_config(cfg: dict, where: str) -> None:
+    """Every routing key a family or vLLM's model reads: type and allowed values."""
+    for key in ("scoring_func", "moe_router_activation_func"):
+        cfg_choice(cfg, where, key, VLLM_SCORING_FUNCS, "the scoring functions vLLM's MoE routers implement")
+    for key in ("norm_topk_prob", "moe_renormalize"):
+        cfg_bool(cfg, where, key)
+    for key in ("n_group", "num_expert_group", "topk_group"):
+        if cfg.get(key) is not None:
+            cfg_int(cfg, where, key, lo=0, hi=MAX_EXPERTS)
+    cfg_name(cfg, where, "topk_method")
+    cfg_name(cfg, where, "model_type")
+    cfg_float(cfg, where, "routed_scaling_factor")
 
 
 def cfg_activation(config: dict, where: str, default: str) -> str:
@@ -336,8 +391,9 @@ def check_expert_shapes(layers: list[MoELayer], g: MoEGeometry, problems: Proble
                 f"tensors do not match config.json (wrong config, or not grouped by 32).")
 
 
-def routing_from_config(cfg: dict) -> str:
+def routing_from_config(cfg: dict, where: str = "config.json") -> str:
     """vLLM's RoutingMethodType name for a model config (get_routing_method_type's rules)."""
+    check_routing_config(cfg, where)
     model_type = cfg.get("model_type")
     if model_type == "gpt_oss":
         return "Renormalize"

@@ -73,7 +73,7 @@ def build(source, problems: Problems) -> tuple[MoEModel | None, list[str]]:
             f"by its '.experts.rank<r>.' names.")
     model = MoEModel(
         family=NAME, quant_scheme=scheme.quant_scheme, moe_method=scheme.moe_method,
-        activation=common.activation_from_config(cfg, where), routing=common.routing_from_config(cfg),
+        activation=common.activation_from_config(cfg, where), routing=common.routing_from_config(cfg, where),
         geometry=geometry, layers=tuple(layers), dtype_variants=variants,
         moe_class=scheme.moe_class, declared_act=scheme.declared_act,
         extra={"base_model_type": cfg.get("model_type"), "architectures": list(architectures)},

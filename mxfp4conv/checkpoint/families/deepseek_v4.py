@@ -48,6 +48,10 @@ def build(source, problems: Problems) -> tuple[MoEModel | None, list[str]]:
         top_k=common.cfg_int(config, where, "num_experts_per_tok", hi=common.MAX_EXPERTS),
     )
     common.check_geometry(geometry, problems, where)
+    common.check_routing_config(config, where)
+    # vLLM's DeepSeek-V4 routes with config.scoring_func (default sqrtsoftplus); the manifest
+    # records its DeepseekV4 routing, which is sqrtsoftplus
+    common.cfg_choice(config, where, "scoring_func", ("sqrtsoftplus",), "DeepSeek-V4's routing")
     params = {}
     limit = common.cfg_float(config, where, "swiglu_limit")
     if limit is not None:

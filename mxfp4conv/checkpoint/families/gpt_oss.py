@@ -51,6 +51,7 @@ def build(source, problems: Problems) -> tuple[MoEModel | None, list[str]]:
         top_k=common.cfg_int(config, where, "num_experts_per_tok", "experts_per_token", hi=common.MAX_EXPERTS),
     )
     common.check_geometry(geometry, problems, where)
+    common.check_routing_config(config, where)
     found: dict[str, dict[str, str]] = {}
     for name in source.tensor_names():
         m = PATTERN.match(name)

@@ -68,6 +68,10 @@ def build(source, problems: Problems) -> tuple[MoEModel | None, list[str]]:
         top_k=common.cfg_int(tc, where, "num_experts_per_token", "num_experts_per_tok", hi=common.MAX_EXPERTS),
     )
     common.check_geometry(geometry, problems, where)
+    common.check_routing_config(tc, where)
+    # vLLM's Kimi-K3 routes with config.moe_router_activation_func; the manifest records its
+    # DeepSeekV3 routing (sigmoid scores with a correction bias)
+    common.cfg_choice(tc, where, "moe_router_activation_func", ("sigmoid",), "Kimi-K3's DeepSeekV3 routing")
     act_name = common.cfg_activation(tc, where, "situ")
     params = {}
     if act_name == "situ":

@@ -116,6 +116,7 @@ def build(source, problems: Problems) -> tuple[MoEModel | None, list[str]]:
                               f"OCP-MX format; mxfp4conv converts MXFP4-weight schemes "
                               f"({', '.join(SUPPORTED)}).")
     act = spec.get("input_tensors") or {}
+    common.cfg_bool(act, where, "is_dynamic")
     static = scheme == "w_mxfp4_a_fp8" and not act.get("is_dynamic", False)
     geometry = common.generic_geometry(cfg, where, problems)
     gate_up = any("gate_up" in f for e in found.layers[first_prefix].values() for f in e)
@@ -140,7 +141,7 @@ def build(source, problems: Problems) -> tuple[MoEModel | None, list[str]]:
                    for ex in layer.experts or layer.gate_up_experts)
     model = MoEModel(
         family=NAME, quant_scheme=scheme, moe_method="quark",
-        activation=common.activation_from_config(cfg, where), routing=common.routing_from_config(cfg),
+        activation=common.activation_from_config(cfg, where), routing=common.routing_from_config(cfg, where),
         geometry=geometry, layers=tuple(layers), has_bias=has_bias, static_input_scales=static,
         dtype_variants=variants, moe_class="QuarkOCP_MX_MoEMethod",
         declared_act=_declared_act(act), gate_up_interleaved=gate_up,

@@ -36,7 +36,7 @@ def read_layer(root: Path, weight_map: dict[str, str], manifest: dict[str, Any],
     each checked against the manifest's crc32 as it is read (unless MXFP4CONV_SKIP_CHECKSUMS=1)."""
     names = rank_tensor_names(weight_map, prefix, rank, root)
     wanted = {n: weight_map[n] for n in names.values()}
-    crcs = checksums_to_check(manifest, Path(root))
+    crcs = checksums_to_check(manifest, Path(root), weight_map)
     # the shards this rank reads: complete files, each stamped with this manifest
     got = _read_tensors(root, list(wanted), wanted, _shard_headers(root, wanted, manifest), crcs)
     out = {}
