@@ -133,7 +133,9 @@ def _judged_process(judge: Judge, kind: tuple, qm, layer, vllm_process, stored, 
             f"{where}: after vLLM {judge.engine_release}'s process_weights_after_loading, MoE layer {name!r} "
             f"parameter {tensor} no longer holds the converted checkpoint's bytes (first difference at {where_diff}): "
             f"this vLLM transformed the kernel-ready bytes again (its conversion took another path than on the "
-            f"canary layer {verdict.canary_layer!r}). Nothing was served. Convert the source again for vLLM "
+            f"canary layer {verdict.canary_layer!r}; the checkpoint was written for "
+            f"{'vLLM ' + judge.manifest_release if judge.manifest_release else 'an unnamed vLLM release'}). "
+            f"Nothing was served. Convert the source again for vLLM "
             f"{judge.engine_release} with `--layout identity`, so that vLLM converts at start-up, and report it.")
     judge.checked += 1
 
