@@ -145,3 +145,18 @@ def test_crc32_table_must_name_exactly_the_expert_tensors(copy, edit):
     wm, manifest = _weight_map(copy), read_manifest(copy)
     with pytest.raises(CheckpointError, match="crc32 table"):
         read_layer(copy, wm, manifest, manifest["moe"]["layers"][0], 0)
+
+
+def test_verify_with_the_source_checks_the_crc32_table(synth, copy):
+    from mxfp4conv.convert.verify import VerifyError, verify
+
+    src = str(synth("kimi_k3"))
+    rep = verify(copy, src)
+    assert rep.ok and any("crc32 of" in c for c in rep.checks)
+    p = copy / "mxfp4conv.json"
+    m = json.loads(p.read_text())
+    name = sorted(m["checksums"]["crc32"])[-1]
+    m["checksums"]["crc32"][name] ^= 0x100
+    p.write_text(json.dumps(m))
+    with pytest.raises(VerifyError, match=f"records crc32 .* for {name}"):
+        verify(copy, src)

@@ -34,6 +34,7 @@ from mxfp4conv.convert.memory import keep_freed_memory
 from mxfp4conv.convert.parallel import OrderedPool, chunk_budget, default_workers, one_torch_thread
 from mxfp4conv.convert.progress import Progress
 from mxfp4conv.convert.rank_tensors import WEIGHT_KINDS, RankGeometry, build_chunk, build_chunk_np
+from mxfp4conv.convert.crc import crc32, crc32_combine
 from mxfp4conv.convert.writer import as_bytes
 from mxfp4conv.errors import CheckpointError, Mxfp4convError
 
@@ -68,12 +69,16 @@ class _OutReader:
     """Reads tensors of the converted checkpoint by name, in ranges, using the shard headers
     already read and checked."""
 
-    def __init__(self, root: Path, weight_map: dict[str, str], headers: dict):
+    def __init__(self, root: Path, weight_map: dict[str, str], headers: dict, crc_names=()):
         self.root = root
         self.weight_map = weight_map
         self.headers = headers
         self.fds = {}
         self._lock = threading.Lock()  # read from several worker threads
+        # (offset, size, crc32) of every piece read of these tensors: their crc32 without
+        # reading them again
+        self.crc_names = frozenset(crc_names)
+        self.pieces: dict[str, list[tuple[int, int, int]]] = {}
 
     def entry(self, name: str):
         h = self.headers[self.weight_map[name]]
@@ -89,7 +94,27 @@ class _OutReader:
     def read(self, name: str, offset: int, n: int) -> bytearray:
         shard = self.weight_map[name]
         h, e = self.entry(name)
-        return pread_exact(self._fd(shard), h.data_start + e.begin + offset, n)
+        data = pread_exact(self._fd(shard), h.data_start + e.begin + offset, n)
+        if name in self.crc_names:
+            piece = (offset, n, crc32(data))
+            with self._lock:
+                self.pieces.setdefault(name, []).append(piece)
+        return data
+
+    def crc(self, name: str) -> int:
+        """crc32 of a whole tensor: combined from the pieces read when they tile it, else read."""
+        _, e = self.entry(name)
+        crc, at = 0, 0
+        for off, n, c in sorted(set(self.pieces.get(name, ()))):
+            if off != at:
+                break
+            crc, at = crc32_combine(crc, c, n), at + n
+        if at == e.nbytes:
+            return crc
+        crc = 0
+        for off in range(0, e.nbytes, 64 << 20):
+            crc = crc32(self.read(name, off, min(64 << 20, e.nbytes - off)), crc)
+        return crc
 
     def prefetch(self, pieces: list[tuple[str, int, int]]) -> None:
         """Start reading ``(tensor, offset, nbytes)`` pieces into the page cache (best effort)."""
@@ -155,9 +180,17 @@ def _verify(out: Path, source, rep: VerifyReport, workers: int, progress: str) -
         rep.layers = [{"prefix": p, "status": "structure ok"} for p in manifest["moe"]["layers"]]
         return
     keep_freed_memory()  # chunk buffers are reused instead of faulted in afresh (see convert)
-    reader = _OutReader(out, weight_map, headers)
+    reader = _OutReader(out, weight_map, headers, crc_names=table)
     try:
         _verify_against_source(out, source, manifest, weight_map, expected, reader, rep, workers, progress)
+        # the bytes equal what the source gives, so a crc32 that differs is the table's fault
+        for name in sorted(table):
+            got = reader.crc(name)
+            if got != table[name]:
+                raise VerifyError("checksum", f"{out / MANIFEST_NAME}: records crc32 {table[name]:08x} for "
+                                  f"{name}, whose bytes (equal to what the source gives) have {got:08x}; "
+                                  f"the manifest was edited. Convert the source again.", tensor=name)
+        rep.checks.append(f"the crc32 of {len(table)} expert tensors equal to {MANIFEST_NAME}'s")
     finally:
         reader.close()
 
