@@ -90,6 +90,18 @@ def test_quark_is_dynamic_must_be_a_boolean(synth, tmp_path, capsys):
     refused(root, tmp_path, capsys, "'is_dynamic' is 'false'")
 
 
+@pytest.mark.parametrize("part, key", [("weights", "symmetric"), ("weights", "dynamic")])
+def test_compressed_tensors_flags_must_be_booleans(synth, tmp_path, capsys, part, key):
+    root = copy_of(synth("compressed_tensors"), tmp_path / "src")
+    p = root / "config.json"
+    cfg = json.loads(p.read_text())
+    qc = cfg.get("quantization_config") or cfg["text_config"]["quantization_config"]
+    group = next(iter(qc["config_groups"].values()))
+    group[part][key] = "false"
+    p.write_text(json.dumps(cfg))
+    refused(root, tmp_path, capsys, f"{part}.{key} is 'false'", "true or false")
+
+
 # ---- 0xFF in an e8m0 tensor outside the routed experts --------------------------------------
 
 NAME = "layers.0.attn.wo_b.scale"

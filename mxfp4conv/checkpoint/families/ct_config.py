@@ -104,6 +104,14 @@ def scheme_for(qc: dict, modules: list[str], where: str, *, architectures=()) ->
                               f"same scheme.")
     name, g = found[0]
     w = g.get("weights") or {}
+    a = g.get("input_activations")
+    for part, d in (("weights", w), ("input_activations", a)):
+        for key in ("symmetric", "dynamic"):  # read as flags: bool("false") would be True
+            v = d.get(key) if isinstance(d, dict) else None
+            if v is not None and not isinstance(v, bool):
+                raise CheckpointError(f"{where}: compressed-tensors group {name!r} {part}.{key} is "
+                                      f"{v!r}, but it must be true or false. Use the model's "
+                                      f"original config.json.")
     fmt = g.get("format") or qc.get("format")
     if not isinstance(w, dict) or not _is_mxfp4(w):
         raise CheckpointError(f"{where}: compressed-tensors group {name!r} quantises the experts "
@@ -112,7 +120,6 @@ def scheme_for(qc: dict, modules: list[str], where: str, *, architectures=()) ->
     if fmt != MXFP4_FORMAT:
         raise CheckpointError(f"{where}: compressed-tensors group {name!r} has format {fmt!r}, "
                               f"not {MXFP4_FORMAT!r}; only packed MXFP4 experts can be converted.")
-    a = g.get("input_activations")
     a = a if isinstance(a, dict) else None
     suffix, declared = _act_name(a) if a else ("", None)
     scheme = f"w_mxfp4_a_{suffix}" if a else "w_mxfp4"
