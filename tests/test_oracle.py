@@ -3,6 +3,8 @@ expected values taken from vLLM's selection tables, round-up rules and converter
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -113,7 +115,9 @@ CASES = [
      dict(backend="EMULATION", H=2880, I=1472, I_real=1440, layout=HOPPER)),
     ("gptoss-h200-tp2-identity", GPT_OSS, Target("h200", tp=2, layout="identity"),
      dict(backend="EMULATION", H=2880, I=1440, I_real=1440, layout=IDENT)),
-    ("quark-h200-tp3-hopper", QUARK_W4A16, Target("h200", tp=3),
+    # vLLM's own converter raises for Quark w_mxfp4 on sm90 (test_refusals): --layout asks for
+    # mxfp4conv's own format
+    ("quark-h200-tp3-hopper", QUARK_W4A16, Target("h200", tp=3, vllm="0.33", layout="hopper_mma"),
      dict(backend="EMULATION", H=4096, I=512, I_real=512, layout=HOPPER)),
     # sm100 / sm120: mxfp4conv's own format only when --layout asks for it
     ("k3-b200-hopper-forced", K3, Target("b200", layout="hopper_mma"),
@@ -153,9 +157,13 @@ CASES = [
      dict(backend="TRITON_UNFUSED", vllm="TRITON_UNFUSED", I=1536, layout=CDNA4)),
     ("dsv4-gfx1250-no-aiter-own-format", DSV4, Target("gfx1250", tp=8, aiter=False, layout="identity"),
      dict(backend="EMULATION", vllm=None, rejected={"TRITON_UNFUSED": "not gfx1250"})),
-    ("dsv4-b200", DSV4, Target("b200", tp=8),
+    ("dsv4-b200-0.33", DSV4, Target("b200", tp=8, vllm="0.33"),
      dict(backend="FLASHINFER_TRTLLM_MXFP4_MXFP8", vllm="FLASHINFER_TRTLLM_MXFP4_MXFP8", kernel="vllm",
           selected_reason="TrtLlmMxfp4ExpertsModular: all gates pass")),
+    # vLLM 0.34 split the modular TRTLLM class by activation quantisation
+    ("dsv4-b200-0.34", DSV4, Target("b200", tp=8, vllm="0.34"),
+     dict(backend="FLASHINFER_TRTLLM_MXFP4_MXFP8", vllm="FLASHINFER_TRTLLM_MXFP4_MXFP8", kernel="vllm",
+          selected_reason="TrtLlmMxfp4Mxfp8ExpertsModular: all gates pass")),
     ("dsv4-h100", DSV4, Target("h100", tp=8), dict(backend="EMULATION", vllm="HUMMING")),
     # ---- Quark OCP-MX (no activation passed to the round-up: 256 on ROCm) ----
     ("quark-k3-w4a4-gfx950-tp8", QUARK_K3_W4A4, Target("gfx950", tp=8),
@@ -170,9 +178,13 @@ CASES = [
      dict(backend="EMULATION", act="mxfp4", rejected={"AITER_MXFP4_MXFP4": "AITER is disabled"})),
     ("quark-w4a4-h100", QUARK_K3_W4A4, Target("h100", tp=8),
      dict(backend="EMULATION", vllm="EMULATION", act="mxfp4")),
-    ("quark-w4a16-gfx950", QUARK_W4A16, Target("gfx950", tp=2),
+    ("quark-w4a16-gfx950-0.33", QUARK_W4A16, Target("gfx950", tp=2, vllm="0.33"),
      dict(backend="AITER_MXFP4_BF16", act="bf16", H=4096, I=768, layout=GU16,
           gate_mode="interleave", env=AITER_ENV, scale_pad=0x01)),
+    # vLLM 0.34 converts a non-gpt-oss Quark model with converter S: it sets the bound
+    ("quark-w4a16-gfx950-0.34", QUARK_W4A16, Target("gfx950", tp=2, vllm="0.34"),
+     dict(backend="AITER_MXFP4_BF16", act="bf16", H=4096, I=768, layout=GU16,
+          gate_mode="interleave", env={**AITER_ENV, "AITER_BF16_FP8_MOE_BOUND": "0"}, scale_pad=0x01)),
     ("quark-w4a8-oai-gfx950-tp4", QUARK_W4A8_OAI, Target("gfx950", tp=4),
      dict(backend="AITER_MXFP4_FP8", vllm="AITER_MXFP4_FP8", act="fp8", H=4096, I=512,
           layout=IDENT, selected_reason="AiterW4A8ExpertsMonolithic",
@@ -299,9 +311,9 @@ REFUSALS = [
     ("forced-aiter-gfx942", K3, Target("gfx942", backend="aiter"),
      ["--backend aiter cannot serve", "AiterMxfp4Experts", "only on gfx950", "AITER_TRITON_MXFP4_BF16",
       "activation situ not supported"]),
-    ("k3-cpu", K3, Target("cpu"), ["vLLM 0.33.0 cannot serve", "raises NotImplementedError",
+    ("k3-cpu", K3, Target("cpu"), ["cannot serve", "raises NotImplementedError",
                                     "--layout identity"]),
-    ("dsv4-gfx1250", DSV4, Target("gfx1250", tp=8), ["vLLM 0.33.0 cannot serve",
+    ("dsv4-gfx1250", DSV4, Target("gfx1250", tp=8), ["cannot serve",
                                                       "No MXFP4 MoE backend"]),
     ("gptoss-fp8-no-scales", GPT_OSS, Target("gfx950", act_quant="fp8"),
      ["AITER_MXFP4_FP8's weight converter raises", "input scales"]),
@@ -316,11 +328,19 @@ REFUSALS = [
     ("forced-on-unselected-quark", QUARK_W4A6, Target("gfx950", backend="aiter"), ["only EMULATION"]),
     ("unknown-backend", K3, Target("gfx950", backend="fastest"), ["Unknown backend", "aiter_mxfp4_fp8"]),
     ("dsv4-mxfp4-act", DSV4, Target("gfx950", act_quant="mxfp4"), ["act-quant mxfp4", "ignores"]),
-    ("unknown-vllm", K3, Target("gfx950", vllm="0.31"), ["Unknown --vllm release '0.31'", "0.33.0"]),
+    ("unknown-vllm", K3, Target("gfx950", vllm="0.3x"), ["Unknown --vllm release '0.3x'", "0.33.0", "0.34.0"]),
     ("k3-fp8-gfx942", K3, Target("gfx942", act_quant="fp8"), ["act-quant fp8", "W4A16"]),
     ("k3-fp8-h200", K3, Target("h200", act_quant="fp8"), ["act-quant fp8", "HUMMING"]),
-    ("quark-w4a4-as-bf16", QUARK_K3_W4A4, Target("gfx950", act_quant="bf16"), ["no override"]),
-    ("quark-w4a4-as-fp8", QUARK_K3_W4A4, Target("gfx950", act_quant="fp8"), ["conflicts"]),
+    ("quark-w4a4-as-bf16", QUARK_K3_W4A4, Target("gfx950", act_quant="bf16", vllm="0.33"), ["no override"]),
+    ("quark-w4a4-as-fp8", QUARK_K3_W4A4, Target("gfx950", act_quant="fp8", vllm="0.33"), ["conflicts", "0.33.0"]),
+    # vLLM 0.33's converter G asserts expert biases (FlashInfer CUTLASS) and a permute cache
+    # (TRTLLM) that Quark's set-up lacks; 0.34's converter S still asserts the cache on sm100
+    ("quark-w4a16-sm90-0.33", QUARK_W4A16, Target("h200", vllm="0.33"),
+     ["vLLM 0.33.0 cannot serve", "AssertionError", "w13_bias", "fails at load", "--layout identity"]),
+    ("quark-w4a16-sm100-0.33", QUARK_W4A16, Target("b200", vllm="0.33"),
+     ["vLLM 0.33.0 cannot serve", "AssertionError", "_cache_permute_indices", "fails at load"]),
+    ("quark-w4a16-sm100-0.34", QUARK_W4A16, Target("b200", vllm="0.34"),
+     ["vLLM 0.34.0 cannot serve", "AssertionError", "_cache_permute_indices", "fails at load"]),
     ("bad-act-quant", K3, Target("gfx950", act_quant="int8"), ["Unknown --act-quant"]),
     ("bad-layout", K3, Target("h200", layout="marlin"), ["Unknown --layout", "hopper_mma"]),
     ("layout-on-aiter", K3, Target("gfx950", layout="hopper_mma"), ["--layout hopper_mma", "AITER_MXFP4_BF16"]),
@@ -341,15 +361,53 @@ def test_refusals(name, m, target, texts):
 # ---- vLLM quirks: both readings ---------------------------------------------------------------
 
 def test_quark_w_mxfp4_deinterleave_both_readings():
-    correct = decide(QUARK_W4A16, Target("gfx950", tp=2))
-    literal = decide(QUARK_W4A16, Target("gfx950", tp=2), Server(quark_literal_deinterleave=True))
+    correct = decide(QUARK_W4A16, Target("gfx950", tp=2, vllm="0.33"))
+    literal = decide(QUARK_W4A16, Target("gfx950", tp=2, vllm="0.33"), Server(quark_literal_deinterleave=True))
     assert correct.layout.gate_up == "[gate; up]"
     assert any("Suspected vLLM bug" in n for n in correct.notes)
     assert literal.layout.gate_up == LITERAL_G_ROWS
     assert any("Modelling vLLM literally" in n for n in literal.notes)
     # gpt-oss is really interleaved on disk: both readings agree there (no bug note).
-    g = decide(GPT_OSS, Target("gfx950"), Server(quark_literal_deinterleave=True))
+    g = decide(GPT_OSS, Target("gfx950", vllm="0.33"), Server(quark_literal_deinterleave=True))
     assert g.layout.gate_up == "[gate; up]" and not any("bug" in n for n in g.notes)
+
+
+def test_quark_w_mxfp4_on_0_34_is_converter_s():
+    """vLLM 0.34 converts non-gpt-oss Quark models with converter S: [gate; up] rows GU16'd
+    as they are (no de-interleave), AITER_BF16_FP8_MOE_BOUND=0; a gpt-oss Quark export keeps G."""
+    for server in (Server(), Server(quark_literal_deinterleave=True)):
+        d = decide(QUARK_W4A16, Target("gfx950", tp=2, vllm="0.34"), server)
+        assert d.options["converter"] == "S" and d.layout.gate_up == "[gate; up]"
+        assert not any("bug" in n for n in d.notes) and d.runtime_env["AITER_BF16_FP8_MOE_BOUND"] == "0"
+    oss = replace(QUARK_W4A16, extra={"base_model_type": "gpt_oss"})
+    assert decide(oss, Target("gfx950", tp=2, vllm="0.34")).options["converter"] == "G"
+    assert decide(QUARK_W4A16, Target("gfx950", tp=2, vllm="0.33")).options["converter"] == "G"
+
+
+def test_activation_override_wins_on_0_34():
+    """0.34: --quantization-config.moe.activation overrides the checkpoint (a warning); explicit
+    null is bf16. 0.33 refuses both (test_refusals)."""
+    w4a4 = replace(QUARK_W4A16, quant_scheme="w_mxfp4_a_mxfp4")
+    fp8 = decide(w4a4, Target("gfx950", act_quant="fp8", vllm="0.34"))
+    assert fp8.options["vllm_backend"] == "EMULATION" and fp8.act_quant == "fp8"
+    assert any("overrides the checkpoint's declared mxfp4 dynamic" in n for n in fp8.notes), fp8.notes
+    bf16 = decide(w4a4, Target("gfx950", act_quant="bf16", vllm="0.34"))
+    assert bf16.options["vllm_backend"] == "AITER_MXFP4_BF16" and bf16.act_quant == "bf16"
+    assert any("moe.activation null" in n for n in bf16.notes), bf16.notes
+
+
+def test_quark_w4a16_sm90_serves_on_0_34():
+    d = decide(QUARK_W4A16, Target("h200", vllm="0.34"))
+    assert d.options["vllm_backend"] == "FLASHINFER_CUTLASS_MXFP4_BF16" and d.options["vllm_raises"] is None
+    assert d.backend == "EMULATION" and d.options["converter"] == "S"
+
+
+def test_unmodelled_release_falls_back_with_a_note():
+    for asked, used in (("0.35", "0.34.0"), ("0.36.2", "0.34.0"), ("0.33.7", "0.33.0"), ("0.31", "0.33.0")):
+        d = decide(K3, Target("gfx950", vllm=asked))
+        assert d.options["vllm_release"] == used
+        assert "canary" in d.notes[0] and asked in d.notes[0], d.notes[0]
+    assert not any("canary" in n for n in decide(K3, Target("gfx950", vllm="0.34.0")).notes)
 
 
 def test_literal_deinterleave_scrambles_gate_and_up_rows():

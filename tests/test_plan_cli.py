@@ -111,20 +111,52 @@ def test_plan_human_trace(capsys, ckpts):
     assert rc == 0 and "VLLM_ROCM_USE_AITER_MOE_SITUV2=a8w4" in out and "aiter_p16_gu16" in out
 
 
-@pytest.mark.parametrize("flag", [[], ["--vllm", "0.33"], ["--vllm", "0.33.0"]])
-def test_plan_names_the_vllm_release(capsys, ckpts, flag):
+@pytest.mark.parametrize("flag,version", [
+    (["--vllm", "0.33"], "0.33.0"), (["--vllm", "0.33.0"], "0.33.0"), (["--vllm", "v0.34"], "0.34.0"),
+    (["--vllm", "0.34.0"], "0.34.0")])
+def test_plan_names_the_vllm_release(capsys, ckpts, flag, version):
     rc, out, _ = run(capsys, "plan", str(ckpts["deepseek_v4"]), "--arch", "gfx950", *flag)
-    assert rc == 0 and "vLLM 0.33.0 (the release modelled)" in " ".join(out.split())
+    flat = " ".join(out.split())
+    assert rc == 0 and f"vLLM {version} (the release modelled)" in flat and "Note:" not in flat
     rc, out, _ = run(capsys, "plan", str(ckpts["deepseek_v4"]), "--arch", "gfx950", "--json", *flag)
-    assert rc == 0 and json.loads(out)["vllm"] == "0.33.0"
+    got = json.loads(out)
+    assert rc == 0 and got["vllm"] == version and got["vllm_resolution"]["note"] is None
+
+
+@pytest.mark.parametrize("installed,version", [(None, None), ("0.33.0", "0.33.0"), ("0.34.2", "0.34.0"),
+                                               ("0.35.1", "0.34.0"), ("0.32.0", "0.33.0")])
+def test_plan_auto_follows_the_installed_vllm(capsys, ckpts, monkeypatch, installed, version):
+    """--vllm auto (the default): the vLLM installed beside mxfp4conv, else the newest modelled;
+    a release that is not modelled falls back, and plan says to which and what checks it."""
+    from mxfp4conv.oracle import releases
+
+    monkeypatch.setattr(releases, "installed_vllm", lambda: installed)
+    version = version or releases.RELEASES[releases.AUTO_WITHOUT_VLLM].version
+    rc, out, _ = run(capsys, "plan", str(ckpts["deepseek_v4"]), "--arch", "gfx950")
+    flat = " ".join(out.split())
+    where = f"the installed vLLM {installed}" if installed else "no vLLM installed here"
+    assert rc == 0 and f"vLLM {version} (the release modelled, --vllm auto: {where})" in flat, flat
+    modelled = installed in (None, "0.33.0")
+    assert ("Note:" not in flat) == modelled, flat
+    if not modelled:
+        assert f"vLLM {installed} is not" in flat and f"uses vLLM {version}" in flat and "canary" in flat
+    rc, out, _ = run(capsys, "plan", str(ckpts["deepseek_v4"]), "--arch", "gfx950", "--json")
+    got = json.loads(out)
+    assert got["vllm"] == version and got["vllm_resolution"]["installed"] == installed
+
+
+def test_plan_for_an_unmodelled_release_names_its_stand_in(capsys, ckpts):
+    rc, out, _ = run(capsys, "plan", str(ckpts["deepseek_v4"]), "--arch", "gfx950", "--vllm", "0.36")
+    flat = " ".join(out.split())
+    assert rc == 0 and "vLLM 0.34.0 (the release modelled)" in flat
+    assert "vLLM 0.36 is not modelled" in flat and "nearest older modelled release" in flat
 
 
 @pytest.mark.parametrize("args,texts", [
     (["--arch", "gfx950", "--tp", "3"], ["cannot split", "512"]),
     (["--arch", "gfx950", "--tp", "32"], ["not a multiple of the MXFP4 block"]),
     (["--arch", "gfx942", "--backend", "aiter"], ["cannot serve", "only on gfx950"]),
-    (["--arch", "gfx950", "--vllm", "0.32"], ["Unknown --vllm release '0.32'", "0.33.0"]),
-    (["--arch", "gfx950", "--vllm", "0.33.1"], ["Unknown --vllm release '0.33.1'"]),
+    (["--arch", "gfx950", "--vllm", "latest"], ["Unknown --vllm release 'latest'", "0.33.0", "0.34.0"]),
     (["--arch", "gfx942", "--moe-weight", "int4_per_group_32"],
      ["--moe-weight int4_per_group_32", "AiterMxfp4Experts", "requantises", "--layout identity"]),
 ])

@@ -102,7 +102,7 @@ TARGETS = [
     dict(arch="gfx942", tp=2),
     dict(arch="gfx942", tp=2, ep=True),
     dict(arch="gfx950", tp=2),  # AITER layouts, loaded back through the inverses
-    dict(arch="sm90", tp=2),  # hopper_mma layouts (64-padded), inverted for the torch backend
+    dict(arch="sm90", tp=2, layout="hopper_mma"),  # (64-padded), inverted for the torch backend
 ]
 
 

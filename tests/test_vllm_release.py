@@ -29,7 +29,7 @@ def converted(tmp_path_factory):
 
 def test_convert_records_the_release(converted):
     m = json.loads((converted / MANIFEST_NAME).read_text())
-    assert m["vllm"] == RELEASES["0.33"] == "0.33.0"
+    assert m["vllm"] == RELEASES["0.33"].version == "0.33.0"
     assert m["target"]["request"]["vllm"] == "0.33"
     assert load_moe_layers(converted, rank=0, backend="torch")
 
@@ -45,7 +45,18 @@ def test_loader_refuses_another_release(converted, tmp_path):
     with pytest.raises(CheckpointError) as e:
         load_moe_layers(copy, rank=0, backend="torch")
     text = str(e.value)
-    assert "vLLM 0.32.0" in text and "0.33.0" in text and MANIFEST_NAME in text and "\n" not in text
+    assert "vLLM 0.32.0" in text and "0.33.0, 0.34.0" in text and MANIFEST_NAME in text and "\n" not in text
+
+
+def test_loader_reads_either_modelled_release(tmp_path):
+    from mxfp4conv.commands.convert import target_from_options
+    from mxfp4conv.convert import convert
+
+    src = make_checkpoint("deepseek_v4", tmp_path / "src", seed=5)
+    convert(src, tmp_path / "out", target_from_options("cpu", 1, False, "auto", False, None, vllm="0.34"),
+            progress="none")
+    assert json.loads((tmp_path / "out" / MANIFEST_NAME).read_text())["vllm"] == "0.34.0"
+    assert load_moe_layers(tmp_path / "out", rank=0, backend="torch")
 
 
 @pytest.mark.parametrize("edit", ["absent", None, ""])
@@ -68,15 +79,35 @@ def test_a_manifest_without_the_release_is_refused(converted, tmp_path, capsys, 
     assert rc == 1 and "does not name the vLLM release" in " ".join(err.split()) and "Traceback" not in err
 
 
-def test_convert_refuses_unknown_release(tmp_path, capsys):
+def test_convert_refuses_a_malformed_release(tmp_path, capsys):
     src = make_checkpoint("deepseek_v4", tmp_path / "src", seed=5)
-    rc, _, err = run_cli(["convert", str(src), str(tmp_path / "out"), "--arch", "cpu", "--vllm", "0.40"],
+    rc, _, err = run_cli(["convert", str(src), str(tmp_path / "out"), "--arch", "cpu", "--vllm", "0.4x"],
                          capsys)
-    assert rc == 1 and "Unknown --vllm release '0.40'" in " ".join(err.split()) and "Traceback" not in err
+    assert rc == 1 and "Unknown --vllm release '0.4x'" in " ".join(err.split()) and "Traceback" not in err
     assert not (tmp_path / "out" / MANIFEST_NAME).exists()
 
 
-@pytest.mark.parametrize("value,want", [(None, "0.33"), ("0.33", "0.33"), ("0.33.0", "0.33"),
-                                        ("v0.33", "0.33")])
+def test_convert_for_an_unmodelled_release_records_its_stand_in(tmp_path, capsys):
+    src = make_checkpoint("deepseek_v4", tmp_path / "src", seed=5)
+    rc, _, err = run_cli(["convert", str(src), str(tmp_path / "out"), "--arch", "cpu", "--vllm", "0.40"],
+                         capsys)
+    assert rc == 0 and "vLLM 0.40 is not modelled" in " ".join(err.split()), err
+    m = json.loads((tmp_path / "out" / MANIFEST_NAME).read_text())
+    assert m["vllm"] == "0.34.0" and m["target"]["request"]["vllm"] == "0.34"
+
+
+@pytest.mark.parametrize("value,want", [("0.33", "0.33"), ("0.33.0", "0.33"), ("v0.33", "0.33"),
+                                        ("0.34", "0.34"), ("0.34.0", "0.34"), ("0.35.2", "0.34"),
+                                        ("0.31", "0.33")])
 def test_release_names(value, want):
     assert resolve_release(value) == want
+
+
+def test_auto_is_the_installed_vllm_else_the_newest(monkeypatch):
+    from mxfp4conv.oracle import releases
+
+    for installed, want in ((None, releases.AUTO_WITHOUT_VLLM), ("0.33.0", "0.33"), ("0.34.1", "0.34"),
+                            ("0.40.0", "0.34")):
+        monkeypatch.setattr(releases, "installed_vllm", lambda v=installed: v)
+        assert resolve_release(None) == resolve_release("auto") == want
+        assert releases.resolve("auto").installed == installed

@@ -14,7 +14,8 @@ from mxfp4conv.commands import options
 def target_from_options(arch: str, tp: int, ep: bool, act_quant: str, no_aiter: bool, backend: str | None,
                         layout: str = "auto", vllm: str | None = None, moe_weight: str | None = None):
     """The Target the command-line options name (their values are checked by ``options``;
-    an unknown ``--vllm`` release is refused by ``resolve_release``)."""
+    ``--vllm`` is resolved to a modelled release here, so that a manifest records one; a
+    malformed value is refused by ``resolve_release``)."""
     from mxfp4conv.oracle import resolve_arch
     from mxfp4conv.oracle.decision import Target
     from mxfp4conv.oracle.releases import resolve_release
@@ -54,6 +55,7 @@ def register(app: typer.Typer) -> None:
 
         source = options.with_revision(source, revision)
         target = target_from_options(arch, tp, ep, act_quant, no_aiter, backend, layout, vllm, moe_weight)
+        options.say_release(vllm, quiet)
         try:
             res = convert(source, out, target, shard_size=shard_size, resume=resume, workers=workers, force=force,
                           progress="none" if quiet else "auto", allow_nan_scales=allow_nan_scales)

@@ -116,9 +116,22 @@ LAYOUTS = ("auto", "identity", "hopper_mma")  # mxfp4conv.oracle.select.KERNEL_L
 
 
 def vllm_option():
-    return typer.Option(None, "--vllm", metavar="R",
-                        help="vLLM release whose MoE decision is modelled (default: the newest "
-                             "modelled, 0.33 = vLLM 0.33.0).")
+    return typer.Option("auto", "--vllm", metavar="R",
+                        help="vLLM release whose MoE decision is modelled: 0.33 (vLLM 0.33.0), 0.34 "
+                             "(vLLM 0.34.0) or auto (the vLLM installed here, else the newest "
+                             "modelled). Another release uses the nearest older modelled one, and "
+                             "says so.")
+
+
+def say_release(value: str | None, quiet: bool = False) -> None:
+    """One stderr line when ``--vllm`` (or the installed vLLM) is not a modelled release."""
+    import sys
+
+    from mxfp4conv.oracle.releases import resolve
+
+    note = resolve(value).note
+    if note and not quiet:
+        sys.stderr.write(f"note: {note}\n")
 
 
 def layout_option():

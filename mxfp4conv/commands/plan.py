@@ -97,7 +97,7 @@ def _served_by(d) -> str | None:
     return None
 
 
-def _render(d, model, spec: str, output: dict | None = None) -> None:
+def _render(d, model, spec: str, output: dict | None = None, resolution=None) -> None:
     from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
@@ -113,8 +113,14 @@ def _render(d, model, spec: str, output: dict | None = None) -> None:
               f"{'on' if o.get('aiter') else 'off'}"
               f"{', --backend ' + o['forced_backend'] if o.get('forced_backend') else ''}"
               f"{', --moe-weight ' + o['moe_weight'] if o.get('moe_weight') else ''}")
-    con.print(f"vLLM {o.get('vllm_release')} (the release modelled), selector: {o.get('selector')} "
+    how = ""
+    if resolution is not None and resolution.requested == "auto":
+        how = (f", --vllm auto: the installed vLLM {resolution.installed}" if resolution.installed
+               else ", --vllm auto: no vLLM installed here")
+    con.print(f"vLLM {o.get('vllm_release')} (the release modelled{how}), selector: {o.get('selector')} "
               f"(converter {o.get('converter')})")
+    if resolution is not None and resolution.note:
+        con.print(escape(f"Note: {resolution.note}"))
 
     cands = Table(title="Backends tried, in order", show_lines=False)
     cands.add_column("#", justify="right")
@@ -194,11 +200,12 @@ def register(app: typer.Typer) -> None:
         from mxfp4conv.checkpoint import load_model, open_source
         from mxfp4conv.oracle import Target, decide, resolve_arch
 
-        from mxfp4conv.oracle.releases import resolve_release
+        from mxfp4conv.oracle.releases import resolve
 
         source = options.with_revision(source, revision)
         canonical = resolve_arch(arch)
-        release = resolve_release(vllm)
+        resolution = resolve(vllm)
+        release = resolution.key
         manifest = _manifest_of(source)
         src = None
         if manifest is None:
@@ -214,9 +221,11 @@ def register(app: typer.Typer) -> None:
         output = output_estimate(src, model, d, target)
         if as_json:
             out: dict[str, Any] = d.plan_json()
+            out["vllm_resolution"] = {"requested": resolution.requested, "installed": resolution.installed,
+                                      "modelled": resolution.release.version, "note": resolution.note}
             out["family"] = model.family
             out["quant_scheme"] = model.quant_scheme
             out["output"] = output
             print(json.dumps(out, indent=2))
             return
-        _render(d, model, source, output)
+        _render(d, model, source, output, resolution)

@@ -1,4 +1,4 @@
-"""vLLM 0.33.0's MXFP4 MoE backends as a capability table (``oracle.releases``).
+"""vLLM's MXFP4 MoE backends as a capability table, for the releases of ``oracle.releases``.
 
 Each ``Mxfp4MoeBackend`` member lists the expert classes vLLM tries for it, in order
 (``backend_to_kernel_cls``), and each class lists the gates its ``is_supported_config``
@@ -7,15 +7,19 @@ config, routing method, activation format. A gate returns ``None`` when it accep
 reason string when it rejects, so a selector can explain every rejection.
 
 The modelled server (``Server``) pins the facts vLLM reads from the environment rather
-than from the checkpoint: which optional packages are installed.
+than from the checkpoint: which optional packages are installed. What differs between
+releases (``Release``: the TRTLLM experts classes, the gpt-oss priority list) is read from the
+release the context carries (``Ctx.release``); ``backend_table(release)`` is the table of one.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Callable
 
 from mxfp4conv.oracle.arch import Arch
+from mxfp4conv.oracle.releases import NEWEST, RELEASES, Release
 
 # vLLM activation-quant keys (QuantKey names); None = unquantised (bf16) activations.
 MXFP8_DYN = "kMxfp8Dynamic"
@@ -120,6 +124,7 @@ class Ctx:
     # quantization_config.moe.weight the server is given (--quantization-config.moe.weight);
     # None: not given. Only int4_per_group_32 (kInt4Static32) is modelled.
     moe_weight: str | None = None
+    release: Release = RELEASES[NEWEST]  # the vLLM release whose table and lists apply
 
 
 Gate = Callable[[Ctx], "str | None"]
@@ -431,13 +436,19 @@ class Backend:
 
 
 _TRTLLM_ACTS = activations({"swigluoai", "silu", "situ"}, _trtllm_situ)
-_TRTLLM_CLASSES = (
-    ExpertClass("TrtLlmMxfp4ExpertsMonolithic", (
-        device(_trtllm_device), _TRTLLM_ACTS, quant(None, MXFP8_DYN), monolithic_parallel,
-        routing({"DeepSeekV3", "Renormalize", "RenormalizeNaive"}))),
-    ExpertClass("TrtLlmMxfp4ExpertsModular", (
-        device(_trtllm_device), _TRTLLM_ACTS, quant(None, MXFP8_DYN))),
-)
+_TRTLLM_MONOLITHIC = ExpertClass("TrtLlmMxfp4ExpertsMonolithic", (
+    device(_trtllm_device), _TRTLLM_ACTS, quant(None, MXFP8_DYN), monolithic_parallel,
+    routing({"DeepSeekV3", "Renormalize", "RenormalizeNaive"})))
+
+
+def _trtllm_classes(release: Release) -> tuple[ExpertClass, ...]:
+    """The monolithic class, then the release's modular ones (Release.trtllm_modular)."""
+    return (_TRTLLM_MONOLITHIC, *(
+        ExpertClass(name, (device(_trtllm_device), _TRTLLM_ACTS, quant(*keys)))
+        for name, keys in release.trtllm_modular))
+
+
+_TRTLLM_CLASSES = _trtllm_classes(RELEASES["0.33"])  # replaced per release (backend_table)
 _CUTLASS_CLASSES = (
     ExpertClass("FlashInferExperts", (
         device(_cutlass_device),
@@ -544,6 +555,21 @@ BACKENDS: dict[str, Backend] = {b.name: b for b in (
     Backend("FLASHINFER_MOE_EP_DEEP_GEMM", None, _moe_ep_classes("deep_gemm")),
 )}
 
+
+
+def backend_table(release: Release) -> dict[str, Backend]:
+    """``BACKENDS`` as ``release`` builds them."""
+    return _tables(release.key)
+
+
+@lru_cache(maxsize=None)
+def _tables(key: str) -> dict[str, Backend]:
+    release = RELEASES[key]
+    trtllm = _trtllm_classes(release)
+    return {name: (Backend(b.name, b.default_key, trtllm) if name.startswith("FLASHINFER_TRTLLM_")
+                   else b) for name, b in BACKENDS.items()}
+
+
 # Legacy enum member: same value as AITER_MXFP4_BF16.
 ENUM_ALIASES = {"AITER": "AITER_MXFP4_BF16"}
 
@@ -604,9 +630,9 @@ def prioritize_humming(names: tuple[str, ...], arch: Arch) -> tuple[str, ...]:
     return tuple(out[:at] + ["HUMMING"] + out[at:])
 
 
-def gpt_oss_priority(arch: Arch) -> tuple[str, ...]:
+def gpt_oss_priority(arch: Arch, release: Release) -> tuple[str, ...]:
     names = list(_GPT_OSS_PRIORITY)
-    if arch.is_cuda and arch.cuda_family == 120:  # TRITON after the Marlin entries
+    if arch.is_cuda and arch.cuda_family in release.triton_behind_marlin:  # after the Marlin entries
         names.remove("TRITON")
         names.insert(names.index("BATCHED_MARLIN") + 1, "TRITON")
     return prioritize_humming(tuple(names), arch)
@@ -647,7 +673,7 @@ def filter_by_activation(names: tuple[str, ...],
 def try_backend(name: str, ctx: Ctx) -> tuple[str | None, str]:
     """(accepting class or None, reason): the first class whose gates all pass."""
     reasons = []
-    for cls in BACKENDS[name].classes:
+    for cls in backend_table(ctx.release)[name].classes:
         r = cls.check(ctx)
         if r is None:
             return cls.name, f"{cls.name}: all gates pass"

@@ -24,7 +24,10 @@ class Target:
     # layout of the EMULATION fallback (mxfp4conv's own runtime): auto (hopper_mma on sm90 for
     # bf16 activations, else identity), identity (the canonical bytes) or hopper_mma
     layout: str = "auto"
-    vllm: str = "0.33"  # the vLLM release whose decision is modelled (oracle.releases)
+    # the vLLM release whose decision is modelled (oracle.releases): a modelled release ("0.34"),
+    # another version (its stand-in is used, with a note) or "auto" (the installed vLLM, else
+    # the newest modelled); the commands resolve it before deciding, so manifests record one
+    vllm: str = "auto"
     # the server's --quantization-config.moe.weight (vLLM's quantization_config.moe.weight);
     # None: not given. Modelled: int4_per_group_32 (gfx942's Kimi-K3 int4 requantisation)
     moe_weight: str | None = None

@@ -3,8 +3,10 @@ layout recipes mxfp4conv can write, or the reason it cannot.
 
 Converter S (``convert_weight_to_mxfp4_moe_kernel_format``) serves ``Mxfp4MoEMethod``
 (Kimi-K3, DeepSeek-V4) and starts from ``[gate; up]`` rows. Converter G
-(``convert_gpt_oss_weight_to_mxfp4_moe_kernel_format``) serves gpt-oss and Quark and
-assumes gpt-oss's row-interleaved w13 on its AITER_MXFP4_BF16 branch.
+(``convert_gpt_oss_weight_to_mxfp4_moe_kernel_format``) serves gpt-oss and assumes gpt-oss's
+row-interleaved w13 on its AITER_MXFP4_BF16 branch. ``QuarkOCP_MX_MoEMethod`` calls G for
+every model on vLLM 0.33, and from 0.34 on only for gpt-oss models, S for the others
+(``Release.quark_converter_s``; ``kernel_format_quark_s``).
 
 mxfp4conv always starts from canonical ``[gate; up]`` rows (gpt-oss is de-interleaved on
 read), so a recipe here is expressed on those rows.
@@ -205,14 +207,45 @@ def kernel_format_s(backend: str, arch: Arch, tp: int, activation: str, act_quan
     return NotProducible(NOT_PRODUCIBLE.get(backend, f"{backend} is not modelled"))
 
 
+TRTLLM = ("FLASHINFER_TRTLLM_MXFP4_BF16", "FLASHINFER_TRTLLM_MXFP4_MXFP8")
+FI_CUTLASS = ("FLASHINFER_CUTLASS_MXFP4_BF16", "FLASHINFER_CUTLASS_MXFP4_MXFP8")
+QUARK_NO_PERMUTE_CACHE = (
+    "AssertionError: the TRTLLM branch of vLLM's weight converter asserts its "
+    "_cache_permute_indices argument, which QuarkOCP_MX_MoEMethod's set-up does not pass")
+
+
+def kernel_format_quark_s(backend: str, arch: Arch, tp: int, resolved: str, *, activation: str,
+                          has_static_input_scales: bool) -> KernelFormat | NotProducible:
+    """Converter S as QuarkOCP_MX_MoEMethod calls it (a non-gpt-oss Quark model, vLLM 0.34):
+    the rows as loaded ([gate; up]); ``resolved`` is the act quant of the selector's key."""
+    if backend in TRTLLM:
+        return ConverterRaises(QUARK_NO_PERMUTE_CACHE)
+    if backend == "EMULATION":
+        return emulation_format(resolved, gpt_oss=False)
+    if backend in ("AITER_MXFP4_MXFP4", "AITER_MXFP4_FP8", "AITER_TRITON_MXFP4_MXFP4"):
+        # S hands these to G with the rows as loaded
+        return kernel_format_g(backend, arch, tp, resolved, interleaved_source=False, quark=True,
+                               has_static_input_scales=has_static_input_scales,
+                               activation=activation)
+    # the rest run bf16 activations (a requested key falls back to them in the selector)
+    return kernel_format_s(backend, arch, tp, activation, "auto", has_static_input_scales)
+
+
 def kernel_format_g(backend: str, arch: Arch, tp: int, resolved: str, *,
                     interleaved_source: bool, quark: bool,
                     has_static_input_scales: bool,
                     literal_deinterleave: bool = False,
-                    activation: str = "swigluoai") -> KernelFormat | NotProducible:
+                    activation: str = "swigluoai",
+                    has_bias: bool = True) -> KernelFormat | NotProducible:
     """Converter G. ``resolved`` is the act quant the selector's key gives. Its triton_kernels
     branches keep the w13 rows as loaded: gpt-oss's interleaved rows are ``triton_gu1`` of
     mxfp4conv's canonical [gate; up]."""
+    if quark and backend in TRTLLM:  # GptOssMxfp4MoEMethod passes the cache, Quark never
+        return ConverterRaises(QUARK_NO_PERMUTE_CACHE)
+    if backend in FI_CUTLASS and not has_bias:
+        return ConverterRaises(
+            "AssertionError: the FlashInfer CUTLASS branch of convert_gpt_oss_weight_to_mxfp4_"
+            "moe_kernel_format asserts w13_bias and w2_bias, which this checkpoint's experts lack")
     if backend == "AITER_MXFP4_BF16" and arch.is_rocm and not arch.on_gfx1250:
         gate_up, notes = GATE_UP, []
         if quark and not interleaved_source:

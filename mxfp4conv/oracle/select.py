@@ -42,14 +42,14 @@ from mxfp4conv.oracle.arch import Arch, get_arch
 from mxfp4conv.oracle.backends import (
     B12X_FORCE_A16_ENV, BACKENDS, DSV4_ROCM_PRIORITY, FP8_STATIC, INT4_G32, KEY_TEXT, MOE_BACKEND_STRINGS,
     MOE_WEIGHTS, MXFP4_DYN, Ctx,
-    Server, b12x_requested, filter_by_activation, gpt_oss_priority, parse_backend, priority_backends, try_backend,
+    Server, b12x_requested, backend_table, filter_by_activation, gpt_oss_priority, parse_backend, priority_backends, try_backend,
 )
 from mxfp4conv.oracle.decision import Candidate, Decision, Target
-from mxfp4conv.oracle.releases import release_version, resolve_release
+from mxfp4conv.oracle.releases import RELEASES, Release, resolve
 from mxfp4conv.oracle.formats import (
     HOPPER_MMA_ALIGN, K3_INT4_CONVERSION, K3_INT4_PYTHON, KERNEL_LAYOUTS, ActQuantRefused, ConverterRaises,
     KernelFormat, NotProducible, emulation_format, k3_int4_env, k3_int4_not_producible,
-    kernel_format_g, kernel_format_s,
+    kernel_format_g, kernel_format_quark_s, kernel_format_s,
 )
 from mxfp4conv.oracle.roundup import (
     K3_MIN_INTERMEDIATE_PER_PARTITION, k3_min_per_rank, padded_geometry, split,
@@ -108,10 +108,15 @@ def _model_key(model: MoEModel) -> tuple[str | None, bool]:
     return key, True
 
 
-def _resolve_key(model: MoEModel, act_quant: str, model_key: str | None) -> str | None:
-    """_resolve_activation_key: the checkpoint's key, or the --act-quant override."""
+def _resolve_key(model: MoEModel, act_quant: str, model_key: str | None,
+                 release: Release) -> str | None:
+    """_resolve_activation_key: the checkpoint's key, or the --act-quant override (the
+    server's --quantization-config.moe.activation). Where the release lets the override win
+    (an explicit null is bf16), a conflicting request is what the server runs."""
     if act_quant == "auto":
         return model_key
+    if release.moe_activation_override_wins:
+        return None if act_quant == "bf16" else ACT_OVERRIDE[act_quant]
     if act_quant == "bf16":
         if model_key is not None:
             raise OracleError(
@@ -123,8 +128,8 @@ def _resolve_key(model: MoEModel, act_quant: str, model_key: str | None) -> str 
     if model_key is not None and model_key != override:
         raise OracleError(
             f"--act-quant {act_quant} conflicts with the checkpoint's declared "
-            f"{KEY_TEXT[model_key]} activations ({model.quant_scheme}); vLLM raises ValueError "
-            "for a conflicting quantization_config.moe.activation. Use --act-quant auto.")
+            f"{KEY_TEXT[model_key]} activations ({model.quant_scheme}); {release.label} raises "
+            "ValueError for a conflicting quantization_config.moe.activation. Use --act-quant auto.")
     return override
 
 
@@ -179,7 +184,7 @@ def k3_situ_int4_gfx942(ctx: Ctx, params: dict) -> str | None:
 
 
 def _select_s(ctx: Ctx, forced: tuple[str, ...] | None, params: dict) -> _Walk:
-    default = lambda n: BACKENDS[n].default_key  # noqa: E731
+    default = lambda n: backend_table(ctx.release)[n].default_key  # noqa: E731
     if k3_situ_int4_gfx942(ctx, params) is None:
         # no selection (--moe-backend is not read); the kernel build later validates
         # AiterMxfp4Experts with int4 weights in groups of 32 and bf16 activations
@@ -219,7 +224,7 @@ def _select_s(ctx: Ctx, forced: tuple[str, ...] | None, params: dict) -> _Walk:
 def _select_g(ctx: Ctx, key: str | None, forced: tuple[str, ...] | None, value: str | None) -> _Walk:
     # EMULATION takes the requested key, every other backend its own
     keyed = lambda n: key if n == "EMULATION" else BACKENDS[n].default_key  # noqa: E731
-    names = forced if forced is not None else gpt_oss_priority(ctx.arch)
+    names = forced if forced is not None else gpt_oss_priority(ctx.arch, ctx.release)
     kept, dropped = filter_by_activation(names, key)
     if forced is not None and forced == MOE_BACKEND_STRINGS["b12x"]:
         special = b12x_requested(forced, key, force_a16=False)
@@ -247,6 +252,18 @@ class _Resolved:
     fmt: KernelFormat | NotProducible | None  # format of vLLM's pick
 
 
+def quark_converter(model: MoEModel, release: Release) -> str:
+    """The converter QuarkOCP_MX_MoEMethod calls: G (convert_gpt_oss_...) on a gpt-oss
+    model, or on every model where the release has no other; S otherwise."""
+    gpt_oss = model.extra.get("base_model_type") == "gpt_oss" or model.family == "gpt_oss"
+    return "S" if release.quark_converter_s and not gpt_oss else "G"
+
+
+def converter_of(model: MoEModel, release: Release) -> str:
+    return quark_converter(model, release) if model.moe_method == "quark" else (
+        "S" if model.moe_method == "mxfp4" else "G")
+
+
 def _resolve(model: MoEModel, target: Target, arch: Arch, server: Server) -> _Resolved:
     """vLLM's pick and the format written for it: on NVIDIA, a pick whose converted layout
     mxfp4conv does not write is kept with canonical bytes vLLM converts (``oracle.nvidia``)."""
@@ -262,6 +279,7 @@ def _resolve(model: MoEModel, target: Target, arch: Arch, server: Server) -> _Re
 
 def _resolve_pick(model: MoEModel, target: Target, arch: Arch, server: Server) -> _Resolved:
     quark = model.moe_method == "quark"
+    release = RELEASES[target.vllm]
     forced = parse_backend(target.backend) if target.backend else None
     ctx = Ctx(
         arch=arch, aiter=target.aiter, server=server, quark_checkpoint=quark,
@@ -274,7 +292,7 @@ def _resolve_pick(model: MoEModel, target: Target, arch: Arch, server: Server) -
                       else model.geometry.intermediate // target.tp),
         situ_params=((model.activation.params.get("beta"), model.activation.params.get("linear_beta"))
                      if model.activation.name == "situ" else ()),
-        moe_weight=target.moe_weight,
+        moe_weight=target.moe_weight, release=release,
     )
     if model.moe_method == "mxfp4":
         walk = _select_s(ctx, forced, model.activation.params)
@@ -299,15 +317,20 @@ def _resolve_pick(model: MoEModel, target: Target, arch: Arch, server: Server) -
         return _Resolved(walk, kernel_format_g(
             "EMULATION", arch, target.tp, walk.act_quant, interleaved_source=False, quark=True,
             has_static_input_scales=model.static_input_scales))
-    key = _resolve_key(model, target.act_quant, model_key)
+    key = _resolve_key(model, target.act_quant, model_key, release)
     walk = _select_g(ctx, key, forced, target.backend)
-    fmt = None if walk.pick is None else kernel_format_g(
+    if walk.pick is None:
+        return _Resolved(walk, None)
+    if quark and quark_converter(model, release) == "S":
+        return _Resolved(walk, kernel_format_quark_s(
+            walk.pick, arch, target.tp, walk.act_quant, activation=model.activation.name,
+            has_static_input_scales=model.static_input_scales))
+    return _Resolved(walk, kernel_format_g(
         walk.pick, arch, target.tp, walk.act_quant,
         interleaved_source=model.gate_up_interleaved, quark=quark,
         has_static_input_scales=model.static_input_scales,
         literal_deinterleave=server.quark_literal_deinterleave,
-        activation=model.activation.name)
-    return _Resolved(walk, fmt)
+        activation=model.activation.name, has_bias=model.has_bias))
 
 
 def _quark_unselected(model: MoEModel, target: Target, forced: tuple[str, ...] | None) -> _Walk:
@@ -373,8 +396,9 @@ def decide(model: MoEModel, target: Target, server: Server | None = None) -> Dec
     (unknown arch, impossible tp, refused --backend or --act-quant).
     """
     server = server or Server()
-    release = resolve_release(target.vllm)
-    target = replace(target, vllm=release)
+    resolved_release = resolve(target.vllm)
+    rel = resolved_release.release
+    target = replace(target, vllm=rel.key)
     arch = get_arch(target.arch)
     if target.act_quant not in ACT_QUANTS:
         raise OracleError(
@@ -400,7 +424,7 @@ def decide(model: MoEModel, target: Target, server: Server | None = None) -> Dec
                           f"raises ValueError for this --moe-backend): {reasons}.")
     if isinstance(fmt, ActQuantRefused):
         raise OracleError(f"{_who(model, arch)}: {fmt}.")
-    version = release_version(release)
+    version = rel.version
     raises = walk.error if walk.pick is None else (
         f"{walk.pick}'s weight converter raises: {fmt}" if isinstance(fmt, ConverterRaises) else None)
     own_format = target.layout != "auto"  # the user asked for mxfp4conv's runtime format
@@ -412,12 +436,14 @@ def decide(model: MoEModel, target: Target, server: Server | None = None) -> Dec
             "to write mxfp4conv's own runtime format instead, or drop --moe-weight.")
     if raises and not own_format:
         raise OracleError(
-            f"vLLM {version} cannot serve {_who(model, arch)}: it raises {raises} mxfp4conv does "
+            f"vLLM {version} cannot serve {_who(model, arch)}: "
+            f"{raises if isinstance(fmt, ConverterRaises) else 'it raises ' + raises}, so a server "
+            f"fails {'at load' if isinstance(fmt, ConverterRaises) else 'building the layer'}. mxfp4conv does "
             "not write a checkpoint for a server that cannot load it; pass --layout identity (or "
             "hopper_mma on sm90) to write mxfp4conv's own runtime format instead.")
 
     producible = _producible(model, target, arch, server)
-    notes: list[str] = []
+    notes: list[str] = [resolved_release.note] if resolved_release.note else []
     candidates = [Candidate(b, False, r) for b, _, r in walk.tried]
     head = None  # set when mxfp4conv falls back to its own format
     if walk.pick is not None and isinstance(fmt, KernelFormat):
@@ -488,7 +514,7 @@ def decide(model: MoEModel, target: Target, server: Server | None = None) -> Dec
                      f"{B12X_FORCE_A16_ENV}=1 (in the manifest's runtime environment).")
     vllm_env = None  # the server environment of vLLM's pick, where mxfp4conv writes another format
     if target.moe_weight is not None:
-        why = k3_situ_int4_gfx942(_int4_ctx(model, target, arch), model.activation.params) \
+        why = k3_situ_int4_gfx942(_int4_ctx(model, target, arch, rel), model.activation.params) \
             if model.moe_method == "mxfp4" else (
                 f"{'the compressed-tensors' if model.moe_method == 'compressed_tensors_mxfp4' else 'this'} "
                 "MoE method never reads quantization_config.moe.weight (only Mxfp4MoEMethod does), and "
@@ -527,6 +553,11 @@ def decide(model: MoEModel, target: Target, server: Server | None = None) -> Dec
     declared = ct_methods.declared_act_note(model, walk.pick)
     if declared:
         notes.append(declared)
+    override = _override_note(model, target, rel)
+    if override:
+        notes.append(override)
+    removed = sorted(set(final.runtime_env) & set(rel.removed_env))
+    assert not removed, f"{rel.label} no longer reads {removed}"  # the release's data says so
     assumed = server.assumptions(arch, model.moe_method == "quark")
     notes.append("Modelled vLLM server: " + ", ".join(assumed) + ".")
 
@@ -554,12 +585,12 @@ def decide(model: MoEModel, target: Target, server: Server | None = None) -> Dec
         candidates=tuple(candidates),
         notes=tuple(notes),
         options={
-            "vllm_release": release_version(release),
+            "vllm_release": rel.version,
             "aiter": target.aiter,
             "requested_act_quant": target.act_quant,
             "forced_backend": target.backend,
             "selector": walk.selector,
-            "converter": "S" if model.moe_method == "mxfp4" else "G",
+            "converter": converter_of(model, rel),
             "vllm_backend": walk.pick,
             "vllm_expert_class": walk.cls,
             "vllm_raises": raises,
@@ -581,11 +612,30 @@ def decide(model: MoEModel, target: Target, server: Server | None = None) -> Dec
     )
 
 
-def _int4_ctx(model: MoEModel, target: Target, arch: Arch) -> Ctx:
+SERVER_ACT = {"fp8": "fp8_per_tensor_static", "mxfp4": "mxfp4", "bf16": "null"}
+
+
+def _override_note(model: MoEModel, target: Target, release: Release) -> str | None:
+    """The server option an --act-quant request stands for (gpt-oss and Quark methods)."""
+    if model.moe_method not in ("gpt_oss_mxfp4", "quark") or target.act_quant == "auto":
+        return None
+    model_key, selected = _model_key(model)
+    if not selected or (target.act_quant == "bf16" and model_key is None):
+        return None
+    text = (f"--act-quant {target.act_quant} is the server's --quantization-config.moe.activation "
+            f"{SERVER_ACT[target.act_quant]}")
+    if model_key is not None and ACT_OVERRIDE.get(target.act_quant) != model_key:
+        text += (f"; it overrides the checkpoint's declared {KEY_TEXT[model_key]} activations "
+                 f"({release.label} logs a warning and serves the override)")
+    return text + "."
+
+
+def _int4_ctx(model: MoEModel, target: Target, arch: Arch, release: Release) -> Ctx:
     """What _use_k3_situ_int4_gfx942 reads, for the note saying why it does not apply."""
     return Ctx(arch=arch, aiter=target.aiter, server=Server(), quark_checkpoint=False,
                activation=model.activation.name, act_key=None, routing=model.routing,
-               num_local_experts=model.geometry.num_experts, moe_weight=target.moe_weight)
+               num_local_experts=model.geometry.num_experts, moe_weight=target.moe_weight,
+               release=release)
 
 
 def _kernel_layout(target: Target, arch: Arch, backend: str, final: KernelFormat) -> str:

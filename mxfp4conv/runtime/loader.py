@@ -56,22 +56,22 @@ def read_manifest(path: str | os.PathLike) -> dict[str, Any]:
 
 
 def _check_release(manifest: dict[str, Any], where: Path) -> None:
-    """Refuse bytes decided for a vLLM release this mxfp4conv does not model."""
-    from mxfp4conv.errors import OracleError
-    from mxfp4conv.oracle.releases import RELEASES, resolve_release
+    """Refuse bytes decided for a vLLM release this mxfp4conv does not model: the runtime
+    follows the manifest's release (``oracle.releases``; e.g. AITER's pads), and an unknown
+    one gives it nothing to follow. (In vLLM, the plugin's live checks judge instead.)"""
+    from mxfp4conv.oracle.releases import RELEASE_LIST, release_of_version
 
     recorded = manifest.get("vllm")
     if recorded is None:
         return
-    try:
-        resolve_release(str(recorded))
-    except OracleError:
-        known = ", ".join(RELEASES.values())
+    if release_of_version(str(recorded)) is None:
+        known = ", ".join(r.version for r in RELEASE_LIST)
         raise CheckpointError(
             f"{where}: this checkpoint was converted for vLLM {recorded}, but this mxfp4conv models "
             f"vLLM {known}; its backend, padding, layouts and server environment may not be what "
             f"that release does. Convert the source again with `mxfp4conv convert ... --vllm "
-            f"{next(iter(RELEASES))}`, or load it with the mxfp4conv release that wrote it.") from None
+            f"{RELEASE_LIST[-1].key}` (or the release the server runs), or load it with the "
+            "mxfp4conv release that wrote it.")
 
 
 def _resolve_arch(name: str) -> str:

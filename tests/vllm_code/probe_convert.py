@@ -163,7 +163,7 @@ def probe(case: dict) -> dict:
         method.process_weights_after_loading(layer)
     except (ValueError, NotImplementedError, AssertionError, RuntimeError, AttributeError) as e:
         return {**locals().get("out", {}), "raised": type(e).__name__,
-                "message": str(e).splitlines()[0][:300], "calls": list(CALLS)}
+                "message": (str(e).splitlines() or [""])[0][:300], "calls": list(CALLS)}
     w13_scale = getattr(method, "w13_precision_config", None) or layer.w13_weight_scale
     w2_scale = getattr(method, "w2_precision_config", None) or layer.w2_weight_scale
     out["tensors"] = {"w13": _report(layer.w13_weight), "w13_scale": _report(w13_scale),

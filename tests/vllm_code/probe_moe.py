@@ -101,7 +101,7 @@ def _int4_kernel_check(method, moe) -> dict:
         O._validate_mxfp4_experts_config(method.experts_cls, moe, method.mxfp4_backend)
         ok = "ok"
     except ValueError as e:
-        ok = "ValueError: " + str(e).splitlines()[0][:300]
+        ok = "ValueError: " + (str(e).splitlines() or [""])[0][:300]
     return {"int4_weight_key": names.get(w, str(w)), "int4_act_key": None if a is None else names.get(a, str(a)),
             "int4_kernel_config": ok}
 
@@ -169,7 +169,7 @@ def probe(case: dict) -> dict:
             if out["int4"]:
                 out.update(_int4_kernel_check(method, moe))
     except (ValueError, NotImplementedError, AssertionError) as e:
-        out = {"raised": type(e).__name__, "message": str(e).splitlines()[0][:300]}
+        out = {"raised": type(e).__name__, "message": (str(e).splitlines() or [""])[0][:300]}
     out["env_set"] = {k: v for k, v in os.environ.items() if before.get(k) != v}
     if case.get("moe_weight"):
         out["online_moe_method"] = _online_moe_method(qargs)
