@@ -128,3 +128,15 @@ def test_finished_output_without_its_record_is_compared_by_manifest(synth, tmp_p
     rc, _, err = run_cli(["convert", src, out, "--arch", "gfx950", "--resume"], capsys)  # same: rewritten
     assert rc == 0, err
     assert tree_digest(out) == before | {PROGRESS_NAME: tree_digest(out)[PROGRESS_NAME]}
+
+
+def test_force_with_resume_keeps_the_same_conversion_and_replaces_another(synth, tmp_path, capsys, monkeypatch):
+    src, out = synth("kimi_k3"), tmp_path / "OUT"
+    args = ["--arch", "gfx950", "--tp", "2", "--shard-size", "100KB"]
+    finished = _interrupted(monkeypatch, capsys, src, out, *args)
+    rc, _, err = run_cli(["convert", src, out, *args, "--resume", "--force"], capsys)
+    assert rc == 0 and f"keeping {len(finished)} of" in " ".join(err.split()), err
+    rc, _, err = run_cli(["convert", src, out, "--arch", "sm90", "--resume", "--force", "-q"], capsys)
+    assert rc == 0, err
+    assert json.loads((out / "mxfp4conv.json").read_text())["target"]["arch"] == "sm90"
+    assert run_cli(["verify", out, "--source", src], capsys)[0] == 0

@@ -84,18 +84,23 @@ def convert(source, out, target, shard_size=DEFAULT_SHARD_SIZE, resume=False, wo
     _check_out(src, out, resume, force)
     _make_dir(out)
     with output_lock(out):
-        result = _convert_into(src, model, plan, manifest, out, sidecars, resume and not force, workers,
+        result = _convert_into(src, model, plan, manifest, out, sidecars, resume, force, workers,
                                progress, allow_nan_scales, chunk_bytes, identity(manifest, parse_size(shard_size)))
     result.warnings = notes
     return result
 
 
-def _convert_into(src, model, plan, manifest, out, sidecars, resume, workers, progress,
+def _convert_into(src, model, plan, manifest, out, sidecars, resume, force, workers, progress,
                   allow_nan_scales, chunk_bytes, conversion) -> ConvertResult:
     fingerprint = plan.fingerprint()
     earlier = _load_progress(out)
     if resume:  # before anything in OUT changes
-        check_resume(out, earlier, conversion, fingerprint)
+        try:
+            check_resume(out, earlier, conversion, fingerprint)
+        except Mxfp4convError:
+            if not force:
+                raise
+            resume = False  # --force --resume: finish the same conversion, else replace OUT
     _remove(out / MANIFEST_NAME)  # unfinished until the very end
     _remove(out / INDEX_NAME)
     for p in out.glob("." + "*" + TEMP_SUFFIX):
