@@ -15,7 +15,6 @@ import pytest
 import torch
 
 triton = pytest.importorskip("triton")
-import triton.language as tl  # noqa: E402
 if os.environ.get("TRITON_INTERPRET") != "1":
     if torch.cuda.is_available():
         pytest.skip("CPU-interpreter tests; on a GPU benchmarks/gpu_check.py runs the kernels", allow_module_level=True)
@@ -25,38 +24,6 @@ from mxfp4conv.codec import dequantize_mxfp4  # noqa: E402
 from mxfp4conv.errors import RuntimeInputError  # noqa: E402
 from mxfp4conv.kernels import triton_moe  # noqa: E402
 from layer_shapes import DSV3, K3  # noqa: E402
-
-
-@triton.jit
-def _dot_scaled_probe(w_ptr, s_ptr, x_ptr, out_ptr):
-    n = tl.arange(0, 16)
-    kb = tl.arange(0, 16)
-    w = tl.load(w_ptr + n[:, None] * 16 + kb[None, :])  # [16, 32] e2m1, packed two per byte
-    sc = tl.load(s_ptr + n[:, None])  # one e8m0 scale per row
-    x = tl.load(x_ptr + tl.arange(0, 32)[:, None] * 16 + n[None, :])  # [32, 16] fp16
-    acc = tl.dot_scaled(w, sc, "e2m1", x, None, "fp16", tl.zeros((16, 16), tl.float32))
-    tl.store(out_ptr + n[:, None] * 16 + n[None, :], acc)
-
-
-def _interpreter_runs_dot_scaled() -> bool:
-    """Whether this Triton's CPU interpreter can run ``tl.dot_scaled`` (MODE 2's op). Triton
-    3.7's interpreter hands the op its format strings as plain ``str`` where the op reads
-    ``.value`` off a constexpr (AttributeError); 3.9 unwraps them."""
-    out = torch.zeros(16, 16)
-    try:
-        _dot_scaled_probe[(1,)](torch.zeros(16, 16, dtype=torch.uint8), torch.full((16, 1), 127, dtype=torch.uint8),
-                                torch.ones(32, 16, dtype=torch.float16), out)
-    except Exception as exc:  # the interpreter wraps what the op raised
-        if "has no attribute 'value'" in str(exc):
-            return False
-        raise
-    return True
-
-
-DOT_SCALED = pytest.mark.skipif(
-    not _interpreter_runs_dot_scaled(),
-    reason=f"Triton {triton.__version__}'s CPU interpreter cannot run tl.dot_scaled (format strings are not "
-           "unwrapped from constexpr; Triton 3.9 runs it); MODE 2 runs on a GPU in benchmarks/gpu_check.py")
 
 
 def _act64(name, params, g, u):
@@ -145,10 +112,10 @@ def test_activations_fp32_ragged(act, params, bias, split):
 @pytest.mark.parametrize("cfg", [
     triton_moe.MoEConfig(block_t=16, block_n1=16, block_n2=16, block_k=32),
     triton_moe.MoEConfig(block_t=32, block_n1=32, block_n2=64, block_k=64),
-    pytest.param(triton_moe.MoEConfig(block_t=16, block_n1=32, block_n2=32, block_k=64, mode=2), marks=DOT_SCALED),
-    triton_moe.MoEConfig(block_t=16, block_n1=16, block_n2=32, block_k=128, mode=3),
+    triton_moe.MoEConfig(block_t=16, block_n1=32, block_n2=32, block_k=64),
+    triton_moe.MoEConfig(block_t=16, block_n1=16, block_n2=32, block_k=128),
     triton_moe.MoEConfig(block_t=16, block_n1=16, block_n2=16, block_k=32, split_k1=2, split_k2=3),
-    triton_moe.MoEConfig(block_t=32, block_n1=32, block_n2=16, block_k=256, mode=3),
+    triton_moe.MoEConfig(block_t=32, block_n1=32, block_n2=16, block_k=256),
 ])  # mode 1 (bf16 bit decode) relies on bf16 subnormals, which the interpreter flushes: gpu_check covers it
 def test_fp16_multi_k_steps_and_tile_tails(cfg):
     # H = 96 and I = 96 are not multiples of the K or N tiles; top-k 3 over 5 experts
@@ -162,6 +129,14 @@ def test_fp16_multi_k_steps_and_tile_tails(cfg):
     assert out.dtype == torch.float16
     assert torch.isfinite(out).all()
     assert rel_err(out, ref) < 1e-2
+
+
+@pytest.mark.parametrize("mode", [2, 3, -1])
+def test_decode_modes_other_than_bytes_and_words_are_refused(mode):
+    x, w13, s13, w2, s2, tw, ids, _, _ = make_problem(3, 2, 64, 64, 4, 2)
+    with pytest.raises(RuntimeInputError, match="mode must be 0"):
+        triton_moe.fused_moe_triton(x, w13, s13, w2, s2, tw, ids, activation="silu", activation_params={},
+                                    config=triton_moe.MoEConfig(mode=mode, gemv_max_pairs=0))
 
 
 @pytest.mark.parametrize("grid", [0, 1])

@@ -16,8 +16,8 @@ class MoEConfig:
     block_k: int = 128
     num_warps: int = 4
     num_stages: int = 4
-    # 0: byte decode, 1: int32-word decode (bf16 x; fp16 x falls back to 0), 2: tl.dot_scaled,
-    # 3: word decode into 8 split dots (modes 1-3 need bf16/fp16 x; fp32 x always takes mode 0)
+    # 0: byte decode, 1: int32-word decode (bf16 x; fp16 and fp32 x take 0). tl.dot_scaled and a word decode into 8
+    # split dots were 10-40% and 13-20% slower at every point measured (the notebook's version notes, v2 and v4)
     mode: int = 0
     split_k1: int = 0  # K splits of GEMM1 / GEMM2; 0 = automatic (decode: fill the GPU), 1 = none
     split_k2: int = 0

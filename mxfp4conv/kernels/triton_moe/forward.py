@@ -9,6 +9,7 @@ import os
 import torch
 import triton
 
+from mxfp4conv.errors import RuntimeInputError
 from mxfp4conv.kernels.triton_moe import gemv_kernels as GK
 from mxfp4conv.kernels.triton_moe import hopper_kernels as HK
 from mxfp4conv.kernels.triton_moe import mma_kernels as K
@@ -75,13 +76,11 @@ def fused_moe_triton(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, *,
             return _gemv_forward(x, w13q, w13_scale, w2q, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias,
                                  act, cfg, out)
     dtype = getattr(triton.language, _TL_DTYPES[x.dtype])
-    mode = 0 if x.dtype == torch.float32 else cfg.mode
-    if mode == 1 and x.dtype != torch.bfloat16:
-        mode = 0  # the word decode builds bf16 bits; fp16 x takes the byte decode
-    mma = dict(MODE=mode, X_FORMAT={torch.bfloat16: "bf16", torch.float16: "fp16"}.get(x.dtype, "bf16"))
-    if mode == 3 and cfg.block_k < 128:
-        mma["MODE"] = 1  # the split dots need K/8 >= 16
-    if mma["MODE"] in (1, 3):  # the kernels read the packed codes as int32 words (8 codes each)
+    if cfg.mode not in (0, 1):
+        raise RuntimeInputError(f"fused_moe_triton: mode must be 0 (byte decode) or 1 (word decode), got {cfg.mode}.")
+    # the word decode builds bf16 bits: fp16 and fp32 x take the byte decode
+    mma = dict(MODE=cfg.mode if x.dtype == torch.bfloat16 else 0)
+    if mma["MODE"] == 1:  # the kernels read the packed codes as int32 words (8 codes each)
         try:
             w13, w2 = w13.view(torch.int32), w2.view(torch.int32)
         except RuntimeError:  # storage not 4-byte aligned: the byte decode reads it as is

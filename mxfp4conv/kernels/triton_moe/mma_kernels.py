@@ -10,11 +10,6 @@ fp4 decode: the 3 magnitude bits of an e2m1 code placed at bits 9..11 of an fp16
 times ``2**-14`` in every case; the sign bit goes to bit 15. The ``2**14`` is folded into the
 e8m0 scale, so one multiply per weight finishes the decode (MODE 0). MODE 1 reads int32 words
 and decodes two codes per integer operation straight into bf16 bits (``_dequant_words``).
-MODE 2 hands the packed bytes and scales to ``tl.dot_scaled`` and lets Triton's backend do
-the upcast (bf16/fp16 activations only). MODE 3 decodes int32 words like MODE 1 but never
-re-interleaves the codes: it runs eight K/8-wide dots per K step, one per nibble position,
-against x rows loaded in the matching order (``_split_half``), so the decoded tile feeds the
-MMA without a layout shuffle. BLOCK_K >= 128 for MODE 3.
 """
 
 from __future__ import annotations
@@ -117,54 +112,10 @@ def _dequant_words(wq, s_u8, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DTYPE
 
 
 @triton.jit
-def _split_scale(s_u8, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DTYPE: tl.constexpr):
-    """Per-word scale factors [BLOCK_N, BLOCK_K//8] for ``_split_half`` and whether the tile
-    needs the separate 2**126 multiply (bf16 and some s > 128)."""
-    if DTYPE == tl.bfloat16:
-        big = tl.max(tl.max(s_u8, 1), 0) > 128
-        s = s_u8.to(tl.int16)
-        bits = tl.where(s == 255, 0x7FC0, tl.where(big, tl.where(s == 0, 0x0040, s << 7), (s + 126) << 7))
-        sc = bits.to(tl.int16).to(tl.bfloat16, bitcast=True)
-    else:
-        big = tl.max(tl.max(s_u8, 1), 0) > 255  # never: fp16 bits carry their own bias
-        s = s_u8.to(tl.int32)
-        sc = tl.where(s == 255, float("nan"), (s << 23).to(tl.float32, bitcast=True) * 16384.0)
-    sc = tl.broadcast_to(sc[:, :, None], (BLOCK_N, BLOCK_K // 32, 4)).reshape(BLOCK_N, BLOCK_K // 8)
-    return sc, big
-
-
-@triton.jit
-def _split_half(wq, sc, big, I: tl.constexpr, HI: tl.constexpr, DTYPE: tl.constexpr):
-    """Codes at nibble I (HI=0) or I+4 (HI=1) of every int32 word, decoded and scaled.
-
-    Element q of the result is K index 8q + I + 4*HI: the caller loads x rows in that order,
-    so no register shuffle is needed to restore the natural K order.
-    """
-    t = wq >> (4 * I)
-    if DTYPE == tl.bfloat16:
-        r = ((t & 0x00070007) << 6) | ((t & 0x00080008) << 12)  # bf16 e2m1 * 2**-126, two codes
-    else:
-        r = ((t & 0x00070007) << 9) | ((t & 0x00080008) << 12)  # fp16 e2m1 * 2**-14, two codes
-    if HI:
-        r = r >> 16
-    h = r.to(tl.int16)
-    if DTYPE == tl.bfloat16:
-        v = h.to(tl.bfloat16, bitcast=True)
-        if big:
-            v = v * 8.507059e37
-        v = v * sc
-    else:
-        v = (h.to(tl.float16, bitcast=True).to(tl.float32) * sc).to(DTYPE)
-    return v
-
-
-@triton.jit
 def _mx_dot(w, s, xt, acc, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DTYPE: tl.constexpr,
-            MODE: tl.constexpr, X_FORMAT: tl.constexpr):
-    """acc + dequant(w, s) @ xt; MODE 0: byte decode, 1: word decode, 2: tl.dot_scaled."""
-    if MODE == 2:
-        return tl.dot_scaled(w, s, "e2m1", xt, None, X_FORMAT, acc)
-    elif MODE == 1:
+            MODE: tl.constexpr):
+    """acc + dequant(w, s) @ xt; MODE 0: byte decode, 1: word decode."""
+    if MODE == 1:
         return tl.dot(_dequant_words(w, s, BLOCK_N, BLOCK_K, DTYPE), xt, acc)
     else:
         return tl.dot(_dequant(w, s, BLOCK_N, BLOCK_K, DTYPE), xt, acc)
@@ -270,7 +221,7 @@ def moe_gemm1_kernel(
     p0, p1,
     ACT: tl.constexpr, HAS_LIMIT: tl.constexpr, HAS_LINEAR: tl.constexpr, HAS_BIAS: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, DTYPE: tl.constexpr,
-    MODE: tl.constexpr, X_FORMAT: tl.constexpr, SPLIT: tl.constexpr,
+    MODE: tl.constexpr, SPLIT: tl.constexpr,
 ):
     """inter[pair, j] = act(gate_j . x, up_j . x) for rows j and I_pad + j of w13.
 
@@ -288,7 +239,7 @@ def moe_gemm1_kernel(
     tok = (pair // top_k).to(tl.int64)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = offs_n < I_pad
-    PACK: tl.constexpr = 8 if MODE == 1 or MODE == 3 else 2  # codes per element of w (int32 words or bytes)
+    PACK: tl.constexpr = 8 if MODE == 1 else 2  # codes per element of w (int32 words or bytes)
     offs_kb = tl.arange(0, BLOCK_K // PACK)
     offs_ks = tl.arange(0, BLOCK_K // 32)
     offs_k = tl.arange(0, BLOCK_K)
@@ -297,8 +248,6 @@ def moe_gemm1_kernel(
     sg_ptr = s_ptr + e * stride_se + offs_n[:, None].to(tl.int64) * stride_sn + offs_ks[None, :]
     su_ptr = sg_ptr + I_pad * stride_sn
     xt_ptr = x_ptr + tok[None, :] * stride_xt + offs_k[:, None]
-    x0_ptr = x_ptr + tok[None, :] * stride_xt
-    offs_q = tl.arange(0, BLOCK_K // 8)
     acc_g = tl.zeros([BLOCK_N, BLOCK_T], tl.float32)
     acc_u = tl.zeros([BLOCK_N, BLOCK_T], tl.float32)
     k_lo = tl.program_id(2) * K_SPLIT
@@ -307,7 +256,6 @@ def moe_gemm1_kernel(
     sg_ptr += k_lo // 32
     su_ptr += k_lo // 32
     xt_ptr += k_lo
-    x0_ptr += k_lo
     for k0 in range(k_lo, tl.minimum(K, k_lo + K_SPLIT), BLOCK_K):
         kbm = nmask[:, None] & (offs_kb[None, :] < (K - k0) // PACK)
         ksm = nmask[:, None] & (offs_ks[None, :] < (K - k0) // 32)
@@ -315,21 +263,9 @@ def moe_gemm1_kernel(
         wu = tl.load(wu_ptr, mask=kbm, other=0)
         sg = tl.load(sg_ptr, mask=ksm, other=127)
         su = tl.load(su_ptr, mask=ksm, other=127)
-        if MODE == 3:
-            scg, bigg = _split_scale(sg, BLOCK_N, BLOCK_K, DTYPE)
-            scu, bigu = _split_scale(su, BLOCK_N, BLOCK_K, DTYPE)
-            for i in tl.static_range(4):
-                for hh in tl.static_range(2):
-                    kk = offs_q * 8 + (i + 4 * hh)
-                    xs = tl.load(x0_ptr + kk[:, None], mask=tmask[None, :] & (kk[:, None] < K - k0), other=0.0)
-                    xs = xs.to(DTYPE)
-                    acc_g = tl.dot(_split_half(wg, scg, bigg, i, hh, DTYPE), xs, acc_g)
-                    acc_u = tl.dot(_split_half(wu, scu, bigu, i, hh, DTYPE), xs, acc_u)
-        else:
-            xt = tl.load(xt_ptr, mask=tmask[None, :] & (offs_k[:, None] < K - k0), other=0.0).to(DTYPE)
-            acc_g = _mx_dot(wg, sg, xt, acc_g, BLOCK_N, BLOCK_K, DTYPE, MODE, X_FORMAT)
-            acc_u = _mx_dot(wu, su, xt, acc_u, BLOCK_N, BLOCK_K, DTYPE, MODE, X_FORMAT)
-        x0_ptr += BLOCK_K
+        xt = tl.load(xt_ptr, mask=tmask[None, :] & (offs_k[:, None] < K - k0), other=0.0).to(DTYPE)
+        acc_g = _mx_dot(wg, sg, xt, acc_g, BLOCK_N, BLOCK_K, DTYPE, MODE)
+        acc_u = _mx_dot(wu, su, xt, acc_u, BLOCK_N, BLOCK_K, DTYPE, MODE)
         wg_ptr += BLOCK_K // PACK
         wu_ptr += BLOCK_K // PACK
         sg_ptr += BLOCK_K // 32
@@ -347,7 +283,7 @@ def moe_gemm2_kernel(
     stride_at, stride_we, stride_wn, stride_se, stride_sn, stride_be, stride_ot, stride_os,
     HAS_BIAS: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, DTYPE: tl.constexpr,
-    MODE: tl.constexpr, X_FORMAT: tl.constexpr,
+    MODE: tl.constexpr,
 ):
     """pair_out[split, pair, n] = w_pair * (w2[e, n, split's K range] . inter[pair] (+ b2[e, n] in split 0))."""
     pid_m = tl.program_id(0)
@@ -361,35 +297,23 @@ def moe_gemm2_kernel(
     pair64 = pair.to(tl.int64)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = offs_n < N
-    PACK: tl.constexpr = 8 if MODE == 1 or MODE == 3 else 2
+    PACK: tl.constexpr = 8 if MODE == 1 else 2
     offs_kb = tl.arange(0, BLOCK_K // PACK)
     offs_ks = tl.arange(0, BLOCK_K // 32)
     offs_k = tl.arange(0, BLOCK_K)
     w_ptrs = w_ptr + e * stride_we + offs_n[:, None].to(tl.int64) * stride_wn + offs_kb[None, :]
     s_ptrs = s_ptr + e * stride_se + offs_n[:, None].to(tl.int64) * stride_sn + offs_ks[None, :]
     at_ptrs = a_ptr + pair64[None, :] * stride_at + offs_k[:, None]
-    a0_ptr = a_ptr + pair64[None, :] * stride_at
-    offs_q = tl.arange(0, BLOCK_K // 8)
     acc = tl.zeros([BLOCK_N, BLOCK_T], tl.float32)
     k_lo = tl.program_id(2) * K_SPLIT
     w_ptrs += k_lo // PACK
     s_ptrs += k_lo // 32
     at_ptrs += k_lo
-    a0_ptr += k_lo
     for k0 in range(k_lo, tl.minimum(K, k_lo + K_SPLIT), BLOCK_K):
         w = tl.load(w_ptrs, mask=nmask[:, None] & (offs_kb[None, :] < (K - k0) // PACK), other=0)
         s = tl.load(s_ptrs, mask=nmask[:, None] & (offs_ks[None, :] < (K - k0) // 32), other=127)
-        if MODE == 3:
-            sc, big = _split_scale(s, BLOCK_N, BLOCK_K, DTYPE)
-            for i in tl.static_range(4):
-                for hh in tl.static_range(2):
-                    kk = offs_q * 8 + (i + 4 * hh)
-                    xs = tl.load(a0_ptr + kk[:, None], mask=tmask[None, :] & (kk[:, None] < K - k0), other=0.0)
-                    acc = tl.dot(_split_half(w, sc, big, i, hh, DTYPE), xs.to(DTYPE), acc)
-        else:
-            at = tl.load(at_ptrs, mask=tmask[None, :] & (offs_k[:, None] < K - k0), other=0.0).to(DTYPE)
-            acc = _mx_dot(w, s, at, acc, BLOCK_N, BLOCK_K, DTYPE, MODE, X_FORMAT)
-        a0_ptr += BLOCK_K
+        at = tl.load(at_ptrs, mask=tmask[None, :] & (offs_k[:, None] < K - k0), other=0.0).to(DTYPE)
+        acc = _mx_dot(w, s, at, acc, BLOCK_N, BLOCK_K, DTYPE, MODE)
         w_ptrs += BLOCK_K // PACK
         s_ptrs += BLOCK_K // 32
         at_ptrs += BLOCK_K
