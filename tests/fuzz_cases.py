@@ -356,7 +356,8 @@ def t_config(c: Corpus, rng: random.Random) -> None:
     """config.json: inspect and load_model agree, and what is accepted is exactly the config."""
     from mxfp4conv.checkpoint.detect import load_model
     from mxfp4conv.checkpoint.source import open_source
-    from mxfp4conv.convert.manifest import build_manifest, manifest_text
+    from mxfp4conv.convert.manifest import build_manifest
+    from mxfp4conv.format.manifest import manifest_text
     from mxfp4conv.oracle import Target, decide
 
     family = rng.choice(sorted(c.sources))

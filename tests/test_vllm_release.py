@@ -8,7 +8,7 @@ import pytest
 
 from mxfp4conv.checkpoint.synthetic import make_checkpoint
 from checkpoint_fixtures import run_cli
-from mxfp4conv.convert.manifest import MANIFEST_NAME
+from mxfp4conv.format.manifest import MANIFEST_NAME
 from mxfp4conv.errors import CheckpointError
 from mxfp4conv.oracle.releases import RELEASES, resolve_release
 from mxfp4conv.runtime import load_moe_layers

@@ -19,6 +19,12 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 FAMILIES = ("kimi_k3", "deepseek_v4", "quark", "gpt_oss", "compressed_tensors")
+# vLLM's apply_moe_activation set: what Marlin and the emulation (Triton) experts accept; the family adapters check
+# a config's hidden_act against it, the oracle's backend table asks for it
+GENERIC_ACTIVATIONS = frozenset({
+    "silu", "gelu", "gelu_tanh", "situ", "swigluoai", "swigluoai_uninterleave", "swiglustep",
+    "silu_no_mul", "gelu_no_mul", "gelu_tanh_no_mul", "relu2_no_mul",
+})
 
 
 @dataclass(frozen=True)

@@ -128,7 +128,7 @@ def _source_info(source: Source) -> dict[str, Any]:
 
 
 def _converted(source: Source, problems: Problems) -> Report:
-    from mxfp4conv.convert.manifest import validate_manifest
+    from mxfp4conv.format.manifest import validate_manifest
 
     path = source.path(MANIFEST_NAME)
     try:

@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from dataclasses import dataclass, field
 
-from mxfp4conv.convert.manifest import manifest_text
 from mxfp4conv.convert.rank_tensors import WEIGHT_KINDS, RankGeometry
 from mxfp4conv.convert.writer import TensorSpec, build_header, header_entry_size
 from mxfp4conv.errors import Mxfp4convError
+from mxfp4conv.format.manifest import manifest_text
 
 DEFAULT_SHARD_SIZE = 5_000_000_000
 
@@ -39,10 +38,7 @@ def parse_size(text: str | int) -> int:
     return n
 
 
-SHARD_RE = re.compile(r"^model-(\d{5})-of-(\d{5})\.safetensors$")  # what shard_name writes
-
-
-def shard_name(i: int, n: int) -> str:
+def shard_name(i: int, n: int) -> str:  # the names format.manifest.SHARD_RE matches
     return f"model-{i:05d}-of-{n:05d}.safetensors"
 
 

@@ -16,12 +16,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mxfp4conv.convert.manifest import SHUFFLE_PAD_BYTE
 from mxfp4conv.convert.plan import OutputPlan, Unit
 from mxfp4conv.convert.direct_read import DirectReader, build_chunk_direct, build_chunk_direct_np
 from mxfp4conv.checkpoint.checks import E8M0_DTYPE
 from mxfp4conv.convert.rank_tensors import WEIGHT_KINDS, build_chunk, build_chunk_np, find_nan_scale
 from mxfp4conv.errors import Mxfp4convError
+from mxfp4conv.format.manifest import SHUFFLE_PAD_BYTE
 
 COPY_CHUNK = 32 << 20
 

@@ -12,9 +12,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from mxfp4conv.convert.manifest import MANIFEST_NAME, stamped_part
-from mxfp4conv.convert.plan import SHARD_RE
 from mxfp4conv.errors import Mxfp4convError
+from mxfp4conv.format.manifest import MANIFEST_NAME, SHARD_RE, stamped_part
 
 # the fields named first when a resume differs: what users change on purpose
 _FIRST = ("source.", "target.arch", "target.tp", "target.ep", "target.backend", "target.act_quant",

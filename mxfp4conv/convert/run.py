@@ -22,9 +22,9 @@ from pathlib import Path
 from mxfp4conv.checkpoint.checks import scale_warnings
 from mxfp4conv.checkpoint.source import INDEX_NAME
 from mxfp4conv.convert.memory import keep_freed_memory
-from mxfp4conv.convert.manifest import CHECKSUMS, MANIFEST_NAME, build_manifest, write_manifest_json
+from mxfp4conv.convert.manifest import build_manifest
 from mxfp4conv.convert.plan import (
-    DEFAULT_SHARD_SIZE, SHARD_RE, OutputPlan, build_plan, parse_size, plan_metadata, resolve_layouts,
+    DEFAULT_SHARD_SIZE, OutputPlan, build_plan, parse_size, plan_metadata, resolve_layouts,
 )
 from mxfp4conv.convert.direct_read import DirectReader
 from mxfp4conv.convert.parallel import OrderedPool, chunk_budget, default_workers, one_torch_thread
@@ -35,6 +35,7 @@ from mxfp4conv.convert.writer import (
     TEMP_SUFFIX, ShardWriter, WriteError, _os_error, as_bytes, fsync_dir, shard_crcs,
 )
 from mxfp4conv.errors import CheckpointError, Mxfp4convError
+from mxfp4conv.format.manifest import CHECKSUMS, MANIFEST_NAME, SHARD_RE, write_manifest_json
 
 PROGRESS_NAME = ".mxfp4conv-progress.json"
 LOCK_NAME = ".mxfp4conv.lock"

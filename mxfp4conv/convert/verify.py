@@ -24,11 +24,8 @@ from mxfp4conv.lazy_torch import torch
 from mxfp4conv.checkpoint import strict_json
 from mxfp4conv.checkpoint.safetensors_io import pread_exact, read_header
 from mxfp4conv.checkpoint.source import INDEX_NAME
-from mxfp4conv.convert.manifest import (
-    EXPERT_KINDS, MANIFEST_NAME, SHUFFLE_PAD_BYTE, build_manifest, expert_checksums, load_manifest,
-    stamped_part, target_from_manifest,
-)
-from mxfp4conv.convert.plan import LAYOUT_FIELD, SHARD_RE, expert_kinds, expert_tensor_name, stored_shape
+from mxfp4conv.convert.manifest import build_manifest, target_from_manifest
+from mxfp4conv.convert.plan import LAYOUT_FIELD, expert_kinds, expert_tensor_name, stored_shape
 from mxfp4conv.convert.direct_read import DirectReader, merge_ranges
 from mxfp4conv.convert.memory import keep_freed_memory
 from mxfp4conv.convert.parallel import OrderedPool, chunk_budget, default_workers, one_torch_thread
@@ -37,6 +34,8 @@ from mxfp4conv.convert.rank_tensors import WEIGHT_KINDS, RankGeometry, build_chu
 from mxfp4conv.convert.crc import crc32, crc32_combine
 from mxfp4conv.convert.writer import as_bytes
 from mxfp4conv.errors import CheckpointError, Mxfp4convError
+from mxfp4conv.format.manifest import (EXPERT_KINDS, MANIFEST_NAME, SHARD_RE, SHUFFLE_PAD_BYTE, expert_checksums,
+                                       load_manifest, stamped_part)
 
 CHUNK_BYTES = 24 << 20  # per job, before the in-flight budget divides it among the workers
 

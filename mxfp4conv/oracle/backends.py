@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Callable
 
+from mxfp4conv.checkpoint.canonical import GENERIC_ACTIVATIONS
 from mxfp4conv.oracle.arch import Arch
 from mxfp4conv.oracle.releases import NEWEST, RELEASES, Release
 
@@ -40,11 +41,6 @@ KEY_TEXT = {
     MXFP4_DYN: "mxfp4 dynamic",
 }
 
-# apply_moe_activation's set: what Marlin and the emulation (Triton) experts accept.
-GENERIC_ACTIVATIONS = frozenset({
-    "silu", "gelu", "gelu_tanh", "situ", "swigluoai", "swigluoai_uninterleave", "swiglustep",
-    "silu_no_mul", "gelu_no_mul", "gelu_tanh_no_mul", "relu2_no_mul",
-})
 
 
 @dataclass(frozen=True)

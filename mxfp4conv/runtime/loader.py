@@ -24,8 +24,7 @@ from safetensors import SafetensorError, safe_open
 from mxfp4conv.checkpoint import strict_json
 from mxfp4conv.checkpoint.safetensors_io import read_header
 from mxfp4conv.convert.crc import crc32
-from mxfp4conv.convert.manifest import MANIFEST_NAME, expert_checksums, load_manifest, stamped_part
-from mxfp4conv.convert.plan import SHARD_RE
+from mxfp4conv.format.manifest import MANIFEST_NAME, SHARD_RE, expert_checksums, load_manifest, stamped_part
 from mxfp4conv.errors import CheckpointError, RuntimeInputError
 from mxfp4conv.runtime.experts import TENSOR_NAMES, WEIGHT_KINDS, MoEExperts, is_aiter_layout
 from mxfp4conv.runtime.relayout import to_canonical

@@ -11,7 +11,7 @@ from typing import Callable
 import dataclasses
 
 from mxfp4conv.checkpoint.canonical import (
-    Activation, ExpertTensors, GateUpExpertTensors, MoEGeometry, MoELayer, TensorRef,
+    GENERIC_ACTIVATIONS, Activation, ExpertTensors, GateUpExpertTensors, MoEGeometry, MoELayer, TensorRef,
 )
 from mxfp4conv.checkpoint.problems import Problems
 from mxfp4conv.errors import CheckpointError
@@ -171,8 +171,6 @@ def check_routing_config(cfg: dict, where: str) -> None:
 
 def cfg_activation(config: dict, where: str, default: str) -> str:
     """``hidden_act``: one of the names vLLM's MoE activations accept."""
-    from mxfp4conv.oracle.backends import GENERIC_ACTIVATIONS
-
     v = config.get("hidden_act")
     if v is None:
         return default
