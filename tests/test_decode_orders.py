@@ -1,4 +1,5 @@
-"""The bit orders benchmarks/probes/gluon_decode_bench.py times (benchmarks/results/performance-notebook.md, "Other decodes of the words"): the
+"""The bit orders benchmarks/probes/gluon_decode_bench.py times (benchmarks/results/performance-notebook.md, "Other
+decodes of the words"): the
 stored bits its GF(2) solve gives make each order's decode land every code of 65536 random words where it should,
 and nothing outside the decode's mask. Run as the benchmark's own check (numpy only, no GPU)."""
 

@@ -1,6 +1,7 @@
 """The register caps select_config gives the hopper_mma kernels on 16-pair blocks (and on 32-pair blocks where
 GEMM2's rows are short), compiled for sm_90a with this Triton (its ptxas) without a GPU, with the decode of
-hopper_mma_w_xor (what convert writes): ptxas fits both GEMMs under them with nothing spilled (benchmarks/results/performance-notebook.md,
+hopper_mma_w_xor (what convert writes): ptxas fits both GEMMs under them with nothing spilled
+(benchmarks/results/performance-notebook.md,
 "The power limit; register caps on 16- and 32-pair blocks")."""
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """Instructions per K step of a one-token MMA v2 (mma.sync) decode written in Gluon, from its sm_90a
-SASS without a GPU: what Triton's own MMA v2 lowering cannot reach (benchmarks/results/performance-notebook.md, "MMA v2").
+SASS without a GPU: what Triton's own MMA v2 lowering cannot reach (benchmarks/results/performance-notebook.md, "MMA
+v2").
 
 Gluon (triton.experimental.gluon, triton 3.6) states every layout, so the decoded tile can be
 given the hardware's operand order (DotOperandLayout k_width 2) directly: each lane's int32 words

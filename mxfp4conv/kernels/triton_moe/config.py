@@ -172,7 +172,8 @@ class MoEConfig:
     # 1.057-1.059x (sustained at the power limit 1.004x / 1.012x, DSV3-like T = 768 / K3-like T = 1024); on an H100
     # 1.010-1.031x. Of moe_hgemm1_kernel's time, on 64-pair blocks the ring (2 stages) took 0.985-1.012 on an H200,
     # the words into registers (3, early) 0.971-0.999 there but 1.002-1.042 on an H100; on 16-pair blocks the ring
-    # 0.994-1.001 (H100): those keep moe_hgemm1_kernel (benchmarks/results/performance-notebook.md, "GEMM1 of 32-pair blocks in gluon_wgmma"),
+    # 0.994-1.001 (H100): those keep moe_hgemm1_kernel (benchmarks/results/performance-notebook.md, "GEMM1 of 32-pair
+    # blocks in gluon_wgmma"),
     # 64-pair ones but where the ring takes 8-pair second tiles too (wgmma_dual, below)
     # The ring over two warpgroups was bit-equal and slower on an H100: gate rows in one, up rows in the other (commit
     # 9fc51ce) 1.04-1.07x on 64-pair blocks, 1.00-1.02x on 32-pair ones capped at 80 registers; 128 rows a program on
@@ -193,5 +194,6 @@ class MoEConfig:
     # with tail_t, gluon_wgmma's GEMMs (the ring forms) in two tiles a block as `dual` sets for the hopper_mma kernels
     # (0 off, 1 or 2): warpgroup MMAs take 8-wide tiles, so 2 runs where tail_t is 32 too, [rows, 32] + [rows, 8]
     # (the 8-wide tl.dot is not usable there: see `dual`). select_config asks for it on GEMM1 of DSV3-like 64-pair
-    # blocks (benchmarks/results/performance-notebook.md, "32 + 8 tiles in gluon_wgmma"); GEMM2 in it as well was no faster on an H100
+    # blocks (benchmarks/results/performance-notebook.md, "32 + 8 tiles in gluon_wgmma"); GEMM2 in it as well was no
+    # faster on an H100
     wgmma_dual: int = 0

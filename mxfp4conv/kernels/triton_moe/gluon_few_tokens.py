@@ -2,7 +2,8 @@
 a program per (token, expert) pair: the path of fused_moe_triton for up to gluon_max_tokens bf16
 tokens whose pairs number under gluon_pair_share x the experts (pairs_take) on NVIDIA GPUs
 (measured on an H200 against the hopper_mma kernels and the expert blocks on the same bytes:
-benchmarks/probes/gluon_moe.py, benchmarks/moe_bench.py, benchmarks/results/performance-notebook.md). An expert is read once
+benchmarks/probes/gluon_moe.py, benchmarks/moe_bench.py, benchmarks/results/performance-notebook.md). An expert is
+read once
 a pair, so this pays while tokens rarely share an expert.
 
 Why Gluon: it states every layout, so each lane's int32 words of a 16 x 64 hopper_mma_w_rot block

@@ -3,7 +3,8 @@
 pair block), each block's tokens the N columns of its m16n8k16 MMAs; the pairs' outputs summed over
 k by the Triton k-sum kernel. The decode and K loop are gluon_few_tokens'; this covers the batches
 past its limit where an expert still sees few pairs (fused_moe_triton takes it where grouped_takes
-says: measured on an H200 in benchmarks/results/performance-notebook.md). benchmarks/gpu_check.py checks its results on a
+says: measured on an H200 in benchmarks/results/performance-notebook.md). benchmarks/gpu_check.py checks its results
+on a
 GPU, benchmarks/moe_bench.py --variants times it.
 """
 

@@ -7,7 +7,8 @@ step than the hopper_mma kernels and bit-equal outputs. A block may run as two t
 (DUAL), the second down to 8 pairs wide, which the hopper_mma kernels' tl.dot cannot take. fused_moe_triton runs them
 where MoEConfig.wgmma1 / wgmma2 ask: select_config asks for GEMM1 with the words through the ring on 32-pair blocks,
 where it is faster on an H200 and an H100, and with 32 + 8 tiles on DSV3-like 64-pair ones, faster on an H100
-(benchmarks/results/performance-notebook.md, sections "32 + 8 tiles in gluon_wgmma", "GEMM1 of 32-pair blocks in gluon_wgmma" and "GEMM1
+(benchmarks/results/performance-notebook.md, sections "32 + 8 tiles in gluon_wgmma", "GEMM1 of 32-pair blocks in
+gluon_wgmma" and "GEMM1
 and GEMM2 in Gluon with warpgroup MMAs").
 """
 

@@ -54,7 +54,8 @@ def select_config(num_pairs: int, num_experts: int, hidden: int, inter: int, lay
         # (uncapped), at most one pair per expert three once one-tile programs would number three
         # times _TARGET_PROGRAMS (K3-like T = 8-32: 0.951-0.985 of one tile a program; T = 2 and 4,
         # fewer programs, 1.003-1.073); row tiles first in both grids, so a block's row tiles run side
-        # by side (time over pair blocks first, benchmarks/results/performance-notebook.md: H100 DSV3-like T = 192-768 0.864-0.962,
+        # by side (time over pair blocks first, benchmarks/results/performance-notebook.md: H100 DSV3-like T =
+        # 192-768 0.864-0.962,
         # K3-like T = 320-1024 0.956-0.972; H200 DSV3-like T = 384-1024 0.95-0.99 in nine timings of ten, the rest
         # within the spread; below 5.5 pairs an expert, where the Gluon kernels take bf16 calls, not timed)
         # register caps on 16-pair blocks, and on 32-pair ones where GEMM2's rows are short (both GEMMs where
