@@ -132,7 +132,7 @@ def test_example_refuses_existing_output(tmp_path, capsys):
     assert rc == 1 and "not an empty directory" in " ".join(err.split()) and "Traceback" not in err
     assert [p.name for p in out.iterdir()] == ["keep.txt"]
     rc, _, err = run_cli(["example", "nope", tmp_path / "x"], capsys)
-    assert rc == 1 and "unknown family" in " ".join(err.split()) and not (tmp_path / "x").exists()
+    assert rc == 2 and "'nope' is not one of kimi_k3" in " ".join(err.split()) and not (tmp_path / "x").exists()
     assert [p.name for p in tmp_path.iterdir()] == ["taken"]  # no partial directory left behind
 
 

@@ -100,12 +100,18 @@ def test_plan_json_matches_oracle(capsys, ckpts, name, args, target, exp):
 
 
 def test_plan_human_trace(capsys, ckpts):
-    rc, out, _ = run(capsys, "plan", str(ckpts["kimi_k3"]), "--arch", "h200", "--tp", "4")
+    rc, short, _ = run(capsys, "plan", str(ckpts["kimi_k3"]), "--arch", "h200", "--tp", "4")
     assert rc == 0
-    out = " ".join(out.split())  # rich wraps long lines at the terminal width
-    for text in ("Backends tried", "HUMMING", "vLLM's pick", "EMULATION", "[gate; up]",
-                 "Padded geometry", "Kimi-K3 model rule", "Server environment"):
-        assert text in out, text
+    for text in ("Backend: EMULATION (vLLM would pick HUMMING); 2 rejected before it (--trace lists why)",
+                 "[gate; up]", "Padded geometry per rank", "Kimi-K3 model rule", "Server environment"):
+        assert text in short, text
+    assert "Backends tried" not in short and "AITER" not in short  # no AITER on an NVIDIA target
+    assert len(short.splitlines()) <= 15
+    for flag in ("--trace", "-v"):
+        rc, out, _ = run(capsys, "plan", str(ckpts["kimi_k3"]), "--arch", "h200", "--tp", "4", flag)
+        assert rc == 0 and "Backends tried, in order" in out, flag
+        assert "  1. FLASHINFER_TRTLLM_MXFP4_MXFP8: rejected: " in out and "  3. HUMMING: vLLM's pick: " in out
+        assert "Modelled vLLM server" in out
     rc, out, _ = run(capsys, "plan", str(ckpts["kimi_k3"]), "--arch", "gfx950", "--act-quant", "fp8")
     out = " ".join(out.split())
     assert rc == 0 and "VLLM_ROCM_USE_AITER_MOE_SITUV2=a8w4" in out and "aiter_p16_gu16" in out

@@ -9,7 +9,15 @@ from pathlib import Path
 import pytest
 
 from checkpoint_fixtures import copy_of, run_cli, synth, tree_digest  # noqa: F401
-from mxfp4conv.convert.run import PROGRESS_NAME
+from mxfp4conv.convert.run import INDEX_RECORD, PROGRESS_NAME
+
+
+def drop_record(out: Path) -> None:
+    """Remove a finished conversion's record (kept in the index's metadata)."""
+    p = out / "model.safetensors.index.json"
+    index = json.loads(p.read_text())
+    del index["metadata"][INDEX_RECORD]
+    p.write_text(json.dumps(index))
 
 
 def one_paragraph_error(rc, err, *needles):
@@ -109,7 +117,7 @@ def test_resume_of_another_mxfp4conv_version_is_refused(synth, tmp_path, capsys,
 def test_resume_without_a_record_is_refused_when_shards_are_there(synth, tmp_path, capsys):
     src, out = synth("kimi_k3"), tmp_path / "OUT"
     assert run_cli(["convert", src, out, "--arch", "gfx950", "-q"], capsys)[0] == 0
-    (out / PROGRESS_NAME).unlink()
+    drop_record(out)
     (out / "mxfp4conv.json").unlink()
     before = tree_digest(out)
     rc, _, err = run_cli(["convert", src, out, "--arch", "gfx950", "--resume"], capsys)
@@ -120,14 +128,27 @@ def test_resume_without_a_record_is_refused_when_shards_are_there(synth, tmp_pat
 def test_finished_output_without_its_record_is_compared_by_manifest(synth, tmp_path, capsys):
     src, out = synth("kimi_k3"), tmp_path / "OUT"
     assert run_cli(["convert", src, out, "--arch", "gfx950", "-q"], capsys)[0] == 0
-    (out / PROGRESS_NAME).unlink()
+    drop_record(out)
     before = tree_digest(out)
     rc, _, err = run_cli(["convert", src, out, "--arch", "sm90", "--resume"], capsys)
     one_paragraph_error(rc, err, "target.arch: gfx950 in OUT, sm90 now")
     assert tree_digest(out) == before
     rc, _, err = run_cli(["convert", src, out, "--arch", "gfx950", "--resume"], capsys)  # same: rewritten
     assert rc == 0, err
-    assert tree_digest(out) == before | {PROGRESS_NAME: tree_digest(out)[PROGRESS_NAME]}
+    after = tree_digest(out)
+    index = "model.safetensors.index.json"  # written again, with the record
+    assert {k: v for k, v in after.items() if k != index} == {k: v for k, v in before.items() if k != index}
+
+
+def test_a_finished_output_holds_no_hidden_file_and_resumes_from_its_index(synth, tmp_path, capsys):
+    src, out = synth("kimi_k3"), tmp_path / "OUT"
+    assert run_cli(["convert", src, out, "--arch", "gfx950", "--tp", "2", "-q"], capsys)[0] == 0
+    assert not [p.name for p in out.iterdir() if p.name.startswith(".")]
+    before = tree_digest(out)
+    rc, _, err = run_cli(["convert", src, out, "--arch", "gfx950", "--tp", "2", "--resume"], capsys)
+    assert rc == 0 and "keeping 1 of 1 shards" in " ".join(err.split()), err
+    assert tree_digest(out) == before and not (out / PROGRESS_NAME).exists()
+    assert run_cli(["verify", out], capsys)[0] == 0  # the shard checksums, from the index
 
 
 def test_force_with_resume_keeps_the_same_conversion_and_replaces_another(synth, tmp_path, capsys, monkeypatch):

@@ -292,17 +292,27 @@ def test_hub_ids_follow_huggingface_hub_rules():
     assert hub_repo_id("openai/gpt-oss-20b@refs/pr/1") == ("openai/gpt-oss-20b", "refs/pr/1")
     for bad in ("a/b/c", "foo--bar", "name.git", "x@", "-x", "a b"):
         assert hub_repo_id(bad) is None, bad
-    with pytest.raises(CheckpointError, match="not a hub repo id"):
+    with pytest.raises(CheckpointError, match="no such directory"):
         open_source("a/b/c")
 
 
-def test_namespace_less_hub_id_and_revision_argument(synth, fake_hub):
+def test_a_bare_name_that_is_no_directory_is_never_looked_up_on_the_hub(synth, fake_hub, tmp_path, monkeypatch):
     hub = fake_hub(synth("gpt_oss"))
-    src = open_source("gpt2")
+    monkeypatch.chdir(tmp_path)
+    for name in ("no-such-dir", "gpt2", "gpt2@main"):
+        with pytest.raises(CheckpointError, match=r"no such directory\. Pass a checkpoint directory, or a hub "
+                                                  r"repo id of the form org/name\[@revision\]\."):
+            open_source(name)
+    assert hub.snapshot_calls == []
+
+
+def test_hub_id_and_revision_argument(synth, fake_hub):
+    hub = fake_hub(synth("gpt_oss"))
+    src = open_source("openai-community/gpt2")
     assert src.is_hub and src.revision == COMMIT and len(src.weight_map) > 0
-    assert open_source("gpt2", revision=COMMIT).revision == COMMIT
+    assert open_source("openai-community/gpt2", revision=COMMIT).revision == COMMIT
     with pytest.raises(CheckpointError, match="give one"):
-        open_source("gpt2@main", revision="v1")
+        open_source("openai-community/gpt2@main", revision="v1")
     assert len(hub.snapshot_calls) == 2
 
 

@@ -503,11 +503,12 @@ def open_source(spec: str | os.PathLike, revision: str | None = None) -> Source:
             raise CheckpointError(f"{text}: a local directory has no revision; pass a hub repo id "
                                   f"to choose revision {revision!r}.")
         return _open_local(path, text)
-    hub = None if text.startswith((".", "/", "~")) else hub_repo_id(text)
+    # a hub id names its owner (org/name): a bare name that is not here is a mistyped folder,
+    # never looked up on the hub
+    hub = None if text.startswith((".", "/", "~")) or "/" not in text.partition("@")[0] else hub_repo_id(text)
     if hub is None:
-        raise CheckpointError(f"{text}: no such directory, and not a hub repo id of the form "
-                              f"org/name[@revision] or name[@revision]. Pass a checkpoint directory "
-                              f"or a hub repo id.")
+        raise CheckpointError(f"{text}: no such directory. Pass a checkpoint directory, or a hub repo "
+                              f"id of the form org/name[@revision].")
     if revision and hub[1] and revision != hub[1]:
         raise CheckpointError(f"{text}: names revision {hub[1]!r} and revision {revision!r} was "
                               f"also given; give one.")

@@ -64,8 +64,14 @@ def register(app: typer.Typer) -> None:
             sys.stderr.write(f"\ninterrupted; rerun with --resume to finish the conversion into {out} "
                              f"(finished shards are kept).\n")
             raise SystemExit(130) from None
+        from mxfp4conv.commands.serve_hint import serve_lines
+
+        serve = serve_lines(out, res.manifest)
         if as_json:
             print(json.dumps({"out": str(res.out), "shards": res.shards, "kept": res.kept, "redone": res.redone,
                               "bytes_written": res.bytes_written, "target": res.manifest.get("target"),
                               "layout": res.manifest.get("layout"),
-                              "runtime_env": res.manifest.get("runtime_env")}, indent=2))
+                              "runtime_env": res.manifest.get("runtime_env"), "serve": serve[-1].strip()}, indent=2))
+            return
+        if not quiet:
+            print("\n".join(serve))

@@ -26,7 +26,8 @@ def _render(data: dict) -> None:
     moe = data["moe"]
     params = ", ".join(f"{k}={v:g}" for k, v in (data.get("activation_params") or {}).items())
     src = data.get("source") or {}
-    con.print(f"[bold]{escape(str(src.get('spec')))}[/]  ({src.get('shards')} shards"
+    n = src.get("shards")
+    con.print(f"[bold]{escape(str(src.get('spec')))}[/]  ({n} shard{'' if n == 1 else 's'}"
               f"{', revision ' + src['revision'] if src.get('revision') else ''})")
     con.print(f"family        {data['family']}   quant scheme {data['quant_scheme']}")
     con.print(f"activation    {data['activation']}{f' ({params})' if params else ''}")
@@ -63,6 +64,10 @@ def _render(data: dict) -> None:
         env = manifest.get("runtime_env") or {}
         if env:
             con.print(escape("  server env: " + " ".join(f"{k}={v}" for k, v in env.items())))
+        from mxfp4conv.commands.serve_hint import serve_lines
+
+        for line in serve_lines((data.get("source") or {}).get("spec"), manifest):
+            con.print(escape(line))
     scan = data.get("scale_scan")
     if scan:
         if scan["mode"] == "full":

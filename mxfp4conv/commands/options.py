@@ -37,20 +37,27 @@ def one_of(choices: tuple[str, ...]):
 
 
 def _arch_names() -> list[str]:
-    from mxfp4conv.oracle.arch import ALIASES, ARCHS
+    from mxfp4conv.oracle.arch import names
 
-    return [*ARCHS, *ALIASES]
+    return names()
 
 
 def _check_arch(value: str) -> str:
-    from mxfp4conv.oracle.arch import ALIASES, ARCHS, resolve_arch
+    from mxfp4conv.oracle.arch import ALIASES, ARCHS, names, normalise, platform_of, resolve_arch
     from mxfp4conv.errors import OracleError
 
     try:
         resolve_arch(value)
     except OracleError:
+        # suggestions from the platform the name points at (an NVIDIA name never suggests an AMD
+        # one), and all of one arch: the closest name's
+        pool = names(platform_of(value))
+        best = difflib.get_close_matches(normalise(value), pool, n=1, cutoff=0.5)
+        if best:
+            pool = [n for n in pool if ALIASES.get(n, n) == ALIASES.get(best[0], best[0])]
+        close = did_you_mean(normalise(value), pool)
         raise typer.BadParameter(
-            f"unknown arch {value!r}.{did_you_mean(value, _arch_names())} Known: {', '.join(ARCHS)}; "
+            f"unknown arch {value!r}.{close} Known: {', '.join(ARCHS)}; "
             f"aliases: {', '.join(f'{a} ({c})' for a, c in ALIASES.items())}.") from None
     return value
 
@@ -61,8 +68,9 @@ def _complete_arch(incomplete: str) -> list[str]:
 
 def arch_option():
     return typer.Option(..., "--arch", metavar="ARCH", callback=_check_arch, autocompletion=_complete_arch,
-                        help="Target GPU arch: gfx942, gfx950, gfx1250, sm90, sm100, sm120, cpu, or an "
-                             "alias (mi300x, mi325x, mi350x, mi355x, h100, h200, h20, b200, gb200).")
+                        help="Target GPU arch: gfx942, gfx950, gfx1250, sm90, sm100, sm120, cpu, or a product "
+                             "name (mi300x, mi308x, mi325x, mi355x, h100, h200, h20, h800, gh200, b200, gb200, "
+                             "b300, gb300; sm_90a-style spellings too).")
 
 
 def tp_option():
@@ -175,7 +183,7 @@ def with_revision(source: str, revision: str | None, option: str = "--revision")
     return f"{source}@{revision}"
 
 
-SOURCE_HELP = "Checkpoint directory, or hub repo id org/name[@revision] (or name[@revision], e.g. gpt2)."
+SOURCE_HELP = "Checkpoint directory, or hub repo id org/name[@revision]."
 
 
 def source_argument():

@@ -97,91 +97,79 @@ def _served_by(d) -> str | None:
     return None
 
 
-def _render(d, model, spec: str, output: dict | None = None, resolution=None) -> None:
+def _render(d, model, spec: str, output: dict | None = None, resolution=None, trace: bool = False) -> None:
+    """The plan in plain lines that fit a pipe as well as a terminal; ``trace`` adds every
+    backend tried and why it was rejected, the padding rule and the modelled server."""
     from rich.console import Console
     from rich.markup import escape
-    from rich.table import Table
+
+    from mxfp4conv.oracle.arch import get_arch
 
     con = Console(highlight=False, soft_wrap=True)  # lines are never wrapped (copy-paste, pipes)
+    o = d.options
     params = ", ".join(f"{k}={v:g}" for k, v in d.activation_params.items())
     con.print(f"[bold]{escape(spec)}[/]: {model.family} ({model.quant_scheme}), activation "
               f"{d.activation}{f' ({params})' if params else ''}, {model.routing} routing, "
               f"{d.num_experts} experts, top-{d.top_k}")
-    o = d.options
+    rocm = get_arch(d.arch).is_rocm  # AITER exists on ROCm only
     con.print(f"Target: {d.arch}, tp {d.tp}{' with EP' if d.ep else ''}, act-quant "
-              f"{o.get('requested_act_quant')} -> {d.act_quant}, AITER "
-              f"{'on' if o.get('aiter') else 'off'}"
+              f"{o.get('requested_act_quant')} -> {d.act_quant}"
+              f"{(', AITER ' + ('on' if o.get('aiter') else 'off')) if rocm else ''}"
               f"{', --backend ' + o['forced_backend'] if o.get('forced_backend') else ''}"
               f"{', --moe-weight ' + o['moe_weight'] if o.get('moe_weight') else ''}")
     how = ""
     if resolution is not None and resolution.requested == "auto":
         how = (f", --vllm auto: the installed vLLM {resolution.installed}" if resolution.installed
                else ", --vllm auto: no vLLM installed here")
-    con.print(f"vLLM {o.get('vllm_release')} (the release modelled{how}), selector: {o.get('selector')} "
-              f"(converter {o.get('converter')})")
+    con.print(f"vLLM {o.get('vllm_release')} (the release modelled{how})")
     if resolution is not None and resolution.note:
         con.print(escape(f"Note: {resolution.note}"))
-
-    cands = Table(title="Backends tried, in order", show_lines=False)
-    cands.add_column("#", justify="right")
-    cands.add_column("backend")
-    cands.add_column("result")
-    cands.add_column("reason", overflow="fold")
-    for i, c in enumerate(d.candidates, 1):
-        if c.selected:
-            result = "[green]selected[/]"
-        elif c.backend == o.get("vllm_backend") and "vLLM's pick" in c.reason:
-            result = "[yellow]vLLM's pick[/]"
-        else:
-            result = "[red]rejected[/]"
-        cands.add_row(str(i), c.backend, result, escape(c.reason))
-    con.print(cands)
-
+    rejected = [c for c in d.candidates if not c.selected and not
+                (c.backend == o.get("vllm_backend") and "vLLM's pick" in c.reason)]
+    pick = o.get("vllm_backend")
     con.print(f"[bold]Backend: {d.backend}[/]"
-              + (f"  (vLLM would pick {o['vllm_backend']})"
-                 if o.get("vllm_backend") and o["vllm_backend"] != d.backend else ""))
+              + (f" (vLLM would pick {pick})" if pick and pick != d.backend else "")
+              + (f"; {len(rejected)} rejected before it ({'listed below' if trace else '--trace lists why'})"
+                 if rejected else ""))
+    if trace:
+        con.print(f"Backends tried, in order (selector {o.get('selector')}, converter {o.get('converter')}):")
+        for i, c in enumerate(d.candidates, 1):
+            result = "selected" if c.selected else "vLLM's pick" if c not in rejected else "rejected"
+            con.print(f"  {i}. {c.backend}: {result}: {escape(c.reason)}")
     served = _served_by(d)
     if served:
-        con.print(f"[bold]Served by (vLLM plugin):[/] {escape(served)}")
-    geo = Table(title="Padded geometry (per rank)")
-    for col in ("", "real", "padded"):
-        geo.add_column(col, justify="right" if col else "left")
-    geo.add_row("hidden", str(d.hidden), str(d.hidden_padded))
-    geo.add_row("intermediate / rank", str(d.intermediate_per_rank),
-                str(d.intermediate_per_rank_padded))
-    geo.add_row("intermediate (global)", str(d.intermediate), "")
-    geo.add_row("experts / rank", str(d.experts_per_rank), "")
-    con.print(geo)
-    con.print(f"Alignment: {o.get('alignment_rule')}")
+        con.print(f"Served by (vLLM plugin): {escape(served)}")
+    con.print(f"Padded geometry per rank: hidden {d.hidden} -> {d.hidden_padded}, intermediate "
+              f"{d.intermediate_per_rank} -> {d.intermediate_per_rank_padded} (global {d.intermediate}), "
+              f"{d.experts_per_rank} experts")
+    if trace:
+        con.print(f"Alignment: {o.get('alignment_rule')}")
+    con.print("Layout recipe: " + escape(", ".join(f"{k} {v}" for k, v in d.layout.as_dict().items())))
+    if trace:
+        con.print(f"gate_mode {d.gate_mode}, is_shuffled {d.is_shuffled}, scale pad byte 0x{d.scale_pad_byte:02X}, "
+                  f"kernel activations {o.get('kernel_act')}; producible by mxfp4conv here: "
+                  + ", ".join(o.get("producible") or []))
     if output:
         n = output["shards"]
         con.print(f"Output: {_size(output['bytes'])} of tensors in {n} shard{'s' if n != 1 else ''} "
                   f"(source {_size(output['source_bytes'])}); convert takes about "
                   f"{_duration(output['estimated_seconds'])} at {CONVERT_RATE / 1e9:.1f} GB/s written "
                   f"(measured on 2 cores; more cores and a faster disk go faster, a hub download comes on top)")
-
-    lay = Table(title="Layout recipe")
-    lay.add_column("tensor")
-    lay.add_column("layout")
-    for k, v in d.layout.as_dict().items():
-        lay.add_row(k, escape(v))
-    con.print(lay)
-    pad = f"0x{d.scale_pad_byte:02X}"
-    con.print(f"gate_mode {d.gate_mode}, is_shuffled {d.is_shuffled}, scale pad byte {pad}, "
-              f"kernel activations {o.get('kernel_act')}")
-    con.print("Producible by mxfp4conv here: " + ", ".join(o.get("producible") or []))
     env = " ".join(f"{k}={v}" for k, v in d.runtime_env.items())
     con.print(f"[bold]Server environment:[/] {env or '(none)'}")
     if o.get("vllm_runtime_env") is not None:
         venv = " ".join(f"{k}={v}" for k, v in o["vllm_runtime_env"].items())
         con.print(f"vLLM's own pick ({o.get('vllm_backend')}) runs with: {venv or '(none)'}")
-    for n in d.notes:
+    # the notes that change what the output is; the modelled server's packages only with --trace
+    notes = [n for n in d.notes if trace or not n.startswith("Modelled vLLM server")]
+    for n in notes:
         con.print(f"- {escape(n)}")
 
 
 def register(app: typer.Typer) -> None:
     @app.command("plan")
     def plan_cmd(
+        ctx: typer.Context,
         source: str = options.source_argument(),
         arch: str = options.arch_option(),
         tp: int = options.tp_option(),
@@ -194,9 +182,11 @@ def register(app: typer.Typer) -> None:
         vllm: str = options.vllm_option(),
         revision: str = options.revision_option(),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object on stdout."),
+        trace: bool = typer.Option(False, "--trace", help="Also list every backend tried and why it was rejected "
+                                   "(as -v does)."),
     ) -> None:
-        """Show which backend vLLM would pick, why, and the padding, layouts, output size and
-        server environment a conversion for that target produces."""
+        """Show which backend vLLM would pick, and the padding, layouts, output size and server
+        environment a conversion for that target produces (--trace or -v: every backend tried, and why)."""
         from mxfp4conv.checkpoint import load_model, open_source
         from mxfp4conv.oracle import Target, decide, resolve_arch
 
@@ -228,4 +218,5 @@ def register(app: typer.Typer) -> None:
             out["output"] = output
             print(json.dumps(out, indent=2))
             return
-        _render(d, model, source, output, resolution)
+        verbose = ctx.find_root().params.get("verbose") or 0
+        _render(d, model, source, output, resolution, trace=trace or verbose > 0)

@@ -15,7 +15,7 @@ def register(app: typer.Typer) -> None:
         out: Path = typer.Argument(..., metavar="OUT", help="A converted checkpoint directory."),
         source: str = typer.Option(None, "--source", metavar="SOURCE", help="The source it was converted from: compare every byte."),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object on stdout."),
-        workers: int = typer.Option(None, "--workers", show_default=False,
+        workers: int = typer.Option(None, "--workers", min=1, metavar="N", show_default=False,
                                     help="Threads that read and compare (default: the cores, at most 16)."),
         quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress output."),
     ) -> None:

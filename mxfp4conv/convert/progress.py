@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import threading
 import time
 
 
@@ -22,6 +23,8 @@ class Progress:
         self.start = time.monotonic()
         self.last_line = 0.0
         self.desc = ""
+        self._open: list[str] = []  # what is being written now, oldest first
+        self._lock = threading.Lock()  # shards finish on another thread
         self._bar = None
         self._closed = False
         if mode == "rich":
@@ -39,6 +42,21 @@ class Progress:
         self.desc = text
         if self._bar is not None:
             self._bar.update(self._task, description=text)
+
+    def started(self, name: str) -> None:
+        """``name`` is being written (shown as "now writing" until ``finished``)."""
+        with self._lock:
+            self._open.append(name)
+            self.describe(", ".join(self._open))
+
+    def finished(self, name: str) -> None:
+        """``name`` is complete: a line says so, and it is no longer "now writing"."""
+        with self._lock:
+            if name in self._open:
+                self._open.remove(name)
+            self.describe(", ".join(self._open))
+        if self.mode == "lines":
+            self.line(f"finished {name}")
 
     def advance(self, n: int) -> None:
         self.done += n

@@ -39,6 +39,7 @@ from mxfp4conv.format.manifest import CHECKSUMS, MANIFEST_NAME, SHARD_RE, write_
 
 PROGRESS_NAME = ".mxfp4conv-progress.json"
 LOCK_NAME = ".mxfp4conv.lock"
+INDEX_RECORD = "mxfp4conv"  # the key of a finished conversion's record in the index's metadata
 DEFAULT_CHUNK_BYTES = 24 << 20  # per task; keeps every buffer under glibc's mmap threshold
 
 
@@ -141,12 +142,16 @@ def _convert_into(src, model, plan, manifest, out, sidecars, resume, force, work
     finally:
         bar.close()
 
-    index = {"metadata": {"total_size": plan.total_size()}, "weight_map": plan.weight_map()}
+    # the progress record (shard checksums for verify and --resume, the files copied) moves into
+    # the index's metadata: a finished OUT holds no hidden file
+    index = {"metadata": {"total_size": plan.total_size(), INDEX_RECORD: record},
+             "weight_map": plan.weight_map()}
     _atomic_write(out / INDEX_NAME, (json.dumps(index, indent=2, sort_keys=True) + "\n").encode())
     # the crc32 of every routed-expert tensor, checked by the loader as it reads them
     crcs = {n: c for s in plan.shards for n, c in record["shards"][s.name]["crc32"].items()}
     manifest = {**manifest, CHECKSUMS: {"crc32": dict(sorted(crcs.items()))}}
     _atomic_write(out / MANIFEST_NAME, write_manifest_json(manifest))
+    _remove(out / PROGRESS_NAME)
     if progress != "none":
         n = len(plan.shards)
         bar.line(f"converted {n} shard{'' if n == 1 else 's'} into {out}"
@@ -216,7 +221,17 @@ def output_lock(out: Path):
             raise Mxfp4convError(f"{out}: another mxfp4conv convert is writing into this output "
                                  f"directory right now (it holds {LOCK_NAME}). Wait for it to "
                                  f"finish, or choose another output directory.") from None
-        yield
+        try:
+            same = os.stat(path).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            same = False
+        if not same:  # a convert that just finished removed the file we locked
+            raise Mxfp4convError(f"{out}: another mxfp4conv convert finished writing into this output "
+                                 f"directory just now; run the command again.")
+        try:
+            yield
+        finally:
+            _remove(path)  # OUT keeps no lock file (removed while still held)
     finally:
         os.close(fd)
 
@@ -240,10 +255,23 @@ def _remove(p: Path) -> None:
         raise _os_error(exc, p, "remove") from exc
 
 
+def finished_record(out: Path) -> dict:
+    """The progress record a finished conversion keeps in OUT's index, or {}."""
+    try:
+        d = json.loads((out / INDEX_NAME).read_text())["metadata"][INDEX_RECORD]
+        return d if isinstance(d, dict) and isinstance(d.get("shards"), dict) else {}
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
+        return {}
+
+
 def _load_progress(out: Path) -> dict:
+    """The record of the conversion in OUT: the progress file while one runs (or was
+    interrupted), the index's copy once it finished."""
     try:
         d = json.loads((out / PROGRESS_NAME).read_text())
         return d if isinstance(d, dict) and isinstance(d.get("shards"), dict) else {}
+    except FileNotFoundError:
+        return finished_record(out)
     except (OSError, ValueError):
         return {}
 
@@ -341,7 +369,7 @@ def _write_shards(src, model, plan: OutputPlan, out: Path, kept: set[str], recor
         if w is None:
             w = ShardWriter(out / shard_name, by_name[shard_name].specs(), plan.metadata)
             w.open()
-            bar.describe(shard_name)
+            bar.started(shard_name)
             writers[shard_name] = w
         return w
 
@@ -351,8 +379,7 @@ def _write_shards(src, model, plan: OutputPlan, out: Path, kept: set[str], recor
         record["shards"][name] = {"size": w.total_size, "checksum": digest,
                                   "crc32": {n: w.crcs[n] for n in expert_names(by_name[name])}}
         _save_progress(out, record)
-        if bar.mode == "lines":
-            bar.line(f"finished {name}")
+        bar.finished(name)
 
     def finish_shards(ui: int) -> None:
         for f in [f for f in finishing if f.done()]:

@@ -214,12 +214,16 @@ def _check_recorded_checksums(out: Path, shards: list[str], table: dict[str, int
     """Recompute every tensor's crc32 and every shard's checksum and compare them with the
     manifest's crc32 table and the checksums convert recorded when it wrote each shard: proves
     the bytes unchanged since, without the source."""
-    from mxfp4conv.convert.run import PROGRESS_NAME
+    from mxfp4conv.convert.run import PROGRESS_NAME, finished_record
     from mxfp4conv.convert.writer import shard_crcs
 
     p = out / PROGRESS_NAME
     record = None
-    if p.is_file():
+    finished = finished_record(out).get("shards")
+    if not p.is_file() and finished:  # a finished conversion's record, in the index
+        p = out / INDEX_NAME
+        record = finished
+    elif p.is_file():
         try:
             record = json.loads(p.read_text()).get("shards")
         except (OSError, ValueError, AttributeError, RecursionError):
@@ -248,7 +252,7 @@ def _check_recorded_checksums(out: Path, shards: list[str], table: dict[str, int
                               f"again; verify --source names the first differing byte.", shard=s)
     if record is None:
         return (f"expert tensors' crc32 equal to {MANIFEST_NAME}'s; other tensors not checked "
-                f"({PROGRESS_NAME} absent)")
+                f"(no shard checksums recorded in {INDEX_NAME} or {PROGRESS_NAME})")
     return f"{len(shards)} shard checksums equal to the ones recorded at conversion, expert crc32 to {MANIFEST_NAME}'s"
 
 
@@ -330,11 +334,20 @@ def _verify_against_source(out, source, manifest, weight_map, expected, reader, 
     src = open_source(source) if isinstance(source, (str, os.PathLike)) else source
     model = load_model(src)
     target = target_from_manifest(manifest)
+    recorded = manifest.get("source") if isinstance(manifest.get("source"), dict) else {}
+    t = manifest.get("target") if isinstance(manifest.get("target"), dict) else {}
+    if recorded.get("family") not in (None, model.family) or \
+            recorded.get("quant_scheme") not in (None, model.quant_scheme):
+        origin = recorded.get("path") or recorded.get("repo") or "the checkpoint it was converted from"
+        raise VerifyError("manifest", f"{out} is {recorded.get('family')} ({recorded.get('quant_scheme')}) "
+                          f"for {t.get('arch')}, the source is {model.family} ({model.quant_scheme}): verify it "
+                          f"against {origin}.")
     want = build_manifest(src, model, decide(model, target), target)
-    for section in ("target", "layout", "moe", "pad_bytes", "runtime_env"):
+    for section in ("moe", "target", "layout", "pad_bytes", "runtime_env"):  # the geometry says most
         if want.get(section) != manifest.get(section):
-            raise VerifyError("manifest", f"{out / MANIFEST_NAME}: section {section!r} is {manifest.get(section)} "
-                              f"but converting this source for that target gives {want.get(section)}.")
+            raise VerifyError("manifest", f"{out / MANIFEST_NAME}: converting this source for the recorded "
+                              f"target gives another {section}: {_differences(manifest.get(section), want.get(section))}. "
+                              f"Verify against the checkpoint it was converted from, or convert again.")
     if want["source"]["sha256"] != manifest["source"]["sha256"]:
         raise VerifyError("manifest", f"{out / MANIFEST_NAME}: it was converted from a source whose index "
                           f"hash is {manifest['source']['sha256']}, not this one ({want['source']['sha256']}).")
@@ -556,6 +569,23 @@ class _LayerCheck:
         how = f"through the layout {self.layouts[k].name}" if k in WEIGHT_KINDS else "as float32"
         raise VerifyError("expert bytes", f"MoE layer {prefix}, rank {r}, tensor {name}: byte {off} differs "
                           f"from the source {how}.", layer=prefix, rank=r, tensor=name, offset=off)
+
+
+def _differences(have, want, prefix: str = "", limit: int = 3) -> str:
+    """The first few keys where two manifest sections differ, as ``key is X here, Y for the source``."""
+    out: list[str] = []
+
+    def walk(a, b, path):
+        if len(out) >= limit:
+            return
+        if isinstance(a, dict) and isinstance(b, dict):
+            for k in sorted(set(a) | set(b), key=str):
+                walk(a.get(k), b.get(k), f"{path}.{k}" if path else str(k))
+        elif a != b:
+            out.append(f"{path or 'it'} is {a!r} in the output, {b!r} for this source")
+
+    walk(have, want, prefix)
+    return "; ".join(out)
 
 
 def _first_difference(a, b) -> int:

@@ -6,6 +6,7 @@ gfx1250 = 5); CUDA archs their compute capability; ``cpu`` is vLLM's CPU platfor
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from mxfp4conv.errors import OracleError
@@ -73,17 +74,43 @@ ARCHS: dict[str, Arch] = {a.name: a for a in (
     Arch("cpu", "cpu"),
 )}
 
+# Product names. MoE backend selection in vLLM 0.33 / 0.34 asks a CUDA device for its capability
+# family (10.x, 12.x), has_device_capability(100) or the set {10.0, 10.3}: capability 10.3 (B300,
+# GB300) decides exactly as 10.0, so it is sm100 here, as the vLLM plugin names a live 10.x device.
 ALIASES: dict[str, str] = {
-    "mi300x": "gfx942", "mi325x": "gfx942",
+    "mi300x": "gfx942", "mi300a": "gfx942", "mi308x": "gfx942", "mi325x": "gfx942",
     "mi350x": "gfx950", "mi355x": "gfx950",
-    "h100": "sm90", "h200": "sm90", "h20": "sm90",
-    "b200": "sm100", "gb200": "sm100",
+    "h100": "sm90", "h200": "sm90", "h20": "sm90", "h800": "sm90", "gh200": "sm90",
+    "b200": "sm100", "gb200": "sm100", "b300": "sm100", "gb300": "sm100", "sm103": "sm100",
 }
 
 
+def normalise(name: str) -> str:
+    """``name`` as the tables spell it: lower case, and CUDA's ``sm_90a`` / ``sm_100f`` spellings
+    (an underscore, the arch-specific ``a`` and family ``f`` suffixes) as ``sm90`` / ``sm100``."""
+    key = (name or "").strip().lower().replace("-", "").replace(" ", "")
+    m = re.fullmatch(r"sm_?(\d+)[af]?", key)
+    return f"sm{m.group(1)}" if m else key
+
+
+def platform_of(name: str) -> str | None:
+    """The platform a (possibly mistyped) arch name points at, from how it starts."""
+    key = normalise(name)
+    if key.startswith(("gfx", "mi")):
+        return "rocm"
+    if key.startswith(("sm", "h", "b", "gb", "gh")):
+        return "cuda"
+    return "cpu" if key.startswith("cpu") else None
+
+
+def names(platform: str | None = None) -> list[str]:
+    """Every arch name and alias, of one platform if given."""
+    return [n for n in [*ARCHS, *ALIASES] if platform is None or ARCHS[ALIASES.get(n, n)].platform == platform]
+
+
 def resolve_arch(name: str) -> str:
-    """Canonical arch name for ``name`` (case-insensitive; aliases such as mi355x, h200)."""
-    key = (name or "").strip().lower()
+    """Canonical arch name for ``name`` (case-insensitive; aliases such as mi355x, h200; sm_90a)."""
+    key = normalise(name)
     key = ALIASES.get(key, key)
     if key not in ARCHS:
         known = ", ".join(ARCHS)

@@ -56,6 +56,7 @@ def build(source, problems: Problems) -> tuple[MoEModel | None, list[str]]:
     limit = common.cfg_float(config, where, "swiglu_limit")
     if limit is not None:
         params["swiglu_limit"] = limit
+    _refuse_dequantised_experts(source, where)
     found = common.scan(source.tensor_names(), PATTERN, _field)
     if not found.layers:
         problems.error(f"{source.spec}: a DeepSeek-V4 config but no routed-expert tensors named "
@@ -71,3 +72,28 @@ def build(source, problems: Problems) -> tuple[MoEModel | None, list[str]]:
                "mtp_layers": [p for p in prefixes if common.natural_key(p)[0]]},
     )
     return model, prefixes
+
+
+FLOAT_DTYPES = ("BF16", "F16", "F32")
+
+
+def _refuse_dequantised_experts(source, where: str) -> None:
+    """Experts stored as floats with no scales (a re-save that dequantised them, as transformers
+    writes DeepSeek-V4) are not MXFP4, whatever config.json still declares."""
+    weights, scales = [], 0
+    for name in source.tensor_names():
+        m = PATTERN.match(name)
+        if m:
+            if m["kind"] == "weight":
+                weights.append(name)
+            else:
+                scales += 1
+    if not weights or scales:
+        return
+    info = source.tensor_info(weights[0])
+    if info.dtype in FLOAT_DTYPES:
+        raise CheckpointError(
+            f"{source.spec}: the routed experts are {info.dtype}, not MXFP4 ({weights[0]} is {info.dtype} "
+            f"{list(info.shape)}, and no expert has a scale tensor), although {where} declares expert_dtype "
+            f"\"fp4\". A re-save that dequantised the experts (transformers writes DeepSeek-V4 so) has "
+            f"nothing to convert: convert the original MXFP4 release instead.")

