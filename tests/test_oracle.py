@@ -530,3 +530,12 @@ def test_moe_weight_names_and_manifest_request():
     t = Target("gfx942", tp=8, ep=True, layout="identity", moe_weight="int4_per_group_32")
     manifest = {"target": {"request": _request(t)}, "vllm": "0.33.0"}
     assert target_from_manifest(manifest) == t
+
+
+def test_sm90_plan_states_the_humming_measurement():
+    """Where mxfp4conv's kernel replaces vLLM's Humming on sm90, plan says what was measured, and
+    the one point where Humming was ahead, with the way to keep vLLM's kernel."""
+    d = decide(DSV4, Target("h100", tp=8))
+    (note,) = [n for n in d.notes if "replaces vLLM's pick" in n]
+    assert "HUMMING" in note and "1.06-1.67x" in note and "2.4% faster" in note
+    assert "--backend HUMMING" in note

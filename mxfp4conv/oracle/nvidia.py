@@ -83,6 +83,10 @@ def replacement_note(arch: Arch, vllm_backend: str | None, vllm_cls: str | None,
     if vllm_backend == "TRITON":
         measured = ("docs/performance.md times it against triton_kernels (vLLM's TRITON) on an H200 "
                     "and an H100")
+    elif vllm_backend == "HUMMING":
+        measured = ("on one H100 (docs/performance.md, 2026-12-07) Humming took 1.06-1.67x its time on "
+                    "Kimi-K3-like layers and 0.98-1.32x on DeepSeek-V3-like ones: Humming was 2.4% faster "
+                    "at one point, DeepSeek-V3-like skewed routing at 8 tokens, and level at 2-64 tokens")
     else:
         measured = f"it has not been measured against {vllm_backend or 'vLLM'} here"
     keep = (f" Pass --backend {vllm_backend} to keep vLLM's kernel (canonical bytes that vLLM converts "
