@@ -224,7 +224,8 @@ def test_gfx1250_layouts_differ_from_the_gfx950_ones():
 NUMPY_GRID = {**GRID, "hopper_mma_w": (16, 32), "hopper_mma_w_rot": (16, 32), "hopper_mma_w_xor": (16, 32),
               "hopper_mma_s": (16, 2), "triton_gu1": (2, 1), "triton_cdna4_scale": (32, 8),
               "triton_cdna4_scale_gu1": (32, 8), "triton_gfx1250_scale": (32, 4),
-              "triton_gfx1250_scale_gu1": (32, 4)}
+              "triton_gfx1250_scale_gu1": (32, 4), "trtllm_w13": (32, 1), "trtllm_w13_scale": (128, 4),
+              "trtllm_w2": (32, 1), "trtllm_w2_scale": (128, 4)}
 
 
 def test_every_layout_has_a_numpy_path():

@@ -57,6 +57,7 @@ W4A4 = dict(w13="aiter_p16", w13_scale="aiter_e8m0_shuffle", w2="aiter_p16",
 CDNA4 = dict(w13="identity", w13_scale="triton_cdna4_scale", w2="identity",
              w2_scale="triton_cdna4_scale")
 IDENT = dict(w13="identity", w13_scale="identity", w2="identity", w2_scale="identity")
+TRTLLM = dict(w13="trtllm_w13", w13_scale="trtllm_w13_scale", w2="trtllm_w2", w2_scale="trtllm_w2_scale")
 HOPPER = dict(w13="hopper_mma_w_xor", w13_scale="hopper_mma_s", w2="hopper_mma_w_xor", w2_scale="hopper_mma_s")
 AITER_ENV = {"VLLM_ROCM_USE_AITER": "1"}
 S_ENV = {"VLLM_ROCM_USE_AITER": "1", "AITER_BF16_FP8_MOE_BOUND": "0"}
@@ -125,10 +126,13 @@ CASES = [
     ("k3-b200-identity-forced", K3, Target("b200", tp=8, layout="identity"),
      dict(backend="EMULATION", vllm="FLASHINFER_TRTLLM_MXFP4_MXFP8", I=384, layout=IDENT,
           kernel="mxfp4conv", selected_reason="mxfp4conv fallback")),
-    # by default vLLM's pick is kept: canonical bytes, converted by vLLM at start-up
+    # by default vLLM's pick is kept: TRTLLM-Gen's layout, written by mxfp4conv (shuffle.trtllm)
     ("k3-b200", K3, Target("b200", tp=8),
      dict(backend="FLASHINFER_TRTLLM_MXFP4_MXFP8", vllm="FLASHINFER_TRTLLM_MXFP4_MXFP8", I=384,
-          layout=IDENT, kernel="vllm", selected_reason="flashinfer assumed installed")),
+          layout=TRTLLM, act="bf16", kernel="vllm", selected_reason="flashinfer assumed installed")),
+    # forced to TRTLLM's bf16 variant (same converter branch): canonical bytes vLLM converts
+    ("k3-b200-trtllm-bf16", K3, Target("b200", tp=8, backend="FLASHINFER_TRTLLM_MXFP4_BF16"),
+     dict(backend="FLASHINFER_TRTLLM_MXFP4_BF16", layout=IDENT, kernel="vllm")),
     ("k3-sm120", K3, Target("sm120"),
      dict(backend="DEEPGEMM_MXFP4", vllm="DEEPGEMM_MXFP4", layout=IDENT, kernel="vllm")),
     # vLLM raises here; --layout asks for mxfp4conv's own format explicitly
@@ -158,11 +162,11 @@ CASES = [
     ("dsv4-gfx1250-no-aiter-own-format", DSV4, Target("gfx1250", tp=8, aiter=False, layout="identity"),
      dict(backend="EMULATION", vllm=None, rejected={"TRITON_UNFUSED": "not gfx1250"})),
     ("dsv4-b200-0.33", DSV4, Target("b200", tp=8, vllm="0.33"),
-     dict(backend="FLASHINFER_TRTLLM_MXFP4_MXFP8", vllm="FLASHINFER_TRTLLM_MXFP4_MXFP8", kernel="vllm",
+     dict(backend="FLASHINFER_TRTLLM_MXFP4_MXFP8", vllm="FLASHINFER_TRTLLM_MXFP4_MXFP8", kernel="vllm", layout=TRTLLM,
           selected_reason="TrtLlmMxfp4ExpertsModular: all gates pass")),
     # vLLM 0.34 split the modular TRTLLM class by activation quantisation
     ("dsv4-b200-0.34", DSV4, Target("b200", tp=8, vllm="0.34"),
-     dict(backend="FLASHINFER_TRTLLM_MXFP4_MXFP8", vllm="FLASHINFER_TRTLLM_MXFP4_MXFP8", kernel="vllm",
+     dict(backend="FLASHINFER_TRTLLM_MXFP4_MXFP8", vllm="FLASHINFER_TRTLLM_MXFP4_MXFP8", kernel="vllm", layout=TRTLLM,
           selected_reason="TrtLlmMxfp4Mxfp8ExpertsModular: all gates pass")),
     ("dsv4-h100", DSV4, Target("h100", tp=8), dict(backend="EMULATION", vllm="HUMMING")),
     # ---- Quark OCP-MX (no activation passed to the round-up: 256 on ROCm) ----
@@ -293,7 +297,7 @@ def _check_invariants(d: Decision) -> None:
         kernel_layout = d.options["kernel_layout"]
         assert d.backend == "EMULATION" and d.layout.as_dict()["w13"] == {"identity": "identity",
                                                                           "hopper_mma": "hopper_mma_w_xor"}[kernel_layout]
-        assert any("cannot write" in n or "raises" in n for n in d.notes)
+        assert any("cannot write" in n or "raises" in n or "asks for mxfp4conv's own format" in n for n in d.notes)
         align = 64 if kernel_layout == "hopper_mma" else 32
         assert d.hidden_padded % align == 0 and d.intermediate_per_rank_padded % align == 0
     assert d.intermediate_per_rank_padded >= d.intermediate_per_rank
@@ -317,6 +321,8 @@ REFUSALS = [
                                                       "No MXFP4 MoE backend"]),
     ("gptoss-fp8-no-scales", GPT_OSS, Target("gfx950", act_quant="fp8"),
      ["AITER_MXFP4_FP8's weight converter raises", "input scales"]),
+    ("trtllm-fp8-activations", K3, Target("b200", act_quant="fp8"),
+     ["act-quant fp8 is not available on FLASHINFER_TRTLLM_MXFP4_MXFP8", "MXFP8 itself"]),
     ("forced-cpu-unwritable", GPT_OSS, Target("cpu", backend="cpu"),
      ["vLLM would serve", "CPU", "cannot write", "EMULATION"]),
     ("forced-triton-on-cuda-s", K3, Target("h100", backend="triton"),

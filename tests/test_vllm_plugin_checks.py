@@ -78,10 +78,12 @@ def test_matching_server_is_accepted_with_its_mode(synth, family, scheme, arch, 
 
 
 @pytest.mark.parametrize("family,scheme,arch,layout,mode", [
-    # sm100 / sm120: by default vLLM's own pick converts the canonical bytes at start-up
-    ("kimi_k3", None, "sm100", "auto", "vllm_transforms"),
-    ("deepseek_v4", None, "sm100", "auto", "vllm_transforms"),
+    # sm100 / sm120: by default vLLM's own pick: TRTLLM-Gen's layout, written ready (Kimi-K3,
+    # DeepSeek-V4), or canonical bytes that vLLM converts at start-up
+    ("kimi_k3", None, "sm100", "auto", "kernel_ready"),
+    ("deepseek_v4", None, "sm100", "auto", "kernel_ready"),
     ("gpt_oss", None, "sm100", "auto", "vllm_transforms"),
+    ("kimi_k3", None, "sm120", "auto", "vllm_transforms"),
     ("deepseek_v4", None, "sm120", "auto", "vllm_transforms"),
     # (Quark w_mxfp4 on sm100: vLLM's own converter raises there, so plan refuses it)
     ("quark", "w_mxfp4", "sm120", "auto", "vllm_transforms"),

@@ -16,7 +16,9 @@ kernel was built with and the environment after loading:
   ``strict`` is the loader's strict option.
 
 AITER's shuffles are mxfp4conv's pure-torch ones (``mxfp4conv.shuffle.aiter``, checked against
-AITER's golden vectors), installed over the harness's recording stub of ``aiter``.
+AITER's golden vectors), installed over the harness's recording stub of ``aiter``. With a
+``flashinfer`` directory in the case (emulated sm100), vLLM's TRTLLM conversion runs FlashInfer's
+own Python functions (``tests/vllm_code/flashinfer_cpu.py``).
 """
 
 from __future__ import annotations
@@ -226,6 +228,10 @@ def state(layer) -> dict:
 
 def probe(case: dict) -> dict:
     _aiter_from_mxfp4conv()
+    if case.get("flashinfer"):  # sm100: FlashInfer's own functions for vLLM's TRTLLM conversion
+        import flashinfer_cpu
+
+        flashinfer_cpu.install_into_stub(case["flashinfer"])
     _env(case["server_env"])  # what a server of the source sets by hand (`mxfp4conv plan` says it)
     normal_layer = build_layer(case)
     load_normal(normal_layer, case)
@@ -259,6 +265,7 @@ def probe(case: dict) -> dict:
         out[role] = {**state(layer), "mode": mode}
     out["verdicts"] = [[v.outcome, v.reason] for v in judge.verdicts.values()]
     out["checked"] = judge.checked
+    out["pre_processed"] = judge.pre_processed
     return out
 
 

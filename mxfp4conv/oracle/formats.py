@@ -30,12 +30,15 @@ IDENTITY = LayoutRecipe(w13="identity", w13_scale="identity", w2="identity", w2_
 HOPPER_MMA = LayoutRecipe(w13="hopper_mma_w_xor", w13_scale="hopper_mma_s", w2="hopper_mma_w_xor",
                           w2_scale="hopper_mma_s")
 KERNEL_LAYOUTS = {"identity": IDENTITY, "hopper_mma": HOPPER_MMA}
+# FlashInfer TRTLLM-Gen as converter S leaves it (mxfp4conv.shuffle.trtllm)
+TRTLLM_LAYOUT = LayoutRecipe(w13="trtllm_w13", w13_scale="trtllm_w13_scale", w2="trtllm_w2", w2_scale="trtllm_w2_scale")
 HOPPER_MMA_ALIGN = 64  # rows in 16-row slabs, K in 64-code blocks
 # Layout names mxfp4conv.shuffle.layouts provides (the manifest vocabulary).
 PRODUCIBLE_LAYOUTS = frozenset({
     "identity", "aiter_p16", "aiter_p16_gu16", "aiter_e8m0_shuffle", "aiter_scale_a16w4",
     "aiter_scale_a16w4_gu16", "hopper_mma_w", "hopper_mma_w_rot", "hopper_mma_w_xor", "hopper_mma_s", "triton_gu1",
     "triton_cdna4_scale", "triton_cdna4_scale_gu1", "triton_gfx1250_scale", "triton_gfx1250_scale_gu1",
+    "trtllm_w13", "trtllm_w13_scale", "trtllm_w2", "trtllm_w2_scale",
 })
 
 AITER_ENV = {"VLLM_ROCM_USE_AITER": "1"}
@@ -188,6 +191,17 @@ def kernel_format_s(backend: str, arch: Arch, tp: int, activation: str, act_quan
         return KernelFormat(triton_recipe(arch, tp, gu1), act_quant="bf16", runtime_env=env,
                             notes=(f"{backend} on ROCm reads triton_kernels tensors "
                                    "(_swizzle_mxfp4): Strided weights, scales as recorded.",))
+    if backend == "FLASHINFER_TRTLLM_MXFP4_MXFP8":
+        if want != "bf16":
+            return _act_error(backend, want, ("bf16",), "Mxfp4MoEMethod ignores quantization_config.moe."
+                              "activation; TRTLLM quantises the bf16 input to MXFP8 itself")
+        return KernelFormat(
+            TRTLLM_LAYOUT, act_quant="bf16", kernel_act="mxfp8",
+            notes=("FlashInfer TRTLLM-Gen (TrtLlmMxfp4Experts, MXFP8 activations): w13 rows up first "
+                   "([u0, g0, u1, g1, ...]), every tensor's rows in FlashInfer's 32-row epilogue-tile "
+                   "order, scales in the 128 x 4 block-scale interleave (stored as vLLM keeps them: "
+                   "uint8 weights, the e8m0 scale bytes viewed as float8_e4m3fn); proven byte for byte "
+                   "against vLLM's converter running FlashInfer's own functions on CPU.",))
     if backend == "TRITON":
         return NotProducible(
             "converter S's TRITON branch interleaves the halves of w13's last (K) dimension "
@@ -270,6 +284,12 @@ def kernel_format_g(backend: str, arch: Arch, tp: int, resolved: str, *,
                             notes=tuple(notes))
     if backend == "AITER_MXFP4_BF16":
         return NotProducible("AiterMxfp4Experts takes mxfp4 weights only on gfx950")
+    if backend in TRTLLM:
+        return NotProducible(
+            f"converter G's {backend} branch swaps every two w13 rows (gpt-oss's g/u pairs; a Quark "
+            "checkpoint's [gate; up] rows get mixed) and permutes the biases with FlashInfer's "
+            "epilogue-tile shuffle too; mxfp4conv writes the TRTLLM layout for Mxfp4MoEMethod "
+            "(Kimi-K3, DeepSeek-V4) only")
     if backend in G_NO_BRANCH:
         return ConverterRaises(
             f"ValueError: convert_gpt_oss_weight_to_mxfp4_moe_kernel_format has no {backend} "

@@ -8,8 +8,9 @@ kernel is tuned and measured on Hopper only, so:
 
 - sm90 (Hopper): the default stays mxfp4conv's format; ``plan`` says that its kernel replaces
   vLLM's pick. ``--backend`` naming vLLM's pick keeps vLLM's kernel (canonical bytes below).
-- every other NVIDIA target (sm100, sm120): the default keeps vLLM's own backend. Where
-  mxfp4conv does not write that backend's converted layout, it writes the canonical bytes
+- every other NVIDIA target (sm100, sm120): the default keeps vLLM's own backend: its converted
+  layout where mxfp4conv writes it (FlashInfer TRTLLM-Gen for Kimi-K3 / DeepSeek-V4 on sm100,
+  ``formats``), else the canonical bytes
   (identity layout, ``[gate; up]`` rows) per rank, padded as vLLM pads for its pick; the plugin
   puts them into vLLM's parameters and vLLM's own ``process_weights_after_loading`` converts
   them (``vllm_transforms``). mxfp4conv's format only on request (``--layout identity`` or
@@ -57,6 +58,13 @@ def vllm_converts(backend: str, why: NotProducible, canonical: KernelFormat, arc
                  f"Triton kernel would replace {backend}; that kernel is not measured on {arch.name}.")
     return replace(canonical, layout=IDENTITY, gate_mode="separated", kernel_act=kernel_act,
                    notes=(*canonical.notes, note))
+
+
+def layout_replaces(arch: Arch, vllm_backend: str | None) -> bool:
+    """Whether ``--layout`` replaces vLLM's pick with mxfp4conv's format even where mxfp4conv writes
+    the pick's layout too (NVIDIA: ``--layout`` is the request for mxfp4conv's kernel; vLLM's own
+    EMULATION keeps the bytes mxfp4conv's format holds, so it stays)."""
+    return arch.is_cuda and vllm_backend not in (None, "EMULATION")
 
 
 def serving_kernel(arch: Arch, backend: str, own_format: bool) -> str:

@@ -446,7 +446,9 @@ def decide(model: MoEModel, target: Target, server: Server | None = None) -> Dec
     notes: list[str] = [resolved_release.note] if resolved_release.note else []
     candidates = [Candidate(b, False, r) for b, _, r in walk.tried]
     head = None  # set when mxfp4conv falls back to its own format
-    if walk.pick is not None and isinstance(fmt, KernelFormat):
+    # on NVIDIA, --layout asks for mxfp4conv's own format even where vLLM's layout is written too
+    replaced = own_format and nvidia.layout_replaces(arch, walk.pick)
+    if walk.pick is not None and isinstance(fmt, KernelFormat) and not replaced:
         backend, final = walk.pick, fmt
         idx = max(i for i, c in enumerate(candidates) if c.backend == backend)
         candidates[idx] = replace(candidates[idx], selected=True)
@@ -466,10 +468,15 @@ def decide(model: MoEModel, target: Target, server: Server | None = None) -> Dec
         backend = "EMULATION"
         if walk.pick is not None:
             idx = max(i for i, c in enumerate(candidates) if c.backend == walk.pick)
+            not_written = (f"--layout {target.layout} asks for mxfp4conv's own format instead"
+                           if isinstance(fmt, KernelFormat) else fmt)
             candidates[idx] = replace(
-                candidates[idx], reason=f"vLLM's pick ({candidates[idx].reason}); not written: {fmt}")
+                candidates[idx], reason=f"vLLM's pick ({candidates[idx].reason}); not written: {not_written}")
             head = (f"vLLM would pick {walk.pick} ({walk.cls}) here, but mxfp4conv cannot "
                     f"write its layout ({fmt}).")
+            if isinstance(fmt, KernelFormat):
+                head = (f"vLLM would pick {walk.pick} ({walk.cls}) here, whose layout mxfp4conv writes "
+                        f"too; {not_written}.")
             if walk.int4:
                 head = (f"With {INT4_OPTION}, vLLM {version} takes {walk.pick} ({walk.cls}) here "
                         f"without selection (_use_k3_situ_int4_gfx942) and requantises the experts "
@@ -477,7 +484,8 @@ def decide(model: MoEModel, target: Target, server: Server | None = None) -> Dec
                         f"{K3_INT4_PYTHON}. mxfp4conv cannot write that layout ({fmt}).")
             if raises:
                 head = f"vLLM {version} picks {walk.pick} ({walk.cls}) here, then {raises}."
-            why = f"vLLM's pick {walk.pick} has a layout mxfp4conv cannot write"
+            why = (f"--layout {target.layout} asked for mxfp4conv's format" if isinstance(fmt, KernelFormat)
+                   else f"vLLM's pick {walk.pick} has a layout mxfp4conv cannot write")
         else:
             head = f"vLLM {version} raises here ({walk.error})"
             why = f"vLLM {version} raises for this deployment; --layout asked for mxfp4conv's format"

@@ -24,6 +24,12 @@ triton_kernels on ROCm, as vLLM 0.33.0's ``_swizzle_mxfp4`` builds them (``trito
   triton_cdna4_scale_gu1    [E, N/32, K]         interleave_gate_up, then CDNA4MXScaleLayout
   triton_gfx1250_scale      [E, N/32, K]         shuffle_scale_moe(arch="gfx1250", 32, 4)
   triton_gfx1250_scale_gu1  [E, N/32, K]         interleave_gate_up, then shuffle_scale_moe
+FlashInfer TRTLLM-Gen on sm100, as vLLM's converter S leaves it (``shuffle/trtllm.py``)
+  trtllm_w13                canonical shape      rows [u0, g0, u1, g1, ...], then the 32-row
+                                                 epilogue-tile shuffle (get_w2_permute_indices_with_cache)
+  trtllm_w13_scale          canonical shape      the same rows, then block_scale_interleave (128 x 4)
+  trtllm_w2                 canonical shape      the 32-row epilogue-tile shuffle
+  trtllm_w2_scale           canonical shape      the same rows, then block_scale_interleave (128 x 4)
 mxfp4conv's own Triton kernels on Hopper (``shuffle/hopper.py``)
   hopper_mma_w_xor            canonical shape      fp4 in wgmma register-operand order, bits for an
                                                  8-instruction decode (what convert writes)
@@ -62,6 +68,7 @@ from mxfp4conv.shuffle.layout_base import Layout, Shape3, ceil_to, make_layout
 from mxfp4conv.shuffle.triton_cdna4 import TRITON_CDNA4_SCALE, TRITON_CDNA4_SCALE_GU1
 from mxfp4conv.shuffle.triton_gfx1250 import TRITON_GFX1250_SCALE, TRITON_GFX1250_SCALE_GU1
 from mxfp4conv.shuffle.triton_strided import TRITON_GU1
+from mxfp4conv.shuffle.trtllm import TRTLLM_LAYOUTS
 
 __all__ = ["LAYOUTS", "Layout", "Shape3", "get_layout", "register_layout"]
 
@@ -253,6 +260,7 @@ _REGISTRY: dict[str, Layout] = {
         _IDENTITY, _P16, _P16_GU16, _E8M0, _a16w4_scale(False), _a16w4_scale(True),
         _GFX1250_GU1, _n32k4_scale(False), _n32k4_scale(True), _HOPPER_W, _HOPPER_W_ROT, _HOPPER_W_XOR, _HOPPER_S,
         TRITON_GU1, TRITON_CDNA4_SCALE, TRITON_CDNA4_SCALE_GU1, TRITON_GFX1250_SCALE, TRITON_GFX1250_SCALE_GU1,
+        *TRTLLM_LAYOUTS,
     )
 }
 LAYOUTS = MappingProxyType(_REGISTRY)  # read-only view; add with register_layout

@@ -193,3 +193,59 @@ def run_probe(platform: str, probe: str, cases: list[dict], *, src: Path | None 
     out = ProbeResults(data["results"])
     out.stubs = data["stubs"]
     return out
+
+
+# FlashInfer for vLLM's TRTLLM weight conversion on CPU (``flashinfer_cpu``). vLLM 0.33.0 pins
+# flashinfer-python 0.7.2.post1; 0.34.0 pins 0.7.3, which the package index here lacks, so both
+# releases' converters run with 0.7.2.post1's functions.
+FLASHINFER_VERSION = "0.7.2.post1"
+
+
+def flashinfer_source(version: str = FLASHINFER_VERSION) -> Path:
+    """Directory holding ``flashinfer/`` (the wheel's Python files), extracted once into the wheel
+    cache; the wheel is fetched with ``pip download --no-deps`` when missing (62 MB)."""
+    d = cache_dir()
+    out = d / f"flashinfer-{version}-py"
+    if (out / ".complete").exists():
+        return out
+    found = sorted(d.glob(f"flashinfer_python-{version}-*.whl"))
+    if not found:
+        if os.environ.get("MXFP4CONV_NO_WHEEL_DOWNLOAD"):
+            raise VllmUnavailable(f"the flashinfer-python=={version} wheel is not in {d} and "
+                                  "MXFP4CONV_NO_WHEEL_DOWNLOAD is set")
+        d.mkdir(parents=True, exist_ok=True)
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
+               "-q", "-d", str(d), f"flashinfer-python=={version}"]
+        try:
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            raise VllmUnavailable(f"pip download of flashinfer-python=={version} failed: {e}") from None
+        found = sorted(d.glob(f"flashinfer_python-{version}-*.whl"))
+        if r.returncode or not found:
+            tail = (r.stderr or r.stdout).strip().splitlines()[-1:] or ["no output"]
+            raise VllmUnavailable(f"pip download of flashinfer-python=={version} failed: {tail[0]}")
+    tmp = Path(tempfile.mkdtemp(prefix=out.name + ".", dir=d))
+    try:
+        with zipfile.ZipFile(found[0]) as z:
+            for name in z.namelist():
+                if name.startswith("flashinfer/") and name.endswith(".py"):
+                    z.extract(name, tmp)
+    except zipfile.BadZipFile as e:
+        raise VllmUnavailable(f"{found[0]} is not a readable wheel ({e}); delete it to refetch") from None
+    (tmp / ".complete").write_text(found[0].name + "\n")
+    try:
+        tmp.rename(out)
+    except OSError:  # another process finished first
+        if not (out / ".complete").exists():
+            raise
+    return out
+
+
+def require_flashinfer(version: str = FLASHINFER_VERSION) -> Path:
+    """``flashinfer_source(version)``, or skip the calling test with the reason."""
+    import pytest
+
+    try:
+        return flashinfer_source(version)
+    except VllmUnavailable as e:
+        pytest.skip(f"vLLM's TRTLLM conversion on CPU needs FlashInfer's Python code: {e}")

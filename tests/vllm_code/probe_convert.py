@@ -3,7 +3,10 @@ a tiny layer (``tiny_layer``: 2 experts, H = I = 256) with seeded bytes, run vLL
 ``process_weights_after_loading`` and report what its weight converter did.
 
 A case is a ``probe_moe`` case plus ``seed`` and ``w13_rows`` ("gate_up", or "interleaved"
-for a gpt-oss checkpoint, whose w13 rows are stored ``[g0, u0, ...]``).
+for a gpt-oss checkpoint, whose w13 rows are stored ``[g0, u0, ...]``), and optionally
+``flashinfer``: the directory of an extracted ``flashinfer-python`` wheel, whose own Python
+functions then answer vLLM's TRTLLM branches (``flashinfer_cpu``; the result's ``flashinfer``
+lists what ran).
 
 What runs for real: vLLM's methods and converters (``convert_weight_to_mxfp4_moe_kernel_format``,
 ``convert_gpt_oss_weight_to_mxfp4_moe_kernel_format``, ``_swizzle_mxfp4``) and the wheel's
@@ -111,7 +114,7 @@ def _report(value) -> dict:
     else:
         return {"kind": type(value).__name__}
     return {"kind": kind, "layout": layout, "shape": list(data.shape),
-            "bytes": T.encode(_memory_bytes(data))}
+            "dtype": str(data.dtype).replace("torch.", ""), "bytes": T.encode(_memory_bytes(data))}
 
 
 def _fill(layer, case: dict) -> None:
@@ -150,10 +153,16 @@ def probe(case: dict) -> dict:
     D.get_tensor_model_parallel_world_size = lambda tp=case["tp"]: tp  # the TP group (EP or not)
     moe, _ = PM.moe_config(case)
     _install_stand_ins()
+    if case.get("flashinfer"):  # FlashInfer's own functions for the TRTLLM branches
+        import flashinfer_cpu
+
+        flashinfer_used = flashinfer_cpu.install_into_stub(case["flashinfer"])
     CALLS.clear()
     try:
         method = PM.make_method(case, moe)
         out = {"backend": method.mxfp4_backend.name}
+        if case.get("flashinfer"):
+            out["flashinfer"] = flashinfer_used
         method.experts_cls = None  # skip building the GPU kernel objects
         layer = torch.nn.Module()
         layer.activation = MoEActivation(case["activation"])

@@ -40,6 +40,8 @@ SUBSTITUTES = {
     "regex": "the standard library's re (vLLM uses only re-compatible calls here)",
     "torch.cpu._is_amx_tile_supported": "pinned to the emulated CPU's AMX support",
     "torch.accelerator.empty_cache": "a no-op: the emulated platform has no accelerator memory to free",
+    "torch.accelerator.current_device_index": "CUDA only: 'cpu', where expert classes put their small "
+                                              "per-expert tensors (TrtLlmMxfp4Experts' SiTU / SwiGLU constants)",
     "torch.ops._C": "CUDA only: vLLM's compiled op namespace, holding only the capability "
                     "queries: CUTLASS scaled-mm (True) and mxfp4_experts_quant_supported "
                     "(capability family 100, where the CUTLASS MXFP4 grouped GEMM is built)",
@@ -97,6 +99,7 @@ def boot(src: str, spec: dict) -> dict[str, str]:
             mxfp4_experts_quant_supported=lambda cap: cap // 10 == 10,
             **{f"cutlass_scaled_mm_supports_{q}": (lambda cap: True)
                for q in ("fp4", "fp8", "block_fp8")})
+        torch.accelerator.current_device_index = lambda: "cpu"
     if kind == "cpu":
         os.environ["VLLM_TARGET_DEVICE"] = "cpu"
         torch.cpu._is_amx_tile_supported = (lambda amx=spec["amx"]: amx)

@@ -71,6 +71,7 @@ class Judge:
     strict: bool = False
     verdicts: dict[tuple, Verdict] = field(default_factory=dict)
     checked: int = 0  # fast-path layers whose converted parameters were checked equal
+    pre_processed: int = 0  # fast-path layers loaded through vLLM's weights_already_processed path
 
     def verdict(self, kind: tuple) -> Verdict | None:
         return self.verdicts.get(kind)

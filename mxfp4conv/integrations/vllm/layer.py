@@ -9,8 +9,9 @@
 - ``kernel_ready``: the layer's ``process_weights_after_loading`` becomes vLLM's own, judged by
   the engine (``judge``): the first layer of each kind is a canary that vLLM converts from the
   canonical bytes and that must equal the stored bytes; the others run with vLLM's weight
-  converter answering with the stored bytes, and their converted parameters are checked equal to
-  them afterwards. Everything vLLM does after its conversion (parameter replacement, quant config,
+  converter answering with the stored bytes (or, where the release offers it for the layer,
+  through vLLM's own pre-processed-weights path: ``pre_processed``), and their converted
+  parameters are checked equal to them afterwards. Everything vLLM does after its conversion (parameter replacement, quant config,
   kernel and experts set-up) runs unchanged.
 - ``mxfp4conv_kernel`` layers are loaded by ``experts.install_mxfp4conv_kernel``.
 """
@@ -24,7 +25,7 @@ from typing import Any
 import torch
 
 from mxfp4conv.errors import RuntimeInputError
-from mxfp4conv.integrations.vllm import weights
+from mxfp4conv.integrations.vllm import pre_processed, weights
 from mxfp4conv.integrations.vllm.checks import LayerPlan, release_of
 from mxfp4conv.integrations.vllm.judge import (
     CONVERT, READY, STRICT_ENV, Judge, Verdict, compare, converter_functions, converters_replaced, strict_from,
@@ -124,8 +125,13 @@ def _judged_process(judge: Judge, kind: tuple, qm, layer, vllm_process, stored, 
     # vLLM keeps the tensors it is handed and may write into them: the check needs its own copy
     # (one layer's expert bytes on the device, freed after the check)
     handed = {n: _same_flags(_byte_copy(t), t) for n, t in ready.items()}
-    with converters_replaced(module, functions, answering):
-        vllm_process(qm, layer)
+    official = pre_processed.context(qm)
+    if official is not None:  # vLLM's own path for weights already in kernel format
+        pre_processed.process(qm, layer, vllm_process, handed, official)
+        judge.pre_processed += 1
+    else:
+        with converters_replaced(module, functions, answering):
+            vllm_process(qm, layer)
     diff = compare(layer, ready)
     if diff is not None:
         tensor, where_diff = diff

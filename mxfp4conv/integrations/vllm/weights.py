@@ -5,8 +5,9 @@
   interleave, which mxfp4conv's format stores as ``[gate; up]``).
 - ``kernel_form``: what vLLM's weight converter returns for the backend (the converted bytes, in
   the dtype and with the ``is_shuffled`` flag vLLM's conversion gives them: AITER's shuffles mark
-  their outputs, scales included, unless vLLM writes the result back into its own parameter),
-  for the (method, backend) pairs whose layout mxfp4conv writes.
+  their outputs, scales included, unless vLLM writes the result back into its own parameter;
+  TRTLLM's uint8 weights and float8_e4m3fn-viewed scales carry no mark), for the (method, backend)
+  pairs whose layout mxfp4conv writes.
 """
 
 from __future__ import annotations
@@ -49,13 +50,21 @@ def _e8m0(t: torch.Tensor) -> torch.Tensor:
     return t.view(torch.float8_e8m0fnu)
 
 
-# (method, backend, SiTU?) -> (weight view, scale view, scales kept 3-D by vLLM)
+def _e4m3(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.float8_e4m3fn)
+
+
+# (method, backend, SiTU?) -> (weight view, scale view, scales kept 3-D by vLLM, is_shuffled marks);
+# a view None keeps the stored uint8
 KERNEL_READY = {
-    ("Mxfp4MoEMethod", "AITER_MXFP4_BF16", True): (_fp4, _e8m0, False),  # Kimi-K3 SiTU a16w4 / a4w4 / a8w4
-    ("Mxfp4MoEMethod", "AITER_MXFP4_BF16", False): (_fp4, None, False),  # DeepSeek-V4
-    ("GptOssMxfp4MoEMethod", "AITER_MXFP4_BF16", False): (_fp4, None, False),
-    ("QuarkOCP_MX_MoEMethod", "AITER_MXFP4_BF16", False): (_fp4, None, False),
-    ("QuarkOCP_MX_MoEMethod", "AITER_MXFP4_MXFP4", False): (_fp4, None, True),
+    ("Mxfp4MoEMethod", "AITER_MXFP4_BF16", True): (_fp4, _e8m0, False, True),  # Kimi-K3 SiTU a16w4 / a4w4 / a8w4
+    ("Mxfp4MoEMethod", "AITER_MXFP4_BF16", False): (_fp4, None, False, True),  # DeepSeek-V4
+    ("GptOssMxfp4MoEMethod", "AITER_MXFP4_BF16", False): (_fp4, None, False, True),
+    ("QuarkOCP_MX_MoEMethod", "AITER_MXFP4_BF16", False): (_fp4, None, False, True),
+    ("QuarkOCP_MX_MoEMethod", "AITER_MXFP4_MXFP4", False): (_fp4, None, True, True),
+    # sm100 TRTLLM-Gen (converter S): uint8 weights, the e8m0 scale bytes viewed as float8_e4m3fn
+    ("Mxfp4MoEMethod", "FLASHINFER_TRTLLM_MXFP4_MXFP8", True): (None, _e4m3, True, False),  # Kimi-K3
+    ("Mxfp4MoEMethod", "FLASHINFER_TRTLLM_MXFP4_MXFP8", False): (None, _e4m3, True, False),  # DeepSeek-V4
 }
 
 
@@ -69,20 +78,22 @@ def kernel_form(method: str, backend: str, activation: str, stored: dict[str, to
             f"{where} holds {backend} bytes for {method}, which the mxfp4conv vLLM plugin cannot hand to "
             f"vLLM's kernel (it serves {known}, and identity layouts for every backend). Convert the source "
             "again with `--layout identity` so vLLM converts at start-up, or for another target.")
-    weight_view, scale_view, scale_3d = KERNEL_READY[key]
+    weight_view, scale_view, scale_3d, marks = KERNEL_READY[key]
     moe = manifest["moe"]
     e, h, i = int(moe["experts_per_rank"]), int(moe["hidden_padded"]), int(moe["intermediate_per_rank_padded"])
     out = {}
     for kind, t in stored.items():
         if kind in ("w13", "w2"):
-            t = weight_view(t)
-            t.is_shuffled = True
+            if weight_view is not None:
+                t = weight_view(t)
+            if marks:
+                t.is_shuffled = True
         elif kind in ("w13_scale", "w2_scale"):
-            if scale_3d:  # vLLM assigns the shuffle to its parameter's .data, viewed 3-D
+            if scale_3d:  # vLLM keeps the converted scales 3-D
                 t = t.reshape(e, 2 * i if kind == "w13_scale" else h, -1)
             if scale_view is not None:
                 t = scale_view(t)
-            if not scale_3d:
+            if marks and not scale_3d:
                 t.is_shuffled = True
         elif kind in ("w13_bias", "w2_bias"):
             t = t.to(torch.float32)
