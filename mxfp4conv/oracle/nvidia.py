@@ -67,10 +67,13 @@ def layout_replaces(arch: Arch, vllm_backend: str | None) -> bool:
     return arch.is_cuda and vllm_backend not in (None, "EMULATION")
 
 
-def serving_kernel(arch: Arch, backend: str, own_format: bool) -> str:
+def serving_kernel(arch: Arch, backend: str, own_format: bool, kernel_act: str) -> str:
     """Who runs the experts behind the vLLM plugin: mxfp4conv's Triton kernel for its own format on
-    NVIDIA (sm90's default, elsewhere only when ``--layout`` asks), else vLLM's pick."""
-    if arch.is_cuda and backend == "EMULATION" and (own_format or arch.name == MEASURED_ARCH):
+    NVIDIA (sm90's default, elsewhere only when ``--layout`` asks), else vLLM's pick. That kernel
+    computes W4A16 only, so a checkpoint declaring fp8 / mxfp4 activations keeps vLLM's EMULATION,
+    which quantises them as declared."""
+    if (arch.is_cuda and backend == "EMULATION" and kernel_act == "bf16"
+            and (own_format or arch.name == MEASURED_ARCH)):
         return MXFP4CONV
     return VLLM
 

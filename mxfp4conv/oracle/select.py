@@ -512,7 +512,7 @@ def decide(model: MoEModel, target: Target, server: Server | None = None) -> Dec
             f"decodes without a shared-memory shuffle; both sizes are padded to multiples of "
             f"{HOPPER_MMA_ALIGN}. Only mxfp4conv's runtime reads this layout (its torch backend "
             "inverts it); pass --layout identity for the canonical bytes.")
-    kernel = nvidia.serving_kernel(arch, backend, own_format)
+    kernel = nvidia.serving_kernel(arch, backend, own_format, final.kernel_act)
     if kernel == nvidia.MXFP4CONV:
         notes.append(nvidia.replacement_note(arch, walk.pick, walk.cls, kernel_layout, own_format))
     if walk.pick == "B12X_MXFP4_BF16" and target.backend and parse_backend(target.backend) == ("B12X_MXFP4_BF16",):
