@@ -129,6 +129,9 @@ def _judged_process(judge: Judge, kind: tuple, qm, layer, vllm_process, stored, 
     if official is not None:  # vLLM's own path for weights already in kernel format
         pre_processed.process(qm, layer, vllm_process, handed, official)
         judge.pre_processed += 1
+        if judge.pre_processed == 1:
+            log.info("mxfp4conv: %s: %s layers after the canary load through vLLM %s's own "
+                     "weights_already_processed path (%s, %s)", where, method, judge.engine_release, method, backend)
     else:
         with converters_replaced(module, functions, answering):
             vllm_process(qm, layer)
