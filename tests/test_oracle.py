@@ -234,7 +234,7 @@ CASES = [
      dict(backend="EMULATION", vllm="TRITON", rejected={"TRITON": "swizzled"})),
     ("gptoss-b200", GPT_OSS, Target("b200"),
      dict(backend="FLASHINFER_TRTLLM_MXFP4_BF16", vllm="FLASHINFER_TRTLLM_MXFP4_BF16", H=3072, I=2944,
-          layout=IDENT, kernel="vllm", selected_reason="TrtLlmMxfp4ExpertsMonolithic: all gates")),
+          layout=TRTLLM, kernel="vllm", selected_reason="TrtLlmMxfp4ExpertsMonolithic: all gates")),
     ("gptoss-sm120", GPT_OSS, Target("sm120"),
      dict(backend="MARLIN", vllm="MARLIN", layout=IDENT, kernel="vllm",
           rejected={"FLASHINFER_CUTLASS_MXFP4_BF16": "only on sm90 exactly"})),

@@ -62,7 +62,7 @@ PLANS = [
      dict(backend="AITER_MXFP4_BF16", experts_per_rank=4, layout_w13="aiter_p16_gu16")),
     ("gpt_oss", ["--arch", "b200"], Target("sm100"),
      dict(backend="FLASHINFER_TRTLLM_MXFP4_BF16", vllm_backend="FLASHINFER_TRTLLM_MXFP4_BF16",
-          layout_w13="identity")),
+          layout_w13="trtllm_w13")),
     ("gpt_oss", ["--arch", "b200", "--layout", "identity"], Target("sm100", layout="identity"),
      dict(backend="EMULATION", vllm_backend="FLASHINFER_TRTLLM_MXFP4_BF16", layout_w13="identity")),
     ("quark_w4a4", ["--arch", "gfx950"], Target("gfx950"),

@@ -82,7 +82,7 @@ def test_matching_server_is_accepted_with_its_mode(synth, family, scheme, arch, 
     # DeepSeek-V4), or canonical bytes that vLLM converts at start-up
     ("kimi_k3", None, "sm100", "auto", "kernel_ready"),
     ("deepseek_v4", None, "sm100", "auto", "kernel_ready"),
-    ("gpt_oss", None, "sm100", "auto", "vllm_transforms"),
+    ("gpt_oss", None, "sm100", "auto", "kernel_ready"),
     ("kimi_k3", None, "sm120", "auto", "vllm_transforms"),
     ("deepseek_v4", None, "sm120", "auto", "vllm_transforms"),
     # (Quark w_mxfp4 on sm100: vLLM's own converter raises there, so plan refuses it)

@@ -11,8 +11,8 @@ FlashInfer's pure-torch equivalent). FlashInfer's kernels never run here.
 
 Kimi-K3 and DeepSeek-V4 are written in TRTLLM-Gen's layout (``kernel_ready``: the canary must
 agree and the fast path serve the stored bytes, through vLLM's own ``weights_already_processed``
-path); gpt-oss keeps canonical bytes that vLLM converts
-(``vllm_transforms``), Quark ``w_mxfp4_a_fp8`` vLLM's own EMULATION.
+path), and so is gpt-oss (its converter answering with the stored bytes, its biases put in the
+same row order at load); Quark ``w_mxfp4_a_fp8`` is vLLM's own EMULATION (``vllm_transforms``).
 """
 
 from __future__ import annotations
@@ -31,7 +31,9 @@ from test_vllm_plugin_params import TP, load_pairs, modelled, probe_cases  # noq
 FAMILIES = [("kimi_k3", None), ("deepseek_v4", None), ("gpt_oss", None),
             ("quark", "w_mxfp4_a_fp8", {"shared_input_scales": True})]
 IDS = ["-".join(str(x) for x in f[:2]) for f in FAMILIES]
-NATIVE = {"kimi_k3", "deepseek_v4"}  # written in TRTLLM-Gen's layout
+NATIVE = {"kimi_k3": "FLASHINFER_TRTLLM_MXFP4_MXFP8", "deepseek_v4": "FLASHINFER_TRTLLM_MXFP4_MXFP8",
+          "gpt_oss": "FLASHINFER_TRTLLM_MXFP4_BF16"}  # written in TRTLLM-Gen's layout
+PRE_PROCESSED = {"kimi_k3", "deepseek_v4"}  # Mxfp4MoEMethod: vLLM's weights_already_processed path
 
 
 LOADS = list(dict.fromkeys(load_pairs()))  # (written for, engine): each release's own, 0.33's on 0.34.0
@@ -69,11 +71,11 @@ def test_plugin_load_equals_vllm_load_on_sm100(loads, name):
         normal = r["normal"]
         assert normal["loaded"], "the source's experts did not reach vLLM's parameters"
         if family in NATIVE:
-            assert normal["backend"] == "FLASHINFER_TRTLLM_MXFP4_MXFP8", normal["backend"]
+            assert normal["backend"] == NATIVE[family], normal["backend"]
             assert r["plugin"]["mode"] == r["canary"]["mode"] == "kernel_ready"
             assert r["verdicts"] == [["ready", "equal"]] and r["checked"] == 1, (version, r["verdicts"])
-            # the fast-path layer went through vLLM's own weights_already_processed path
-            assert r["pre_processed"] == 1
+            # the fast-path layer went through vLLM's own weights_already_processed path where it exists
+            assert r["pre_processed"] == (1 if family in PRE_PROCESSED else 0)
             # what vLLM keeps: uint8 weights, scales as float8_e4m3fn, no is_shuffled mark
             assert normal["params"]["w13_weight"][0] == "torch.uint8"
             assert normal["params"]["w13_weight_scale"][0] == "torch.float8_e4m3fn"

@@ -285,11 +285,19 @@ def kernel_format_g(backend: str, arch: Arch, tp: int, resolved: str, *,
     if backend == "AITER_MXFP4_BF16":
         return NotProducible("AiterMxfp4Experts takes mxfp4 weights only on gfx950")
     if backend in TRTLLM:
-        return NotProducible(
-            f"converter G's {backend} branch swaps every two w13 rows (gpt-oss's g/u pairs; a Quark "
-            "checkpoint's [gate; up] rows get mixed) and permutes the biases with FlashInfer's "
-            "epilogue-tile shuffle too; mxfp4conv writes the TRTLLM layout for Mxfp4MoEMethod "
-            "(Kimi-K3, DeepSeek-V4) only")
+        if not interleaved_source or not has_bias:
+            return NotProducible(
+                f"converter G's {backend} branch swaps every two w13 rows, which are a gpt-oss "
+                "checkpoint's g/u pairs, and permutes its biases; mxfp4conv writes that layout for "
+                "gpt-oss only")
+        mxfp8 = backend.endswith("MXFP8")
+        return KernelFormat(
+            TRTLLM_LAYOUT, act_quant=resolved, kernel_act="mxfp8" if mxfp8 else "bf16",
+            notes=("FlashInfer TRTLLM-Gen for gpt-oss (converter G): the checkpoint's g/u row pairs "
+                   "swapped to [u0, g0, u1, g1, ...], every tensor's rows in FlashInfer's 32-row "
+                   "epilogue-tile order, scales in the 128 x 4 block-scale interleave: the bytes "
+                   "converter S leaves for Kimi-K3 / DeepSeek-V4. The biases are stored as loaded; the "
+                   "vLLM plugin puts them in the same row order (float32) when it loads the layer.",))
     if backend in G_NO_BRANCH:
         return ConverterRaises(
             f"ValueError: convert_gpt_oss_weight_to_mxfp4_moe_kernel_format has no {backend} "

@@ -9,7 +9,7 @@ kernel is tuned and measured on Hopper only, so:
 - sm90 (Hopper): the default stays mxfp4conv's format; ``plan`` says that its kernel replaces
   vLLM's pick. ``--backend`` naming vLLM's pick keeps vLLM's kernel (canonical bytes below).
 - every other NVIDIA target (sm100, sm120): the default keeps vLLM's own backend: its converted
-  layout where mxfp4conv writes it (FlashInfer TRTLLM-Gen for Kimi-K3 / DeepSeek-V4 on sm100,
+  layout where mxfp4conv writes it (FlashInfer TRTLLM-Gen for Kimi-K3, DeepSeek-V4, gpt-oss on sm100,
   ``formats``), else the canonical bytes
   (identity layout, ``[gate; up]`` rows) per rank, padded as vLLM pads for its pick; the plugin
   puts them into vLLM's parameters and vLLM's own ``process_weights_after_loading`` converts

@@ -96,6 +96,15 @@ def _forward_np(x: np.ndarray, gate_up: bool, scale: bool) -> np.ndarray:
     return np.ascontiguousarray(x).reshape(e, n, k)
 
 
+def bias_rows(t: torch.Tensor, gate_up: bool) -> torch.Tensor:
+    """A bias ``[E, N]`` (any dtype) in the row order of ``trtllm_w13`` (``gate_up``: ``[gate; up]``
+    rows) or ``trtllm_w2``: what vLLM's converter G does to gpt-oss's biases for TRTLLM-Gen."""
+    x = t.unsqueeze(-1)
+    if gate_up:
+        x = _up_first(x)
+    return _rows_forward(x).reshape(t.shape).contiguous()
+
+
 def _layout(name: str, description: str, gate_up: bool, scale: bool):
     rows = SF_ROWS if scale else ROW_BLOCK
 

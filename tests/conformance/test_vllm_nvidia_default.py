@@ -8,7 +8,7 @@ suite runs against that the oracle models, vLLM's own MoE method is built (``pro
 - otherwise the decision writes vLLM's pick (``backend`` == vLLM's backend), its padding is vLLM's
   ``maybe_roundup_sizes`` result, the plugin runs vLLM's kernel (``serving_kernel`` ``vllm``), and
   the layout is the canonical one unless it is one of vLLM's converted layouts mxfp4conv writes
-  (TRTLLM-Gen for Kimi-K3 / DeepSeek-V4 on sm100, proven in ``test_vllm_trtllm``);
+  (TRTLLM-Gen for Kimi-K3, DeepSeek-V4 and gpt-oss on sm100, proven in ``test_vllm_trtllm``);
 - ``--layout identity`` writes mxfp4conv's own format and says that its kernel replaces vLLM's.
 """
 
@@ -65,7 +65,7 @@ def test_default_keeps_vllm_backend(case, vllm_results):
     assert (d.hidden_padded, d.intermediate_per_rank_padded) == (got["hidden_padded"], got["intermediate_padded"])
     assert o["serving_kernel"] == "vllm"
     layout = {k: v for k, v in d.layout.as_dict().items() if k in IDENTITY}
-    if case.target.arch == "sm100" and case.model.moe_method == "mxfp4":
+    if case.target.arch == "sm100" and case.model.moe_method in ("mxfp4", "gpt_oss_mxfp4"):
         assert d.layout == TRTLLM_LAYOUT
     else:
         assert layout == IDENTITY, layout

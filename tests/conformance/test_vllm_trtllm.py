@@ -4,7 +4,8 @@ converter running FlashInfer's own functions on CPU, for vLLM 0.33.0 and 0.34.0.
 For every family on an emulated sm100 (tp 1, 2 and 8 with EP), the decision is either
 
 - the TRTLLM layout (``mxfp4conv.shuffle.trtllm``: Kimi-K3 and DeepSeek-V4 on
-  ``FLASHINFER_TRTLLM_MXFP4_MXFP8``): then ``probe_convert`` runs vLLM's
+  ``FLASHINFER_TRTLLM_MXFP4_MXFP8`` through converter S, gpt-oss on ``FLASHINFER_TRTLLM_MXFP4_BF16``
+  through converter G, from its interleaved rows): then ``probe_convert`` runs vLLM's
   ``process_weights_after_loading`` on a tiny layer (two experts, H = I = 256, seeded bytes) with
   FlashInfer's ``get_w2_permute_indices_with_cache`` for real and, for the one compiled step
   (``block_scale_interleave``), FlashInfer's own pure-torch 128 x 4 swizzle
@@ -35,7 +36,7 @@ from vllm_code.harness import require_flashinfer, require_vllm, run_probe, versi
 
 PROBE = "tests/vllm_code/probe_convert.py:probe"
 SEED = 20261
-FAMILIES = ("k3", "dsv4", "gpt_oss", "quark_w4a16", "quark_w4a4", "quark_w4a8")
+FAMILIES = ("k3", "dsv4", "gpt_oss", "quark_w4a16", "quark_w4a4", "quark_w4a8")  # biases: the plugin test
 PARALLEL = ((1, False), (2, False), (8, True))
 VLLM_DTYPE = {"w13": torch.uint8, "w2": torch.uint8,
               "w13_scale": torch.float8_e4m3fn, "w2_scale": torch.float8_e4m3fn}
@@ -58,8 +59,9 @@ NATIVE = [(c, d) for c, d, _ in CASES if d is not None and d.layout == TRTLLM]
 
 
 def test_native_layout_is_written_for_mxfp4moemethod():
-    assert {c.model_name for c, _ in NATIVE} == {"k3", "dsv4"}
-    assert all(d.backend == "FLASHINFER_TRTLLM_MXFP4_MXFP8" for _, d in NATIVE)
+    assert {c.model_name for c, _ in NATIVE} == {"k3", "dsv4", "gpt_oss"}
+    assert all(d.backend == ("FLASHINFER_TRTLLM_MXFP4_BF16" if c.model_name == "gpt_oss"
+                             else "FLASHINFER_TRTLLM_MXFP4_MXFP8") for c, d in NATIVE)
 
 
 @pytest.mark.parametrize("case,d,refused", [c for c in CASES if c[1] is None or c[1].layout != TRTLLM],
@@ -86,7 +88,8 @@ def vllm_converted(request) -> tuple[str, dict]:
     src = require_vllm(request.param)
     fi = require_flashinfer()
     probed = [c for c, _ in NATIVE] + [c for c, _ in RAISES]
-    cases = [{**vllm_case(c), "seed": SEED, "w13_rows": "gate_up", "flashinfer": str(fi)} for c in probed]
+    cases = [{**vllm_case(c), "seed": SEED, "flashinfer": str(fi),
+              "w13_rows": "interleaved" if c.model.family == "gpt_oss" else "gate_up"} for c in probed]
     found = run_probe("sm100", PROBE, cases, src=src)
     return request.param, {c.id: r for c, r in zip(probed, found)}
 

@@ -65,7 +65,11 @@ KERNEL_READY = {
     # sm100 TRTLLM-Gen (converter S): uint8 weights, the e8m0 scale bytes viewed as float8_e4m3fn
     ("Mxfp4MoEMethod", "FLASHINFER_TRTLLM_MXFP4_MXFP8", True): (None, _e4m3, True, False),  # Kimi-K3
     ("Mxfp4MoEMethod", "FLASHINFER_TRTLLM_MXFP4_MXFP8", False): (None, _e4m3, True, False),  # DeepSeek-V4
+    ("GptOssMxfp4MoEMethod", "FLASHINFER_TRTLLM_MXFP4_BF16", False): (None, _e4m3, True, False),
+    ("GptOssMxfp4MoEMethod", "FLASHINFER_TRTLLM_MXFP4_MXFP8", False): (None, _e4m3, True, False),
 }
+# backends whose converter also puts the biases in the weights' row order (stored as loaded)
+TRTLLM_BIASES = ("FLASHINFER_TRTLLM_MXFP4_BF16", "FLASHINFER_TRTLLM_MXFP4_MXFP8")
 
 
 def kernel_form(method: str, backend: str, activation: str, stored: dict[str, torch.Tensor],
@@ -97,5 +101,9 @@ def kernel_form(method: str, backend: str, activation: str, stored: dict[str, to
                 t.is_shuffled = True
         elif kind in ("w13_bias", "w2_bias"):
             t = t.to(torch.float32)
+            if backend in TRTLLM_BIASES:
+                from mxfp4conv.shuffle.trtllm import bias_rows
+
+                t = bias_rows(t, gate_up=kind == "w13_bias")
         out[PARAM[kind]] = t
     return out
