@@ -103,11 +103,14 @@ def test_nvidia_keeps_vllm_kernel_unless_asked(synth, family, scheme, arch, layo
     assert plan.mode == mode
 
 
-def test_manifest_without_serving_kernel_runs_mxfp4conv_kernel(synth):  # noqa: F811
-    """A manifest written before ``serving_kernel`` existed: its CUDA EMULATION format ran mxfp4conv's kernel."""
+def test_manifest_without_serving_kernel_runs_mxfp4conv_kernel(synth, caplog):  # noqa: F811
+    """A manifest written before ``serving_kernel`` existed: its CUDA EMULATION format ran mxfp4conv's
+    kernel, and off sm90 the log says that it replaces vLLM's pick."""
     m = manifest_of(synth("deepseek_v4"), Target("sm100", tp=2, layout="identity"))
     del m["target"]["options"]["serving_kernel"]
-    assert check_layer(m, live_facts(m, "deepseek_v4"), m["moe"]["layers"][0], "OUT").mode == "mxfp4conv_kernel"
+    with caplog.at_level(logging.WARNING):
+        assert check_layer(m, live_facts(m, "deepseek_v4"), m["moe"]["layers"][0], "OUT").mode == "mxfp4conv_kernel"
+    assert "replaces vLLM's FLASHINFER_TRTLLM_MXFP4_MXFP8" in caplog.text and "Convert the source again" in caplog.text
 
 
 def test_identity_layout_on_rocm_lets_vllm_transform(synth):  # noqa: F811

@@ -136,6 +136,11 @@ def check_layer(manifest: dict[str, Any], facts: EngineFacts, prefix: str, where
     identity = all(v == "identity" for v in stored.values())
     if _runs_mxfp4conv_kernel(t, written) and facts.platform == "cuda" and all(v in OWN_LAYOUTS for v in stored.values()):
         mode = "mxfp4conv_kernel"
+        if "serving_kernel" not in (t.get("options") or {}) and facts.arch != "sm90":
+            log.warning("%s: %s was converted by an mxfp4conv that wrote its own format for %s by default: "
+                        "mxfp4conv's Triton kernel replaces vLLM's %s here, which is not measured on %s. "
+                        "Convert the source again to keep vLLM's kernel.", where, prefix, facts.arch,
+                        facts.backend, facts.arch)
     elif not identity and written == facts.backend and (facts.method, written, activation == "situ") in KERNEL_READY:
         mode = "kernel_ready"
     else:  # identity bytes, or a layout vLLM's converter cannot be handed: undone at load, vLLM converts
