@@ -30,6 +30,9 @@ API (all importable without vLLM)::
   is a release number (``0.33.0``, the default, ``0.34.0``: ``VERSIONS`` lists those the suite
   runs against) or the path of a ``vllm-*.whl`` (a release not modelled yet).
 - ``source_version(src)``: the version of an extracted tree (from its wheel's name).
+- ``flashinfer_source()`` / ``require_flashinfer()``: FlashInfer's Python files (``FLASHINFER_VERSION``,
+  from the wheel cache, fetched with ``pip download --no-deps`` when missing), for the probes that
+  run vLLM's TRTLLM conversion with FlashInfer's own functions (``flashinfer_cpu``).
 - ``versions()``: the releases a run checks (``VERSIONS``, or ``$MXFP4CONV_VLLM_VERSIONS``).
 
 Wheels: ``$MXFP4CONV_WHEEL_CACHE`` (default ``~/.cache/mxfp4conv-wheels``) holds
