@@ -258,11 +258,14 @@ def test_convert_every_byte(tmp_path, tmp_path_factory, family, scheme, arch, tp
     # sidecars unchanged, config.json untouched
     for f in ("config.json", "tokenizer_config.json", "generation_config.json"):
         assert (out / f).read_bytes() == (src_dir / f).read_bytes()
-    # every shard stamped
+    # every shard stamped with the manifest, all of it but the crc32 of the expert tensors
+    stamped = {k: v for k, v in manifest.items() if k != "checksums"}
+    out_wm = json.loads((out / "model.safetensors.index.json").read_text())["weight_map"]
+    assert set(manifest["checksums"]["crc32"]) == {n for n in out_wm if ".experts.rank" in n}
     for shard in out.glob("model-*.safetensors"):
         with safe_open(shard, "pt") as f:
             md = f.metadata()
-        assert md["format"] == "pt" and json.loads(md["mxfp4conv"]) == manifest
+        assert md["format"] == "pt" and json.loads(md["mxfp4conv"]) == stamped
     rep = verify(out, str(src_dir))
     assert rep.ok and len(rep.layers) == len(model.layers)
 
@@ -398,7 +401,7 @@ def test_verify_detects_a_flipped_expert_byte(tmp_path, tmp_path_factory):
         f.write(bytes([x[0] ^ 0x10]))
     with pytest.raises(VerifyError) as ei:  # structure is fine, the recorded checksum is not
         verify(out)
-    assert ei.value.cls == "checksum" and ei.value.where == {"shard": wm[name]}
+    assert ei.value.cls == "checksum" and ei.value.where == {"shard": wm[name], "tensor": name}
     with pytest.raises(VerifyError) as ei:
         verify(out, str(src_dir))
     e = ei.value
