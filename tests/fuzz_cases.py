@@ -673,8 +673,12 @@ def t_resume(c: Corpus, rng: random.Random) -> None:
     from mxfp4conv.convert import convert
     from mxfp4conv.oracle import Target
 
+    from mxfp4conv.convert.run import INDEX_RECORD, PROGRESS_NAME
+
     out = _copy(c.converted, c.scratch() / "out")
-    if rng.random() < 0.5:  # interrupted: no manifest nor index yet, a shard lost
+    if rng.random() < 0.5:  # interrupted: the record in the progress file, no manifest nor index yet
+        index = json.loads((out / "model.safetensors.index.json").read_text())
+        (out / PROGRESS_NAME).write_text(json.dumps(index["metadata"][INDEX_RECORD]))
         for name in ("mxfp4conv.json", "model.safetensors.index.json"):
             (out / name).unlink()
         if rng.random() < 0.5:
