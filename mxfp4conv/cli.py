@@ -19,7 +19,7 @@ import typer
 from mxfp4conv import __version__
 from mxfp4conv.errors import Mxfp4convError
 
-COMMANDS = ("inspect", "plan", "convert", "verify", "example")
+COMMANDS = ("inspect", "plan", "convert", "verify", "ranks", "example")
 GLOBAL_FLAGS = ("--debug", "-v", "--verbose", "-vv")
 
 app = typer.Typer(

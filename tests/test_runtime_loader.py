@@ -140,7 +140,7 @@ def test_truncated_shard_is_a_clear_error(tmp_path):
 
 
 @pytest.mark.parametrize("edit,kwargs,exc,match", [
-    (lambda m: m.update(version=2), {}, CheckpointError, "version 2"),
+    (lambda m: m.update(version=3), {}, CheckpointError, "version 3"),
     (lambda m: m.update(format="other"), {}, CheckpointError, "format 'other'"),
     (None, {"arch": "gfx950"}, RuntimeInputError, "arch 'cpu'.*arch 'gfx950'"),
     (None, {"tp": 4}, RuntimeInputError, "tp=2.*tp=4"),

@@ -32,7 +32,10 @@ def manifest_of(path, target: Target) -> dict:
 
 def live_facts(m: dict, family: str, rank: int = 0) -> EngineFacts:
     """The facts of a vLLM layer that fits manifest ``m`` on ``rank``."""
+    from mxfp4conv.runtime.loader import parallel_layout
+
     t, moe = m["target"], m["moe"]
+    par = parallel_layout(m)
     platform = {"gf": "rocm", "sm": "cuda", "cp": "cpu"}[t["arch"][:2]]
     situ = t["activation"] == "situ" and platform == "rocm"
     return EngineFacts(
@@ -43,7 +46,8 @@ def live_facts(m: dict, family: str, rank: int = 0) -> EngineFacts:
         hidden_padded=moe["hidden_padded"], intermediate_padded=moe["intermediate_per_rank_padded"],
         local_experts=moe["experts_per_rank"], activation=t["activation"],
         situv2=served_act_quant(t, m["runtime_env"], m["layout"], "OUT")[1] if situ else None,
-        aiter_moe=platform == "rocm")
+        aiter_moe=platform == "rocm", placement=par.placement, dp_size=par.dp, dp_rank=par.worker(rank)[0],
+        global_experts=moe["num_experts"], logical_experts=moe["num_experts"], expert_ids=tuple(par.experts(rank)))
 
 
 @pytest.fixture(scope="module")
@@ -130,13 +134,15 @@ def test_tp_size_mismatch(k3_gfx950):
 
 def test_ep_mismatch(k3_gfx950):
     facts = dataclasses.replace(live_facts(k3_gfx950, "kimi_k3"), tp_size=1, ep_size=2, use_ep=True)
-    refused(k3_gfx950, facts, "tensor parallelism over 2", "expert parallelism over 2", "--ep")
+    facts = dataclasses.replace(facts, expert_ids=(0,))
+    refused(k3_gfx950, facts, "MoE tensor parallel over 2", "EP over 2", "--ep")
 
 
 def test_ep_checkpoint_on_tp_server(synth):  # noqa: F811
     m = manifest_of(synth("kimi_k3"), Target("gfx950", tp=2, ep=True))
-    facts = dataclasses.replace(live_facts(m, "kimi_k3"), tp_size=2, ep_size=1, use_ep=False)
-    refused(m, facts, "expert parallelism over 2", "no --enable-expert-parallel", "--enable-expert-parallel")
+    facts = dataclasses.replace(live_facts(m, "kimi_k3"), tp_size=2, ep_size=1, use_ep=False,
+                                expert_ids=tuple(range(m["moe"]["num_experts"])))
+    refused(m, facts, "EP over 2 ranks", "MoE tensor parallel over 2", "--enable-expert-parallel")
 
 
 def test_ep_round_robin_placement(synth):  # noqa: F811

@@ -95,16 +95,27 @@ def build_layer(case: dict):
     from vllm.model_executor.layers.fused_moe.expert_map_manager import ExpertMapManager
     from vllm.model_executor.layers.fused_moe.routed_experts import RoutedExperts
 
+    from vllm._aiter_ops import rocm_aiter_ops
+    from vllm.model_executor.layers.fused_moe import config as moe_config_module
+
     g, tp, rank, ep = case["geometry"], case["tp"], case["rank"], case.get("ep", False)
+    dp = case.get("dp", 1)
+    # the worker's ranks: (dp rank, tp rank) of the case, or the tp rank ``rank`` at dp 1
+    dp_rank, tp_rank = case.get("dp_rank", 0), case.get("tp_rank", rank)
     V._current_vllm_config = types.SimpleNamespace(model_config=types.SimpleNamespace(
         quantization_config=None, hf_config=types.SimpleNamespace(model_type=case.get("model_type"))))
-    par = FusedMoEParallelConfig(
-        tp_size=1 if ep else tp, pcp_size=1, dp_size=1, ep_size=tp if ep else 1,
-        tp_rank=0 if ep else rank, pcp_rank=0, dp_rank=0, ep_rank=rank if ep else 0, sp_size=1,
-        use_ep=ep, all2all_backend="allgather_reducescatter", enable_eplb=False)
+    # the process groups such a worker has (no torch.distributed here); vLLM's own make() derives the rest
+    moe_config_module.get_tensor_model_parallel_rank = lambda: tp_rank
+    moe_config_module.get_dp_group = lambda: types.SimpleNamespace(rank_in_group=dp_rank, world_size=dp)
+    server = types.SimpleNamespace(enable_expert_parallel=ep, all2all_backend=case.get("all2all", "allgather_reducescatter"),
+                                   enable_eplb=False, mori_ep_v2=None)  # (0.34 reads mori_ep_v2)
+    par = FusedMoEParallelConfig.make(tp_size_=tp, pcp_size_=1, dp_size_=dp, sp_size_=1, vllm_parallel_config=server)
+    activation = MoEActivation(case["activation"])
     manager = ExpertMapManager(max_num_batched_tokens=256, top_k=g["top_k"], global_num_experts=g["num_experts"],
-                               num_redundant_experts=0, num_expert_group=None, moe_parallel_config=par,
-                               placement_strategy="linear", enable_eplb=False)
+                               num_redundant_experts=0, num_expert_group=case.get("num_expert_group"),
+                               moe_parallel_config=par, placement_strategy=case.get("placement", "linear"),
+                               enable_eplb=False,
+                               rocm_aiter_enabled=rocm_aiter_ops.is_fused_moe_enabled() and activation.is_gated)
     intermediate = g["intermediate"]
     k3_min = case.get("k3_min_per_partition")
     k3_padded = k3_min is not None and tp > 1 and intermediate // tp < k3_min
@@ -113,12 +124,17 @@ def build_layer(case: dict):
     moe = FusedMoEConfig(
         num_experts=g["num_experts"], experts_per_token=g["top_k"], hidden_dim=g["hidden"],
         intermediate_size=intermediate, num_local_experts=manager.local_num_experts,
-        num_logical_experts=g["num_experts"], activation=MoEActivation(case["activation"]), device="cpu",
+        num_logical_experts=g["num_experts"], activation=activation, device="cpu",
         routing_method=RoutingMethodType[case["routing"]], moe_parallel_config=par, in_dtype=torch.bfloat16,
         has_bias=case.get("has_bias", False), activation_situ_linear_beta=case.get("situ_linear_beta"),
         activation_situ_beta=case.get("situ_beta"), swiglu_limit=case.get("swiglu_limit"))
     layer = RoutedExperts(f"{case['prefix']}.experts", torch.bfloat16, moe, _quant_config(case["method"], case),
                           expert_map_manager=manager, swiglu_limit=case.get("swiglu_limit"))
+    if par.use_all2all_kernels:  # the EP group's all2all manager a DP worker has (sizes only)
+        from vllm.model_executor.layers.fused_moe import all2all_utils
+
+        all2all_utils.get_ep_all2all_manager = lambda: types.SimpleNamespace(
+            world_size=par.ep_size, dp_world_size=dp, rank=par.ep_rank)
     if k3_padded:  # what the same model does after building its experts
         layer.w13_weight.data.zero_()
         layer.w2_weight.data.zero_()
@@ -210,6 +226,16 @@ def convert_twice(qm):
     return lambda: setattr(cls, "process_weights_after_loading", original)
 
 
+def expert_ids(layer) -> list[int]:
+    """The global ids of the layer's local experts in local order, from vLLM's expert map."""
+    emap = layer.expert_map_manager.expert_map
+    n = layer.moe_config.num_experts
+    if emap is None:
+        return list(range(n))
+    m = emap.reshape(-1)[:n].tolist()
+    return [g for _, g in sorted((local, g) for g, local in enumerate(m) if local >= 0)]
+
+
 def state(layer) -> dict:
     params = {}
     for name, p in sorted(layer.named_parameters()):
@@ -221,7 +247,10 @@ def state(layer) -> dict:
             params[name].append(t.float().reshape(-1).tolist())
     qm = layer.quant_method
     kernel = getattr(qm, "moe_kernel", None)
-    return {"params": params, "backend": qm.mxfp4_backend.name,
+    return {"params": params, "backend": qm.mxfp4_backend.name, "expert_ids": expert_ids(layer),
+            "parallel": {k: getattr(layer.moe_config.moe_parallel_config, k) for k in (
+                "tp_size", "tp_rank", "dp_size", "dp_rank", "ep_size", "ep_rank", "use_ep")},
+            "placement": layer.expert_placement_strategy,
             "experts": type(kernel.fused_experts).__name__ if kernel is not None else None,
             "env": {k: v for k, v in os.environ.items() if _BASE_ENV.get(k) != v and k not in IMPORT_ENV}}
 
@@ -360,3 +389,56 @@ def probe_cost(case: dict) -> dict:
                       if n in ("w13_weight", "w2_weight", "w13_weight_scale", "w2_weight_scale"))
     return {"phase": phase, "load_s": t1 - t0, "process_s": t2 - t1, "layer_bytes": layer_bytes,
             "peak_rss_growth_bytes": max(peak[0], rss()) - rss0}
+
+
+def _real_regions(w13, w13_scale, w2, w2_scale, inter_padded: int, ir: int, hidden: int) -> dict:
+    """sha256 of the real (unpadded) bytes of one rank's experts: gate and up rows of w13 and the
+    intermediate columns of w2, every local expert."""
+    def h(t):
+        return hashlib.sha256(t.contiguous().view(torch.uint8).numpy().tobytes()).hexdigest()
+
+    out = {}
+    for name, t, div in (("w13_weight", w13, 2), ("w13_weight_scale", w13_scale, 32)):
+        t = t.view(torch.uint8)
+        out[name + ".gate"] = h(t[:, :ir, : hidden // div])
+        out[name + ".up"] = h(t[:, inter_padded: inter_padded + ir, : hidden // div])
+    for name, t, div in (("w2_weight", w2, 2), ("w2_weight_scale", w2_scale, 32)):
+        out[name] = h(t.view(torch.uint8)[:, :hidden, : ir // div])
+    return out
+
+
+def probe_params(case: dict) -> dict:
+    """A target in mxfp4conv's format (CUDA): vLLM's own weight loading of the source into the
+    layer of this worker, against the experts the plugin's rank mapping loads from the converted
+    checkpoint (mxfp4conv's runtime loader, brought back to the canonical layout): the expert map
+    and the real bytes of every local expert."""
+    from mxfp4conv.integrations.vllm.checks import check_layer
+    from mxfp4conv.integrations.vllm.facts import layer_facts
+    from mxfp4conv.runtime import load_moe_layers
+    from mxfp4conv.runtime.loader import read_manifest
+
+    _env(case.get("server_env", {}))
+    layer = build_layer(case)
+    load_normal(layer, case)
+    g = case["geometry"]
+    ir = layer.moe_config.intermediate_size_per_partition_unpadded or layer.intermediate_size_per_partition
+    normal = _real_regions(layer.w13_weight.data, layer.w13_weight_scale.data, layer.w2_weight.data,
+                           layer.w2_weight_scale.data, layer.intermediate_size_per_partition, ir, g["hidden"])
+    root = Path(case["converted"])
+    manifest = read_manifest(root)
+    facts = layer_facts(layer)
+    try:
+        plan = check_layer(manifest, facts, case["prefix"], str(root))
+    except Exception as e:  # noqa: BLE001 (the plugin's refusal is the result)
+        return {"raised": type(e).__name__, "message": str(e), "expert_ids": expert_ids(layer)}
+    from mxfp4conv.runtime.relayout import canonical
+
+    ex = canonical(load_moe_layers(root, rank=plan.rank, backend="torch")[case["prefix"]])
+    ours = _real_regions(ex.w13_weight, ex.w13_weight_scale, ex.w2_weight, ex.w2_weight_scale,
+                         ex.intermediate_per_rank_padded, ex.intermediate_per_rank, ex.hidden)
+    return {"mode": plan.mode, "rank": plan.rank, "expert_ids": expert_ids(layer),
+            "facts_expert_ids": list(facts.expert_ids), "loaded_expert_ids": list(ex.global_ids),
+            "normal": normal, "plugin": ours, "ir": [ir, ex.intermediate_per_rank],
+            "loaded": bool(layer.w13_weight.data.any()), "backend": layer.quant_method.mxfp4_backend.name,
+            "parallel": {k: getattr(layer.moe_config.moe_parallel_config, k) for k in (
+                "tp_size", "tp_rank", "dp_size", "dp_rank", "ep_size", "ep_rank", "use_ep")}}

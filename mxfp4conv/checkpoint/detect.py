@@ -63,11 +63,25 @@ def analyze(source: Source, *, strict: bool = False) -> Analysis:
             f"{source.root / 'config.json'}: a value in this {adapter.NAME} config has an "
             f"unexpected type or form ({type(exc).__name__}: {' '.join(str(exc).split())[:200]}). "
             f"Use the model's original config.json.") from exc
+    if model is not None:
+        model.extra.setdefault("num_expert_group", expert_groups(source.config))
     if model is not None and not model.layers:
         model = None
         problems.error(f"{source.spec}: no complete MoE layer with routed experts was found; "
                        f"nothing to convert.")
     return Analysis(model=model, family=adapter.NAME, moe_prefixes=prefixes, problems=problems)
+
+
+def expert_groups(config: dict) -> int | None:
+    """The model's expert groups as vLLM's MoE models pass them (``num_expert_group``: Kimi-K3's
+    ``num_expert_group``, DeepSeek's ``n_group``); None when the config has neither. vLLM honours
+    ``--expert-placement-strategy round_robin`` only for more than one group."""
+    cfg = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    for key in ("num_expert_group", "n_group"):
+        v = cfg.get(key)
+        if isinstance(v, int) and not isinstance(v, bool) and v >= 1:
+            return v
+    return None
 
 
 def load_model(source: Source) -> MoEModel:

@@ -12,7 +12,8 @@ from mxfp4conv.commands import options
 
 
 def target_from_options(arch: str, tp: int, ep: bool, act_quant: str, no_aiter: bool, backend: str | None,
-                        layout: str = "auto", vllm: str | None = None, moe_weight: str | None = None):
+                        layout: str = "auto", vllm: str | None = None, moe_weight: str | None = None,
+                        dp: int = 1, placement: str = "linear", all2all: str = "allgather_reducescatter"):
     """The Target the command-line options name (their values are checked by ``options``;
     ``--vllm`` is resolved to a modelled release here, so that a manifest records one; a
     malformed value is refused by ``resolve_release``)."""
@@ -21,7 +22,8 @@ def target_from_options(arch: str, tp: int, ep: bool, act_quant: str, no_aiter: 
     from mxfp4conv.oracle.releases import resolve_release
 
     return Target(arch=resolve_arch(arch), tp=tp, ep=ep, act_quant=act_quant, aiter=not no_aiter,
-                  backend=backend, layout=layout, vllm=resolve_release(vllm), moe_weight=moe_weight)
+                  backend=backend, layout=layout, vllm=resolve_release(vllm), moe_weight=moe_weight,
+                  dp=dp, placement=placement, all2all=all2all)
 
 
 def register(app: typer.Typer) -> None:
@@ -31,7 +33,10 @@ def register(app: typer.Typer) -> None:
         out: Path = typer.Argument(..., metavar="OUT", help="Output directory (created; must be empty unless --resume/--force)."),
         arch: str = options.arch_option(),
         tp: int = options.tp_option(),
-        ep: bool = typer.Option(False, "--ep", help="Expert parallel over the --tp ranks instead of splitting I."),
+        dp: int = options.dp_option(),
+        ep: bool = options.ep_option(),
+        placement: str = options.placement_option(),
+        all2all: str = options.all2all_option(),
         act_quant: str = options.act_quant_option(),
         no_aiter: bool = typer.Option(False, "--no-aiter", help="Model a ROCm server without AITER."),
         backend: str = options.backend_option(),
@@ -54,7 +59,8 @@ def register(app: typer.Typer) -> None:
         from mxfp4conv.convert.run import convert
 
         source = options.with_revision(source, revision)
-        target = target_from_options(arch, tp, ep, act_quant, no_aiter, backend, layout, vllm, moe_weight)
+        target = target_from_options(arch, tp, ep, act_quant, no_aiter, backend, layout, vllm, moe_weight,
+                                     dp, placement, all2all)
         options.say_release(vllm, quiet)
         try:
             res = convert(source, out, target, shard_size=shard_size, resume=resume, workers=workers, force=force,

@@ -74,7 +74,38 @@ def arch_option():
 
 
 def tp_option():
-    return typer.Option(1, "--tp", min=1, metavar="N", help="Tensor-parallel ranks.")
+    return typer.Option(1, "--tp", "--tensor-parallel-size", "-tp", min=1, metavar="N",
+                        help="Tensor-parallel ranks of each vLLM engine (vLLM's --tensor-parallel-size).")
+
+
+def dp_option():
+    return typer.Option(1, "--dp", "--data-parallel-size", "-dp", min=1, metavar="N",
+                        help="Data-parallel engines (vLLM's --data-parallel-size); the MoE layers run over "
+                             "tp x dp ranks, as vLLM flattens them.")
+
+
+def ep_option():
+    return typer.Option(False, "--ep", "--enable-expert-parallel",
+                        help="Expert parallel over the tp x dp ranks instead of splitting the intermediate "
+                             "size (vLLM's --enable-expert-parallel).")
+
+
+PLACEMENTS = ("linear", "round_robin")  # mxfp4conv.oracle.parallel.PLACEMENTS
+
+
+def placement_option():
+    return typer.Option("linear", "--placement", "--expert-placement-strategy", metavar="P", **one_of(PLACEMENTS),
+                        help="Expert placement over the EP ranks: linear or round_robin (vLLM's "
+                             "--expert-placement-strategy; vLLM falls back to linear where it cannot keep "
+                             "round_robin, and so does the plan).")
+
+
+def all2all_option():
+    from mxfp4conv.oracle.parallel import ALL2ALL_BACKENDS, DEFAULT_ALL2ALL
+
+    return typer.Option(DEFAULT_ALL2ALL, "--all2all-backend", metavar="B", **one_of(ALL2ALL_BACKENDS),
+                        help="vLLM's --all2all-backend (with EP and dp > 1 it decides whether round_robin "
+                             "placement holds: deepep_low_latency or nixl_ep).")
 
 
 def act_quant_option():

@@ -31,20 +31,29 @@ def _manifest_of(spec: str, root: Path | None = None) -> dict | None:
     return None
 
 
-def _already_converted(spec: str, manifest: dict, arch: str, tp: int, ep: bool, as_json: bool) -> None:
+def _layout_of(t: dict) -> tuple:
+    """(tp, dp, MoE expert parallel, placement) a manifest's target was converted for."""
+    p = t.get("parallel") if isinstance(t.get("parallel"), dict) else None
+    if p is None:  # a manifest of version 1: tp ranks, data parallel 1, linear placement
+        return t.get("tp"), 1, bool(t.get("ep")) and (t.get("tp") or 1) > 1, "linear"
+    return p.get("tp"), p.get("dp"), bool(p.get("use_ep")), p.get("placement")
+
+
+def _already_converted(spec: str, manifest: dict, arch: str, asked: tuple, as_json: bool) -> None:
+    """``asked``: (tp, dp, MoE expert parallel, placement) of the request, as vLLM derives them."""
     from mxfp4conv.errors import OracleError
 
     t = manifest.get("target", {}) if isinstance(manifest.get("target"), dict) else {}
     src = manifest.get("source", {}) if isinstance(manifest.get("source"), dict) else {}
-    what = (f"arch {t.get('arch')}, backend {t.get('backend')}, tp {t.get('tp')}"
-            f"{' with EP' if t.get('ep') else ''}, act-quant {t.get('act_quant')}")
+    have = _layout_of(t)
+    what = (f"arch {t.get('arch')}, backend {t.get('backend')}, {_layout_text(have)}, act-quant "
+            f"{t.get('act_quant')}")
     origin = src.get("path") or src.get("repo") or src.get("repo_id") or "unknown"
-    matches = (t.get("arch"), t.get("tp"), bool(t.get("ep"))) == (arch, tp, ep)
+    matches = t.get("arch") == arch and have == asked
     if not matches:
         raise OracleError(
             f"{spec} is already converted by mxfp4conv ({what}); it cannot be planned for arch "
-            f"{arch}, tp {tp}{' with EP' if ep else ''}. Plan from the original checkpoint "
-            f"({origin}).")
+            f"{arch}, {_layout_text(asked)}. Plan from the original checkpoint ({origin}).")
     if as_json:
         print(json.dumps({"already_converted": True, "target": t, "layout": manifest.get("layout"),
                           "moe": manifest.get("moe"), "runtime_env": manifest.get("runtime_env"),
@@ -54,6 +63,25 @@ def _already_converted(spec: str, manifest: dict, arch: str, tp: int, ep: bool, 
     env = manifest.get("runtime_env") or {}
     if env:
         print("Server environment: " + " ".join(f"{k}={v}" for k, v in env.items()))
+
+
+def _asked(manifest: dict, tp: int, dp: int, ep: bool, placement: str, all2all: str) -> tuple:
+    """The request's layout as vLLM derives it, for the manifest's model (its experts and groups
+    are not known here: the manifest's expert count, and round_robin taken as asked)."""
+    from mxfp4conv.oracle.parallel import derive
+
+    experts = (manifest.get("moe") or {}).get("num_experts") or 1
+    groups = 2 if placement == "round_robin" else None
+    par = derive(tp=tp, dp=dp, ep=ep, placement=placement, num_experts=experts, num_expert_group=groups,
+                 all2all=all2all) if isinstance(experts, int) and ep and experts % (tp * dp) == 0 else None
+    if par is None:
+        return tp, dp, ep and tp * dp > 1, placement if ep and tp * dp > 1 else "linear"
+    return par.tp, par.dp, par.use_ep, par.placement
+
+
+def _layout_text(layout: tuple) -> str:
+    tp, dp, ep, placement = layout
+    return f"tp {tp} x dp {dp}" + (f" with EP ({placement} placement)" if ep else "")
 
 
 def output_estimate(src, model, d, target) -> dict:
@@ -112,7 +140,7 @@ def _render(d, model, spec: str, output: dict | None = None, resolution=None, tr
               f"{d.activation}{f' ({params})' if params else ''}, {model.routing} routing, "
               f"{d.num_experts} experts, top-{d.top_k}")
     rocm = get_arch(d.arch).is_rocm  # AITER exists on ROCm only
-    con.print(f"Target: {d.arch}, tp {d.tp}{' with EP' if d.ep else ''}, act-quant "
+    con.print(f"Target: {d.arch}, {d.parallel.describe()}, act-quant "
               f"{o.get('requested_act_quant')} -> {d.act_quant}"
               f"{(', AITER ' + ('on' if o.get('aiter') else 'off')) if rocm else ''}"
               f"{', --backend ' + o['forced_backend'] if o.get('forced_backend') else ''}"
@@ -142,6 +170,7 @@ def _render(d, model, spec: str, output: dict | None = None, resolution=None, tr
     con.print(f"Padded geometry per rank: hidden {d.hidden} -> {d.hidden_padded}, intermediate "
               f"{d.intermediate_per_rank} -> {d.intermediate_per_rank_padded} (global {d.intermediate}), "
               f"{d.experts_per_rank} experts")
+    _render_ranks(con, d)
     if trace:
         con.print(f"Alignment: {o.get('alignment_rule')}")
     con.print("Layout recipe: " + escape(", ".join(f"{k} {v}" for k, v in d.layout.as_dict().items())))
@@ -166,6 +195,37 @@ def _render(d, model, spec: str, output: dict | None = None, resolution=None, tr
         con.print(f"- {escape(n)}")
 
 
+def _ids(experts: list[int]) -> str:
+    """Expert ids, runs of consecutive or evenly spaced ids shortened (0-7, 3,11,..,59)."""
+    if len(experts) <= 6:
+        return ",".join(map(str, experts))
+    step = experts[1] - experts[0]
+    if all(b - a == step for a, b in zip(experts, experts[1:])):
+        return f"{experts[0]}-{experts[-1]}" if step == 1 else \
+            f"{experts[0]},{experts[1]},..,{experts[-1]} (every {step})"
+    return ",".join(map(str, experts[:3])) + ",..," + ",".join(map(str, experts[-2:]))
+
+
+def _render_ranks(con, d, shown: int = 2) -> None:
+    """The per-rank map in plain lines: the first and last ranks (every rank when there are few)."""
+    from rich.markup import escape
+
+    par = d.parallel
+    rows = list(range(par.ranks))
+    if len(rows) > 2 * shown + 1:
+        rows = rows[:shown] + [-1] + rows[-shown:]
+    con.print(f"MoE ranks: {par.ranks} (vLLM's MoE rank = dp rank x tp + tp rank)")
+    for r in rows:
+        if r < 0:
+            con.print(f"  ... {par.ranks - 2 * shown} more ranks")
+            continue
+        dp_rank, _, tp_rank = par.worker(r)
+        a, b = par.intermediate_slice(r, d.intermediate)
+        ex = list(par.experts(r))
+        con.print(escape(f"  rank {r} (dp rank {dp_rank}, tp rank {tp_rank}): experts {_ids(ex)} ({len(ex)}), "
+                         f"intermediate [{a}, {b})"))
+
+
 def register(app: typer.Typer) -> None:
     @app.command("plan")
     def plan_cmd(
@@ -173,7 +233,10 @@ def register(app: typer.Typer) -> None:
         source: str = options.source_argument(),
         arch: str = options.arch_option(),
         tp: int = options.tp_option(),
-        ep: bool = typer.Option(False, "--ep", help="Expert parallel over the --tp ranks."),
+        dp: int = options.dp_option(),
+        ep: bool = options.ep_option(),
+        placement: str = options.placement_option(),
+        all2all: str = options.all2all_option(),
         act_quant: str = options.act_quant_option(),
         no_aiter: bool = typer.Option(False, "--no-aiter", help="Model a ROCm server without AITER."),
         backend: str = options.backend_option(),
@@ -202,11 +265,13 @@ def register(app: typer.Typer) -> None:
             src = open_source(source)
             manifest = _manifest_of(str(src.root))
         if manifest is not None:
-            _already_converted(source, manifest, canonical, tp, ep, as_json)
+            _already_converted(source, manifest, canonical, _asked(manifest, tp, dp, ep, placement, all2all),
+                               as_json)
             return
         model = load_model(src)
         target = Target(arch=canonical, tp=tp, ep=ep, act_quant=act_quant, aiter=not no_aiter,
-                        backend=backend, layout=layout, vllm=release, moe_weight=moe_weight)
+                        backend=backend, layout=layout, vllm=release, moe_weight=moe_weight,
+                        dp=dp, placement=placement, all2all=all2all)
         d = decide(model, target)
         output = output_estimate(src, model, d, target)
         if as_json:

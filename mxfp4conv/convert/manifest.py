@@ -35,6 +35,7 @@ def build_manifest(source, model, decision, target=None) -> dict[str, Any]:
             "act_quant": d.act_quant,
             "tp": d.tp,
             "ep": d.ep,
+            "parallel": d.parallel.record(d.intermediate),
             "gate_mode": d.gate_mode,
             "is_shuffled": d.is_shuffled,
             "options": dict(d.options),
@@ -68,7 +69,8 @@ def _request(target) -> dict[str, Any] | None:
         return None
     return {"arch": target.arch, "tp": target.tp, "ep": target.ep, "act_quant": target.act_quant,
             "aiter": target.aiter, "backend": target.backend, "layout": target.layout,
-            "vllm": target.vllm, "moe_weight": target.moe_weight}
+            "vllm": target.vllm, "moe_weight": target.moe_weight, "dp": target.dp,
+            "placement": target.placement, "all2all": target.all2all}
 
 
 def target_from_manifest(m: dict[str, Any]):
@@ -80,4 +82,6 @@ def target_from_manifest(m: dict[str, Any]):
                              "aiter": t.get("options", {}).get("aiter", True), "backend": t["backend"]}
     return Target(arch=r["arch"], tp=r["tp"], ep=bool(r["ep"]), act_quant=r["act_quant"],
                   aiter=bool(r["aiter"]), backend=r["backend"], layout=r.get("layout", "auto"),
-                  vllm=str(r.get("vllm") or m.get("vllm") or "0.33"), moe_weight=r.get("moe_weight"))
+                  vllm=str(r.get("vllm") or m.get("vllm") or "0.33"), moe_weight=r.get("moe_weight"),
+                  dp=int(r.get("dp", 1)), placement=str(r.get("placement", "linear")),
+                  all2all=str(r.get("all2all", "allgather_reducescatter")))

@@ -183,9 +183,22 @@ def build_plan(source, model, decision, layouts: dict, metadata: dict[str, str],
         raise Mxfp4convError(f"output tensor name {dup} would be written twice; the source already "
                              f"holds a tensor with a converted-expert name.")
 
-    groups = assign_shards([t for u in units for t in u.tensors], metadata, shard_size)
+    groups = rank_groups([t for u in units for t in u.tensors], geom.tp, metadata, shard_size)
     shards = [ShardPlan(shard_name(i + 1, len(groups)), g) for i, g in enumerate(groups)]
     return OutputPlan(shards, units, metadata, geom, kinds, canonical, layouts)
+
+
+def rank_groups(tensors: list[OutTensor], ranks: int, metadata: dict[str, str],
+                shard_size: int) -> list[list[OutTensor]]:
+    """Shards that a node can fetch alone: with more than one rank, the shared (non-expert)
+    tensors first, then each rank's expert tensors in shards of their own, so the node serving
+    ranks a..b needs the shared shards and those of its ranks only (``mxfp4conv ranks``)."""
+    if ranks <= 1:
+        return assign_shards(tensors, metadata, shard_size)
+    parts = [[t for t in tensors if t.layer < 0]] + [[t for t in tensors if t.layer >= 0 and t.rank == r]
+                                                      for r in range(ranks)]
+    groups = [g for part in parts if part for g in assign_shards(part, metadata, shard_size)]
+    return groups or [[]]
 
 
 def assign_shards(tensors: list[OutTensor], metadata: dict[str, str], shard_size: int) -> list[list[OutTensor]]:

@@ -89,17 +89,12 @@ def per_expert_bytes(plan: OutputPlan) -> dict[str, int]:
 
 
 def expert_chunks(plan: OutputPlan, chunk_bytes: int) -> list[range]:
-    """Global expert ranges, each inside one rank's share, sized to the chunk budget."""
+    """Global expert id sequences, each inside one rank's share (consecutive in its local order),
+    sized to the chunk budget."""
     g = plan.geometry
     per_expert = sum(math.prod(plan.canonical[k][1:]) * (4 if k not in plan.layouts else 1)
                      for k in plan.kinds) * (1 if g.ep else g.tp)
-    n = max(1, chunk_bytes // max(per_expert, 1))
-    out = []
-    spans = [g.expert_range(r) for r in g.ranks()] if g.ep else [range(g.num_experts)]
-    for span in spans:
-        for a in range(span.start, span.stop, n):
-            out.append(range(a, min(a + n, span.stop)))
-    return out
+    return g.chunks(max(1, chunk_bytes // max(per_expert, 1)))
 
 
 def is_direct(layer, plan: OutputPlan) -> bool:
@@ -122,7 +117,7 @@ def _layer_tasks(src, model, plan: OutputPlan, unit: Unit, chunk_bytes: int, all
 
     def direct_task(experts: range):
         def run() -> list:
-            ranks = g.owner(experts.start)
+            ranks = g.owner(experts[0])
             build = build_chunk_direct_np if with_numpy else build_chunk_direct
             bufs = build(reader, layer, experts, g, ranks, plan.kinds)
             if not allow_nan:
@@ -148,7 +143,7 @@ def _layer_tasks(src, model, plan: OutputPlan, unit: Unit, chunk_bytes: int, all
                     _check_nan(layer, e, ex)
                 data.append(ex)
             pieces = []
-            ranks = g.owner(experts.start)
+            ranks = g.owner(experts[0])
             for r in ranks:
                 chunk = (build_chunk_np if with_numpy else build_chunk)(data, g, r, plan.kinds)
                 for kind in plan.kinds:
@@ -162,8 +157,8 @@ def _layer_tasks(src, model, plan: OutputPlan, unit: Unit, chunk_bytes: int, all
 
     pe = per_expert_bytes(plan)
     for span in expert_chunks(plan, chunk_bytes):
-        pieces = tuple((names[(r, kind)], (span.start - g.expert_range(r).start) * pe[kind], len(span) * pe[kind])
-                       for r in g.owner(span.start) for kind in plan.kinds)
+        pieces = tuple((names[(r, kind)], g.local_index(r, span[0]) * pe[kind], len(span) * pe[kind])
+                       for r in g.owner(span[0]) for kind in plan.kinds)
         reads = ()
         if layer.experts is not None:
             reads = tuple((i.shard, i.begin, i.nbytes) for e in span for ref in layer.experts[e].refs()
@@ -229,7 +224,7 @@ def _check_nan_direct(layer, experts: range, r: int, bufs: dict, g) -> None:
             continue
         e_local, rest = divmod(i, t.shape[1] * t.shape[2])
         row, col = divmod(rest, t.shape[2])
-        ex = layer.experts[experts.start + e_local]
+        ex = layer.experts[experts[e_local]]
         if kind == "w13_weight_scale":
             ref = ex.gate_scale if row < Ip else ex.up_scale
             off = (sl.start + row % Ip) * (H // 32) + col
@@ -238,5 +233,5 @@ def _check_nan_direct(layer, experts: range, r: int, bufs: dict, g) -> None:
             off = row * (I // 32) + sl.start // 32 + col
         raise Mxfp4convError(
             f"tensor {ref.name} holds a NaN scale byte (0xFF) at byte offset {off} (MoE layer "
-            f"{layer.prefix}, expert {experts.start + e_local}). vLLM would load it as NaN and the expert "
+            f"{layer.prefix}, expert {experts[e_local]}). vLLM would load it as NaN and the expert "
             f"would produce NaNs. Fix the checkpoint, or pass --allow-nan-scales to copy it as is.")

@@ -4,7 +4,8 @@ For one chunk of experts and one rank this builds exactly what vLLM's loader lea
 (pre-filled) parameters before ``process_weights_after_loading``:
 
 - TP rank r takes intermediate columns ``[r*I/T, (r+1)*I/T)`` (rows of w1/w3, the packed
-  input columns of w2); EP rank r takes experts ``[r*E/T, (r+1)*E/T)``, I unsplit.
+  input columns of w2); EP rank r takes experts ``[r*E/T, (r+1)*E/T)`` (linear placement) or
+  ``r, r+T, r+2T, ...`` (round_robin), I unsplit. T is the MoE layer's ranks (tp x dp).
 - w13 rows ``[gate_real | pad | up_real | pad]`` (each half padded at its own tail), H
   padding at the tail of the packed columns; w2 padded at the tail of rows (H) and columns.
 - Weight pad 0x00, scale pad as the decision says (0x00 Mxfp4 / 0x01 Quark), bias pad 0.
@@ -37,13 +38,15 @@ class RankGeometry:
     ep: bool
     scale_pad: int
     weight_pad: int = 0
+    placement: str = "linear"  # EP expert placement: linear | round_robin
 
     @classmethod
     def from_decision(cls, d) -> RankGeometry:
         g = cls(hidden=d.hidden, hidden_padded=d.hidden_padded, intermediate=d.intermediate,
                 inter_rank=d.intermediate_per_rank, inter_rank_padded=d.intermediate_per_rank_padded,
                 num_experts=d.num_experts, experts_per_rank=d.experts_per_rank, tp=d.tp, ep=d.ep,
-                scale_pad=d.scale_pad_byte)
+                scale_pad=d.scale_pad_byte,
+                placement=d.parallel.placement if d.parallel is not None else "linear")
         g.check()
         return g
 
@@ -73,13 +76,28 @@ class RankGeometry:
         return range(self.tp)
 
     def expert_range(self, rank: int) -> range:
+        """Global ids of ``rank``'s experts in local order (oracle.parallel.MoeParallel.experts)."""
         if self.ep:
+            if self.placement == "round_robin":
+                return range(rank, self.num_experts, self.tp)
             return range(rank * self.experts_per_rank, (rank + 1) * self.experts_per_rank)
         return range(self.num_experts)
 
     def owner(self, expert: int) -> list[int]:
         """Ranks that hold global expert ``expert``."""
-        return [expert // self.experts_per_rank] if self.ep else list(self.ranks())
+        if not self.ep:
+            return list(self.ranks())
+        return [expert % self.tp] if self.placement == "round_robin" else [expert // self.experts_per_rank]
+
+    def local_index(self, rank: int, expert: int) -> int:
+        """Local position of global expert ``expert`` on ``rank`` (which holds it)."""
+        return self.expert_range(rank).index(expert)
+
+    def chunks(self, n: int) -> list[range]:
+        """Expert id sequences of at most ``n`` experts, each inside one rank's share and
+        consecutive in its local order (a slice of ``expert_range``)."""
+        spans = [self.expert_range(r) for r in self.ranks()] if self.ep else [range(self.num_experts)]
+        return [span[a:a + n] for span in spans for a in range(0, len(span), n)]
 
     def inter_slice(self, rank: int) -> slice:
         if self.ep:

@@ -275,7 +275,8 @@ def _geometry(manifest: dict) -> RankGeometry:
     return RankGeometry(hidden=m["hidden"], hidden_padded=m["hidden_padded"], intermediate=m["intermediate"],
                         inter_rank=m["intermediate_per_rank"], inter_rank_padded=m["intermediate_per_rank_padded"],
                         num_experts=m["num_experts"], experts_per_rank=m["experts_per_rank"], tp=t["tp"],
-                        ep=bool(t["ep"]), scale_pad=int(manifest.get("pad_bytes", {}).get("scale", 0)))
+                        ep=bool(t["ep"]), scale_pad=int(manifest.get("pad_bytes", {}).get("scale", 0)),
+                        placement=str((t.get("parallel") or {}).get("placement", "linear")))
 
 
 def _check_index_and_headers(out: Path, manifest: dict):
@@ -469,10 +470,7 @@ class _LayerCheck:
     def spans(self, chunk_bytes: int):
         g = self.g
         per = sum(v[0] for v in self.per_expert.values()) * (1 if g.ep else g.tp)
-        n = max(1, chunk_bytes // max(per, 1))
-        for span in ([g.expert_range(r) for r in g.ranks()] if g.ep else [range(g.num_experts)]):
-            for a in range(span.start, span.stop, n):
-                yield range(a, min(a + n, span.stop))
+        yield from g.chunks(max(1, chunk_bytes // max(per, 1)))
 
     def source_ranges(self, experts: range) -> list[tuple[str, int, int]]:
         """``(shard, offset, nbytes)`` of the source bytes ``check(experts)`` reads (per-expert layers)."""
@@ -484,8 +482,8 @@ class _LayerCheck:
     def out_pieces(self, experts: range) -> list[tuple[str, int, int]]:
         """``(tensor, offset, nbytes)`` of the stored bytes ``check(experts)`` reads."""
         g, out = self.g, []
-        for r in g.owner(experts.start):
-            local0 = experts.start - g.expert_range(r).start
+        for r in g.owner(experts[0]):
+            local0 = g.local_index(r, experts[0])
             for k in self.kinds:
                 pe = self.per_expert[k][0]
                 out.append((expert_tensor_name(self.layer.prefix, r, k), local0 * pe, len(experts) * pe))
@@ -536,15 +534,15 @@ class _LayerCheck:
         return self._compare(
             experts, data, build_chunk,
             lambda k, c: as_bytes(self.layouts[k].forward_chunk(c) if k in WEIGHT_KINDS else c),
-            lambda name, k, r, local0, got, want: self._locate(name, k, r, local0, data, got, want, experts.start))
+            lambda name, k, r, local0, got, want: self._locate(name, k, r, local0, data, got, want, experts))
 
     def _compare(self, experts: range, data: list, build, stored_form, differs) -> int:
         """The stored bytes of ``experts`` on every rank that holds them against ``stored_form`` of the
         chunk ``build`` makes from the source ``data``; ``differs`` is called on a mismatch."""
         g, prefix = self.g, self.layer.prefix
         compared = 0
-        for r in g.owner(experts.start):
-            local0 = experts.start - g.expert_range(r).start
+        for r in g.owner(experts[0]):
+            local0 = g.local_index(r, experts[0])
             chunk = build(data, g, r, self.kinds)
             for k in self.kinds:
                 name = expert_tensor_name(prefix, r, k)
@@ -635,13 +633,13 @@ def _check_weight_chunk(name, kind, lay, pe, cshape, g, r, local0, data, reader,
             got = xi[rs, cs]
             if not torch.equal(got, want):
                 rr, cc = (got != want).nonzero()[0].tolist()
-                raise _fail("expert bytes", prefix, r, name, e0 + i, (rr + rs.start, cc),
+                raise _fail("expert bytes", prefix, r, name, e0[i], (rr + rs.start, cc),
                             f"0x{int(got[rr, cc]):02X}", f"0x{int(want[rr, cc]):02X}", "source data")
             mask[rs, cs] = False
         bad = (xi != pad) & mask
         if bad.any():
             rr, cc = bad.nonzero()[0].tolist()
-            raise _fail("pad bytes", prefix, r, name, e0 + i, (rr, cc), f"0x{int(xi[rr, cc]):02X}",
+            raise _fail("pad bytes", prefix, r, name, e0[i], (rr, cc), f"0x{int(xi[rr, cc]):02X}",
                         f"0x{pad:02X}", "padding vLLM allocates")
     return n * pe
 
@@ -667,6 +665,6 @@ def _check_float_chunk(name, kind, cshape, g, r, local0, data, reader, prefix, e
         got = x[i]
         if not torch.equal(got.view(torch.int32), want.to(torch.float32).view(torch.int32)):
             j = int((got.view(torch.int32) != want.view(torch.int32)).reshape(-1).nonzero()[0, 0])
-            raise _fail("expert bytes", prefix, r, name, e0 + i, (j,), float(got.reshape(-1)[j]),
+            raise _fail("expert bytes", prefix, r, name, e0[i], (j,), float(got.reshape(-1)[j]),
                         float(want.reshape(-1)[j]), "bias / input scale")
     return n * per

@@ -18,12 +18,15 @@ from mxfp4conv.checkpoint.safetensors_io import open_regular
 from mxfp4conv.checkpoint.source import MANIFEST_NAME
 from mxfp4conv.errors import CheckpointError
 
-__all__ = ["CHECKSUMS", "EXPERT_KINDS", "FORMAT", "MANIFEST_NAME", "SHARD_RE", "SHUFFLE_PAD_BYTE", "VERSION",
+__all__ = ["CHECKSUMS", "EXPERT_KINDS", "FORMAT", "MANIFEST_NAME", "SHARD_RE", "READ_VERSIONS", "SHUFFLE_PAD_BYTE", "VERSION",
            "expert_checksums", "load_manifest", "manifest_text", "read_manifest_file", "stamped_part",
            "validate_manifest", "write_manifest_json"]
 
 FORMAT = "mxfp4conv-kernel-layout"
-VERSION = 1
+# 2: the ``target.parallel`` record (the server layout and every MoE rank's experts and intermediate
+# slice); 1: tp ranks with data parallel 1 and linear placement (still read)
+VERSION = 2
+READ_VERSIONS = (1, 2)
 SHUFFLE_PAD_BYTE = 0x7F
 # crc32 of every routed-expert tensor, added to mxfp4conv.json once the shards are written (so
 # not part of the manifest stamped into each shard's header)
@@ -53,10 +56,11 @@ def validate_manifest(m: Any, where: str = MANIFEST_NAME) -> dict[str, Any]:
         raise bad("the manifest is not a JSON object")
     if m.get("format") != FORMAT:
         raise bad(f"it declares format {m.get('format')!r}, expected {FORMAT!r}")
-    if m.get("version") != VERSION:
+    if m.get("version") not in READ_VERSIONS:
         raise CheckpointError(
             f"{where}: manifest version {m.get('version')!r} is not known to this mxfp4conv "
-            f"(knows version {VERSION}). Use the mxfp4conv release that wrote it, or convert again.")
+            f"(knows versions {', '.join(map(str, READ_VERSIONS))}). Use the mxfp4conv release that wrote it, "
+            f"or convert again.")
     for section, keys in _REQUIRED.items():
         sec = m.get(section)
         if not isinstance(sec, dict):
@@ -83,7 +87,32 @@ def validate_manifest(m: Any, where: str = MANIFEST_NAME) -> dict[str, Any]:
         raise bad("a padded size is smaller than the real size")
     if moe["top_k"] > moe["num_experts"]:
         raise bad(f"top_k {moe['top_k']} exceeds num_experts {moe['num_experts']}")
+    if m["version"] >= 2 or "parallel" in tgt:
+        _check_parallel(tgt, moe, bad)
     return m
+
+
+def _check_parallel(tgt: dict, moe: dict, bad) -> None:
+    """The ``parallel`` record is the layout vLLM derives from its sizes, rank by rank."""
+    from mxfp4conv.format.parallel import from_record
+
+    rec = tgt.get("parallel")
+    if not isinstance(rec, dict):
+        raise bad("target.parallel (the server layout and per-rank expert map) is missing")
+    try:
+        par = from_record(rec, tp=tgt["tp"], ep=tgt["ep"], num_experts=moe["num_experts"])
+        want = par.record(moe["intermediate"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise bad(f"target.parallel is malformed ({type(exc).__name__}: {exc})") from None
+    if par.ranks != tgt["tp"] or par.use_ep != tgt["ep"]:
+        raise bad(f"target.parallel ({par.describe()}) gives {par.ranks} MoE ranks"
+                  f"{' with' if par.use_ep else ' without'} expert parallel, but target.tp is {tgt['tp']} and "
+                  f"target.ep {tgt['ep']}")
+    if rec != want:
+        diff = next((k for k in want if rec.get(k) != want[k]), "an unknown key")
+        raise bad(f"target.parallel.{diff} is not what the layout {par.describe()} gives")
+
+
 
 
 MAX_TP = 1 << 12

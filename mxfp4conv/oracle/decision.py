@@ -16,8 +16,8 @@ class Target:
     """What the user asked for."""
 
     arch: str  # canonical arch: gfx942, gfx950, gfx1250, sm90, sm100, sm120, cpu
-    tp: int = 1
-    ep: bool = False
+    tp: int = 1  # the server's --tensor-parallel-size
+    ep: bool = False  # --enable-expert-parallel
     act_quant: str = "auto"  # auto | bf16 | fp8 | mxfp4
     aiter: bool = True  # False models a ROCm server without VLLM_ROCM_USE_AITER
     backend: str | None = None  # forced backend (vLLM --moe-backend string or enum name)
@@ -31,6 +31,9 @@ class Target:
     # the server's --quantization-config.moe.weight (vLLM's quantization_config.moe.weight);
     # None: not given. Modelled: int4_per_group_32 (gfx942's Kimi-K3 int4 requantisation)
     moe_weight: str | None = None
+    dp: int = 1  # --data-parallel-size (vLLM flattens it into the MoE layer's ranks)
+    placement: str = "linear"  # --expert-placement-strategy
+    all2all: str = "allgather_reducescatter"  # --all2all-backend (decides whether round_robin holds)
 
 
 @dataclass(frozen=True)
@@ -63,8 +66,8 @@ class Decision:
     activation: str
     activation_params: dict[str, float]
     act_quant: str  # resolved: bf16 | fp8 | mxfp4
-    tp: int
-    ep: bool
+    tp: int  # the MoE layer's ranks: tp x dp of the server (oracle.parallel)
+    ep: bool  # the MoE layer runs expert parallel (vLLM's use_ep)
     hidden: int
     hidden_padded: int
     intermediate: int  # global
@@ -81,6 +84,7 @@ class Decision:
     candidates: tuple[Candidate, ...]
     notes: tuple[str, ...] = ()  # vLLM-bug notes, NVIDIA caveats, ...
     options: dict[str, Any] = field(default_factory=dict)  # e.g. {"aiter": True}
+    parallel: Any = None  # oracle.parallel.MoeParallel: the server layout and the MoE rank map
 
     def plan_json(self) -> dict[str, Any]:
         """The object ``plan --json`` prints (see the interface spec)."""
@@ -112,4 +116,5 @@ class Decision:
             ],
             "notes": list(self.notes),
             "options": dict(self.options),
+            "parallel": self.parallel.record(self.intermediate) if self.parallel is not None else None,
         }

@@ -101,30 +101,37 @@ def split(hidden: int, intermediate: int, num_experts: int, tp: int, ep: bool) -
 
 
 def k3_min_per_rank(intermediate: int, tp: int, ep: bool, minimum: int,
-                    platform: str = "cuda") -> int | None:
-    """Kimi-K3's model rule, the per-rank size it hands to FusedMoE when ``I / tp`` is below
-    ``minimum`` at tp > 1: the global size becomes ``minimum * tp``. vLLM 0.33.0's AMD model
+                    platform: str = "cuda", attn_tp: int | None = None) -> int | None:
+    """Kimi-K3's model rule, the per-rank size it hands to FusedMoE when ``I / attn_tp`` is below
+    ``minimum`` at an attention tensor parallelism ``attn_tp`` > 1: the global size becomes
+    ``minimum * attn_tp``, which the MoE layer splits over its ``tp`` ranks (vLLM flattens data
+    parallelism into them; ``attn_tp`` None: the same as ``tp``). vLLM 0.33.0's AMD model
     (models/kimi_k3/amd/linear.py) applies it under expert parallel too (each rank then holds
-    the whole padded size); the NVIDIA one (models/kimi_k3/nvidia/model.py) not under EP."""
-    if tp > 1 and intermediate // tp < minimum and (platform == "rocm" or not ep):
-        return minimum * tp if ep else minimum
+    the whole padded size); the NVIDIA one (models/kimi_k3/nvidia/model.py) not under EP. Both
+    read the attention group's size (get_tensor_model_parallel_world_size)."""
+    attn = tp if attn_tp is None else attn_tp
+    if attn > 1 and intermediate // attn < minimum and (platform == "rocm" or not ep):
+        return minimum * attn if ep else minimum * attn // tp
     return None
 
 
 def padded_geometry(*, backend: str, platform: str, activation: str | None, hidden: int,
                     intermediate: int, num_experts: int, tp: int, ep: bool,
                     k3_minimum: int | None = None, align: int = 1, align_rule: str = "",
-                    cdna: int | None = None) -> Geometry:
-    """``align``: a further multiple both padded sizes must have (a layout's block size)."""
+                    cdna: int | None = None, attn_tp: int | None = None) -> Geometry:
+    """``align``: a further multiple both padded sizes must have (a layout's block size).
+    ``tp``: the MoE layer's ranks (tensor x data parallel); ``attn_tp``: the server's tensor
+    parallel size (None: ``tp``), which Kimi-K3's model rule reads."""
     per_rank, experts = split(hidden, intermediate, num_experts, tp, ep)
     start, k3_rule = per_rank, None
     if k3_minimum is not None:
-        bumped = k3_min_per_rank(intermediate, tp, ep, k3_minimum, platform)
+        attn = tp if attn_tp is None else attn_tp
+        bumped = k3_min_per_rank(intermediate, tp, ep, k3_minimum, platform, attn)
         if bumped is not None:
             start = bumped
-            k3_rule = (f"Kimi-K3 model rule: intermediate / tp = {intermediate // tp} < "
-                       f"{k3_minimum} at tp {tp}, so the model pads the global size to "
-                       f"{k3_minimum * tp}{' (the AMD model also under EP)' if ep else ''}; "
+            k3_rule = (f"Kimi-K3 model rule: intermediate / tp = {intermediate // attn} < "
+                       f"{k3_minimum} at tp {attn}, so the model pads the global size to "
+                       f"{k3_minimum * attn}{' (the AMD model also under EP)' if ep else ''}; "
                        f"per rank {bumped}")
     i_mult, h_mult, rule = backend_alignment(backend, platform, activation, cdna)
     if align > 1:

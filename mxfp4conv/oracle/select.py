@@ -44,6 +44,7 @@ from mxfp4conv.oracle.backends import (
     MOE_WEIGHTS, MXFP4_DYN, Ctx,
     Server, b12x_requested, backend_table, filter_by_activation, gpt_oss_priority, parse_backend, priority_backends, try_backend,
 )
+from mxfp4conv.oracle import parallel as moe_parallel
 from mxfp4conv.oracle.decision import Candidate, Decision, Target
 from mxfp4conv.oracle.releases import RELEASES, Release, resolve
 from mxfp4conv.oracle.formats import (
@@ -281,15 +282,15 @@ def _resolve_pick(model: MoEModel, target: Target, arch: Arch, server: Server) -
     quark = model.moe_method == "quark"
     release = RELEASES[target.vllm]
     forced = parse_backend(target.backend) if target.backend else None
+    par = moe_parallel.of_target(target, model)  # the MoE layer's sizes (tp x dp flattened)
     ctx = Ctx(
         arch=arch, aiter=target.aiter, server=server, quark_checkpoint=quark,
         activation=model.activation.name, act_key=None, routing=model.routing,
-        num_local_experts=(model.geometry.num_experts // target.tp if target.ep
-                           else model.geometry.num_experts),
-        ep=target.ep and target.tp > 1, has_bias=model.has_bias,
+        num_local_experts=len(par.experts(0)),
+        ep=par.use_ep, dp=par.dp, all2all=par.all2all_kernels, batched=par.batched, has_bias=model.has_bias,
         hidden=model.geometry.hidden,
-        intermediate=(model.geometry.intermediate if target.ep
-                      else model.geometry.intermediate // target.tp),
+        intermediate=(model.geometry.intermediate if par.use_ep
+                      else model.geometry.intermediate // par.moe_tp),
         situ_params=((model.activation.params.get("beta"), model.activation.params.get("linear_beta"))
                      if model.activation.name == "situ" else ()),
         moe_weight=target.moe_weight, release=release,
@@ -413,7 +414,8 @@ def decide(model: MoEModel, target: Target, server: Server | None = None) -> Dec
             "requantise the experts online, which is not modelled).")
     target = replace(target, arch=arch.name)
     geo = model.geometry
-    split(geo.hidden, geo.intermediate, geo.num_experts, target.tp, target.ep)
+    par = moe_parallel.of_target(target, model)
+    split(geo.hidden, geo.intermediate, geo.num_experts, par.ranks, par.use_ep)
 
     resolved = _resolve(model, target, arch, server)
     walk, fmt = resolved.walk, resolved.fmt
@@ -541,15 +543,17 @@ def decide(model: MoEModel, target: Target, server: Server | None = None) -> Dec
         backend=backend, platform=arch.platform, cdna=arch.cdna,
         activation=model.activation.name if model.moe_method == "mxfp4" else None,
         hidden=geo.hidden, intermediate=geo.intermediate, num_experts=geo.num_experts,
-        tp=target.tp, ep=target.ep, k3_minimum=k3_minimum,
+        tp=par.ranks, ep=par.use_ep, k3_minimum=k3_minimum, attn_tp=target.tp,
         align=HOPPER_MMA_ALIGN if kernel_layout == "hopper_mma" else 1,
         align_rule=f"{kernel_layout} layout: {HOPPER_MMA_ALIGN}")
     vg = None if walk.pick is None else padded_geometry(
         backend=walk.pick, platform=arch.platform, cdna=arch.cdna,
         activation=model.activation.name if model.moe_method == "mxfp4" else None,
         hidden=geo.hidden, intermediate=geo.intermediate, num_experts=geo.num_experts,
-        tp=target.tp, ep=target.ep, k3_minimum=k3_minimum)
+        tp=par.ranks, ep=par.use_ep, k3_minimum=k3_minimum, attn_tp=target.tp)
     notes.extend(final.notes)
+    if par.note:
+        notes.append(par.note)
     if g.k3_rule:
         notes.append(g.k3_rule + ".")
     if "AITER_BF16_FP8_MOE_BOUND" in final.runtime_env:
@@ -575,8 +579,8 @@ def decide(model: MoEModel, target: Target, server: Server | None = None) -> Dec
         activation=model.activation.name,
         activation_params={k: float(v) for k, v in model.activation.params.items()},
         act_quant=final.act_quant,
-        tp=target.tp,
-        ep=target.ep,
+        tp=par.ranks,
+        ep=par.use_ep,
         hidden=g.hidden,
         hidden_padded=g.hidden_padded,
         intermediate=g.intermediate,
@@ -617,6 +621,7 @@ def decide(model: MoEModel, target: Target, server: Server | None = None) -> Dec
             "vllm_int4_requant": walk.int4,
             "vllm_runtime_env": vllm_env,
         },
+        parallel=par,
     )
 
 

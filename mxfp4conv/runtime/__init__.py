@@ -14,6 +14,6 @@ except ImportError:
 
 from mxfp4conv.runtime.dispatch import fused_moe  # noqa: E402
 from mxfp4conv.runtime.experts import MoEExperts  # noqa: E402
-from mxfp4conv.runtime.loader import load_moe_layers  # noqa: E402
+from mxfp4conv.runtime.loader import load_moe_layers, parallel_layout  # noqa: E402
 
-__all__ = ["MoEExperts", "fused_moe", "load_moe_layers"]
+__all__ = ["MoEExperts", "fused_moe", "load_moe_layers", "parallel_layout"]

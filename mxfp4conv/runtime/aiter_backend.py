@@ -106,7 +106,7 @@ def aiter_call_args(
     )
     if experts.ep:
         mask = torch.zeros(experts.num_experts, dtype=torch.int32, device=topk_ids.device)
-        mask[experts.expert_offset: experts.expert_offset + experts.experts_per_rank] = 1
+        mask[list(experts.global_ids)] = 1  # AITER numbers the masked experts in ascending order
         args["expert_mask"] = mask
     if experts.activation == "situ":
         p = activation_params("situ", experts.activation_params)

@@ -32,6 +32,9 @@ class MoEExperts:
     ``layout`` (per tensor kind: w13, w13_scale, w2, w2_scale); ``identity`` means the
     canonical 3-D layout ``[E_r, 2*I_pad, H_pad/2]`` with rows ``[gate_real|pad|up_real|pad]``.
     Geometry is given real and padded; ``expert_offset`` is the global id of local expert 0.
+    ``expert_ids``: the global ids of the local experts in local order (vLLM's expert map for
+    this MoE rank; empty: ``expert_offset`` onwards, contiguous); ``parallel``: the manifest's
+    layout record (server tp / dp, placement, every rank's experts and intermediate slice).
     """
 
     prefix: str
@@ -71,6 +74,8 @@ class MoEExperts:
     w13_input_scale: torch.Tensor | None = None  # f32 [E_r]
     w2_input_scale: torch.Tensor | None = None  # f32 [E_r]
     manifest: dict[str, Any] = field(default_factory=dict, repr=False)
+    expert_ids: tuple[int, ...] = ()
+    parallel: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
     def device(self) -> torch.device:
@@ -97,8 +102,29 @@ class MoEExperts:
     def tensor(self, kind: str) -> torch.Tensor | None:
         return getattr(self, TENSOR_NAMES[kind])
 
+    @property
+    def global_ids(self) -> tuple[int, ...]:
+        """Global ids of this rank's experts, in local order."""
+        return self.expert_ids or tuple(range(self.expert_offset, self.expert_offset + self.experts_per_rank))
+
+    @property
+    def expert_map(self) -> torch.Tensor | None:
+        """vLLM's expert map of this rank: int32 [num_experts], global id -> local id, -1 for
+        experts held elsewhere; None when every rank holds every expert (no expert parallel)."""
+        if not self.ep or self.experts_per_rank == self.num_experts:
+            return None
+        out = torch.full((self.num_experts,), -1, dtype=torch.int32)
+        out[list(self.global_ids)] = torch.arange(self.experts_per_rank, dtype=torch.int32)
+        return out
+
     def local_ids(self, topk_ids: torch.Tensor) -> torch.Tensor:
         """Global expert ids -> this rank's local ids, -1 for experts on other ranks."""
+        m = self.expert_map
+        if m is not None and self.global_ids != tuple(range(self.expert_offset, self.expert_offset + self.experts_per_rank)):
+            ids = topk_ids.to(torch.int64)
+            inside = (ids >= 0) & (ids < self.num_experts)
+            local = m.to(topk_ids.device, torch.int64)[ids.clamp(0, self.num_experts - 1)]
+            return torch.where(inside, local, torch.full_like(local, -1))
         local = topk_ids.to(torch.int64) - self.expert_offset
         on_rank = (local >= 0) & (local < self.experts_per_rank)
         return torch.where(on_rank, local, torch.full_like(local, -1))

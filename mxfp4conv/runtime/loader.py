@@ -300,7 +300,8 @@ def _check_request(manifest: dict, where: str, rank: int, arch: str | None, tp: 
     if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < m_tp:
         raise RuntimeInputError(
             f"rank {rank!r} is out of range for {where}, which holds ranks 0..{m_tp - 1} (tp={m_tp}). "
-            "Pass the tensor-parallel (or expert-parallel) rank of this process."
+            "Pass the MoE rank of this process: vLLM's tensor-parallel rank flattened with the data-parallel "
+            "rank, parallel_layout(path).moe_rank(dp_rank, tp_rank)."
         )
     if backend not in RUNTIME_BACKENDS:
         if backend.upper() != str(target.get("backend", "")).upper():
@@ -309,6 +310,18 @@ def _check_request(manifest: dict, where: str, rank: int, arch: str | None, tp: 
                 f"requested. Use backend='auto' (or one of {', '.join(RUNTIME_BACKENDS)}), or convert the "
                 f"source again for {backend}."
             )
+
+
+def parallel_layout(manifest_or_path) -> "MoeParallel":  # noqa: F821
+    """The parallel layout a converted checkpoint was written for (a ``MoeParallel``): the
+    server's tp / dp / placement, ``moe_rank(dp_rank, tp_rank)`` (vLLM's flattening: the rank
+    to pass to ``load_moe_layers``), ``experts(rank)`` and ``expert_map(rank)``. Manifests of
+    version 1 hold tp ranks with data parallel 1 and linear placement."""
+    from mxfp4conv.format.parallel import from_record
+
+    m = manifest_or_path if isinstance(manifest_or_path, dict) else read_manifest(Path(manifest_or_path))
+    t = m["target"]
+    return from_record(t.get("parallel"), tp=int(t["tp"]), ep=bool(t["ep"]), num_experts=int(m["moe"]["num_experts"]))
 
 
 def load_moe_layers(
@@ -321,6 +334,9 @@ def load_moe_layers(
     check_checksums: bool = True,
 ) -> dict[str, MoEExperts]:
     """Load this rank's routed experts of every MoE layer, keyed by module prefix.
+
+    ``rank``: the MoE rank (tp x dp flattened as vLLM does: ``parallel_layout(path).moe_rank(
+    dp_rank, tp_rank)``); each layer knows its global expert ids (``expert_ids``, ``expert_map``).
 
     ``backend``: ``auto`` | ``torch`` | ``triton`` | ``aiter``, or the manifest's vLLM backend
     name (which must match). ``arch`` / ``tp``: when given, must match the manifest.
@@ -363,6 +379,8 @@ def load_moe_layers(
     m_tp = int(target.get("tp", 1))
     ep = bool(target.get("ep", False))
     experts_per_rank = _check_int(moe, "experts_per_rank", where)  # validate_manifest checked it against tp / ep
+    par = parallel_layout(manifest)
+    ids = tuple(par.experts(rank))
     geometry = dict(
         hidden=hidden,
         hidden_padded=_check_int(moe, "hidden_padded", where),
@@ -371,7 +389,9 @@ def load_moe_layers(
         intermediate_per_rank_padded=_check_int(moe, "intermediate_per_rank_padded", where),
         num_experts=num_experts,
         experts_per_rank=experts_per_rank,
-        expert_offset=rank * experts_per_rank if ep else 0,
+        expert_offset=ids[0] if ids else 0,
+        expert_ids=ids,
+        parallel=par.record(_check_int(moe, "intermediate", where)),
         top_k=int(moe.get("top_k", 0)),
     )
     activation = target["activation"]

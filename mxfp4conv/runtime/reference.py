@@ -30,7 +30,7 @@ def dequant_expert(ex: MoEExperts, kind: str, e: int) -> torch.Tensor:
     if not bool(torch.isfinite(w).all()):
         raise CheckpointError(
             f"{ex.prefix}.experts.rank{ex.rank}: {kind} scale of local expert {e} (global "
-            f"{ex.expert_offset + e}) holds the e8m0 byte 0xFF (NaN), so its output would be NaN. "
+            f"{ex.global_ids[e]}) holds the e8m0 byte 0xFF (NaN), so its output would be NaN. "
             "The source checkpoint or the conversion is damaged; convert again from a healthy source."
         )
     return w

@@ -105,22 +105,7 @@ def check_layer(manifest: dict[str, Any], facts: EngineFacts, prefix: str, where
     if str(t["arch"]).lower() != facts.arch:
         raise refuse("arch", t["arch"], f"a {facts.arch} device",
                      f"Serve it on {t['arch']}, or convert the source again with --arch {facts.arch}.")
-    ep, size = bool(t["ep"]), int(t["tp"])
-    if ep != facts.use_ep or size != facts.parallel_size:
-        ours = f"{'expert' if ep else 'tensor'} parallelism over {size} ranks"
-        theirs = (f"expert parallelism over {facts.ep_size} ranks" if facts.use_ep
-                  else f"tensor parallelism over {facts.tp_size} ranks (no --enable-expert-parallel)")
-        flag = " --enable-expert-parallel" if ep else ""
-        raise refuse("", ours, theirs,
-                     f"Serve it with --tensor-parallel-size {size}{flag} (data parallel 1), or convert the source "
-                     f"again with --tp {facts.parallel_size}{' --ep' if facts.use_ep else ''}.")
-    if ep and facts.placement != "linear":
-        raise refuse("expert placement", "linear (rank r holds experts [r*E/T, (r+1)*E/T))",
-                     f"--expert-placement-strategy {facts.placement}",
-                     "Serve it with --expert-placement-strategy linear (vLLM's default).")
-    rank = facts.parallel_rank
-    if not 0 <= rank < size:
-        raise refuse("ranks", f"0..{size - 1}", f"rank {rank}", "Check the server's parallel configuration.")
+    rank = _check_layout(manifest, facts, prefix, where)
     picked = manifest_vllm_backend(manifest)
     if facts.backend != picked:
         raise refuse("the MoE backend vLLM picks there,", picked, f"vLLM's oracle picking {facts.backend}",
@@ -163,6 +148,87 @@ def check_layer(manifest: dict[str, Any], facts: EngineFacts, prefix: str, where
     if activation == "situ" and mode == "kernel_ready":
         _check_situv2(manifest, facts, stored, refuse)
     return LayerPlan(prefix=prefix, mode=mode, rank=rank)
+
+
+def server_layout(facts: EngineFacts) -> str:
+    """The live server's layout in the words of ``MoeParallel.describe``."""
+    server = f"tp {facts.server_tp} x dp {facts.dp_size}" + (f" x pcp {facts.pcp_size}" if facts.pcp_size > 1 else "")
+    if facts.use_ep:
+        moe = f"EP over {facts.ep_size} ranks, {facts.placement} placement"
+    else:
+        moe = f"MoE tensor parallel over {facts.tp_size} rank{'s' if facts.tp_size != 1 else ''}"
+    return f"{server}{' with expert parallel' if facts.use_ep else ''} (MoE: {moe})"
+
+
+def _serve_command(par) -> str:
+    flags = [f"--tensor-parallel-size {par.tp}"] + ([f"--data-parallel-size {par.dp}"] if par.dp > 1 else [])
+    if par.use_ep:
+        flags.append("--enable-expert-parallel")
+        if par.placement == "round_robin":
+            flags.append("--expert-placement-strategy round_robin")
+            if par.dp > 1:
+                flags.append(f"--all2all-backend {par.all2all}")
+    return " ".join(flags)
+
+
+def _convert_flags(facts: EngineFacts) -> str:
+    flags = [f"--tp {facts.server_tp}"] + ([f"--dp {facts.dp_size}"] if facts.dp_size > 1 else [])
+    if facts.use_ep:
+        flags.append("--ep")
+        if facts.placement == "round_robin":
+            flags.append("--placement round_robin")
+    return " ".join(flags)
+
+
+def _check_layout(manifest: dict[str, Any], facts: EngineFacts, prefix: str, where: str) -> int:
+    """The manifest's MoE rank for this worker; refuses a layout other than the manifest's (one
+    paragraph naming both) and EPLB's redundant experts. A server whose tp / dp differ but whose
+    MoE layers are laid out the same (tp 4 against dp 2 x tp 2 without EP) reads the same bytes."""
+    from mxfp4conv.runtime.loader import parallel_layout
+
+    par = parallel_layout(manifest)
+    head = f"{where}: MoE layer {prefix!r} (vLLM layer {facts.layer!r}, vLLM {facts.vllm_release})"
+    num_experts = int(manifest["moe"]["num_experts"])
+    if facts.global_experts and facts.global_experts != num_experts:
+        redundant = facts.global_experts - (facts.logical_experts or num_experts)
+        if facts.enable_eplb and redundant > 0:
+            raise RuntimeInputError(
+                f"{head}: the server runs EPLB with {redundant} redundant experts, so the layer holds "
+                f"{facts.global_experts} physical experts placed linearly over {facts.ep_size} ranks, physical expert "
+                f"p holding logical expert p mod {num_experts} (vLLM loads that placement through "
+                f"make_expert_params_mapping / EplbState.build_initial_global_physical_to_logical_map). "
+                f"The checkpoint was converted for {par.describe()}, each expert held once; mxfp4conv does not "
+                f"write the redundant copies. Serve it without redundant experts (--enable-eplb with "
+                f"num_redundant_experts 0 loads: its initial placement is linear), or serve the source "
+                f"checkpoint with vLLM's own loader to use redundant experts.")
+        raise RuntimeInputError(
+            f"{head}: the layer holds {facts.global_experts} experts, the checkpoint {num_experts}. Convert the "
+            f"source again for this model.")
+    moe_same = (par.use_ep == facts.use_ep and par.ranks == facts.parallel_size
+                and (not par.use_ep or par.placement == facts.placement))
+    rank = facts.parallel_rank
+    if moe_same and 0 <= rank < par.ranks and facts.expert_ids and tuple(par.experts(rank)) != facts.expert_ids:
+        moe_same = False  # same sizes, other experts on this rank
+    if moe_same and not 0 <= rank < par.ranks:
+        raise RuntimeInputError(
+            f"{head}: this worker is MoE rank {rank}, but the checkpoint ({par.describe()}) holds ranks "
+            f"0..{par.ranks - 1}. Check the server's parallel configuration.")
+    if not moe_same:
+        raise RuntimeInputError(
+            f"{head}: the checkpoint was converted for {par.describe()}, but this server runs "
+            f"{server_layout(facts)}; MoE rank {rank} here holds "
+            f"{'experts ' + _few(facts.expert_ids) if facts.use_ep else 'a 1/' + str(facts.tp_size) + ' slice of every expert'}"
+            f", the checkpoint's rank {rank} "
+            f"{'experts ' + _few(tuple(par.experts(rank))) if par.use_ep and rank < par.ranks else 'another share'}. "
+            f"Serve it with {_serve_command(par)}, or convert the source again with {_convert_flags(facts)}.")
+    if (par.tp, par.dp) != (facts.server_tp, facts.dp_size):
+        log.info("%s: converted for %s, served with %s: the MoE layers are laid out the same, MoE rank %d "
+                 "reads the same bytes", where, par.describe(), server_layout(facts), rank)
+    return rank
+
+
+def _few(ids: tuple[int, ...]) -> str:
+    return ",".join(map(str, ids)) if len(ids) <= 8 else ",".join(map(str, ids[:4])) + ",..," + str(ids[-1])
 
 
 def _check_situv2(manifest, facts: EngineFacts, stored: dict[str, str], refuse) -> None:

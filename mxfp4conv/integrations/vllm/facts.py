@@ -31,6 +31,18 @@ class EngineFacts:
     situv2: str | None  # SiTUv2 activation dtype (a16w4 | a8w4 | a4w4) when AITER MoE runs SiTU
     aiter_moe: bool  # AITER fused MoE enabled (ROCm)
     placement: str = "linear"  # expert placement across EP ranks (vLLM's expert_placement_strategy)
+    dp_size: int = 1  # the server's data-parallel size (FusedMoEParallelConfig.dp_size)
+    dp_rank: int = 0
+    pcp_size: int = 1  # prefill-context parallel size
+    enable_eplb: bool = False
+    global_experts: int = 0  # physical experts of the layer (logical + EPLB's redundant ones); 0: unknown
+    logical_experts: int = 0  # the model's experts; 0: unknown
+    expert_ids: tuple[int, ...] = ()  # global ids of this rank's experts in local order (the expert map)
+
+    @property
+    def server_tp(self) -> int:
+        """The server's --tensor-parallel-size (vLLM flattened dp x pcp into the MoE size)."""
+        return max(1, self.parallel_size // max(1, self.dp_size * self.pcp_size))
 
     @property
     def parallel_size(self) -> int:
@@ -108,4 +120,23 @@ def layer_facts(layer) -> EngineFacts:
         situv2=situv2,
         aiter_moe=aiter_moe,
         placement=str(getattr(layer, "expert_placement_strategy", "linear")),
+        dp_size=int(pc.dp_size),
+        dp_rank=int(pc.dp_rank),
+        pcp_size=int(getattr(pc, "pcp_size", 1)),
+        enable_eplb=bool(getattr(pc, "enable_eplb", False)),
+        global_experts=int(layer.moe_config.num_experts),
+        logical_experts=int(getattr(layer.moe_config, "num_logical_experts", layer.moe_config.num_experts)),
+        expert_ids=_expert_ids(layer),
     )
+
+
+def _expert_ids(layer) -> tuple[int, ...]:
+    """This rank's global expert ids in local order, from vLLM's expert map (-1 elsewhere)."""
+    manager = getattr(layer, "expert_map_manager", None)
+    emap = getattr(manager, "expert_map", None) if manager is not None else None
+    n = int(layer.moe_config.num_experts)
+    if emap is None:
+        return tuple(range(n))
+    m = [int(v) for v in emap.reshape(-1)[:n].tolist()]
+    held = sorted((local, g) for g, local in enumerate(m) if local >= 0)
+    return tuple(g for _, g in held)
