@@ -238,3 +238,37 @@ def test_layout_vllm_cannot_be_handed_is_undone_for_vllm(synth):  # noqa: F811
 
 def test_cuda_arch_names():
     assert [cuda_arch(*c) for c in ((9, 0), (10, 0), (10, 3), (12, 0), (8, 9))] == ["sm90", "sm100", "sm100", "sm120", "sm89"]
+
+
+def test_dp_ep_layout_maps_every_worker_to_its_rank(synth):  # noqa: F811
+    m = manifest_of(synth("deepseek_v4"), Target("gfx950", tp=2, dp=2, ep=True))
+    for rank in range(4):
+        facts = live_facts(m, "deepseek_v4", rank)
+        assert (facts.dp_size, facts.server_tp, facts.dp_rank) == (2, 2, rank // 2)
+        assert check_layer(m, facts, m["moe"]["layers"][0], "OUT").rank == rank
+
+
+def test_dp_layout_mismatch_names_both_layouts(synth):  # noqa: F811
+    m = manifest_of(synth("deepseek_v4"), Target("gfx950", tp=2, dp=2, ep=True))
+    facts = dataclasses.replace(live_facts(m, "deepseek_v4", 1), ep_size=8, ep_rank=1, dp_size=4, expert_ids=(1,))
+    refused(m, facts, "tp 2 x dp 2 with expert parallel (MoE: EP over 4 ranks", "tp 2 x dp 4 with expert parallel",
+            "--tensor-parallel-size 2 --data-parallel-size 2 --enable-expert-parallel", "--tp 2 --dp 4 --ep")
+
+
+def test_same_moe_layout_from_other_tp_dp_is_served(synth, caplog):  # noqa: F811
+    """Converted for tp 4 without EP, served with dp 2 x tp 2 without EP: vLLM flattens both to
+    MoE tensor parallel over 4 ranks, rank r reads the same bytes."""
+    m = manifest_of(synth("deepseek_v4"), Target("gfx950", tp=4))
+    facts = dataclasses.replace(live_facts(m, "deepseek_v4", 3), dp_size=2, dp_rank=1)
+    with caplog.at_level(logging.INFO):
+        assert check_layer(m, facts, m["moe"]["layers"][0], "OUT").rank == 3
+    assert "laid out the same" in caplog.text
+
+
+def test_eplb_redundant_experts_are_refused_with_the_reason(synth):  # noqa: F811
+    m = manifest_of(synth("deepseek_v4"), Target("gfx950", tp=2, dp=2, ep=True))
+    facts = dataclasses.replace(live_facts(m, "deepseek_v4"), enable_eplb=True, global_experts=12, logical_experts=8)
+    refused(m, facts, "EPLB with 4 redundant experts", "12 physical experts", "logical expert p mod 8",
+            "num_redundant_experts 0", "vLLM's own loader")
+    eplb = dataclasses.replace(live_facts(m, "deepseek_v4"), enable_eplb=True)  # no redundant experts: served
+    assert check_layer(m, eplb, m["moe"]["layers"][0], "OUT").rank == 0

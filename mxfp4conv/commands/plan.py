@@ -170,7 +170,7 @@ def _render(d, model, spec: str, output: dict | None = None, resolution=None, tr
     con.print(f"Padded geometry per rank: hidden {d.hidden} -> {d.hidden_padded}, intermediate "
               f"{d.intermediate_per_rank} -> {d.intermediate_per_rank_padded} (global {d.intermediate}), "
               f"{d.experts_per_rank} experts")
-    _render_ranks(con, d)
+    _render_ranks(con, d, trace)
     if trace:
         con.print(f"Alignment: {o.get('alignment_rule')}")
     con.print("Layout recipe: " + escape(", ".join(f"{k} {v}" for k, v in d.layout.as_dict().items())))
@@ -206,24 +206,32 @@ def _ids(experts: list[int]) -> str:
     return ",".join(map(str, experts[:3])) + ",..," + ",".join(map(str, experts[-2:]))
 
 
-def _render_ranks(con, d, shown: int = 2) -> None:
-    """The per-rank map in plain lines: the first and last ranks (every rank when there are few)."""
+def _render_ranks(con, d, trace: bool = False) -> None:
+    """The per-rank map in plain lines: under expert parallel the first and last ranks' experts
+    (two of each with ``trace``), else one line for the intermediate split."""
     from rich.markup import escape
 
     par = d.parallel
+    if par.ranks == 1:
+        return
+    flat = f"MoE rank = dp rank x {par.tp} + tp rank" if par.dp > 1 else "MoE rank = tp rank"
+    if not par.use_ep:
+        per = d.intermediate // par.moe_tp
+        con.print(f"MoE ranks: {par.ranks} ({flat}), tensor parallel: rank r holds intermediate "
+                  f"[r x {per}, (r + 1) x {per}) of every expert")
+        return
+    shown = 2 if trace else 1
     rows = list(range(par.ranks))
     if len(rows) > 2 * shown + 1:
         rows = rows[:shown] + [-1] + rows[-shown:]
-    con.print(f"MoE ranks: {par.ranks} (vLLM's MoE rank = dp rank x tp + tp rank)")
+    con.print(f"MoE ranks: {par.ranks} ({flat}), expert parallel, {par.placement} placement:")
     for r in rows:
         if r < 0:
-            con.print(f"  ... {par.ranks - 2 * shown} more ranks")
+            con.print(f"  ... ranks {shown}..{par.ranks - shown - 1}")
             continue
         dp_rank, _, tp_rank = par.worker(r)
-        a, b = par.intermediate_slice(r, d.intermediate)
         ex = list(par.experts(r))
-        con.print(escape(f"  rank {r} (dp rank {dp_rank}, tp rank {tp_rank}): experts {_ids(ex)} ({len(ex)}), "
-                         f"intermediate [{a}, {b})"))
+        con.print(escape(f"  rank {r} (dp rank {dp_rank}, tp rank {tp_rank}): experts {_ids(ex)} ({len(ex)})"))
 
 
 def register(app: typer.Typer) -> None:

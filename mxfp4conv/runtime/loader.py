@@ -348,7 +348,10 @@ def load_moe_layers(
     where = str(root)
     _check_request(manifest, where, rank, arch, tp, backend)
     weight_map = _weight_map(root)
-    headers = _shard_headers(root, weight_map, manifest)
+    # only the shards this rank reads: a node may hold its ranks' share of the files alone
+    mine = {n for prefix in (manifest["moe"].get("layers") or [])
+            for n in rank_tensor_names(weight_map, prefix, rank, where).values()}
+    headers = _shard_headers(root, {n: s for n, s in weight_map.items() if n in mine}, manifest)
     crcs = checksums_to_check(manifest, root, weight_map, check_checksums)
     target, moe, layout = manifest["target"], manifest["moe"], manifest["layout"]
     dev = torch.device(device)

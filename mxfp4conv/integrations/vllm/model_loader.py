@@ -94,6 +94,37 @@ def match_layers(model: torch.nn.Module, prefixes: list[str], where: str) -> dic
     return out
 
 
+def worker_moe_rank(manifest: dict[str, Any]) -> int | None:
+    """This worker's MoE rank in the manifest's layout, from vLLM's process groups (its data- and
+    tensor-parallel ranks, flattened as vLLM does); None where the groups are not up or the server's
+    tp / dp are not the manifest's (then every shard is fetched and the layer checks decide)."""
+    try:
+        from vllm.distributed import get_dp_group, get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
+
+        from mxfp4conv.runtime.loader import parallel_layout
+
+        par = parallel_layout(manifest)
+        dp = get_dp_group()
+        if (get_tensor_model_parallel_world_size(), dp.world_size) != (par.tp, par.dp):
+            return None
+        return par.moe_rank(dp.rank_in_group, get_tensor_model_parallel_rank())
+    except Exception:  # noqa: BLE001 (no groups yet, or another layout: fetch everything)
+        return None
+
+
+def hub_patterns(meta_root: Path, rank: int | None) -> list[str]:
+    """The files one worker fetches from the hub: the JSON files (already in ``meta_root``), the
+    shared tensors' shards and those of its MoE rank (``mxfp4conv ranks``); every shard when the
+    rank is not known."""
+    if rank is None:
+        return list(_HUB_FILES)
+    from mxfp4conv.convert.rank_files import node_share
+
+    weight_map = _weight_map(meta_root)
+    share = node_share(weight_map, [rank], {})
+    return ["*.json", *share.shared_shards, *share.rank_shards]
+
+
 def refresh_engine_env() -> None:
     """vLLM reads some switches once at import; read them again after runtime_env was applied."""
     from vllm.platforms import current_platform
@@ -144,9 +175,13 @@ def loader_class():
                 else:
                     from huggingface_hub import snapshot_download
 
-                    self._root = Path(snapshot_download(path, revision=model_config.revision,
-                                                        allow_patterns=_HUB_FILES,
-                                                        cache_dir=self.load_config.download_dir))
+                    def fetch(patterns: list[str]) -> Path:
+                        return Path(snapshot_download(path, revision=model_config.revision, allow_patterns=patterns,
+                                                      cache_dir=self.load_config.download_dir))
+
+                    # the manifest and index first, then this worker's share of the shards only
+                    meta = fetch(["*.json"])
+                    self._root = fetch(hub_patterns(meta, worker_moe_rank(read_manifest(meta))))
             return self._root
 
         def load_model(self, vllm_config, model_config, prefix: str = ""):
