@@ -5,6 +5,7 @@ decode path without tensor cores or the identity-layout MMA kernels) and runs th
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -14,9 +15,9 @@ from mxfp4conv.kernels.triton_moe import gemv_kernels as GK
 from mxfp4conv.kernels.triton_moe import hopper_kernels as HK
 from mxfp4conv.kernels.triton_moe import mma_kernels as K
 from mxfp4conv.kernels.triton_moe.config import MoEConfig
-from mxfp4conv.kernels.triton_moe.gluon_forward import _gluon_forward, _gluon_grouped_forward
 from mxfp4conv.kernels.triton_moe.gluon_choice import (device_sms, gluon_plan, gluon_rows2, grouped_plan, loop_tuning,
                                                      sum2_by_kernel)
+from mxfp4conv.kernels.triton_moe.gluon_forward import _gluon_forward, _gluon_grouped_forward
 from mxfp4conv.kernels.triton_moe.hopper_forward import _hopper_forward
 from mxfp4conv.kernels.triton_moe.launch import (_TL_DTYPES, _act_launch, _activation_args, _check_inputs,
                                                  _launch_options, _sum_launch, _two_gemms, moe_align)
@@ -41,40 +42,108 @@ def fused_moe_triton(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, *,
     T, H, E, i_pad = _check_inputs(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids,
                                    w13_bias, w2_bias, layout)
     act = _activation_args(activation, activation_params)
-    top_k = topk_ids.shape[1]
-    num_pairs = T * top_k
+    num_pairs = T * topk_ids.shape[1]
     out = torch.empty_like(x)
     if num_pairs == 0:
         return out.zero_()
     cfg = config or select_config(num_pairs, E, H, i_pad, layout)
-    if layout in HOPPER_SETS:
-        weights = (w13, w13_scale, w2, w2_scale)
-        plan = gluon_plan(cfg, x, weights, top_k, layout)
-        if plan is not None:
-            rows2 = gluon_rows2(cfg, H, i_pad, plan[1])
-            done = _gluon_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias,
-                                  act, out, plan, cfg.gluon == 1, cfg.gluon_pdl, sum2_by_kernel(cfg, i_pad, plan),
-                                  cfg.gluon_frag == 1, rows2,
-                                  loop_tuning(cfg, False, plan[0], rows2, i_pad // 64 * num_pairs * plan[2],
-                                              device_sms(x.device), HOPPER_ORDERS[layout]),
-                                  cfg.gluon_counters == 1, cfg.gluon_sum_pdl == 1, order=HOPPER_ORDERS[layout])
-            if done is not None:
-                return done
-        elif (blocks := grouped_plan(cfg, x, weights, topk_ids.shape[1], layout, E)) is not None:
-            done = _gluon_grouped_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias,
-                                          act, out, cfg, blocks, HOPPER_ORDERS[layout])
-            if done is not None:
-                return done
-        return _hopper_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias,
-                               act, cfg, out, rot=HK.ORDER_IDS[HOPPER_ORDERS[layout]])
-    if uses_gemv(cfg, num_pairs, E):
-        try:
-            w13q, w2q = w13.view(torch.int32), w2.view(torch.int32)
-        except RuntimeError:  # storage not 4-byte aligned: the MMA path's byte decode reads it as is
-            w13q = None
-        if w13q is not None:
-            return _gemv_forward(x, w13q, w13_scale, w2q, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias,
-                                 act, cfg, out)
+    call = _Call(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias, act, cfg, out, layout)
+    for _, plan_of, run in HOPPER_PATHS if layout in HOPPER_SETS else IDENTITY_PATHS:
+        plan = plan_of(call)
+        if plan is not None and (done := run(call, plan)) is not None:
+            return done
+    raise AssertionError("the last path of each table takes every call")  # pragma: no cover
+
+
+@dataclass(frozen=True)
+class _Call:
+    """One call's operands, activation arguments, configuration and output, as the paths take them."""
+
+    x: torch.Tensor
+    w13: torch.Tensor
+    w13_scale: torch.Tensor
+    w2: torch.Tensor
+    w2_scale: torch.Tensor
+    topk_weights: torch.Tensor
+    topk_ids: torch.Tensor
+    w13_bias: torch.Tensor | None
+    w2_bias: torch.Tensor | None
+    act: dict
+    cfg: MoEConfig
+    out: torch.Tensor
+    layout: str
+
+    @property
+    def tensors(self) -> tuple:
+        return (self.x, self.w13, self.w13_scale, self.w2, self.w2_scale, self.topk_weights, self.topk_ids,
+                self.w13_bias, self.w2_bias)
+
+    @property
+    def weights(self) -> tuple:
+        return self.w13, self.w13_scale, self.w2, self.w2_scale
+
+
+def _pairs_run(c: _Call, plan):
+    H, i_pad, num_pairs = c.x.shape[1], c.w13.shape[1] // 2, c.topk_ids.numel()
+    cfg, order = c.cfg, HOPPER_ORDERS[c.layout]
+    rows2 = gluon_rows2(cfg, H, i_pad, plan[1])
+    return _gluon_forward(*c.tensors, c.act, c.out, plan, cfg.gluon == 1, cfg.gluon_pdl,
+                          sum2_by_kernel(cfg, i_pad, plan), cfg.gluon_frag == 1, rows2,
+                          loop_tuning(cfg, False, plan[0], rows2, i_pad // 64 * num_pairs * plan[2],
+                                      device_sms(c.x.device), order),
+                          cfg.gluon_counters == 1, cfg.gluon_sum_pdl == 1, order=order)
+
+
+def _grouped_run(c: _Call, plan):
+    return _gluon_grouped_forward(*c.tensors, c.act, c.out, c.cfg, plan, HOPPER_ORDERS[c.layout])
+
+
+def _hopper_run(c: _Call, _plan):
+    return _hopper_forward(*c.tensors, c.act, c.cfg, c.out, rot=HK.ORDER_IDS[HOPPER_ORDERS[c.layout]])
+
+
+def _gemv_plan(c: _Call):
+    """The weights as int32 words where the decode path without tensor cores takes the call (uses_gemv), else None
+    (also where their storage is not 4-byte aligned: the MMA path's byte decode reads it as is)."""
+    if not uses_gemv(c.cfg, c.topk_ids.numel(), c.w13.shape[0]):
+        return None
+    try:
+        return c.w13.view(torch.int32), c.w2.view(torch.int32)
+    except RuntimeError:
+        return None
+
+
+def _gemv_run(c: _Call, words):
+    return _gemv_forward(c.x, words[0], c.w13_scale, words[1], c.w2_scale, c.topk_weights, c.topk_ids, c.w13_bias,
+                         c.w2_bias, c.act, c.cfg, c.out)
+
+
+def _mma_run(c: _Call, _plan):
+    return _mma_forward(*c.tensors, c.act, c.cfg, c.out)
+
+
+# The paths a call may take, asked in order: the first whose plan takes the call runs it. A Gluon path whose kernels
+# fail to compile here gives None, and the next path runs the call; the last of each table takes every call. Which
+# calls each path takes (and why) is in gluon_choice (pairs_take, grouped_takes), tiles (uses_gemv) and
+# docs/performance.md ("What runs").
+HOPPER_PATHS = (  # the hopper_mma layouts
+    ("gluon per pair", lambda c: gluon_plan(c.cfg, c.x, c.weights, c.topk_ids.shape[1], c.layout), _pairs_run),
+    ("gluon expert blocks",
+     lambda c: grouped_plan(c.cfg, c.x, c.weights, c.topk_ids.shape[1], c.layout, c.w13.shape[0]), _grouped_run),
+    ("hopper_mma", lambda c: True, _hopper_run),
+)
+IDENTITY_PATHS = (  # the canonical bytes
+    ("decode without tensor cores", _gemv_plan, _gemv_run),
+    ("mma", lambda c: True, _mma_run),
+)
+
+
+def _mma_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias, act, cfg, out):
+    """The tensor-core path over the identity layout (moe_gemm1/2_kernel)."""
+    T, H = x.shape
+    i_pad = w13.shape[1] // 2
+    top_k = topk_ids.shape[1]
+    num_pairs = T * top_k
     dtype = getattr(triton.language, _TL_DTYPES[x.dtype])
     if cfg.mode not in (0, 1):
         raise RuntimeInputError(f"fused_moe_triton: mode must be 0 (byte decode) or 1 (word decode), got {cfg.mode}.")
