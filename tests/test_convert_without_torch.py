@@ -180,4 +180,4 @@ def test_the_runtime_without_torch_says_which_extra_to_install():
     p = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, env=env, timeout=120)
     assert p.returncode == 1
     assert "ImportError: mxfp4conv.runtime needs torch" in p.stderr
-    assert "pip install 'mxfp4conv[runtime]'" in p.stderr and "download.pytorch.org/whl/cpu" in p.stderr
+    assert "pip install -e '.[runtime]'" in p.stderr and "download.pytorch.org/whl/cpu" in p.stderr

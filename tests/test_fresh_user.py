@@ -117,7 +117,7 @@ def test_convert_and_inspect_end_with_the_serve_command(synth, tmp_path, capsys)
     # experts the vLLM plugin does not load: how to load them with mxfp4conv.runtime
     rc, stdout, _ = run_cli(["convert", synth("compressed_tensors"), tmp_path / "ct", "--arch", "sm90"], capsys)
     assert rc == 0 and "vllm serve" not in stdout
-    assert f"load_moe_layers('{tmp_path / 'ct'}', rank=0)" in stdout and "mxfp4conv[runtime]" in stdout
+    assert f"load_moe_layers('{tmp_path / 'ct'}', rank=0)" in stdout and "pip install -e '.[runtime]'" in stdout
 
 
 def test_progress_lines_never_name_a_finished_shard_as_being_written(synth, tmp_path):

@@ -27,7 +27,7 @@ def serve_lines(out, manifest: dict) -> list[str]:
     path = shlex.quote(str(out))
     if moe.get("moe_method") not in PLUGIN_METHODS:
         return [f"Serve it: vLLM's plugin does not load {moe.get('moe_method')} experts; load them in Python with "
-                f"mxfp4conv.runtime (pip install 'mxfp4conv[runtime]'): "
+                f"mxfp4conv.runtime (the runtime extra: pip install -e '.[runtime]'): "
                 f"load_moe_layers({str(out)!r}, rank=0), then fused_moe(x, experts, topk_weights, topk_ids)."]
     env = " ".join(f"{k}={shlex.quote(str(v))}" for k, v in sorted((manifest.get("runtime_env") or {}).items()))
     cmd = f"vllm serve {path} --load-format mxfp4conv"

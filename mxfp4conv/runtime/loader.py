@@ -324,6 +324,23 @@ def parallel_layout(manifest_or_path) -> "MoeParallel":  # noqa: F821
     return from_record(t.get("parallel"), tp=int(t["tp"]), ep=bool(t["ep"]), num_experts=int(m["moe"]["num_experts"]))
 
 
+def _device(device) -> torch.device:
+    """``device`` as a torch device that exists here: a missing GPU is one clear error, before
+    anything is read (torch would fail later, on the first copy, with a driver traceback)."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise RuntimeInputError(f"device {device!r} is not a torch device name ({exc}); pass e.g. 'cpu' or 'cuda:0'.") from None
+    if dev.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if (dev.index or 0) >= count:
+            have = (f"only {count} CUDA device(s): load on cuda:0 to cuda:{count - 1}, or on" if count
+                    else "no CUDA device: load on")
+            raise RuntimeInputError(f"device {device!r}: this machine has {have} device='cpu' (the torch "
+                                    f"reference backend).")
+    return dev
+
+
 def load_moe_layers(
     path: str | os.PathLike,
     rank: int = 0,
@@ -354,7 +371,7 @@ def load_moe_layers(
     headers = _shard_headers(root, {n: s for n, s in weight_map.items() if n in mine}, manifest)
     crcs = checksums_to_check(manifest, root, weight_map, check_checksums)
     target, moe, layout = manifest["target"], manifest["moe"], manifest["layout"]
-    dev = torch.device(device)
+    dev = _device(device)
     stored_layout = {k: str(layout.get(k, "identity")) for k in WEIGHT_KINDS}
     stored_aiter = any(is_aiter_layout(n) for n in stored_layout.values())
     runtime_env = {str(k): str(v) for k, v in (manifest.get("runtime_env") or {}).items()}
