@@ -112,6 +112,12 @@ def test_convert_and_inspect_end_with_the_serve_command(synth, tmp_path, capsys)
     assert stdout.splitlines()[-1].strip() == want
     rc, stdout, _ = run_cli(["inspect", out], capsys)
     assert rc == 0 and want in stdout
+    # the whole server layout: data parallel and the placement asked
+    rc, stdout, _ = run_cli(["convert", synth("kimi_k3"), tmp_path / "dp", "--arch", "gfx950", "--tp", "2", "--dp", "2",
+                             "--ep", "--placement", "round_robin", "--json"], capsys)
+    assert rc == 0 and json.loads(stdout)["serve"].endswith(
+        f"vllm serve {tmp_path / 'dp'} --load-format mxfp4conv --tensor-parallel-size 2 --data-parallel-size 2 "
+        f"--enable-expert-parallel --expert-placement-strategy round_robin")
     rc, stdout, _ = run_cli(["convert", synth("kimi_k3"), tmp_path / "h", "--arch", "h200", "--json"], capsys)
     assert json.loads(stdout)["serve"] == f"vllm serve {tmp_path / 'h'} --load-format mxfp4conv"
     # experts the vLLM plugin does not load: how to load them with mxfp4conv.runtime

@@ -30,11 +30,21 @@ def serve_lines(out, manifest: dict) -> list[str]:
                 f"mxfp4conv.runtime (the runtime extra: pip install -e '.[runtime]'): "
                 f"load_moe_layers({str(out)!r}, rank=0), then fused_moe(x, experts, topk_weights, topk_ids)."]
     env = " ".join(f"{k}={shlex.quote(str(v))}" for k, v in sorted((manifest.get("runtime_env") or {}).items()))
+    from mxfp4conv.format.parallel import DEFAULT_ALL2ALL, from_record
+
+    par = from_record(t.get("parallel"), tp=int(t.get("tp") or 1), ep=bool(t.get("ep")),
+                      num_experts=int(moe.get("num_experts") or 1))
     cmd = f"vllm serve {path} --load-format mxfp4conv"
-    if int(t.get("tp") or 1) > 1:
-        cmd += f" --tensor-parallel-size {int(t['tp'])}"
-    if t.get("ep"):
+    for flag, value in (("--tensor-parallel-size", par.tp), ("--data-parallel-size", par.dp),
+                        ("--prefill-context-parallel-size", par.pcp)):
+        if value > 1:
+            cmd += f" {flag} {value}"
+    if par.ep:
         cmd += " --enable-expert-parallel"
+    if par.requested_placement != "linear":
+        cmd += f" --expert-placement-strategy {par.requested_placement}"
+    if par.all2all != DEFAULT_ALL2ALL and par.all2all_kernels:
+        cmd += f" --all2all-backend {par.all2all}"
     backend = _moe_backend_string((t.get("options") or {}).get("forced_backend"))
     if backend:
         cmd += f" --moe-backend {backend}"
