@@ -19,9 +19,8 @@ from typing import Callable, Mapping
 
 import torch
 
-from mxfp4conv.errors import RuntimeInputError
+from mxfp4conv.format.activations import activation_params
 
-ACTIVATIONS = ("situ", "silu", "swigluoai")
 
 
 def situ(g: torch.Tensor, u: torch.Tensor, beta: float = 1.0, linear_beta: float | None = None) -> torch.Tensor:
@@ -42,36 +41,6 @@ def swigluoai(g: torch.Tensor, u: torch.Tensor, alpha: float = 1.702, limit: flo
     g = torch.clamp(g, max=limit)
     u = torch.clamp(u, -limit, limit)
     return (u + 1.0) * g * torch.sigmoid(alpha * g)
-
-
-def _param(params: Mapping[str, float], *names: str, default=None):
-    for n in names:
-        if params.get(n) is not None:
-            return float(params[n])
-    return default
-
-
-def activation_params(name: str, params: Mapping[str, float] | None) -> dict[str, float | None]:
-    """The named parameters of ``name`` from manifest ``activation_params`` (aliases, defaults):
-    situ -> beta, linear_beta; silu -> swiglu_limit; swigluoai -> alpha, limit."""
-    params = dict(params or {})
-    if name == "situ":
-        return {
-            "beta": _param(params, "beta", "situ_beta", "activation_situ_beta", default=1.0),
-            "linear_beta": _param(params, "linear_beta", "situ_linear_beta", "activation_situ_linear_beta"),
-        }
-    if name == "silu":
-        return {"swiglu_limit": _param(params, "swiglu_limit", "limit", "clamp_limit")}
-    if name == "swigluoai":
-        return {
-            "alpha": _param(params, "alpha", "swiglu_alpha", default=1.702),
-            "limit": _param(params, "limit", "swiglu_limit", default=7.0),
-        }
-    raise RuntimeInputError(
-        f"The MoE activation {name!r} is not supported by the runtime; supported activations are "
-        f"{', '.join(ACTIVATIONS)}. Convert the checkpoint with a supported activation or extend "
-        "mxfp4conv.runtime.activations."
-    )
 
 
 def resolve_activation(name: str, params: Mapping[str, float] | None) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from mxfp4conv.errors import CheckpointError, RuntimeInputError
-from mxfp4conv.runtime.activations import activation_params
+from mxfp4conv.format.activations import activation_params
 from mxfp4conv.runtime.experts import MoEExperts
 
 GATE_MODES = {"aiter_p16_gu16": "INTERLEAVE", "aiter_p16": "SEPARATED"}

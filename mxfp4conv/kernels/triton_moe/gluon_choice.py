@@ -12,7 +12,6 @@ import torch
 import triton
 
 from mxfp4conv.errors import RuntimeInputError
-
 from mxfp4conv.kernels.triton_moe.config import MoEConfig
 from mxfp4conv.kernels.triton_moe.gluon_load import _GLUON_BROKEN, _gluon_module
 from mxfp4conv.kernels.triton_moe.launch import _big_scales

@@ -10,7 +10,6 @@ import torch
 import triton
 
 from mxfp4conv.errors import RuntimeInputError
-
 from mxfp4conv.kernels.triton_moe import hopper_kernels as HK
 from mxfp4conv.kernels.triton_moe.config import MoEConfig
 from mxfp4conv.kernels.triton_moe.gluon_load import _GLUON_BROKEN, _compiled_or_none, _gluon_module, _gluon_wgmma_module

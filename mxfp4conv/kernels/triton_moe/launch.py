@@ -12,8 +12,7 @@ import torch
 import triton
 
 from mxfp4conv.errors import RuntimeInputError
-from mxfp4conv.runtime.activations import activation_params
-
+from mxfp4conv.format.activations import activation_params
 from mxfp4conv.kernels.triton_moe import mma_kernels as K
 from mxfp4conv.kernels.triton_moe.config import MoEConfig
 from mxfp4conv.kernels.triton_moe.layouts import HOPPER_SETS, LAYOUT_SETS

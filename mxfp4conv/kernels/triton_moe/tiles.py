@@ -7,7 +7,6 @@ from __future__ import annotations
 import triton
 
 from mxfp4conv.errors import RuntimeInputError
-
 from mxfp4conv.kernels.triton_moe.config import MoEConfig
 from mxfp4conv.kernels.triton_moe.layouts import HOPPER_SETS
 
