@@ -39,7 +39,10 @@ LAYOUTS = {
     "dp4-ep-round_robin": dict(tp=1, dp=4, **RR),
     "tp4-ep-round_robin": dict(tp=4, dp=1, **RR),
     "dp2-tp2": dict(tp=2, dp=2),
+    # served with --enable-eplb and 4 redundant experts: 12 physical experts, 3 a rank
+    "dp2-tp2-ep-eplb4": dict(tp=2, dp=2, ep=True),
 }
+REDUNDANT = {"dp2-tp2-ep-eplb4": 4}
 PLATFORMS = {"gfx950": "probe", "sm90": "probe_params"}
 RELEASES = ("0.33.0", "0.34.0")
 
@@ -57,6 +60,8 @@ def converted(synth, tmp_path_factory):  # noqa: F811
     out = {}
     for arch in PLATFORMS:
         for name, kw in LAYOUTS.items():
+            if name in REDUNDANT and arch != "gfx950":
+                continue
             dst = tmp_path_factory.mktemp("layouts") / f"{arch}-{name}"
             convert(src, dst, Target(arch, **kw), force=True, progress="off")
             out[(arch, name)] = (src, dst)
@@ -84,7 +89,10 @@ def cases_of(arch: str, name: str, src, out) -> list[dict]:
             "activation": t["activation"], "routing": moe["routing"], "has_bias": moe["has_bias"],
             "swiglu_limit": p.get("swiglu_limit", p.get("limit")),
             "model_type": None,
-            "server_env": server_env, "layout": name,
+            "server_env": server_env, "layout": name, "redundant": REDUNDANT.get(name, 0),
+            # sm90, data parallel 1: also the layer's apply (vLLM's modular kernel with its expert map
+            # around mxfp4conv's Triton experts, in the interpreter) against the torch reference
+            "kernel": arch == "sm90" and kw["dp"] == 1 and rank == 1,
         })
     return cases
 
@@ -97,7 +105,8 @@ def results_for(converted, arch: str, version: str) -> dict:
     key = (arch, version)
     if key not in _RESULTS:
         src_dir = harness.require_vllm(version)
-        cases = [c for name in LAYOUTS for c in cases_of(arch, name, *converted[(arch, name)])]
+        cases = [c for name in LAYOUTS if (arch, name) in converted
+                 for c in cases_of(arch, name, *converted[(arch, name)])]
         got = harness.run_probe(arch, f"tests/vllm_plugin_probe.py:{PLATFORMS[arch]}", cases, src=src_dir,
                                 timeout=1800)
         _RESULTS[key] = {(c["layout"], c["rank"]): r for c, r in zip(cases, got)}
@@ -120,7 +129,11 @@ def test_gfx950_every_rank_equals_vllms_load(converted, version, name):
         assert (pc["use_ep"], pc["ep_size"] if pc["use_ep"] else pc["tp_size"]) == (par.use_ep, par.ranks)
         assert (pc["ep_rank"] if pc["use_ep"] else pc["tp_rank"]) == rank
         assert normal["placement"] == par.placement
-        assert normal["expert_ids"] == list(par.experts(rank)) == m["target"]["parallel"]["rank_map"][rank]["experts"]
+        if name in REDUNDANT:  # vLLM's map is over the physical experts: linear, E + R of them
+            per = (m["moe"]["num_experts"] + REDUNDANT[name]) // par.ranks
+            assert normal["expert_ids"] == list(range(rank * per, (rank + 1) * per))
+        else:
+            assert normal["expert_ids"] == list(par.experts(rank)) == m["target"]["parallel"]["rank_map"][rank]["experts"]
         for role in ("canary", "plugin"):
             got = r[role]
             assert "raised" not in got, got
@@ -142,7 +155,7 @@ def test_round_robin_is_kept_or_falls_back_as_vllm_decides(converted):
 
 
 @pytest.mark.parametrize("version", RELEASES)
-@pytest.mark.parametrize("name", list(LAYOUTS))
+@pytest.mark.parametrize("name", [n for n in LAYOUTS if n not in REDUNDANT])
 def test_sm90_every_rank_equals_vllms_load(converted, version, name):
     results = results_for(converted, "sm90", version)
     m = read_manifest(converted[("sm90", name)][1])
@@ -155,3 +168,8 @@ def test_sm90_every_rank_equals_vllms_load(converted, version, name):
         assert r["expert_ids"] == r["facts_expert_ids"] == r["loaded_expert_ids"] == list(par.experts(rank))
         assert r["ir"][0] == r["ir"][1]
         assert r["plugin"] == r["normal"], (name, rank)
+        assert (r["kernel"] is not None) == (LAYOUTS[name]["dp"] == 1 and rank == 1)
+        if r["kernel"] is not None:
+            k = r["kernel"]
+            assert (k["mode"], k["experts"]) == ("mxfp4conv_kernel", "Mxfp4convTritonExperts")
+            assert k["ref_norm"] > 0 and k["rel_err"] < 2e-3, k

@@ -265,10 +265,26 @@ def test_same_moe_layout_from_other_tp_dp_is_served(synth, caplog):  # noqa: F81
     assert "laid out the same" in caplog.text
 
 
-def test_eplb_redundant_experts_are_refused_with_the_reason(synth):  # noqa: F811
+def test_eplb_redundant_experts_take_vllms_initial_placement(synth):  # noqa: F811
+    """EPLB with 4 redundant experts over 4 EP ranks: 12 physical experts, 3 a rank, physical p
+    holding logical p, then p - 8; each worker gathers its slots' logical experts."""
     m = manifest_of(synth("deepseek_v4"), Target("gfx950", tp=2, dp=2, ep=True))
-    facts = dataclasses.replace(live_facts(m, "deepseek_v4"), enable_eplb=True, global_experts=12, logical_experts=8)
-    refused(m, facts, "EPLB with 4 redundant experts", "12 physical experts", "logical expert p mod 8",
-            "num_redundant_experts 0", "vLLM's own loader")
-    eplb = dataclasses.replace(live_facts(m, "deepseek_v4"), enable_eplb=True)  # no redundant experts: served
-    assert check_layer(m, eplb, m["moe"]["layers"][0], "OUT").rank == 0
+    for rank, logical in enumerate([(0, 1, 2), (3, 4, 5), (6, 7, 0), (1, 2, 3)]):
+        facts = dataclasses.replace(live_facts(m, "deepseek_v4", rank), enable_eplb=True, global_experts=12,
+                                    logical_experts=8, local_experts=3,
+                                    expert_ids=tuple(range(3 * rank, 3 * rank + 3)))
+        plan = check_layer(m, facts, m["moe"]["layers"][0], "OUT")
+        assert (plan.rank, plan.experts, plan.mode) == (rank, logical, "kernel_ready")
+    eplb = dataclasses.replace(live_facts(m, "deepseek_v4"), enable_eplb=True)  # no redundant experts
+    assert check_layer(m, eplb, m["moe"]["layers"][0], "OUT").experts is None
+
+
+def test_eplb_redundant_experts_refused_where_they_cannot_be_gathered(synth):  # noqa: F811
+    tp = manifest_of(synth("deepseek_v4"), Target("gfx950", tp=4))  # no EP in the checkpoint
+    facts = dataclasses.replace(live_facts(tp, "deepseek_v4"), use_ep=True, tp_size=1, ep_size=4, enable_eplb=True,
+                                global_experts=12, logical_experts=8, local_experts=3, expert_ids=(0, 1, 2))
+    refused(tp, facts, "EPLB with 4 redundant experts", "MoE tensor parallel over 4 ranks", "--ep")
+    own = manifest_of(synth("deepseek_v4"), Target("sm90", tp=2, dp=2, ep=True))  # mxfp4conv's kernel
+    facts = dataclasses.replace(live_facts(own, "deepseek_v4"), enable_eplb=True, global_experts=12,
+                                logical_experts=8, local_experts=3, expert_ids=(0, 1, 2))
+    refused(own, facts, "mxfp4conv's own kernel", "EPLB with redundant experts", "--backend PICK")

@@ -107,14 +107,16 @@ def build_layer(case: dict):
     # the process groups such a worker has (no torch.distributed here); vLLM's own make() derives the rest
     moe_config_module.get_tensor_model_parallel_rank = lambda: tp_rank
     moe_config_module.get_dp_group = lambda: types.SimpleNamespace(rank_in_group=dp_rank, world_size=dp)
+    redundant = case.get("redundant", 0)  # EPLB's redundant experts (--eplb-config num_redundant_experts)
     server = types.SimpleNamespace(enable_expert_parallel=ep, all2all_backend=case.get("all2all", "allgather_reducescatter"),
-                                   enable_eplb=False, mori_ep_v2=None)  # (0.34 reads mori_ep_v2)
+                                   enable_eplb=redundant > 0, mori_ep_v2=None)  # (0.34 reads mori_ep_v2)
     par = FusedMoEParallelConfig.make(tp_size_=tp, pcp_size_=1, dp_size_=dp, sp_size_=1, vllm_parallel_config=server)
     activation = MoEActivation(case["activation"])
-    manager = ExpertMapManager(max_num_batched_tokens=256, top_k=g["top_k"], global_num_experts=g["num_experts"],
-                               num_redundant_experts=0, num_expert_group=case.get("num_expert_group"),
+    manager = ExpertMapManager(max_num_batched_tokens=256, top_k=g["top_k"],
+                               global_num_experts=g["num_experts"] + redundant,
+                               num_redundant_experts=redundant, num_expert_group=case.get("num_expert_group"),
                                moe_parallel_config=par, placement_strategy=case.get("placement", "linear"),
-                               enable_eplb=False,
+                               enable_eplb=redundant > 0,
                                rocm_aiter_enabled=rocm_aiter_ops.is_fused_moe_enabled() and activation.is_gated)
     intermediate = g["intermediate"]
     k3_min = case.get("k3_min_per_partition")
@@ -122,7 +124,7 @@ def build_layer(case: dict):
     if k3_padded:  # Kimi-K3's AMD model (models/kimi_k3/amd/linear.py) hands FusedMoE min * tp
         intermediate = k3_min * tp
     moe = FusedMoEConfig(
-        num_experts=g["num_experts"], experts_per_token=g["top_k"], hidden_dim=g["hidden"],
+        num_experts=g["num_experts"] + redundant, experts_per_token=g["top_k"], hidden_dim=g["hidden"],
         intermediate_size=intermediate, num_local_experts=manager.local_num_experts,
         num_logical_experts=g["num_experts"], activation=activation, device="cpu",
         routing_method=RoutingMethodType[case["routing"]], moe_parallel_config=par, in_dtype=torch.bfloat16,
@@ -164,7 +166,22 @@ def load_normal(layer, case: dict) -> None:
         shard = SHARD[proj]
         param_name = ("w2" if shard == "w2" else "w13") + "_" + SUFFIX[suffix]
         param = getattr(layer, param_name)
-        param.weight_loader(param, t, weight_name=f"{layer.layer_name}.{param_name}", shard_id=shard, expert_id=expert)
+        for physical in _physical(expert, case):
+            param.weight_loader(param, t, weight_name=f"{layer.layer_name}.{param_name}", shard_id=shard,
+                                expert_id=physical)
+
+
+def _physical(expert: int, case: dict) -> list[int]:
+    """The physical experts that hold logical ``expert``: itself, and with EPLB's redundant experts
+    the copies vLLM's own mapping loads it into (build_expert_params_mapping over
+    EplbState.build_initial_global_physical_to_logical_map)."""
+    redundant = case.get("redundant", 0)
+    if not redundant:
+        return [expert]
+    from vllm.distributed.eplb.eplb_state import EplbState
+
+    p2l = EplbState.build_initial_global_physical_to_logical_map(case["geometry"]["num_experts"], redundant)
+    return [p for p, logical in enumerate(p2l) if logical == expert]
 
 
 def _load_gpt_oss(layer, case: dict, weights) -> None:
@@ -198,14 +215,14 @@ def load_plugin(layer, case: dict, judge=None) -> str:
     from mxfp4conv.integrations.vllm.checks import check_layer
     from mxfp4conv.integrations.vllm.facts import layer_facts
     from mxfp4conv.integrations.vllm.layer import install
-    from mxfp4conv.integrations.vllm.rank_tensors import read_layer
+    from mxfp4conv.integrations.vllm.rank_tensors import layer_tensors
     from mxfp4conv.runtime.loader import _weight_map, read_manifest
 
     root = Path(case["converted"])
     manifest = read_manifest(root)
     plan = check_layer(manifest, layer_facts(layer), case["prefix"], str(root))
-    stored = read_layer(root, _weight_map(root), manifest, plan.prefix, plan.rank)
-    install(layer, plan, stored, manifest, str(root), judge)
+    stored, seen = layer_tensors(root, _weight_map(root), manifest, plan)
+    install(layer, plan, stored, seen, str(root), judge)
     return plan.mode
 
 
@@ -436,7 +453,8 @@ def probe_params(case: dict) -> dict:
     ex = canonical(load_moe_layers(root, rank=plan.rank, backend="torch")[case["prefix"]])
     ours = _real_regions(ex.w13_weight, ex.w13_weight_scale, ex.w2_weight, ex.w2_weight_scale,
                          ex.intermediate_per_rank_padded, ex.intermediate_per_rank, ex.hidden)
-    return {"mode": plan.mode, "rank": plan.rank, "expert_ids": expert_ids(layer),
+    kernel = probe_kernel(case) if case.get("kernel") else None  # the layer's apply on these experts
+    return {"mode": plan.mode, "rank": plan.rank, "expert_ids": expert_ids(layer), "kernel": kernel,
             "facts_expert_ids": list(facts.expert_ids), "loaded_expert_ids": list(ex.global_ids),
             "normal": normal, "plugin": ours, "ir": [ir, ex.intermediate_per_rank],
             "loaded": bool(layer.w13_weight.data.any()), "backend": layer.quant_method.mxfp4_backend.name,

@@ -135,3 +135,14 @@ def from_record(rec: dict | None, *, tp: int, ep: bool, num_experts: int) -> Moe
                        all2all=str(rec.get("all2all_backend", DEFAULT_ALL2ALL)), num_experts=num_experts,
                        placement=str(rec["placement"]), moe_tp=int(rec["moe_tp"]), ep_size=int(rec["ep_size"]),
                        use_ep=bool(rec["use_ep"]))
+
+
+def eplb_initial_logical(par: MoeParallel, physical: int, rank: int) -> tuple[int, ...]:
+    """vLLM's initial EPLB placement with redundant experts, for EP rank ``rank``: the layer holds
+    ``physical`` = E + R experts placed linearly (EPLB needs them to split evenly), physical
+    expert p holding logical expert p for p < E and (p - E) mod E after
+    (``EplbState.build_initial_global_physical_to_logical_map``); the logical ids of the rank's
+    physical experts, in local order."""
+    per = physical // par.ep_size
+    E = par.num_experts
+    return tuple(p if p < E else (p - E) % E for p in range(rank * per, (rank + 1) * per))

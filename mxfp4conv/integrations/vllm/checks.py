@@ -48,6 +48,9 @@ class LayerPlan:
     prefix: str  # the manifest's (checkpoint) module prefix
     mode: str  # kernel_ready | vllm_transforms | mxfp4conv_kernel
     rank: int  # the manifest rank this worker reads
+    # EPLB with redundant experts: the logical experts of this worker's physical slots, gathered
+    # from the ranks that hold them; None: the manifest rank as written
+    experts: tuple[int, ...] | None = None
 
 
 def release_of(version: str) -> str:
@@ -105,7 +108,7 @@ def check_layer(manifest: dict[str, Any], facts: EngineFacts, prefix: str, where
     if str(t["arch"]).lower() != facts.arch:
         raise refuse("arch", t["arch"], f"a {facts.arch} device",
                      f"Serve it on {t['arch']}, or convert the source again with --arch {facts.arch}.")
-    rank = _check_layout(manifest, facts, prefix, where)
+    rank, experts = _check_layout(manifest, facts, prefix, where)
     picked = manifest_vllm_backend(manifest)
     if facts.backend != picked:
         raise refuse("the MoE backend vLLM picks there,", picked, f"vLLM's oracle picking {facts.backend}",
@@ -140,14 +143,19 @@ def check_layer(manifest: dict[str, Any], facts: EngineFacts, prefix: str, where
     if mode != "mxfp4conv_kernel":
         geometry = (("hidden size (padded)", moe["hidden_padded"], facts.hidden_padded),
                     ("intermediate size per rank (padded)", moe["intermediate_per_rank_padded"], facts.intermediate_padded),
-                    ("experts per rank", moe["experts_per_rank"], facts.local_experts))
+                    ("experts per rank", len(experts) if experts else moe["experts_per_rank"], facts.local_experts))
         for what, ours, theirs in geometry:
             if int(ours) != theirs:
                 raise refuse(what, ours, f"{what} {theirs} in vLLM's parameters",
                              "vLLM rounds sizes up for the backend it picks; convert the source again for this server.")
     if activation == "situ" and mode == "kernel_ready":
         _check_situv2(manifest, facts, stored, refuse)
-    return LayerPlan(prefix=prefix, mode=mode, rank=rank)
+    if experts is not None and mode == "mxfp4conv_kernel":
+        raise refuse("", "mxfp4conv's own kernel", "EPLB with redundant experts",
+                     "mxfp4conv's kernel is loaded by its runtime rank by rank, without redundant copies; serve "
+                     "without redundant experts, or convert for vLLM's own backend (--backend PICK) so that the "
+                     "plugin gathers the copies into vLLM's parameters.")
+    return LayerPlan(prefix=prefix, mode=mode, rank=rank, experts=experts)
 
 
 def server_layout(facts: EngineFacts) -> str:
@@ -191,16 +199,8 @@ def _check_layout(manifest: dict[str, Any], facts: EngineFacts, prefix: str, whe
     num_experts = int(manifest["moe"]["num_experts"])
     if facts.global_experts and facts.global_experts != num_experts:
         redundant = facts.global_experts - (facts.logical_experts or num_experts)
-        if facts.enable_eplb and redundant > 0:
-            raise RuntimeInputError(
-                f"{head}: the server runs EPLB with {redundant} redundant experts, so the layer holds "
-                f"{facts.global_experts} physical experts placed linearly over {facts.ep_size} ranks, physical expert "
-                f"p holding logical expert p mod {num_experts} (vLLM loads that placement through "
-                f"make_expert_params_mapping / EplbState.build_initial_global_physical_to_logical_map). "
-                f"The checkpoint was converted for {par.describe()}, each expert held once; mxfp4conv does not "
-                f"write the redundant copies. Serve it without redundant experts (--enable-eplb with "
-                f"num_redundant_experts 0 loads: its initial placement is linear), or serve the source "
-                f"checkpoint with vLLM's own loader to use redundant experts.")
+        if facts.enable_eplb and redundant > 0 and (facts.logical_experts or num_experts) == num_experts:
+            return _eplb_rank(par, facts, head, redundant)
         raise RuntimeInputError(
             f"{head}: the layer holds {facts.global_experts} experts, the checkpoint {num_experts}. Convert the "
             f"source again for this model.")
@@ -224,7 +224,31 @@ def _check_layout(manifest: dict[str, Any], facts: EngineFacts, prefix: str, whe
     if (par.tp, par.dp) != (facts.server_tp, facts.dp_size):
         log.info("%s: converted for %s, served with %s: the MoE layers are laid out the same, MoE rank %d "
                  "reads the same bytes", where, par.describe(), server_layout(facts), rank)
-    return rank
+    return rank, None
+
+
+def _eplb_rank(par, facts: EngineFacts, head: str, redundant: int) -> tuple[int, tuple[int, ...]]:
+    """EPLB with redundant experts: vLLM's initial placement (E + R physical experts placed
+    linearly, physical p holding logical p, then (p - E) mod E) over the checkpoint's EP ranks,
+    each worker's physical slots filled with the logical experts' bytes from the ranks holding them."""
+    from mxfp4conv.format.parallel import eplb_initial_logical
+
+    rank = facts.ep_rank
+    if not (facts.use_ep and par.use_ep and par.placement == "linear" and par.ranks == facts.ep_size):
+        raise RuntimeInputError(
+            f"{head}: the server runs EPLB with {redundant} redundant experts over {server_layout(facts)}, but the "
+            f"checkpoint was converted for {par.describe()}; EPLB's initial placement needs the checkpoint's expert "
+            f"parallel ranks, linear placement. Serve it with {_serve_command(par)} --enable-eplb, or convert the "
+            f"source again with {_convert_flags(facts)} --placement linear.")
+    physical = facts.global_experts
+    per = physical // facts.ep_size
+    mine = tuple(range(rank * per, (rank + 1) * per))
+    if physical % facts.ep_size or (facts.expert_ids and facts.expert_ids != mine):
+        raise RuntimeInputError(
+            f"{head}: EPLB places {physical} physical experts over {facts.ep_size} ranks in a way other than "
+            f"vLLM's initial linear placement (rank {rank} holds physical experts "
+            f"{_few(facts.expert_ids)}); serve the source checkpoint with vLLM's own loader.")
+    return rank, eplb_initial_logical(par, physical, rank)
 
 
 def _few(ids: tuple[int, ...]) -> str:

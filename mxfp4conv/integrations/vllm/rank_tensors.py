@@ -12,6 +12,12 @@ from mxfp4conv.runtime.experts import WEIGHT_KINDS
 from mxfp4conv.runtime.loader import _read_tensors, _shard_headers, checksums_to_check, rank_tensor_names
 
 
+def for_experts(manifest: dict[str, Any], n: int) -> dict[str, Any]:
+    """The manifest as a layer of ``n`` local experts sees it (EPLB's physical slots): the same
+    but ``moe.experts_per_rank``."""
+    return {**manifest, "moe": {**manifest["moe"], "experts_per_rank": n}}
+
+
 def canonical_shapes(manifest: dict[str, Any]) -> dict[str, tuple[int, ...]]:
     """The canonical (identity) shape of every expert tensor kind of one rank."""
     moe = manifest["moe"]
@@ -53,3 +59,51 @@ def read_layer(root: Path, weight_map: dict[str, str], manifest: dict[str, Any],
                 f"{list(want)}; convert the source again.")
         out[kind] = t
     return out
+
+
+def gather_experts(root: Path, weight_map: dict[str, str], manifest: dict[str, Any], prefix: str,
+                   experts: tuple[int, ...]) -> dict[str, torch.Tensor]:
+    """{kind: tensor} of a layer holding the logical ``experts`` in this order (EPLB's physical
+    slots, a logical expert possibly twice): each expert's bytes taken from the rank that holds
+    it, read (and checked) as that rank's tensors. The stored layouts keep each expert's bytes
+    together (what ``convert`` writes expert by expert), followed by the layout's own trailing
+    padding, which is rebuilt for the gathered count."""
+    from mxfp4conv.format.manifest import SHUFFLE_PAD_BYTE
+    from mxfp4conv.runtime.loader import parallel_layout
+
+    par = parallel_layout(manifest)
+    owner = {}
+    for r in range(par.ranks):
+        for local, e in enumerate(par.experts(r)):
+            owner.setdefault(e, (r, local))
+    ranks = {owner[e][0]: read_layer(root, weight_map, manifest, prefix, owner[e][0]) for e in experts}
+    n, e_r = len(experts), int(manifest["moe"]["experts_per_rank"])
+    target = for_experts(manifest, n)
+    out = {}
+    for kind in ranks[owner[experts[0]][0]]:
+        name = str((manifest.get("layout") or {}).get(kind, "identity")) if kind in WEIGHT_KINDS else "identity"
+        if name == "identity":
+            out[kind] = torch.stack([ranks[owner[e][0]][kind][owner[e][1]] for e in experts])
+            continue
+        from mxfp4conv.shuffle.layouts import get_layout
+
+        lay = get_layout(name)
+        tail = int(lay.tail_bytes(canonical_shapes(manifest)[kind]))
+        parts = []
+        for e in experts:
+            r, local = owner[e]
+            flat = ranks[r][kind].reshape(-1)
+            per = (flat.numel() - tail) // e_r
+            parts.append(flat[local * per:(local + 1) * per])
+        new_tail = int(lay.tail_bytes(canonical_shapes(target)[kind]))
+        parts.append(torch.full((new_tail,), SHUFFLE_PAD_BYTE, dtype=torch.uint8))
+        out[kind] = torch.cat(parts).reshape(stored_shape(target, kind))
+    return out
+
+
+def layer_tensors(root: Path, weight_map: dict[str, str], manifest: dict[str, Any], plan) -> tuple[dict, dict]:
+    """(stored tensors, manifest as the layer sees it) for a ``checks.LayerPlan``."""
+    if plan.experts is None:
+        return read_layer(root, weight_map, manifest, plan.prefix, plan.rank), manifest
+    return (gather_experts(root, weight_map, manifest, plan.prefix, plan.experts),
+            for_experts(manifest, len(plan.experts)))
