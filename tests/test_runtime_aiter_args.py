@@ -106,3 +106,37 @@ def test_aiter_backend_without_aiter_says_so():
     ex = _aiter_experts(A16W4, "separated")
     with pytest.raises(RuntimeInputError, match="needs the aiter package"):
         fused_moe(*_inputs()[:1], ex, *_inputs()[1:], backend="aiter")
+
+
+def _on(ex, version):
+    return dataclasses.replace(ex, manifest={**ex.manifest, "vllm": version})
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_pads_follow_the_manifests_release(tp):
+    """vLLM 0.34's aiter_moe_pads no longer doubles the W4A16 intermediate pad at tp 1 (AITER
+    doubles it), and declares none for a bias-less W4A16 layer; 0.33 doubles it at tp 1."""
+    i_rank = 128 // tp
+    silu = _aiter_experts(GU16, "interleave", tp=tp, I=128, I_pad=i_rank + 100 - (i_rank + 100) % 32,
+                          activation="silu", params={"swiglu_limit": 10.0})
+    raw = silu.intermediate_per_rank_padded - silu.intermediate_per_rank
+    assert raw // 64 * 64 > 0
+    assert aiter_call_args(_on(silu, "0.33.0"), *_inputs())["intermediate_pad"] == raw // 64 * 64 * (2 if tp == 1 else 1)
+    a34 = aiter_call_args(_on(silu, "0.34.0"), *_inputs())
+    assert a34["intermediate_pad"] == 0 and a34["hidden_pad"] == 128  # bias-less W4A16
+    oss = _aiter_experts(GU16, "interleave", tp=tp, I=128, I_pad=i_rank + 100 - (i_rank + 100) % 32,
+                         activation="swigluoai", params={"alpha": 1.702, "limit": 7.0}, bias=True)
+    assert aiter_call_args(_on(oss, "0.34.0"), *_inputs())["intermediate_pad"] == raw // 64 * 64
+    assert aiter_call_args(_on(oss, "0.33.0"), *_inputs())["intermediate_pad"] == raw // 64 * 64 * (2 if tp == 1 else 1)
+    # SiTU passes its pads through on both
+    situ = _aiter_experts(A16W4, "separated", tp=tp, I=100, I_pad=256)
+    assert (aiter_call_args(_on(situ, "0.34.0"), *_inputs())["intermediate_pad"]
+            == aiter_call_args(_on(situ, "0.33.0"), *_inputs())["intermediate_pad"] == 256 - situ.intermediate_per_rank)
+
+
+def test_w4a4_silu_pad_is_not_doubled():
+    """AITER doubles the W4A4 SiLU intermediate pad itself (vLLM 0.33 and 0.34 pass it undoubled)."""
+    ex = _aiter_experts(A16W4, "separated", tp=1, I=128, I_pad=256, activation="silu", params={})
+    ex = dataclasses.replace(ex, backend="AITER_MXFP4_MXFP4")
+    for version in ("0.33.0", "0.34.0"):
+        assert aiter_call_args(_on(ex, version), *_inputs())["intermediate_pad"] == 128

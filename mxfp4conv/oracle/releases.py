@@ -93,7 +93,7 @@ RELEASE_LIST: tuple[Release, ...] = (
 RELEASES: dict[str, Release] = {r.key: r for r in RELEASE_LIST}
 NEWEST = RELEASE_LIST[-1].key
 # what --vllm auto uses where no vLLM is installed
-AUTO_WITHOUT_VLLM = "0.33"
+AUTO_WITHOUT_VLLM = NEWEST
 AUTO = "auto"
 _VERSION = re.compile(r"^v?(\d+)\.(\d+)(?:\.(\d+))?(?:[.+-].*)?$")
 
@@ -170,8 +170,8 @@ def fallback_for(version: str) -> tuple[Release, str | None]:
         f"vLLM {version} is not modelled (mxfp4conv models {_known()}); this plan uses "
         f"{stand_in.label}, {where}. The serving engine checks the bytes at load (the mxfp4conv "
         f"vLLM plugin's canary: a mismatch hands vLLM the canonical bytes to convert itself, "
-        f"MXFP4CONV_STRICT=1 refuses instead); run the conformance report against that wheel "
-        f"(python -m tests.conformance.report --vllm {version}) to list what differs.")
+        f"MXFP4CONV_STRICT=1 refuses instead); the conformance report of a source checkout lists what differs "
+        f"(python -m tests.conformance.report --vllm {version}).")
 
 
 def resolve(value: str | None) -> Resolved:

@@ -5,13 +5,20 @@ NOT YET RUN ON AMD HARDWARE. The argument set is built by the pure function
 
 - ``quant_type = QuantType.per_1x32`` (MXFP4 weights, e8m0 scales per 32);
 - ``gate_mode`` from the stored w13 layout: ``aiter_p16_gu16`` (16-row gate/up interleave)
-  -> ``INTERLEAVE``, ``aiter_p16`` -> ``SEPARATED``; it must agree with the manifest;
+  -> ``INTERLEAVE``, ``aiter_p16`` -> ``SEPARATED``; it must agree with the manifest. This is
+  what vLLM passes for the layouts mxfp4conv writes: SiTU by its SiTUv2 interleave switch,
+  W4A16 INTERLEAVE (0.34: ``mxfp4_w4a16_extra_kwargs``; its SEPARATED + fp4-activation
+  override is DeepSeek-V4's opt-in a4w4 shuffle, VLLM_ROCM_USE_AITER_MOE_A4W4_DSV4, which
+  mxfp4conv does not write);
 - activation: ``situ`` -> ``ActivationType.Situv2`` with ``beta`` / ``linear_beta``
   (forwarded only for Situv2, like vLLM), ``silu`` -> ``Silu``, ``swigluoai`` -> ``Swiglu``.
   DeepSeek-V4's ``swiglu_limit`` has no ``fused_moe`` argument and is not forwarded;
 - ``hidden_pad = H_pad - H`` and ``intermediate_pad = I_pad - I`` per rank; except for SiTU
-  both are rounded down to multiples of 128 and 64 (x2 when the MoE is not tensor-split),
-  as vLLM does for AITER's CK / FlyDSL dispatch;
+  both are rounded down to multiples of 128 and 64, as vLLM does for AITER's CK / FlyDSL
+  dispatch, per the release the manifest names (``aiter_pads``): vLLM 0.33 doubles the
+  intermediate pad when the MoE is not tensor-split (not for W4A4 SiLU, which AITER doubles
+  itself); 0.34 no longer doubles it for W4A16 either (AITER does), and declares no
+  intermediate pad at all for bias-less W4A16 layers;
 - ``bias1`` / ``bias2`` (fp32) when the checkpoint has biases;
 - ``expert_mask`` (int32 ``[num_experts]``, 1 for this rank's experts) under expert
   parallelism, with global ``topk_ids``;
@@ -29,6 +36,7 @@ import torch
 
 from mxfp4conv.errors import CheckpointError, RuntimeInputError
 from mxfp4conv.format.activations import activation_params
+from mxfp4conv.oracle.releases import RELEASES, Release, release_of_version
 from mxfp4conv.runtime.experts import MoEExperts
 
 GATE_MODES = {"aiter_p16_gu16": "INTERLEAVE", "aiter_p16": "SEPARATED"}
@@ -53,13 +61,31 @@ def aiter_gate_mode(experts: MoEExperts) -> str:
     return mode
 
 
+def experts_release(experts: MoEExperts) -> Release:
+    """The vLLM release the manifest was converted for (its AITER call follows that release's
+    ``experts/rocm_aiter_moe.py``); a manifest that names none (built by hand) reads as 0.33."""
+    return release_of_version(str(experts.manifest.get("vllm") or "0.33.0")) or RELEASES["0.33"]
+
+
 def aiter_pads(experts: MoEExperts) -> tuple[int, int]:
+    """(hidden_pad, intermediate_pad) as vLLM's ``aiter_moe_pads`` (and, from 0.34, the bias-less
+    W4A16 rule after it) computes them for the release the manifest names."""
     hidden_pad = experts.hidden_padded - experts.hidden
     inter_pad = experts.intermediate_per_rank_padded - experts.intermediate_per_rank
-    if experts.activation != "situ":
-        moe_tp = 1 if experts.ep else experts.tp
-        hidden_pad = hidden_pad // 128 * 128
-        inter_pad = inter_pad // 64 * 64 * (2 if moe_tp == 1 else 1)
+    if experts.activation == "situ":  # SiTU's A16W4 FlyDSL kernel pads per gate/up half
+        return hidden_pad, inter_pad
+    release = experts_release(experts)
+    moe_tp = 1 if experts.ep else experts.tp
+    w4a16 = experts.backend == "AITER_MXFP4_BF16"  # vLLM's quant_config.use_mxfp4_w4a16
+    w4a4_silu = experts.backend == "AITER_MXFP4_MXFP4" and experts.activation == "silu"
+    # AITER doubles the W4A4 SiLU pad itself (both releases) and, as 0.34 reads it, the W4A16 one
+    double = moe_tp == 1 and not w4a4_silu and not (w4a16 and not release.aiter_w4a16_pad_doubled_at_tp1)
+    hidden_pad = hidden_pad // 128 * 128
+    inter_pad = inter_pad // 64 * 64 * (2 if double else 1)
+    if w4a16 and experts.w13_bias is None and not release.aiter_w4a16_pad_doubled_at_tp1:
+        # 0.34: AITER's bias-less W4A16 FlyDSL stage 1 leaves the padded intermediate columns
+        # unwritten; the padded weights are zero, so vLLM declares no pad there
+        inter_pad = 0
     return hidden_pad, inter_pad
 
 

@@ -11,17 +11,20 @@ family on gfx942 (where Kimi-K3 takes the int4 path), gfx950, sm100 and CPU.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 from mxfp4conv.checkpoint.canonical import Activation, MoEGeometry, MoEModel
 from mxfp4conv.oracle import Target
+from mxfp4conv.oracle.releases import fallback_for
 
 
-def _model(family, scheme, method, act, params, routing, H, I, E, k, static=False, bias=False):
+def _model(family, scheme, method, act, params, routing, H, I, E, k, static=False, bias=False,
+           extra=None, interleaved=False):
     return MoEModel(family=family, quant_scheme=scheme, moe_method=method,
                     activation=Activation(act, params), routing=routing,
                     geometry=MoEGeometry(H, I, E, k), layers=(), has_bias=bias,
-                    static_input_scales=static)
+                    static_input_scales=static, extra=extra or {}, gate_up_interleaved=interleaved)
 
 
 # Published geometries (routed-expert hidden, global intermediate, experts, top-k).
@@ -43,7 +46,14 @@ MODELS: dict[str, MoEModel] = {
     "quark_w4a8": _model("quark", "w_mxfp4_a_fp8", "quark", "swigluoai",
                          {"alpha": 1.702, "limit": 7.0}, "Renormalize", 4096, 1536, 64, 8,
                          static=True),
+    # a Quark export of gpt-oss (model_type gpt_oss: vLLM 0.34 keeps converter G for it), with
+    # gpt-oss's fused, row-interleaved gate_up tensors and biases
+    "quark_oss": _model("quark", "w_mxfp4", "quark", "swigluoai", {"alpha": 1.702, "limit": 7.0},
+                        "Renormalize", 2880, 2880, 128, 4, bias=True,
+                        extra={"base_model_type": "gpt_oss"}, interleaved=True),
 }
+# models only some parallel layouts are run for (the rest of their cases repeat other models')
+FEW_CASES = {"quark_oss": ((1, False), (8, True))}
 ARCHS = ("gfx950", "gfx942", "gfx1250", "sm90", "sm100", "cpu")
 PARALLEL = ((1, False), (2, False), (8, False), (8, True))
 QUARK_INPUT = {"w_mxfp4": None, "w_mxfp4_a_mxfp4": "mxfp4", "w_mxfp4_a_fp8": "fp8"}
@@ -114,9 +124,12 @@ def vllm_case(case: Case) -> dict:
         "has_bias": m.has_bias,
         "quark_input": QUARK_INPUT.get(m.quant_scheme) if method == "quark" else None,
         "moe_activation": ACT_OVERRIDE[t.act_quant],
+        # --act-quant bf16 against declared activations is the server's explicit `null`
+        "moe_activation_null": (t.act_quant == "bf16" and method != "mxfp4"
+                                and QUARK_INPUT.get(m.quant_scheme) is not None),
         "moe_backend": "auto" if moe_backend is None else moe_backend,
         "moe_weight": t.moe_weight,
-        "model_type": "gpt_oss" if m.family == "gpt_oss" else m.family,
+        "model_type": "gpt_oss" if "gpt_oss" in (m.family, m.extra.get("base_model_type")) else m.family,
         "env": env,
         # mxfp4conv's modelled server: amd-quark on ROCm and wherever a Quark checkpoint is served
         "packages": {"quark": t.arch.startswith("gfx") or m.moe_method == "quark"},
@@ -135,7 +148,7 @@ BACKEND_REQUEST = {"B12X_MXFP4_BF16": ("b12x", {"VLLM_B12X_MOE_FP4_FORCE_A16": "
 def forced_cases() -> list[Case]:
     out = []
     for name, m in MODELS.items():
-        if name == "k3_small":
+        if name in ("k3_small", *FEW_CASES):
             continue
         for arch in FORCED_ARCHS:
             for tp, ep in ((1, False), (8, True)):
@@ -156,6 +169,8 @@ def int4_cases() -> list[Case]:
     the only one it writes where vLLM requantises to int4), and Kimi-K3's SiTUv2 modes there."""
     out = []
     for name, m in MODELS.items():
+        if name in FEW_CASES:
+            continue
         for arch in INT4_ARCHS:
             rocm = arch.startswith("gfx")
             for tp, ep in ((1, False), (8, False), (8, True)):
@@ -180,7 +195,7 @@ def cases() -> list[Case]:
     for name, m in MODELS.items():
         for arch in ARCHS:
             rocm = arch.startswith("gfx")
-            for tp, ep in PARALLEL:
+            for tp, ep in FEW_CASES.get(name, PARALLEL):
                 if ep and m.geometry.num_experts % tp:
                     continue
                 if not ep and (m.geometry.intermediate // tp) % 32:
@@ -196,7 +211,21 @@ def cases() -> list[Case]:
                                             Target(arch, tp=tp, ep=ep, aiter=aiter, act_quant=aq),
                                             situv2=mode))
                     if m.moe_method != "mxfp4" and tp == 1 and not ep:
-                        for aq in ("fp8", "mxfp4"):
+                        declared = QUARK_INPUT.get(m.quant_scheme) is not None and m.moe_method == "quark"
+                        for aq in ("fp8", "mxfp4") + (("bf16",) if declared else ()):
                             out.append(Case(f"{tag}-act_{aq}", name,
                                             Target(arch, tp=tp, ep=ep, aiter=aiter, act_quant=aq)))
     return out
+
+
+def release_of(version: str) -> tuple[str, str | None]:
+    """(the modelled release key mxfp4conv answers for vLLM ``version`` -- a release number or a
+    wheel path --, the note when that release is not modelled itself)."""
+    name = Path(version).name.split("-")[1] if version.endswith(".whl") else version
+    release, note = fallback_for(name)
+    return release.key, note
+
+
+def for_release(case: Case, version: str) -> Case:
+    """``case`` with mxfp4conv's answer asked for the release modelled for ``version``."""
+    return replace(case, target=replace(case.target, vllm=release_of(version)[0]))

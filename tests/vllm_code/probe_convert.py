@@ -1,6 +1,8 @@
 """Probe run inside the vLLM worker: build one MoE layer's method as ``probe_moe`` does, give it
-a tiny layer (``tiny_layer``: 2 experts, H = I = 256) with seeded bytes, run vLLM 0.33.0's own
-``process_weights_after_loading`` and report what its weight converter did.
+a tiny layer (``tiny_layer``: 2 experts, H = I = 256) with seeded bytes, run the vLLM release's
+own ``process_weights_after_loading`` and report what its weight converter did (whichever
+converter the release's method calls: 0.34's Quark method calls converter S for a model whose
+``model_type`` is not gpt_oss).
 
 A case is a ``probe_moe`` case plus ``seed`` and ``w13_rows`` ("gate_up", or "interleaved"
 for a gpt-oss checkpoint, whose w13 rows are stored ``[g0, u0, ...]``), and optionally
@@ -175,8 +177,12 @@ def probe(case: dict) -> dict:
                 "message": (str(e).splitlines() or [""])[0][:300], "calls": list(CALLS)}
     w13_scale = getattr(method, "w13_precision_config", None) or layer.w13_weight_scale
     w2_scale = getattr(method, "w2_precision_config", None) or layer.w2_weight_scale
-    out["tensors"] = {"w13": _report(layer.w13_weight), "w13_scale": _report(w13_scale),
-                      "w2": _report(layer.w2_weight), "w2_scale": _report(w2_scale)}
+    # triton_kernels backends: the tensors vLLM keeps (0.34 backs the parameters with their
+    # storage and keeps the triton_kernels tensors as <name>_triton; 0.33 replaces the parameters)
+    w13 = getattr(layer, "w13_weight_triton", layer.w13_weight)
+    w2 = getattr(layer, "w2_weight_triton", layer.w2_weight)
+    out["tensors"] = {"w13": _report(w13), "w13_scale": _report(w13_scale),
+                      "w2": _report(w2), "w2_scale": _report(w2_scale)}
     out["calls"] = list(CALLS)
     out["env_set"] = {k: v for k, v in os.environ.items() if before.get(k) != v}
     return out

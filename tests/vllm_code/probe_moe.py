@@ -1,5 +1,5 @@
-"""Probe run inside the vLLM worker: build one MXFP4 MoE layer's method the way vLLM 0.33.0
-does and report what it decided.
+"""Probe run inside the vLLM worker: build one MXFP4 MoE layer's method the way the vLLM release
+on ``sys.path`` does (0.33.0, 0.34.0 or any wheel the harness is given) and report what it decided.
 
 A case (JSON)::
 
@@ -13,6 +13,7 @@ A case (JSON)::
      "tp": 1, "ep": false,
      "quark_input": null | "mxfp4" | "fp8",     # the Quark scheme's activations
      "moe_activation": null | "mxfp4" | ...,    # quantization_config.moe.activation override
+     "moe_activation_null": false | true,       # the override given as an explicit null (bf16)
      "moe_weight": null | "int4_per_group_32",  # quantization_config.moe.weight (server option)
      "moe_backend": "auto" | vLLM --moe-backend string,
      "env": {"VLLM_ROCM_USE_AITER": "1", ...},
@@ -65,9 +66,14 @@ def _vllm_config(case: dict):
 
     override = case.get("moe_activation")
     weight = case.get("moe_weight")
+    null = case.get("moe_activation_null", False)  # an explicit `activation: null` (bf16)
     qargs = None
-    if override or weight:  # the user-facing names, e.g. "mxfp4", coerced by vLLM's pydantic model
-        qargs = QuantizationConfigArgs(moe=QuantSpec(activation=override, weight=weight))
+    if override or weight or null:  # the user-facing names, e.g. "mxfp4", coerced by vLLM's pydantic model
+        # only the fields the user sets: from vLLM 0.34 on an explicit None means `null`
+        spec = {k: v for k, v in (("activation", override), ("weight", weight)) if v is not None}
+        if null:
+            spec["activation"] = None
+        qargs = QuantizationConfigArgs(moe=QuantSpec(**spec))
     model_config = types.SimpleNamespace(
         quantization_config=qargs,
         hf_config=types.SimpleNamespace(model_type=case.get("model_type")))
