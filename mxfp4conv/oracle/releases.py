@@ -51,8 +51,12 @@ class Release:
     # experts/rocm_aiter_moe.py: the W4A16 (a16w4) intermediate pad doubled when the MoE is
     # not tensor-split (0.34 calls the doubling a bug that masks live intermediate rows)
     aiter_w4a16_pad_doubled_at_tp1: bool
+    # ... and, after it, no intermediate pad declared at all for a bias-less W4A16 (non-SiTU)
+    # layer (AITER's FlyDSL stage 1 leaves the padded columns unwritten; the pad weights are 0)
+    aiter_w4a16_no_pad_without_bias: bool = False
     # environment variables the release no longer reads (or refuses): never written
     removed_env: tuple[str, ...] = ()
+    # What the vLLM plugin meets after vLLM's conversion (facts for its parameter checks):
     # the triton_kernels converters keep the converted tensors in the parameters' storage
     # (store_params_in_triton; layer.<name>_triton) instead of deleting the parameters
     triton_params_keep_storage: bool = False
@@ -84,6 +88,7 @@ RELEASE_LIST: tuple[Release, ...] = (
                         ("TrtLlmMxfp4ExpertsModular", (None,))),
         triton_behind_marlin=(110, 120),
         aiter_w4a16_pad_doubled_at_tp1=False,
+        aiter_w4a16_no_pad_without_bias=True,
         removed_env=("VLLM_MARLIN_INPUT_DTYPE",),
         triton_params_keep_storage=True,
         keep_constants=True,

@@ -82,7 +82,7 @@ def aiter_pads(experts: MoEExperts) -> tuple[int, int]:
     double = moe_tp == 1 and not w4a4_silu and not (w4a16 and not release.aiter_w4a16_pad_doubled_at_tp1)
     hidden_pad = hidden_pad // 128 * 128
     inter_pad = inter_pad // 64 * 64 * (2 if double else 1)
-    if w4a16 and experts.w13_bias is None and not release.aiter_w4a16_pad_doubled_at_tp1:
+    if w4a16 and experts.w13_bias is None and release.aiter_w4a16_no_pad_without_bias:
         # 0.34: AITER's bias-less W4A16 FlyDSL stage 1 leaves the padded intermediate columns
         # unwritten; the padded weights are zero, so vLLM declares no pad there
         inter_pad = 0
