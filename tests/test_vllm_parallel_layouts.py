@@ -13,6 +13,10 @@ it holds (its expert map) and the intermediate slice:
   vLLM's weight loading of the source with the experts the plugin's rank mapping loads (the real
   bytes of every local expert) and the expert maps.
 
+Layouts: DP 2 + EP, DP 2 x TP 2 + EP, DP 4 + EP round_robin (vLLM falls back to linear), TP 4 + EP
+round_robin (kept), DP 2 x TP 2 without EP on a DeepSeek-V4 checkpoint with 2 expert groups (both
+platforms); on gfx950 also DP 2 x TP 2 + EP served with EPLB and 4 redundant experts, and Kimi-K3
+at DP 2 x TP 2 with and without EP (its model-level padding reads the attention tp).
 One worker per release and platform holds every case (each worker start imports vLLM).
 """
 
@@ -43,6 +47,10 @@ LAYOUTS = {
     "dp2-tp2-ep-eplb4": dict(tp=2, dp=2, ep=True),
 }
 REDUNDANT = {"dp2-tp2-ep-eplb4": 4}
+# Kimi-K3 (gfx950 only): its model pads I / tp (the attention tp) to min_moe_intermediate_per_partition
+# and the MoE layer splits that over tp x dp ranks; the layer is built as its AMD model builds it
+K3 = {"k3-dp2-tp2": dict(tp=2, dp=2), "k3-dp2-tp2-ep": dict(tp=2, dp=2, ep=True)}
+LAYOUTS.update(K3)
 PLATFORMS = {"gfx950": "probe", "sm90": "probe_params"}
 RELEASES = ("0.33.0", "0.34.0")
 
@@ -60,7 +68,12 @@ def converted(synth, tmp_path_factory):  # noqa: F811
     out = {}
     for arch in PLATFORMS:
         for name, kw in LAYOUTS.items():
-            if name in REDUNDANT and arch != "gfx950":
+            if (name in REDUNDANT or name in K3) and arch != "gfx950":
+                continue
+            if name in K3:
+                dst = tmp_path_factory.mktemp("layouts") / f"{arch}-{name}"
+                convert(synth("kimi_k3"), dst, Target(arch, **kw), force=True, progress="off")
+                out[(arch, name)] = (synth("kimi_k3"), dst)
                 continue
             dst = tmp_path_factory.mktemp("layouts") / f"{arch}-{name}"
             convert(src, dst, Target(arch, **kw), force=True, progress="off")
@@ -69,6 +82,14 @@ def converted(synth, tmp_path_factory):  # noqa: F811
 
 
 def cases_of(arch: str, name: str, src, out) -> list[dict]:
+    if name in K3:
+        from test_vllm_plugin_params import probe_cases
+
+        kw, base = K3[name], probe_cases(src, out)[0]
+        par = parallel_layout(read_manifest(out))
+        return [{**base, "tp": kw["tp"], "dp": kw["dp"], "ep": kw.get("ep", False), "rank": r,
+                 "dp_rank": par.worker(r)[0], "tp_rank": par.worker(r)[2], "layout": name, "kernel": False}
+                for r in range(par.ranks)]
     m = read_manifest(out)
     t, moe = m["target"], m["moe"]
     kw = LAYOUTS[name]
@@ -155,7 +176,7 @@ def test_round_robin_is_kept_or_falls_back_as_vllm_decides(converted):
 
 
 @pytest.mark.parametrize("version", RELEASES)
-@pytest.mark.parametrize("name", [n for n in LAYOUTS if n not in REDUNDANT])
+@pytest.mark.parametrize("name", [n for n in LAYOUTS if n not in REDUNDANT and n not in K3])
 def test_sm90_every_rank_equals_vllms_load(converted, version, name):
     results = results_for(converted, "sm90", version)
     m = read_manifest(converted[("sm90", name)][1])

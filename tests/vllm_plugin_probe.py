@@ -132,7 +132,7 @@ def build_layer(case: dict):
         activation_situ_beta=case.get("situ_beta"), swiglu_limit=case.get("swiglu_limit"))
     layer = RoutedExperts(f"{case['prefix']}.experts", torch.bfloat16, moe, _quant_config(case["method"], case),
                           expert_map_manager=manager, swiglu_limit=case.get("swiglu_limit"))
-    if par.use_all2all_kernels:  # the EP group's all2all manager a DP worker has (sizes only)
+    if par.use_all2all_kernels or dp > 1:  # the EP group's all2all manager a DP worker has (sizes only)
         from vllm.model_executor.layers.fused_moe import all2all_utils
 
         all2all_utils.get_ep_all2all_manager = lambda: types.SimpleNamespace(
