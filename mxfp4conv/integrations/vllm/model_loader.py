@@ -97,12 +97,18 @@ def match_layers(model: torch.nn.Module, prefixes: list[str], where: str) -> dic
 def worker_moe_rank(manifest: dict[str, Any]) -> int | None:
     """This worker's MoE rank in the manifest's layout, from vLLM's process groups (its data- and
     tensor-parallel ranks, flattened as vLLM does); None where the groups are not up or the server's
-    tp / dp are not the manifest's (then every shard is fetched and the layer checks decide)."""
+    tp / dp are not the manifest's, or EPLB runs redundant experts (then every shard is fetched and
+    the layer checks decide)."""
     try:
         from vllm.distributed import get_dp_group, get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
 
         from mxfp4conv.runtime.loader import parallel_layout
 
+        from vllm.config import get_current_vllm_config
+
+        pc = get_current_vllm_config().parallel_config
+        if pc.enable_eplb and pc.eplb_config.num_redundant_experts:
+            return None  # EPLB's redundant slots take experts from other ranks' shards
         par = parallel_layout(manifest)
         dp = get_dp_group()
         if (get_tensor_model_parallel_world_size(), dp.world_size) != (par.tp, par.dp):
