@@ -50,11 +50,12 @@ def readme_commands() -> list[str]:
 def test_every_snippet_runs_or_says_why_not():
     assert len(SNIPPETS) >= 6 and len(RUN_HERE) >= 2
     for s in SNIPPETS:
-        assert s["lang"] in ("bash", "python"), f"{s['id']}: a code block needs a language, bash or python"
-        if s["reason"] is not None:
+        if s["reason"] is not None:  # (an output sample is marked so too, as ```text)
             assert len(s["reason"].split()) >= 4, f"{s['id']}: say why it is not run"
+        else:
+            assert s["lang"] in ("bash", "python"), f"{s['id']}: a code block runs as bash or python"
     # only a few cannot run here
-    assert sum(s["reason"] is not None for s in SNIPPETS) <= 6
+    assert sum(s["reason"] is not None for s in SNIPPETS) <= 8
 
 
 def test_ci_runs_the_readme_commands_as_written():
