@@ -8,7 +8,10 @@ the same tokens and routing (each layer on the same tokens), and the ranks' part
 summed with an all-reduce (tensor
 parallel ranks hold a slice of the intermediate size; expert parallel ranks only their experts'
 contributions, zero for the others). Rank 0 compares the sum with the tp-1 layer on its own device
-and times the layer with the collective included.
+and times the layer with the collective included. ``dpep`` is wide expert parallelism: data
+parallel over the world with expert parallel MoE; each process is a dp rank with its own tokens,
+which are gathered for the experts and whose summed outputs come back to it (vLLM's
+allgather_reducescatter), and every rank checks its own tokens against the tp-1 layer.
 
     python benchmarks/multi_gpu_moe.py --world 2                    # NCCL, one GPU a process
     python benchmarks/multi_gpu_moe.py --world 2 --device cpu --shape tiny   # gloo, CPU processes
@@ -38,7 +41,7 @@ SHAPES = {
     "k3": ("kimi_k3", 3584, 384, 896, 16),
     "tiny": ("deepseek_v4", 256, 256, 8, 2),
 }
-LAYOUTS = ("tp", "ep")
+LAYOUTS = ("tp", "ep", "dpep")  # dpep: data parallel over the world, experts parallel (wide EP)
 
 
 def make_sources(shape: str, arch: str, world: int, layouts: tuple[str, ...], root: Path) -> dict[str, Path]:
@@ -54,14 +57,16 @@ def make_sources(shape: str, arch: str, world: int, layouts: tuple[str, ...], ro
     convert(src, outs["ref"], Target(arch, tp=1), progress="off")
     for layout in layouts:
         outs[layout] = root / f"{layout}{world}"
-        convert(src, outs[layout], Target(arch, tp=world, ep=layout == "ep"), progress="off")
+        target = (Target(arch, tp=1, dp=world, ep=True) if layout == "dpep"
+                  else Target(arch, tp=world, ep=layout == "ep"))
+        convert(src, outs[layout], target, progress="off")
     return outs
 
 
-def inputs(hidden: int, experts: int, top_k: int, tokens: int, device):
+def inputs(hidden: int, experts: int, top_k: int, tokens: int, device, stream: int = 0):
     import torch
 
-    g = torch.Generator().manual_seed(1000 + tokens)
+    g = torch.Generator().manual_seed(1000 + tokens + 7919 * stream)
     x = torch.randn(tokens, hidden, generator=g).to(torch.bfloat16)
     scores = torch.randn(tokens, experts, generator=g)
     weights, ids = scores.softmax(-1).topk(top_k, dim=-1)
@@ -73,6 +78,7 @@ def worker(rank: int, world: int, args: dict, sources: dict[str, str], results: 
     import torch.distributed as dist
 
     from mxfp4conv.runtime import fused_moe, load_moe_layers
+    from mxfp4conv.runtime.loader import parallel_layout
 
     os.environ.update(NO_MULTICAST)
     on_gpu = args["device"] == "cuda"
@@ -83,27 +89,46 @@ def worker(rank: int, world: int, args: dict, sources: dict[str, str], results: 
                             init_method=f"tcp://127.0.0.1:{args['port']}")
     backend = args["backend"]
     _, hidden, _, experts, top_k = SHAPES[args["shape"]]
-    ref = load_moe_layers(sources["ref"], rank=0, device=device, backend=backend) if rank == 0 else None
+    ref = load_moe_layers(sources["ref"], rank=0, device=device, backend=backend)
     rows = []
     for layout in args["layouts"]:
-        layers = load_moe_layers(sources[layout], rank=rank, device=device, backend=backend)
+        # the worker's MoE rank as vLLM flattens it (a dp rank here, for dpep; the tp rank else)
+        par = parallel_layout(sources[layout])
+        dp_rank, tp_rank = (rank, 0) if layout == "dpep" else (0, rank)
+        moe_rank = par.moe_rank(dp_rank=dp_rank, tp_rank=tp_rank)
+        layers = load_moe_layers(sources[layout], rank=moe_rank, device=device, backend=backend)
+        dpep = layout == "dpep"
         for tokens in args["tokens"]:
-            x, w, ids = inputs(hidden, experts, top_k, tokens, device)
+            # dpep: each dp rank has its own tokens; they are gathered for the experts and each rank
+            # keeps its own rows of the summed outputs (vLLM's allgather_reducescatter all2all)
+            own = inputs(hidden, experts, top_k, tokens, device, stream=rank if dpep else 0)
+            mine = slice(rank * tokens, (rank + 1) * tokens) if dpep else slice(None)
+
+            def gather(t):
+                parts = [torch.empty_like(t) for _ in range(world)]
+                dist.all_gather(parts, t)
+                return torch.cat(parts)
 
             def layers_on_x():  # each layer on the same tokens (a model's norms sit between them)
+                x, w, ids = (gather(t) for t in own) if dpep else own
                 outs = []
                 for ex in layers.values():
                     part = fused_moe(x, ex, w, ids, backend=backend, act_quant="none").float()
                     dist.all_reduce(part)
-                    outs.append(part.to(x.dtype))
+                    outs.append(part[mine].to(x.dtype))
                 return outs
 
             ys = layers_on_x()
-            err = None
-            if rank == 0:
-                refs = [fused_moe(x, ex, w, ids, backend=backend, act_quant="none") for ex in ref.values()]
-                err = max(((y.float() - r.float()).norm() / r.float().norm()).item() for y, r in zip(ys, refs))
-                finite = all(bool(torch.isfinite(y).all()) for y in ys)
+            errs = torch.zeros(world, dtype=torch.float64, device=device)
+            fin = torch.zeros(world, dtype=torch.float64, device=device)
+            if rank == 0 or dpep:  # every dp rank checks its own tokens
+                refs = [fused_moe(own[0], ex, own[1], own[2], backend=backend, act_quant="none") for ex in ref.values()]
+                errs[rank] = max(((y.float() - r.float()).norm() / r.float().norm()).item() for y, r in zip(ys, refs))
+                fin[rank] = float(all(bool(torch.isfinite(y).all()) for y in ys))
+            dist.all_reduce(errs)
+            dist.all_reduce(fin)
+            checked = world if dpep else 1
+            err, finite = float(errs.max()), bool(fin.sum() == checked)
             for _ in range(args["warmup"]):
                 layers_on_x()
             if on_gpu:
@@ -145,7 +170,7 @@ def main() -> None:
     ap.add_argument("--shape", choices=SHAPES, default="dsv3")
     ap.add_argument("--arch", default="sm90", help="convert target (default sm90)")
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
-    ap.add_argument("--layouts", default="tp,ep", help="comma list of tp, ep")
+    ap.add_argument("--layouts", default="tp,ep,dpep", help="comma list of tp, ep, dpep")
     ap.add_argument("--tokens", default="1,64,1024")
     ap.add_argument("--backend", default=None, help="fused_moe backend (default triton on cuda, torch on cpu)")
     ap.add_argument("--iters", type=int, default=20)

@@ -1,6 +1,7 @@
 """benchmarks/multi_gpu_moe.py's logic on CPU: two gloo processes load their ranks of a tensor
-parallel and an expert parallel conversion, run fused_moe on the same tokens, all-reduce, and match
-the tp-1 conversion within bf16 noise (the same script runs NCCL on GPUs)."""
+parallel, an expert parallel and a data + expert parallel conversion (their MoE rank from the
+manifest's layout), run fused_moe (dp ranks on their own tokens, gathered), combine as vLLM does,
+and match the tp-1 conversion within bf16 noise (the same script runs NCCL on GPUs)."""
 
 from __future__ import annotations
 
@@ -22,9 +23,9 @@ def free_port() -> int:
 
 @pytest.mark.filterwarnings("ignore::UserWarning")
 def test_two_processes_match_one():
-    rows = multi_gpu_moe.run(2, "tiny", "sm90", "cpu", ("tp", "ep"), (1, 16), "torch", warmup=0, iters=1,
+    rows = multi_gpu_moe.run(2, "tiny", "sm90", "cpu", ("tp", "ep", "dpep"), (1, 16), "torch", warmup=0, iters=1,
                              port=free_port())
-    assert [(r["layout"], r["tokens"]) for r in rows] == [("tp", 1), ("tp", 16), ("ep", 1), ("ep", 16)]
+    assert [(r["layout"], r["tokens"]) for r in rows] == [(lay, t) for lay in ("tp", "ep", "dpep") for t in (1, 16)]
     for r in rows:
         assert r["finite"], r
         # bf16 outputs: the rank sums and the tp-1 layer round differently, by a few 2^-8 at most
