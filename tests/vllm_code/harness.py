@@ -93,33 +93,61 @@ def cache_dir() -> Path:
                                Path.home() / ".cache" / "mxfp4conv-wheels")).expanduser()
 
 
+def _cached_wheel(dist: str, version: str, size: str) -> Path:
+    """The cached ``dist==version`` wheel, fetched with ``pip download --no-deps`` when missing."""
+    d = cache_dir()
+    pattern = f"{dist.replace('-', '_')}-{version}-*.whl"
+    found = sorted(d.glob(pattern))
+    if found:
+        return found[0]
+    if os.environ.get("MXFP4CONV_NO_WHEEL_DOWNLOAD"):
+        raise VllmUnavailable(
+            f"the {dist}=={version} wheel is not in {d} and MXFP4CONV_NO_WHEEL_DOWNLOAD is set")
+    d.mkdir(parents=True, exist_ok=True)
+    print(f"mxfp4conv tests: downloading the {dist}=={version} wheel ({size}) into {d} "
+          "for the vLLM conformance tests (MXFP4CONV_NO_WHEEL_DOWNLOAD=1 skips them)", file=sys.stderr)
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
+           "-q", "-d", str(d), f"{dist}=={version}"]
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise VllmUnavailable(f"pip download of {dist}=={version} failed: {e}") from None
+    found = sorted(d.glob(pattern))
+    if r.returncode or not found:
+        tail = (r.stderr or r.stdout).strip().splitlines()[-1:] or ["no output"]
+        raise VllmUnavailable(f"pip download of {dist}=={version} failed: {tail[0]}")
+    return found[0]
+
+
 def _wheel(version: str) -> Path:
     if version.endswith(".whl"):
         path = Path(version).expanduser().resolve()
         if not path.is_file():
             raise VllmUnavailable(f"{path} is not a file")
         return path
-    d = cache_dir()
-    found = sorted(d.glob(f"vllm-{version}-*.whl"))
-    if found:
-        return found[0]
-    if os.environ.get("MXFP4CONV_NO_WHEEL_DOWNLOAD"):
-        raise VllmUnavailable(
-            f"the vllm=={version} wheel is not in {d} and MXFP4CONV_NO_WHEEL_DOWNLOAD is set")
-    d.mkdir(parents=True, exist_ok=True)
-    print(f"mxfp4conv tests: downloading the vllm=={version} wheel (240-340 MB) into {d} "
-          "for the vLLM conformance tests (MXFP4CONV_NO_WHEEL_DOWNLOAD=1 skips them)", file=sys.stderr)
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
-           "-q", "-d", str(d), f"vllm=={version}"]
+    return _cached_wheel("vllm", version, "240-340 MB")
+
+
+def _extracted(wheel: Path, package: str, out: Path) -> Path:
+    """``out`` holding the ``package/**/*.py`` files of ``wheel``, extracted once (atomically)."""
+    if (out / ".complete").exists():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=out.name + ".", dir=out.parent))
     try:
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        raise VllmUnavailable(f"pip download of vllm=={version} failed: {e}") from None
-    found = sorted(d.glob(f"vllm-{version}-*.whl"))
-    if r.returncode or not found:
-        tail = (r.stderr or r.stdout).strip().splitlines()[-1:] or ["no output"]
-        raise VllmUnavailable(f"pip download of vllm=={version} failed: {tail[0]}")
-    return found[0]
+        with zipfile.ZipFile(wheel) as z:
+            for name in z.namelist():
+                if name.startswith(package + "/") and name.endswith(".py"):
+                    z.extract(name, tmp)
+    except zipfile.BadZipFile as e:
+        raise VllmUnavailable(f"{wheel} is not a readable wheel ({e}); delete it to refetch") from None
+    (tmp / ".complete").write_text(wheel.name + "\n")
+    try:
+        tmp.rename(out)
+    except OSError:  # another process finished first
+        if not (out / ".complete").exists():
+            raise
+    return out
 
 
 def wheel_version(wheel: Path) -> str:
@@ -136,23 +164,7 @@ def vllm_source(version: str = VLLM_RELEASE) -> Path:
     out = cache_dir() / f"vllm-{version}-py"
     if (out / ".complete").exists():
         return out
-    wheel = wheel or _wheel(version)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=out.name + ".", dir=out.parent))
-    try:
-        with zipfile.ZipFile(wheel) as z:
-            for name in z.namelist():
-                if name.startswith("vllm/") and name.endswith(".py"):
-                    z.extract(name, tmp)
-    except zipfile.BadZipFile as e:
-        raise VllmUnavailable(f"{wheel} is not a readable wheel ({e}); delete it to refetch") from None
-    (tmp / ".complete").write_text(wheel.name + "\n")
-    try:
-        tmp.rename(out)
-    except OSError:  # another process finished first
-        if not (out / ".complete").exists():
-            raise
-    return out
+    return _extracted(wheel or _wheel(version), "vllm", out)
 
 
 def source_version(src: Path) -> str:
@@ -207,41 +219,10 @@ FLASHINFER_VERSION = "0.7.2.post1"
 def flashinfer_source(version: str = FLASHINFER_VERSION) -> Path:
     """Directory holding ``flashinfer/`` (the wheel's Python files), extracted once into the wheel
     cache; the wheel is fetched with ``pip download --no-deps`` when missing (62 MB)."""
-    d = cache_dir()
-    out = d / f"flashinfer-{version}-py"
+    out = cache_dir() / f"flashinfer-{version}-py"
     if (out / ".complete").exists():
         return out
-    found = sorted(d.glob(f"flashinfer_python-{version}-*.whl"))
-    if not found:
-        if os.environ.get("MXFP4CONV_NO_WHEEL_DOWNLOAD"):
-            raise VllmUnavailable(f"the flashinfer-python=={version} wheel is not in {d} and "
-                                  "MXFP4CONV_NO_WHEEL_DOWNLOAD is set")
-        d.mkdir(parents=True, exist_ok=True)
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
-               "-q", "-d", str(d), f"flashinfer-python=={version}"]
-        try:
-            r = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
-        except (OSError, subprocess.TimeoutExpired) as e:
-            raise VllmUnavailable(f"pip download of flashinfer-python=={version} failed: {e}") from None
-        found = sorted(d.glob(f"flashinfer_python-{version}-*.whl"))
-        if r.returncode or not found:
-            tail = (r.stderr or r.stdout).strip().splitlines()[-1:] or ["no output"]
-            raise VllmUnavailable(f"pip download of flashinfer-python=={version} failed: {tail[0]}")
-    tmp = Path(tempfile.mkdtemp(prefix=out.name + ".", dir=d))
-    try:
-        with zipfile.ZipFile(found[0]) as z:
-            for name in z.namelist():
-                if name.startswith("flashinfer/") and name.endswith(".py"):
-                    z.extract(name, tmp)
-    except zipfile.BadZipFile as e:
-        raise VllmUnavailable(f"{found[0]} is not a readable wheel ({e}); delete it to refetch") from None
-    (tmp / ".complete").write_text(found[0].name + "\n")
-    try:
-        tmp.rename(out)
-    except OSError:  # another process finished first
-        if not (out / ".complete").exists():
-            raise
-    return out
+    return _extracted(_cached_wheel("flashinfer-python", version, "62 MB"), "flashinfer", out)
 
 
 def require_flashinfer(version: str = FLASHINFER_VERSION) -> Path:
