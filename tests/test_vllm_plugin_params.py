@@ -188,6 +188,8 @@ def test_plugin_load_equals_vllm_load(load, family, scheme, kw):
             if not normal["backend"].startswith("AITER"):  # set by hand on the source's server, unused there
                 env.pop("VLLM_ROCM_USE_AITER", None)
             assert (got["backend"], got["experts"], got["env"]) == (normal["backend"], normal["experts"], env)
+        for role in ("canary", "plugin"):  # kernel-ready bytes are read when vLLM processes the layer
+            assert r[role]["read_before_process"] == (0 if r[role]["mode"] == "kernel_ready" else 1)
         if normal["backend"].startswith("AITER"):
             assert r["plugin"]["mode"] == "kernel_ready" and normal["params"]["w13_weight"][3] is True
             assert r["checked"] == (1 if outcome == "ready" else 0)

@@ -211,18 +211,26 @@ def _load_gpt_oss(layer, case: dict, weights) -> None:
     gpt_oss.GptOssModel._load_weights_mxfp4(root, g["num_experts"], 0, weights, [])
 
 
+READS: list[str] = []  # the layers load_plugin's reader has read, in order
+
+
 def load_plugin(layer, case: dict, judge=None) -> str:
     from mxfp4conv.integrations.vllm.checks import check_layer
     from mxfp4conv.integrations.vllm.facts import layer_facts
     from mxfp4conv.integrations.vllm.layer import install
-    from mxfp4conv.integrations.vllm.rank_tensors import layer_tensors
+    from mxfp4conv.integrations.vllm.rank_tensors import layer_manifest, layer_tensors
     from mxfp4conv.runtime.loader import _weight_map, read_manifest
 
     root = Path(case["converted"])
     manifest = read_manifest(root)
     plan = check_layer(manifest, layer_facts(layer), case["prefix"], str(root))
-    stored, seen = layer_tensors(root, _weight_map(root), manifest, plan)
-    install(layer, plan, stored, seen, str(root), judge)
+    weight_map = _weight_map(root)
+
+    def read():  # read when vLLM processes the layer, as the loader does
+        READS.append(plan.prefix)
+        return layer_tensors(root, weight_map, manifest, plan)[0]
+
+    install(layer, plan, read, layer_manifest(manifest, plan), str(root), judge)
     return plan.mode
 
 
@@ -299,7 +307,9 @@ def probe(case: dict) -> dict:
     for role in ("canary", "plugin"):
         layer = build_layer(case)
         undo = convert_twice(layer.quant_method) if role == "plugin" and case.get("convert_twice") else None
+        READS.clear()
         mode = load_plugin(layer, case, judge)
+        read_before_process = len(READS)
         try:
             layer.quant_method.process_weights_after_loading(layer)
         except Exception as e:  # noqa: BLE001 (the plugin's refusal is the result)
@@ -308,7 +318,7 @@ def probe(case: dict) -> dict:
         finally:
             if undo is not None:
                 undo()
-        out[role] = {**state(layer), "mode": mode}
+        out[role] = {**state(layer), "mode": mode, "read_before_process": read_before_process}
     out["verdicts"] = [[v.outcome, v.reason] for v in judge.verdicts.values()]
     out["checked"] = judge.checked
     out["pre_processed"] = judge.pre_processed

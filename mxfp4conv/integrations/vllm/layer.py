@@ -57,36 +57,38 @@ def load_canonical(layer, method: str, stored: dict[str, torch.Tensor], manifest
         _copy_into(layer, name, t, where)
 
 
-def install(layer, plan: LayerPlan, stored: dict[str, torch.Tensor], manifest: dict[str, Any], where: str,
+def install(layer, plan: LayerPlan, stored, manifest: dict[str, Any], where: str,
             judge: Judge | None = None) -> None:
-    """Load ``stored`` (one rank's tensors of one layer, by kind) into ``layer`` as ``plan`` says.
+    """Load one rank's tensors of one layer (``stored``: {kind: tensor}, or a function that reads
+    them) into ``layer`` as ``plan`` says. Kernel-ready bytes are read when vLLM processes the layer,
+    so that the device holds one layer's stored copy at a time next to vLLM's parameters.
     ``judge``: the load's shared verdicts (``judge.Judge``); one of its own when None."""
     qm = layer.quant_method
     method = type(qm).__name__
     if plan.mode not in ("vllm_transforms", "kernel_ready"):
         raise ValueError(f"install() loads vllm_transforms / kernel_ready layers, not {plan.mode}")
     if plan.mode == "vllm_transforms":
-        load_canonical(layer, method, stored, manifest, where)
+        load_canonical(layer, method, stored() if callable(stored) else stored, manifest, where)
         return
     activation = getattr(layer.activation, "value", str(layer.activation)).lower()
-    device = layer.w13_weight.device
-    on_device = {kind: t.to(device) for kind, t in stored.items()}
-    form = weights.kernel_form(method, qm.mxfp4_backend.name, activation, on_device, manifest, where)
-    for name in ("w13_input_scale", "w2_input_scale"):
-        if name in form:
-            _copy_into(layer, name, form.pop(name), where)
-    ready = {n: form[n] for n in ORDER if form.get(n) is not None}
     if judge is None:
         judge = new_judge(manifest, where)
     kind = (method, qm.mxfp4_backend.name, activation)
     vllm_process = type(qm).process_weights_after_loading
-    held = {"stored": on_device, "ready": ready}
+    pending = {"stored": stored}
 
     def process_weights_after_loading(layer_):
         try:
-            _judged_process(judge, kind, qm, layer_, vllm_process, held["stored"], held["ready"], manifest, where)
-        finally:
-            held.clear()  # vLLM's parameters hold what is kept; the canonical / stored copies go
+            got = pending.pop("stored")
+            device = layer_.w13_weight.device
+            on_device = {k: t.to(device) for k, t in (got() if callable(got) else got).items()}
+            form = weights.kernel_form(method, qm.mxfp4_backend.name, activation, on_device, manifest, where)
+            for name in ("w13_input_scale", "w2_input_scale"):
+                if name in form:
+                    _copy_into(layer_, name, form.pop(name), where)
+            ready = {n: form[n] for n in ORDER if form.get(n) is not None}
+            _judged_process(judge, kind, qm, layer_, vllm_process, on_device, ready, manifest, where)
+        finally:  # vLLM's parameters hold what is kept; the stored and canonical copies go
             qm.__dict__.pop("process_weights_after_loading", None)
 
     qm.process_weights_after_loading = process_weights_after_loading

@@ -27,7 +27,7 @@ from mxfp4conv.errors import CheckpointError
 from mxfp4conv.integrations.vllm.checks import LayerPlan, check_layer
 from mxfp4conv.integrations.vllm.facts import METHODS, layer_facts
 from mxfp4conv.integrations.vllm.layer import install, new_judge
-from mxfp4conv.integrations.vllm.rank_tensors import layer_tensors
+from mxfp4conv.integrations.vllm.rank_tensors import layer_manifest, layer_tensors
 from mxfp4conv.runtime.loader import _weight_map, apply_runtime_env, read_manifest
 
 log = logging.getLogger(__name__)
@@ -206,8 +206,11 @@ def loader_class():
             judge = new_judge(manifest, where, getattr(self.load_config, "model_loader_extra_config", None))
             for layer, plan in plans:
                 if plan.mode != "mxfp4conv_kernel":
-                    stored, seen = layer_tensors(root, weight_map, manifest, plan)
-                    install(layer, plan, stored, seen, f"{where} ({plan.prefix}.experts.rank{plan.rank})", judge)
+                    def read(plan=plan):  # kernel-ready layers read theirs when vLLM processes them
+                        return layer_tensors(root, weight_map, manifest, plan)[0]
+
+                    install(layer, plan, read, layer_manifest(manifest, plan),
+                            f"{where} ({plan.prefix}.experts.rank{plan.rank})", judge)
             own = [(layer, plan) for layer, plan in plans if plan.mode == "mxfp4conv_kernel"]
             if own:
                 load_into_mxfp4conv_kernel(root, own)

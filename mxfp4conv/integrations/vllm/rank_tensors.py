@@ -101,9 +101,13 @@ def gather_experts(root: Path, weight_map: dict[str, str], manifest: dict[str, A
     return out
 
 
+def layer_manifest(manifest: dict[str, Any], plan) -> dict[str, Any]:
+    """The manifest as a ``checks.LayerPlan``'s layer sees it (its own expert count under EPLB)."""
+    return manifest if plan.experts is None else for_experts(manifest, len(plan.experts))
+
+
 def layer_tensors(root: Path, weight_map: dict[str, str], manifest: dict[str, Any], plan) -> tuple[dict, dict]:
     """(stored tensors, manifest as the layer sees it) for a ``checks.LayerPlan``."""
     if plan.experts is None:
         return read_layer(root, weight_map, manifest, plan.prefix, plan.rank), manifest
-    return (gather_experts(root, weight_map, manifest, plan.prefix, plan.experts),
-            for_experts(manifest, len(plan.experts)))
+    return gather_experts(root, weight_map, manifest, plan.prefix, plan.experts), layer_manifest(manifest, plan)
