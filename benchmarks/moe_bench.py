@@ -413,7 +413,7 @@ def bench_shape(name, tokens, copy_bw, sweep, rows, log, gemv_sweep=False, layou
             side["humming"] = [lambda c=c: hms[c].run(xs[c], routes[c][1], hpreps[c]) for c in range(ncopies)]
             if T in (tokens[min(1, len(tokens) - 1)], 1024):
                 try:
-                    check_humming(name, T, hms[0], canon0, copies[0], xs[0], routes[0], layout, log)
+                    check_peer(name, T, hms[0], "Humming", "situ", SITU, canon0, copies[0], xs[0], routes[0], layout, log)
                 except Exception as exc:
                     import traceback
                     log(f"  {name} T={T} Humming check failed {type(exc).__name__}: {str(exc)[:300]}")
@@ -444,7 +444,8 @@ def bench_shape(name, tokens, copy_bw, sweep, rows, log, gemv_sweep=False, layou
                     f"(rounds {' '.join(f'{t:.1f}' for t in times[n])}; ours {' '.join(f'{t:.1f}' for t in ours)})")
         t_before = res.get("before", float("nan"))
         if tkms is not None and T == tokens[min(1, len(tokens) - 1)]:
-            check_tk(name, T, tkms[0], canon0, copies[0], xs[0], routes[0], layout, log)
+            check_peer(name, T, tkms[0], "triton_kernels", "swigluoai", {"alpha": 1.702, "limit": 7.0}, canon0,
+                       copies[0], xs[0], routes[0], layout, log)
         best_t, best_cfg = t_def, default
         extra = []
         if gemv_sweep and uses_gemv(default, T * k, E):  # the other path and other tiles of this one
@@ -488,31 +489,18 @@ def bench_shape(name, tokens, copy_bw, sweep, rows, log, gemv_sweep=False, layou
     torch.cuda.empty_cache()
 
 
-def check_tk(name, T, tkm, canon, copy, x, route, layout, log):
-    """triton_kernels and ours on one routing, both with swigluoai, against a float64 reference
-    from the canonical bytes: relative errors (||out - ref|| / ||ref||) of each, and between them."""
+def check_peer(name, T, peer, label, activation, params, canon, copy, x, route, layout, log):
+    """A peer kernel (``label``) and ours on one routing, both with ``activation``, against a float64
+    reference from the canonical bytes: relative errors (||out - ref|| / ||ref||) of each, and
+    between them."""
     from gpu_check import reference
     ids, tw = route
-    params = {"alpha": 1.702, "limit": 7.0}
-    ref = reference(x, *canon, tw, ids, "swigluoai", params)
-    ours = fused_moe_triton(x, *copy, tw, ids, activation="swigluoai", activation_params=params, layout=layout)
-    theirs = tkm(x, ids, tw)
+    ref = reference(x, *canon, tw, ids, activation, params)
+    ours = fused_moe_triton(x, *copy, tw, ids, activation=activation, activation_params=params, layout=layout)
+    theirs = peer(x, ids, tw)
     rel = lambda a, b: float((a.double() - b.double()).norm() / b.double().norm())
-    log(f"  {name} T={T} accuracy (swigluoai, bf16): ours {rel(ours, ref):.2e}, triton_kernels {rel(theirs, ref):.2e}, "
-        f"between them {rel(theirs, ours):.2e}")
-
-
-def check_humming(name, T, hmm, canon, copy, x, route, layout, log):
-    """Humming and ours on one routing, both with situ, against a float64 reference from the
-    canonical bytes: relative errors (||out - ref|| / ||ref||) of each, and between them."""
-    from gpu_check import reference
-    ids, tw = route
-    ref = reference(x, *canon, tw, ids, "situ", SITU)
-    ours = fused_moe_triton(x, *copy, tw, ids, activation="situ", activation_params=SITU, layout=layout)
-    theirs = hmm(x, ids, tw)
-    rel = lambda a, b: float((a.double() - b.double()).norm() / b.double().norm())
-    log(f"  {name} T={T} accuracy (situ, bf16): ours {rel(ours, ref):.2e}, Humming {rel(theirs, ref):.2e}, "
-        f"between them {rel(theirs, ours):.2e}; Humming finite: {bool(torch.isfinite(theirs).all())}")
+    log(f"  {name} T={T} accuracy ({activation}, bf16): ours {rel(ours, ref):.2e}, {label} {rel(theirs, ref):.2e}, "
+        f"between them {rel(theirs, ours):.2e}; {label} finite: {bool(torch.isfinite(theirs).all())}")
 
 
 def _variant(default, overrides: dict, layout: str):

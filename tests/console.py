@@ -27,3 +27,13 @@ def mxfp4conv(*args, cwd=None, env=None, timeout=300) -> subprocess.CompletedPro
     full_env.pop("MXFP4CONV_DEBUG", None)
     return subprocess.run([console_script(), *map(str, args)], capture_output=True, text=True,
                           cwd=cwd, env=full_env, timeout=timeout)
+
+
+def one_paragraph_error(rc: int, err: str, *needles: str) -> None:
+    """A refusal as the CLI's contract says: exit 1, one paragraph on stderr, no traceback,
+    naming each of ``needles``."""
+    flat = " ".join(err.split())
+    assert rc == 1, err
+    assert err.startswith("error:") and "Traceback" not in err and "\n\n" not in err.strip(), err
+    for n in needles:
+        assert n in flat, (n, flat)

@@ -10,16 +10,9 @@ import pytest
 
 from checkpoint_fixtures import copy_of, run_cli, synth, tree_digest  # noqa: F401
 from mxfp4conv.checkpoint.safetensors_io import read_header
+from console import one_paragraph_error
 
 ARCH = ["--arch", "gfx950"]
-
-
-def one_paragraph_error(rc, err, *needles):
-    flat = " ".join(err.split())
-    assert rc == 1, err
-    assert err.startswith("error:") and "Traceback" not in err and "\n\n" not in err.strip(), err
-    for n in needles:
-        assert n in flat, (n, flat)
 
 
 def edited(synth, tmp_path, family, key, value, scheme=None) -> Path:

@@ -10,6 +10,7 @@ import pytest
 
 from checkpoint_fixtures import copy_of, run_cli, synth, tree_digest  # noqa: F401
 from mxfp4conv.convert.run import INDEX_RECORD, PROGRESS_NAME
+from console import one_paragraph_error
 
 
 def drop_record(out: Path) -> None:
@@ -18,14 +19,6 @@ def drop_record(out: Path) -> None:
     index = json.loads(p.read_text())
     del index["metadata"][INDEX_RECORD]
     p.write_text(json.dumps(index))
-
-
-def one_paragraph_error(rc, err, *needles):
-    flat = " ".join(err.split())
-    assert rc == 1, err
-    assert err.startswith("error:") and "Traceback" not in err and "\n\n" not in err.strip(), err
-    for n in needles:
-        assert n in flat, (n, flat)
 
 
 def test_resume_into_another_models_output_is_refused(synth, tmp_path, capsys):
