@@ -232,17 +232,12 @@ def hopper_variants(T, H, I, k, E):
     # the e8m0 factors of the decode computed the other way (two to a word or one at a time)
     out.append(("factors", dataclasses.replace(default, factor_pairs=1 - default.factor_pairs)))
     # GEMM1 in gluon_wgmma's kernel where the default runs moe_hgemm1_kernel, and the other way (where it runs:
-    # expert blocks of up to 64 pairs, bf16 x), its words through the ring or straight into registers
+    # expert blocks of up to 64 pairs, bf16 x)
     out.append(("wgmma1", dataclasses.replace(default, wgmma1=0 if default.wgmma1 else 1)))
-    out.append(("wgmma1", dataclasses.replace(default, wgmma1=1, wgmma1_ring=1 - default.wgmma1_ring, wgmma1_stages=3,
-                                              wgmma_dual=0 if default.wgmma1_ring else default.wgmma_dual)))
-    if default.tail_t >= 16 and default.block_t <= 64:  # gluon_wgmma's ring forms in two tiles a block (wgmma_dual:
-        # 8-pair second tiles where tail_t is 32): GEMM1's switched the other way from the default's, and both GEMMs'
+    if default.tail_t >= 16 and default.block_t <= 64:  # its two tiles a block (wgmma_dual: 8-pair second tiles where
+        # tail_t is 32) switched the other way from the default's
         on = 2 if default.tail_t >= 32 else 1
-        out.append(("wgdual", dataclasses.replace(default, wgmma1=1, wgmma1_ring=1,
-                                                  wgmma_dual=0 if default.wgmma_dual else on)))
-        out.append(("wgdual", dataclasses.replace(default, wgmma1=1, wgmma1_ring=1, wgmma2=1, wgmma2_ring=1,
-                                                  wgmma_dual=on)))
+        out.append(("wgdual", dataclasses.replace(default, wgmma1=1, wgmma_dual=0 if default.wgmma_dual else on)))
     if T > 1:  # the other align (many programs below ALIGN_GRID_PAIRS, one program from it)
         out.append(("align", dataclasses.replace(default, align=int(T * k < ALIGN_GRID_PAIRS))))
     if pairs_take(default, T, T * k, E):  # the Gluon kernels take these tokens where they can: the variants above on
@@ -341,10 +336,8 @@ def path_name(cfg, T, k, E, dtype, layout="identity"):
         order += f" tail{cfg.tail_t}{' dual' if cfg.dual == 1 else ' dual2' if cfg.dual == 2 else ''}" if (
             cfg.tail_t and not fused) else ""
         if cfg.wgmma1 and cfg.block_t <= 64 and not fused and dtype == torch.bfloat16:
-            order += f" wgmma{cfg.wgmma1}{f' ring{cfg.wgmma1_stages}' if cfg.wgmma1_ring else ''}"
-        if cfg.wgmma2 and cfg.block_t <= 64 and not fused and dtype == torch.bfloat16:
-            order += f" wgmma2{' ring' if cfg.wgmma2_ring else ''}"
-        if cfg.wgmma_dual and cfg.tail_t and (cfg.wgmma1 or cfg.wgmma2) and not fused and dtype == torch.bfloat16:
+            order += f" wgmma1 ring{cfg.wgmma1_stages}"
+        if cfg.wgmma_dual and cfg.tail_t and cfg.wgmma1 and not fused and dtype == torch.bfloat16:
             order += f" wgdual{cfg.wgmma_dual}"
         return f"{layout} bt{cfg.block_t}{flags}{f' rows{cfg.rows2}' if cfg.rows2 > 1 and not fused else ''}{order}"
     if uses_gemv(cfg, T * k, E):

@@ -161,39 +161,14 @@ class MoEConfig:
     # / 0.995 / 0.996, T = 160 / 256 1.006 / 1.000 (within their rounds' spread), DSV3-like T = 8 / 16 / 64 0.993 /
     # 0.999 / 0.998
     gluon_grouped_pdl: int = 2
-    # the hopper_mma path's GEMM1 on expert blocks of up to 64 pairs in gluon_wgmma's kernel (warpgroup MMAs, x
-    # through a ring of shared-memory stages) instead of moe_hgemm1_kernel (0), where it can run (wgmma1_runs): 1 each
-    # MMA waited for at once, 2 each running while the next matrix decodes, 3 that on the tail tiles only; wgmma1_cap
-    # its register cap (0 none, -1 automatic: 168 on 64-pair blocks); the weight words straight into registers, loaded
-    # at a step's start (wgmma1_early 1) or once a matrix is decoded (0), or through the x tile's cp.async ring
-    # (wgmma1_ring 1, wgmma1_stages deep). Bit-equal outputs. select_config asks for the ring form (1, 3 stages) on
-    # 32-pair blocks: there moe_hgemm1_kernel took, on an H200, DSV3-like T = 512 / 640 / 768 1.043-1.047 / 1.026-1.076
-    # / 1.052-1.065x its time, K3-like T = 768 / 896 / 1024 / 1280 1.048-1.065 / 1.026-1.067 / 1.052-1.075 /
-    # 1.057-1.059x (sustained at the power limit 1.004x / 1.012x, DSV3-like T = 768 / K3-like T = 1024); on an H100
-    # 1.010-1.031x. Of moe_hgemm1_kernel's time, on 64-pair blocks the ring (2 stages) took 0.985-1.012 on an H200,
-    # the words into registers (3, early) 0.971-0.999 there but 1.002-1.042 on an H100; on 16-pair blocks the ring
-    # 0.994-1.001 (H100): those keep moe_hgemm1_kernel (benchmarks/results/performance-notebook.md, "GEMM1 of 32-pair
-    # blocks in gluon_wgmma"),
-    # 64-pair ones but where the ring takes 8-pair second tiles too (wgmma_dual, below)
-    # The ring over two warpgroups was bit-equal and slower on an H100: gate rows in one, up rows in the other (commit
-    # 9fc51ce) 1.04-1.07x on 64-pair blocks, 1.00-1.02x on 32-pair ones capped at 80 registers; 128 rows a program on
-    # one x tile (commit b9c8b36), capped at 128, on 64-pair blocks 0.97-0.99x on one H100 and 1.01-1.07x on another,
-    # with the same energy a call ("GEMM1 over two warpgroups")
+    # GEMM1 of expert blocks of up to 64 pairs in gluon_wgmma's kernel where it can run (wgmma1_runs; 1 on, 0: in
+    # moe_hgemm1_kernel): warpgroup MMAs, the weight words and x through a cp.async ring, bit-equal outputs.
+    # select_config asks for it on 32-pair blocks (1.01-1.08x faster on an H100 / H200) and on DSV3-like 64-pair ones
+    # from 32 pairs an expert, with wgmma_dual 2 (benchmarks/results/performance-notebook.md, "GEMM1 of 32-pair
+    # blocks in gluon_wgmma" and "32 + 8 tiles in gluon_wgmma")
     wgmma1: int = 0
-    wgmma1_cap: int = -1
-    wgmma1_early: int = 0
-    wgmma1_ring: int = 0
+    # the ring's stages: 3 on 32-pair blocks, 2 on 64-pair ones (3 there took 1.04-1.06x the time on an H200)
     wgmma1_stages: int = 3
-    # GEMM2 the same way (wgmma2 1, each MMA waited for at once), in programs of wgmma2_rows rows (64 or 128), its
-    # words into registers a step ahead or through the intermediate tile's ring (wgmma2_ring 1, 3 stages). Bit-equal
-    # outputs, slower on an H100: with GEMM1's (words into registers) DSV3-like / K3-like T = 1024 1.075 / 1.160; the
-    # ring beside the default DSV3-like T = 768 / 1024 1.008-1.012 / 1.016-1.018, K3-like 1.057-1.079 / 1.073-1.105
-    wgmma2: int = 0
-    wgmma2_rows: int = 128
-    wgmma2_ring: int = 0
-    # with tail_t, gluon_wgmma's GEMMs (the ring forms) in two tiles a block as `dual` sets for the hopper_mma kernels
-    # (0 off, 1 or 2): warpgroup MMAs take 8-wide tiles, so 2 runs where tail_t is 32 too, [rows, 32] + [rows, 8]
-    # (the 8-wide tl.dot is not usable there: see `dual`). select_config asks for it on GEMM1 of DSV3-like 64-pair
-    # blocks (benchmarks/results/performance-notebook.md, "32 + 8 tiles in gluon_wgmma"); GEMM2 in it as well was no
-    # faster on an H100
+    # with tail_t, wgmma1's blocks in two tiles as `dual` sets for the hopper_mma kernels (0 off, 1 or 2); 2 with tail_t
+    # 32 gives 32 + 8 tiles, which tl.dot cannot take (0.944-0.995 of the time on an H100, DSV3-like T = 1024-1536)
     wgmma_dual: int = 0

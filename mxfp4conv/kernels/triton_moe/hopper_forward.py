@@ -1,5 +1,5 @@
-"""The MMA path over the hopper_mma layouts: moe_hgemm1/2_kernel, and GEMM1 (GEMM2 where asked) in
-gluon_wgmma's warpgroup MMAs.
+"""The MMA path over the hopper_mma layouts: moe_hgemm1/2_kernel, and GEMM1 in gluon_wgmma's warpgroup MMAs where
+asked.
 """
 
 from __future__ import annotations
@@ -51,62 +51,32 @@ def hopper_constants(cfg: MoEConfig, T: int, top_k: int, H: int, i_pad: int, dty
     return c1, c2, (direct, fused, rows2)
 
 
-def _wgmma_parts(rot):
-    """(gluon_wgmma, gluon_few_tokens' int32 view of the words, the decode of bit order rot) for a launch."""
-    return _gluon_wgmma_module(), _gluon_module()._words, _gluon_module().WORDS32_PTX["xor" if rot == 2 else "rot"]
-
-
-def _wgmma_can_run(cfg, x, w, s, splits, direct, fused, fact, rot) -> bool:
-    """Whether a gluon_wgmma kernel can take a GEMM: bf16 x on a CUDA GPU of compute capability 9.x (warpgroup MMAs),
-    expert blocks of at most 64 pairs in one K split, every e8m0 scale <= 2, the xor or rot bit order, word-aligned
-    weights and Gluon here that has compiled."""
-    return bool(x.dtype == torch.bfloat16 and x.is_cuda and torch.version.cuda is not None
-                and os.environ.get("TRITON_INTERPRET") != "1" and cfg.block_t <= 64 and splits == 1 and not direct
-                and not fused and fact != 2 and rot in (1, 2) and w.data_ptr() % 16 == 0 and s.data_ptr() % 4 == 0
-                and not _GLUON_BROKEN and torch.cuda.get_device_capability(x.device)[0] == 9
-                and _gluon_module() is not None)
-
-
 def wgmma1_runs(cfg, x, w13, w13_scale, i_pad, splits, direct, fused, fact, rot) -> bool:
-    """Whether GEMM1 runs in gluon_wgmma.wg_gemm1: asked for (wgmma1), 128-code steps of H, and x's offsets in int32."""
+    """Whether GEMM1 runs in gluon_wgmma.wg_gemm1: asked for (wgmma1); bf16 x on a CUDA GPU of compute capability 9.x
+    (warpgroup MMAs); expert blocks of at most 64 pairs in one K split; every e8m0 scale <= 2; the xor or rot bit
+    order; word-aligned weights; 128-code steps of H; x's offsets in int32; and Gluon here that has compiled."""
     return bool(cfg.wgmma1 and x.shape[1] % 128 == 0 and i_pad % 64 == 0 and x.numel() < 2 ** 31
-                and _wgmma_can_run(cfg, x, w13, w13_scale, splits, direct, fused, fact, rot))
-
-
-def wgmma2_runs(cfg, x, w2, w2_scale, H, i_pad, pairs, splits, direct, fused, fact, rot) -> bool:
-    """Whether GEMM2 runs in gluon_wgmma.wg_gemm2: asked for (wgmma2), rows of wgmma2_rows dividing H, 128-code steps
-    of I, and the intermediate's offsets in int32."""
-    return bool(cfg.wgmma2 and cfg.wgmma2_rows in (64, 128) and H % cfg.wgmma2_rows == 0 and i_pad % 128 == 0
-                and pairs * i_pad < 2 ** 31 and _wgmma_can_run(cfg, x, w2, w2_scale, splits, direct, fused, fact, rot))
+                and x.dtype == torch.bfloat16 and x.is_cuda and torch.version.cuda is not None
+                and os.environ.get("TRITON_INTERPRET") != "1" and cfg.block_t <= 64 and splits == 1 and not direct
+                and not fused and fact != 2 and rot in (1, 2) and w13.data_ptr() % 16 == 0
+                and w13_scale.data_ptr() % 4 == 0 and not _GLUON_BROKEN
+                and torch.cuda.get_device_capability(x.device)[0] == 9 and _gluon_module() is not None)
 
 
 def _wgmma_gemm1(x, w13, w13_scale, w13_bias, act, cfg, r, num_pairs, top_k, i_pad, max_blocks, rot):
     """GEMM1 of the hopper_mma path in gluon_wgmma.wg_gemm1: r.inter = act(gate . x, up . x) per pair; True once
     launched."""
-    gluon_wgmma, words, ptx = _wgmma_parts(rot)
-    cap = cfg.wgmma1_cap if cfg.wgmma1_cap >= 0 else 168 if cfg.block_t > 32 else 0
-    gluon_wgmma.wg_gemm1[(i_pad // 64, max_blocks)](
-        words(w13), words(w13_scale), x, r.sorted_ids, r.block_expert, r.num_post_pad,
+    few = _gluon_module()
+    # 64-pair blocks under a 168-register cap (two programs an SM; uncapped, the first form took 1.070 against 1.031 of
+    # moe_hgemm1_kernel's time, DSV3-like T = 1024 on an H100: benchmarks/results/performance-notebook.md)
+    cap = 168 if cfg.block_t > 32 else 0
+    _gluon_wgmma_module().wg_gemm1[(i_pad // 64, max_blocks)](
+        few._words(w13), few._words(w13_scale), x, r.sorted_ids, r.block_expert, r.num_post_pad,
         r.b13 if w13_bias is not None else r.inter, r.inter, num_pairs, top_k, x.shape[1], i_pad, act["p0"], act["p1"],
         KB=2, BT=cfg.block_t, TAIL=cfg.tail_t, STAGES=cfg.wgmma1_stages, ACT=act["ACT"], HAS_LIMIT=act["HAS_LIMIT"],
-        HAS_LINEAR=act["HAS_LINEAR"], HAS_BIAS=w13_bias is not None, OVERLAP={1: 0, 2: 3, 3: 2}.get(cfg.wgmma1, 3),
-        EARLY=bool(cfg.wgmma1_early), RING=bool(cfg.wgmma1_ring), WPTX=ptx,
+        HAS_LINEAR=act["HAS_LINEAR"], HAS_BIAS=w13_bias is not None, WPTX=few.WORDS32_PTX["xor" if rot == 2 else "rot"],
         DUAL=cfg.wgmma_dual if cfg.tail_t else 0, num_warps=4,
         **({"maxnreg": cap} if cap else {}))
-    return True
-
-
-def _wgmma_gemm2(w2, w2_scale, w2_bias, cfg, r, num_pairs, H, i_pad, max_blocks, rot):
-    """GEMM2 of the hopper_mma path in gluon_wgmma.wg_gemm2: r.pair_out[0] = tw * (w2 . inter + b2) per pair; True
-    once launched."""
-    gluon_wgmma, words, ptx = _wgmma_parts(rot)
-    rows = cfg.wgmma2_rows
-    tail = gemm2_tail(cfg)
-    gluon_wgmma.wg_gemm2[(H // rows, max_blocks)](
-        words(w2), words(w2_scale), r.inter, r.sorted_ids, r.block_expert, r.num_post_pad,
-        r.b2 if w2_bias is not None else r.tw, r.tw, r.pair_out, num_pairs, i_pad, H, KB=2, BT=cfg.block_t,
-        TAIL=tail, ROWS=rows, STAGES=3, HAS_BIAS=w2_bias is not None, RING=bool(cfg.wgmma2_ring), WPTX=ptx,
-        DUAL=cfg.wgmma_dual if tail else 0, num_warps=4)
     return True
 
 
@@ -133,13 +103,10 @@ def _hopper_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13
             raise RuntimeInputError(
                 f"fused_moe_triton: {name} must be 0 or a power of two from 16 to below block_t ({cfg.block_t}), "
                 f"got {t}.")
-    if cfg.wgmma_dual and ((cfg.wgmma1 and not cfg.wgmma1_ring) or (cfg.wgmma2 and not cfg.wgmma2_ring)):
-        raise RuntimeInputError("fused_moe_triton: wgmma_dual needs gluon_wgmma's ring forms (wgmma1_ring and "
-                                "wgmma2_ring 1 where wgmma1 / wgmma2 are asked for).")
     # two-tile blocks' second tiles (tail_t / 4 with 2, else tail_t / 2): tl.dot's at least 16 pairs wide, the
-    # warpgroup MMAs' 8 (gluon_wgmma, where asked for)
-    for (name, t), gluon in zip(tails, (cfg.wgmma1, cfg.wgmma2)):
-        for option, dual, least in (("dual", cfg.dual, 16), ("wgmma_dual", cfg.wgmma_dual if gluon else 0, 8)):
+    # warpgroup MMAs' 8 (gluon_wgmma's GEMM1, where asked for)
+    for (name, t), wg_dual in zip(tails, (cfg.wgmma_dual if cfg.wgmma1 else 0, 0)):
+        for option, dual, least in (("dual", cfg.dual, 16), ("wgmma_dual", wg_dual, 8)):
             need = least * (4 if dual == 2 else 2)
             if dual and t and t < need:
                 raise RuntimeInputError(f"fused_moe_triton: {option}{' 2' if dual == 2 else ''} needs {name} of "
@@ -175,9 +142,6 @@ def _hopper_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13
         )
 
     def gemm2(grid, r):
-        if wgmma2_runs(cfg, x, w2, w2_scale, H, i_pad, num_pairs, r.s2, direct, fused, fact, rot) and _compiled_or_none(
-                lambda: _wgmma_gemm2(w2, w2_scale, w2_bias, cfg, r, num_pairs, H, i_pad, grid[0], rot), required=False):
-            return
         grid, rf = order(grid, cfg.rows_first2)
         HK.moe_hgemm2_kernel[grid](
             r.inter, w2, w2_scale, r.b2, r.tw, r.pair_out, r.sorted_ids, r.block_expert, r.num_post_pad,

@@ -76,9 +76,9 @@ def select_config(num_pairs: int, num_experts: int, hidden: int, inter: int, lay
         # stages deep with 32 + 8 and 32 + 16 tiles (wgmma_dual 2): fewer empty slots through the MMAs. H100s,
         # five runs, of moe_hgemm1_kernel's time: DSV3-like T = 1024 / 1280 / 1536 0.975-0.995 / 0.944-0.986 /
         # 0.979-0.992 (T = 896 0.991-1.006, K3-like T = 1536 / 2048 1.021 / 1.003: left out)
-        wgmma = dict(wgmma1=1, wgmma1_ring=1) if bt == 32 else {}
+        wgmma = dict(wgmma1=1) if bt == 32 else {}
         if bt == 64 and not short and per_expert >= 32:
-            wgmma = dict(wgmma1=1, wgmma1_ring=1, wgmma1_stages=2, wgmma_dual=2)
+            wgmma = dict(wgmma1=1, wgmma1_stages=2, wgmma_dual=2)
         return MoEConfig(block_t=bt, block_n1=64, block_n2=128, block_k=128, num_warps=4, num_stages=3, maxnreg=maxnreg,
                          rows2=rows2, maxnreg2=0 if rows2 > 1 else -1, rows_first1=1, rows_first2=1,
                          tail_t=tail, dual=int(tail >= 32), **wgmma)
