@@ -1,8 +1,18 @@
 """The tile choice of the Triton paths: ``select_config`` (the configuration a call runs by default, by its
 pairs an expert and the layer's shape) and the K splits sized from it.
+
+The choice is data walked by ``select_config``: ``PATHS`` names the path a call takes (the first row of its layout
+family that holds), ``TILES`` gives that path's MoEConfig fields (every row of the path that holds adds its own;
+fields no row sets keep MoEConfig's defaults). Each row says in a line why it is there; the timings behind it are
+in benchmarks/results/performance-notebook.md, "The default tiles, rule by rule", under the row's path, and in the
+section a row names. Measured with benchmarks/moe_bench.py --sweep / --gemv-sweep on the DSV3-like (H 7168, I 2048,
+E 256, k 8) and K3-like (H 3584, I 384, E 896, k 16) layers.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Mapping, Union
 
 import triton
 
@@ -11,87 +21,167 @@ from mxfp4conv.kernels.triton_moe.config import MoEConfig
 from mxfp4conv.kernels.triton_moe.layouts import HOPPER_SETS
 
 
+@dataclass(frozen=True)
+class Call:
+    """What the tile choice reads of a call: its routing and the layer's shape."""
+
+    num_pairs: int
+    num_experts: int
+    hidden: int
+    inter: int
+    family: str  # "hopper" (the hopper_mma layout sets) or "identity" (any other layout)
+
+    @property
+    def per_expert(self) -> float:
+        """Pairs an expert, over the experts the pairs can touch."""
+        return self.num_pairs / max(1, min(self.num_experts, self.num_pairs))
+
+    @property
+    def short(self) -> bool:
+        """Short GEMM2 rows: I <= 512, at most four 128-code K steps (K3-like I = 384)."""
+        return self.inter <= 512
+
+
+@dataclass(frozen=True)
+class Path:
+    family: str
+    name: str
+    when: Callable[[Call], bool]
+    why: str
+
+
+@dataclass(frozen=True)
+class Tiles:
+    path: str
+    when: Callable[[Call], bool]
+    fields: Union[Mapping[str, object], Callable[[Call], Mapping[str, object]]]  # or a function of the call
+    why: str
+
+
+def _always(c: Call) -> bool:
+    return True
+
+
+def _pe(lo: float = -float("inf"), hi: float = float("inf")) -> Callable[[Call], bool]:
+    """Pairs an expert in (lo, hi]."""
+    return lambda c: lo < c.per_expert <= hi
+
+
+def _one_token_splits(c: Call) -> dict:
+    # GEMM1's K splits at least six 128-code steps long, fewer than the automatic count where that is more (the
+    # fused tail and each program's pipeline fill weigh less); no GEMM2 K split once its 64-row tiles alone give
+    # enough programs
+    auto1, _ = _splits(0, c.num_pairs * triton.cdiv(c.inter, 64), c.hidden, 128)
+    return dict(split_k1=max(1, min(auto1, c.hidden // 128 // 6)),
+                split_k2=1 if c.num_pairs * (c.hidden // 64) >= 768 else 0)
+
+
+def _many_programs(c: Call) -> bool:
+    """GEMM2 in one 128-row tile a program would run at least three times _TARGET_PROGRAMS programs."""
+    return c.num_pairs * triton.cdiv(c.hidden, 128) >= 3 * _TARGET_PROGRAMS
+
+
+# The path a call takes: the first row of its family that holds.
+PATHS = (
+    Path("hopper", "hopper prefill", _pe(48),
+         "128-pair blocks, row tiles first, once experts see many pairs"),
+    Path("hopper", "hopper one token", lambda c: c.num_pairs <= 16,
+         "one token: one block a pair, the reductions fused into the GEMMs' tails (MoEConfig.direct / fused)"),
+    Path("hopper", "hopper expert blocks", _always,
+         "swap-AB blocks of 16 / 32 / 64 pairs while experts see few pairs"),
+    Path("identity", "identity decode", _pe(hi=32),
+         "the decode path without tensor cores at <= 1 pair an expert (uses_gemv), 16-pair word-decode blocks past"),
+    Path("identity", "identity prefill", _always, "64 / 128-pair blocks with the byte decode"),
+)
+
+
+# The fields of each path. Rows of one path that hold together set different fields.
+TILES = (
+    Tiles("hopper prefill", _always,
+          dict(block_t=128, block_n1=128, block_k=128, num_warps=8, num_stages=3, rows_first1=1, rows_first2=1),
+          "a block's row tiles side by side in both grids: its activation rows come from DRAM about once"),
+    Tiles("hopper prefill", lambda c: c.short, dict(block_n2=128, num_warps2=4, num_stages2=1),
+          "short GEMM2 rows: 128-row tiles, 4 warps, one stage (K3-like)"),
+    Tiles("hopper prefill", lambda c: not c.short, dict(block_n2=256),
+          "long GEMM2 rows: 256-row tiles (DSV3-like)"),
+    Tiles("hopper prefill", _pe(48, 96), dict(tail_t=64, dual=2),
+          "most blocks fit 64 or 64 + 16 pairs: 64-pair tail tiles, up to 80 pairs in 64 + 16 "
+          "(\"64-pair tails in 64 + 16 tiles on 128-pair blocks\")"),
+    Tiles("hopper prefill", _pe(96), dict(tail_t=32, absorb=32),
+          "most experts' second block holds <= 32 pairs: 32-pair tail tiles, GEMM1 running an expert's last one in "
+          "the program of the block before (\"Prefill: an expert's last small block in the program of the block "
+          "before it\")"),
+    Tiles("hopper prefill", lambda c: c.per_expert > 96 and c.short, dict(absorb2=16),
+          "GEMM2 absorbs up to 16 pairs where its rows are short; 256-row tiles spill with a second tile"),
+    Tiles("hopper prefill", _pe(64), dict(factor_pairs=0),
+          "the e8m0 factors two to a word win at 64 pairs an expert, not past it: one at a time there"),
+
+    Tiles("hopper one token", _always,
+          dict(block_t=16, block_n1=64, block_n2=64, block_k=128, num_warps=4, num_stages=3),
+          "64-row GEMM2 tiles: more programs for few pairs"),
+    Tiles("hopper one token", _always, _one_token_splits,
+          "K3-like: 4 GEMM1 K splits of 7 steps beat 10 of 3"),
+
+    Tiles("hopper expert blocks", _always,
+          dict(block_n1=64, block_n2=128, block_k=128, num_warps=4, num_stages=3, rows_first1=1, rows_first2=1),
+          "a block's row tiles side by side in both grids (\"Row tiles first on every sorted block\")"),
+    Tiles("hopper expert blocks", _pe(hi=12), dict(block_t=16, maxnreg=96),
+          "16-pair blocks capped at 96 registers: the same instructions in 54, 7 programs an SM, not 4 "
+          "(\"The power limit; register caps on 16- and 32-pair blocks\")"),
+    Tiles("hopper expert blocks", _pe(12, 24), dict(block_t=32, tail_t=16),
+          "32-pair blocks; those holding at most 16 pairs in 16-pair tiles"),
+    Tiles("hopper expert blocks", lambda c: 12 < c.per_expert <= 24 and c.short, dict(maxnreg=112),
+          "capped at 112 registers where GEMM2's rows are short; long rows uncapped (no faster capped)"),
+    Tiles("hopper expert blocks", _pe(12, 24), dict(wgmma1=1),
+          "GEMM1 in gluon_wgmma, the words through a 3-stage cp.async ring "
+          "(\"GEMM1 of 32-pair blocks in gluon_wgmma\")"),
+    Tiles("hopper expert blocks", _pe(24), dict(block_t=64, tail_t=32, dual=1),
+          "64-pair blocks; those holding at most 32 pairs in 32-pair tiles, up to 48 in 32 + 16"),
+    Tiles("hopper expert blocks", lambda c: c.per_expert >= 32 and not c.short,
+          dict(wgmma1=1, wgmma1_stages=2, wgmma_dual=2),
+          "long GEMM2 rows from 32 pairs an expert: GEMM1 in gluon_wgmma's 2-stage ring, 32 + 8 and 32 + 16 tiles "
+          "(\"32 + 8 tiles in gluon_wgmma\")"),
+    Tiles("hopper expert blocks", lambda c: c.short and 1.05 < c.per_expert <= 24, dict(rows2=4, maxnreg2=0),
+          "short GEMM2 rows past one pair an expert: four row tiles a program in one flat loop, uncapped"),
+    Tiles("hopper expert blocks", lambda c: c.short and c.per_expert <= 1.05 and _many_programs(c),
+          dict(rows2=3, maxnreg2=0),
+          "short rows at one pair an expert: three row tiles a program once one a program gives programs enough"),
+
+    Tiles("identity decode", _always,
+          dict(block_t=16, block_n1=64, block_n2=128, block_k=128, num_warps=4, num_stages=2, mode=1, maxnreg=96),
+          "16-pair blocks with the int32-word decode"),
+    Tiles("identity decode", lambda c: c.inter % 256 == 0,
+          dict(gemv_block_n1=16, gemv_block_n2=16, gemv_block_k=256),
+          "no tensor cores: 16-row tiles with 256-code K steps where I allows them (faster on DSV3-like)"),
+    Tiles("identity decode", lambda c: c.inter % 256 != 0,
+          dict(gemv_block_n1=32, gemv_block_n2=32, gemv_block_k=128),
+          "no tensor cores: 32-row tiles with 128-code K steps (faster on K3-like, I 384)"),
+
+    Tiles("identity prefill", _always, dict(block_n1=128, block_n2=128, block_k=64, num_warps=8, num_stages=3, mode=0),
+          "the byte decode on 128-row tiles"),
+    Tiles("identity prefill", _pe(32, 64), dict(block_t=64), "64-pair blocks up to 64 pairs an expert"),
+    Tiles("identity prefill", _pe(64), dict(block_t=128), "128-pair blocks past"),
+)
+
+
+def rows_of(call: Call) -> tuple[Path, list[Tiles]]:
+    """The path ``call`` takes and the rows of TILES that give its fields."""
+    path = next(p for p in PATHS if p.family == call.family and p.when(call))
+    return path, [row for row in TILES if row.path == path.name and row.when(call)]
+
+
 def select_config(num_pairs: int, num_experts: int, hidden: int, inter: int, layout: str = "identity") -> MoEConfig:
-    """Tiles measured best on an H200 (benchmarks/moe_bench.py --sweep / --gemv-sweep,
-    benchmarks/results/performance-notebook.md): the decode path without tensor cores at <= 1 pair per touched expert,
-    swap-AB 16-pair blocks with the int32-word decode while experts see few tokens (K split
-    automatically when that leaves SMs idle), 64/128-pair blocks with the byte decode in prefill."""
-    per_expert = num_pairs / max(1, min(num_experts, num_pairs))
-    if layout in HOPPER_SETS:  # measured on an H200 (moe_bench.py --layout hopper_mma --sweep, both layers)
-        short = inter <= 512  # short GEMM2 rows (I_pad <= 512: three 128-code steps a tile)
-        if per_expert > 48:
-            # prefill: row tiles first in both grids (a block's tiles side by side: its activation rows
-            # come from DRAM about once); short rows: GEMM2 in 128-row tiles, 4 warps, one stage
-            gemm2 = dict(block_n2=128, num_warps2=4, num_stages2=1) if short else dict(block_n2=256)
-            # partly filled blocks in smaller tiles: past 96 pairs an expert, most experts' second block
-            # holds <= 32 pairs; below, most blocks fit 64 or 64 + 32 (dual)
-            tail = 32 if per_expert > 96 else 64
-            # past 96 pairs an expert, an expert's last block of at most 32 pairs in the program of its block
-            # before (GEMM1; GEMM2 too up to 16 where its rows are short): DSV3-like T = 3584 / 4096 / 4608 0.993 /
-            # 0.931-0.962 / 0.914, T = 6144 / 8192 1.008 / 1.000; K3-like T = 6144 / 8192 0.964 / 0.964. DSV3-like
-            # GEMM2 in 256-row tiles spills with a 32-wide second tile, and at 16 it was inside the spread (0.992 /
-            # 1.028 in two runs)
-            absorb = dict(absorb=32, absorb2=16 if short else 0) if tail == 32 else {}
-            # the e8m0 factors two to a word measured 1.02x faster at 64 pairs an expert (DSV3 T = 2048) and
-            # within the run's spread past it (DSV3 / K3 T = 4096): there the v13 instructions stay.
-            # 64-pair tails in 64 + 16 too (dual 2), fewer empty slots through the MMAs: on an H100 DSV3-like
-            # T = 1792 / 2048 / 2560 / 3072 0.988-0.997 / 0.977-0.988 / 0.972-0.980 / 1.000-1.002, K3-like T = 3072 /
-            # 4096 0.989-0.993 / 0.975 of dual 1's time (two runs)
-            return MoEConfig(block_t=128, block_n1=128, block_k=128, num_warps=8, num_stages=3, rows_first1=1,
-                             rows_first2=1, tail_t=tail, dual=2 if tail == 64 else 0,
-                             factor_pairs=int(per_expert <= 64), **gemm2, **absorb)
-        bt = 16 if per_expert <= 12 else 32 if per_expert <= 24 else 64
-        if num_pairs <= 16:  # one token (T = 1: one block per pair, fused reductions): 64-row GEMM2 tiles,
-            # and no GEMM2 K split once those tiles alone give enough programs; GEMM1's K splits at least
-            # six 128-code steps long (K3-like: 4 splits of 7 steps, not 10 of 3: the fused tail and the
-            # pipeline fill of each program weigh less)
-            split2 = 1 if num_pairs * (hidden // 64) >= 768 else 0
-            auto1, _ = _splits(0, num_pairs * triton.cdiv(inter, 64), hidden, 128)
-            return MoEConfig(block_t=16, block_n1=64, block_n2=64, block_k=128, num_warps=4, num_stages=3,
-                             split_k1=max(1, min(auto1, hidden // 128 // 6)), split_k2=split2)
-        # short GEMM2 rows: past one pair per expert four GEMM2 row tiles per program in one flat loop
-        # (uncapped), at most one pair per expert three once one-tile programs would number three
-        # times _TARGET_PROGRAMS (K3-like T = 8-32: 0.951-0.985 of one tile a program; T = 2 and 4,
-        # fewer programs, 1.003-1.073); row tiles first in both grids, so a block's row tiles run side
-        # by side (time over pair blocks first, benchmarks/results/performance-notebook.md: H100 DSV3-like T =
-        # 192-768 0.864-0.962,
-        # K3-like T = 320-1024 0.956-0.972; H200 DSV3-like T = 384-1024 0.95-0.99 in nine timings of ten, the rest
-        # within the spread; below 5.5 pairs an expert, where the Gluon kernels take bf16 calls, not timed)
-        # register caps on 16-pair blocks, and on 32-pair ones where GEMM2's rows are short (both GEMMs where
-        # GEMM2 runs one row tile a program): under them ptxas schedules GEMM1 in 54 / 78 registers, not 116 /
-        # 138, with the same instructions and nothing spilled, so 7 / 5 programs share an SM, not 4 / 3
-        # (time capped / uncapped, five runs: DSV3-like T = 160-384 0.948-1.016, median 0.975; K3-like T = 384 /
-        # 512 0.972-0.995 / 0.962-0.983, T = 1024 0.965-1.010; DSV3-like 32-pair blocks 0.969-1.019, left uncapped)
-        maxnreg = 96 if bt == 16 else 112 if bt == 32 and short else 0
-        # blocks of 32 / 64 pairs: those holding at most half that in half-width tiles, 64-pair ones up
-        # to 48 in 32 + 16 (GEMM2's too where it runs one row tile a program: the multi-tile loop has
-        # no small tiles)
-        tail = bt // 2 if bt >= 32 else 0
-        rows2 = 1
-        if short and bt < 64:
-            rows2 = 4 if per_expert > 1.05 else 3 if num_pairs * triton.cdiv(hidden, 128) >= 3 * _TARGET_PROGRAMS else 1
-        # GEMM1 of 32-pair blocks in gluon_wgmma where it can run (wgmma1_runs): warpgroup MMAs, the words and x
-        # through a cp.async ring 3 stages deep (MoEConfig.wgmma1 says what was measured, and why 16-pair blocks
-        # keep moe_hgemm1_kernel); of 64-pair ones from 32 pairs an expert where GEMM2's rows are long, the ring 2
-        # stages deep with 32 + 8 and 32 + 16 tiles (wgmma_dual 2): fewer empty slots through the MMAs. H100s,
-        # five runs, of moe_hgemm1_kernel's time: DSV3-like T = 1024 / 1280 / 1536 0.975-0.995 / 0.944-0.986 /
-        # 0.979-0.992 (T = 896 0.991-1.006, K3-like T = 1536 / 2048 1.021 / 1.003: left out)
-        wgmma = dict(wgmma1=1) if bt == 32 else {}
-        if bt == 64 and not short and per_expert >= 32:
-            wgmma = dict(wgmma1=1, wgmma1_stages=2, wgmma_dual=2)
-        return MoEConfig(block_t=bt, block_n1=64, block_n2=128, block_k=128, num_warps=4, num_stages=3, maxnreg=maxnreg,
-                         rows2=rows2, maxnreg2=0 if rows2 > 1 else -1, rows_first1=1, rows_first2=1,
-                         tail_t=tail, dual=int(tail >= 32), **wgmma)
-    if per_expert <= 32:
-        # decode path without tensor cores (taken at <= 1 pair per touched expert): 16-row tiles
-        # with 256-code K steps where I_pad allows them in GEMM2 (DSV3-like), else 32-row tiles
-        # with 128-code steps (K3-like, I 384); each the faster of the two on its layer shape
-        gemv = (dict(gemv_block_n1=16, gemv_block_n2=16, gemv_block_k=256) if inter % 256 == 0
-                else dict(gemv_block_n1=32, gemv_block_n2=32, gemv_block_k=128))
-        return MoEConfig(block_t=16, block_n1=64, block_n2=128, block_k=128, num_warps=4, num_stages=2,
-                         mode=1, maxnreg=96, **gemv)
-    return MoEConfig(block_t=64 if per_expert <= 64 else 128, block_n1=128, block_n2=128, block_k=64,
-                     num_warps=8, num_stages=3, mode=0)
+    """The default MoEConfig of a call routing num_pairs (token, expert) pairs over num_experts experts of a layer
+    (hidden, inter) whose weights are in ``layout``: the fields of its path's rows in TILES."""
+    call = Call(num_pairs, num_experts, hidden, inter, "hopper" if layout in HOPPER_SETS else "identity")
+    path, rows = rows_of(call)
+    fields: dict = {}
+    for row in rows:
+        more = row.fields(call) if callable(row.fields) else row.fields
+        if fields.keys() & more.keys():
+            raise AssertionError(f"tiles.TILES: {path.name} sets {sorted(fields.keys() & more.keys())} twice")
+        fields.update(more)
+    return MoEConfig(**fields)
 
 
 _TARGET_PROGRAMS = 1024  # about 8 programs per SM on 132 SMs: enough warps to hide latency
