@@ -543,5 +543,5 @@ def test_sm90_plan_states_the_humming_measurement():
     the one point where Humming was ahead, with the way to keep vLLM's kernel."""
     d = decide(DSV4, Target("h100", tp=8))
     (note,) = [n for n in d.notes if "replaces vLLM's pick" in n]
-    assert "HUMMING" in note and "1.06-1.67x" in note and "2.4% faster" in note
+    assert "HUMMING" in note and "1.06-1.67x" in note and "2.4% faster" in note and "second run" in note
     assert "--backend HUMMING" in note

@@ -96,8 +96,9 @@ def replacement_note(arch: Arch, vllm_backend: str | None, vllm_cls: str | None,
                     "and an H100")
     elif vllm_backend == "HUMMING":
         measured = ("on one H100 (docs/performance.md, 2026-12-07) Humming took 1.06-1.67x its time on "
-                    "Kimi-K3-like layers and 0.98-1.32x on DeepSeek-V3-like ones: Humming was 2.4% faster "
-                    "at one point, DeepSeek-V3-like skewed routing at 8 tokens, and level at 2-64 tokens")
+                    "Kimi-K3-like layers and 0.98-1.32x on DeepSeek-V3-like ones: within 2-13% of it at 2-64 "
+                    "tokens on DeepSeek-V3-like layers, where both run near the copy bandwidth, and 2.4% "
+                    "faster at one point there (skewed routing, 8 tokens; in a second run it took 1.10x ours)")
     else:
         measured = f"it has not been measured against {vllm_backend or 'vLLM'} here"
     keep = (f" Pass --backend {vllm_backend} to keep vLLM's kernel (canonical bytes that vLLM converts "
