@@ -20,7 +20,8 @@ The modules, by job:
 
 - ``forward``: the entry point and the path choice; the identity-layout MMA path and the decode path without tensor
   cores (``moe_gemv*_kernel``, for decode batches where each touched expert sees about one pair).
-- ``config``, ``tiles``, ``gluon_choice``: the knobs, the default tiles of the Triton paths, the Gluon paths' plans.
+- ``config``, ``tiles``, ``gluon_choice``: the knobs, the default tiles of the Triton paths (one table, walked by
+  ``select_config``), the Gluon paths' plans.
 - ``launch``: what every path does around its GEMMs (checks, align, activation over K splits, sum over k).
 - ``hopper_forward``, ``gluon_forward``, ``gluon_load``: the hopper_mma path, the Gluon paths, Gluon's guarded import.
 - kernels: ``mma_kernels`` (identity layout, align, sums), ``gemv_kernels``, ``hopper_kernels`` (the hopper_mma

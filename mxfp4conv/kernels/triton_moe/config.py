@@ -17,7 +17,8 @@ class MoEConfig:
     num_warps: int = 4
     num_stages: int = 4
     # 0: byte decode, 1: int32-word decode (bf16 x; fp16 and fp32 x take 0). tl.dot_scaled and a word decode into 8
-    # split dots were 10-40% and 13-20% slower at every point measured (the notebook's version notes, v2 and v4)
+    # split dots took 1.10-1.40x and 1.13-1.20x their time at every point measured (benchmarks/results/
+    # performance-notebook.md, "Version notes")
     mode: int = 0
     split_k1: int = 0  # K splits of GEMM1 / GEMM2; 0 = automatic (decode: fill the GPU), 1 = none
     split_k2: int = 0
@@ -65,7 +66,8 @@ class MoEConfig:
     absorb: int = 0
     absorb2: int = 0
     # hopper_mma decode: the e8m0 factors of scales <= 2 two to a word (1: a byte permute and a
-    # multiply-add per two) or one at a time (0: the v13 instructions)
+    # multiply-add per two) or one at a time (0: an add and a shift each; select_config's choice past 64 pairs an
+    # expert, where pairs gained nothing)
     factor_pairs: int = 1
     # up to gluon_max_tokens tokens over hopper_mma_xor / _rot with bf16 x: the Gluon MMA v2 kernels of
     # gluon_few_tokens, a program per (token, expert) pair (1 on where they can run, 0 off, -1 automatic: on

@@ -36,7 +36,7 @@ def fused_moe_triton(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, *,
     ``layout``: "identity" (those canonical bytes), "hopper_mma_xor" (weights in hopper_mma_w_xor, an
     8-instruction decode, scales in hopper_mma_s, same shapes; H_pad and I_pad multiples of 64: what convert
     writes), "hopper_mma_rot" (weights in hopper_mma_w_rot, a 9-instruction decode) or "hopper_mma" (weights in
-    hopper_mma_w), the bit orders earlier releases wrote.
+    hopper_mma_w): the same words in other bit orders, read so that checkpoints earlier releases converted still run.
     Returns [T, H_pad] in x's dtype.
     """
     T, H, E, i_pad = _check_inputs(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids,

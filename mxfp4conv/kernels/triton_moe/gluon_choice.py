@@ -125,7 +125,7 @@ _SINGLE_AN_SM = 7
 
 # In 64-code steps (pairs, 62 registers uncapped) it fits _SHORT_AN_SM programs an SM. Where the unsplit grid is over a
 # wave of _SINGLE_AN_SM and at most one of those, 64-code steps unsplit run it in one wave: K3-like T = 10 / 11 (960 /
-# 1056 programs on 132 SMs) 0.945 / 0.912 of the expert blocks' time (which ran those before), DSV3-like T = 4 (1024)
+# 1056 programs on 132 SMs) 0.945 / 0.912 of the expert blocks' time (their path otherwise), DSV3-like T = 4 (1024)
 # 0.987 of 128-code steps in 2 splits; where 128-code steps already fit a wave, 64-code ones are slower (K3-like T = 9
 # 1.012)
 _SHORT_AN_SM = 8

@@ -6,7 +6,7 @@ benchmarks/probes/gluon_moe.py, benchmarks/moe_bench.py, benchmarks/results/perf
 read once
 a pair, so this pays while tokens rarely share an expert.
 
-Why Gluon: it states every layout, so each lane's int32 words of a 16 x 64 hopper_mma_w_rot block
+Why Gluon: it states every layout, so each lane's int32 words of a 16 x 64 hopper_mma_w_xor (or _rot) block
 decode (with the hopper kernels' PTX) straight into its m16n8k16 A fragment, and one token takes an
 n8 MMA instead of an n16 one. Per 128-code step that is about 300 instructions at 72 registers
 against the hopper kernel's 395 at 117.
@@ -78,7 +78,7 @@ _barrier = getattr(gl, "barrier", None) or gl.thread_barrier
 @gluon.jit
 def _offsets(K, NB: gl.constexpr, KB: gl.constexpr):
     """Word offsets of a lane's weight words [NB, KB, 8, 4, 4] and scale words [NB, KB, 8, 4] in a
-    [16 NB, K] slab group (hopper_mma_w_rot / hopper_mma_s read as int32)."""
+    [16 NB, K] slab group (hopper_mma_w_xor or _rot / hopper_mma_s read as int32)."""
     w_off = (gl.arange(0, NB, layout=W0)[:, None, None, None, None] * (2 * K)
              + gl.arange(0, KB, layout=W1)[None, :, None, None, None] * 128
              + gl.arange(0, 8, layout=W2)[None, None, :, None, None] * 16
