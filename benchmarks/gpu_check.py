@@ -241,21 +241,16 @@ def hopper_variants(T, H, I, k, E):
     if T > 1:  # the other align (many programs below ALIGN_GRID_PAIRS, one program from it)
         out.append(("align", dataclasses.replace(default, align=int(T * k < ALIGN_GRID_PAIRS))))
     if pairs_take(default, T, T * k, E):  # the Gluon kernels take these tokens where they can: the variants above on
-        # the hopper_mma kernels, and the Gluon ones' other K steps and splits, and without PDL
+        # the hopper_mma kernels, and the Gluon ones' other K steps and splits
         out = out[:1] + [(n, dataclasses.replace(c, gluon=0)) for n, c in out[1:]]
         out.append(("gluonk", dataclasses.replace(default, gluon=1, gluon_k1=128, gluon_k2=64, gluon_split1=2,
                                                 gluon_split2=2)))
         out.append(("split", dataclasses.replace(default, gluon=1, gluon_split1=16, gluon_split2=4)))
-        out.append(("nopdl", dataclasses.replace(default, gluon=1, gluon_pdl=0)))
         # GEMM2's sum over k the other way from the default's (in its last programs, or in the k-sum kernel after
         # it), and in the k-sum kernel after GEMM2's K splits
         by_kernel = sum2_by_kernel(default, I, gluon_tiles(default, H, I, T * k, T, device_sms(torch.device("cuda"))))
         out.append(("sum2", dataclasses.replace(default, gluon=1, gluon_sum2=int(by_kernel))))
         out.append(("sum2", dataclasses.replace(default, gluon=1, gluon_sum2=0, gluon_split2=2)))
-        # the k-sum kernel launched the other way (as GEMM2's programmatic dependent, or after it)
-        out.append(("sumpdl", dataclasses.replace(default, gluon=1, gluon_sum2=0,
-                                                  gluon_sum_pdl=1 - default.gluon_sum_pdl)))
-        out.append(("frag", dataclasses.replace(default, gluon=1, gluon_frag=1 - default.gluon_frag)))
         # GEMM2 in programs of the other row count (64 or 128), with the sum in GEMM2 and in the k-sum kernel
         rows2 = 64 if gluon_rows2(default, H, I, gluon_tiles(default, H, I, T * k, T)[1]) > 64 else 128
         out.append(("rows2", dataclasses.replace(default, gluon=1, gluon_rows2=rows2, gluon_sum2=1)))
@@ -263,39 +258,25 @@ def hopper_variants(T, H, I, k, E):
         # the K loops the other way (over pairs of steps, or single ones), uncapped
         out.append(("unroll", dataclasses.replace(default, gluon=1, **_other_loops(default, False, H, I, E, T * k, T))))
     else:  # the Gluon kernels on expert blocks: where the default takes them, the variants above on the hopper_mma
-        # kernels; and 16-pair blocks, 8-pair ones of 64-code steps, and 4 K splits of GEMM1, forced on
+        # kernels; and the expert blocks forced on (as they come where the default does not take them), in 64-code
+        # steps, and with 4 K splits of GEMM1
         if grouped_takes(default, T, T * k, E):
             out = out[:1] + [(n, dataclasses.replace(c, gluon_grouped=0)) for n, c in out[1:]]
-        out.append(("grouped", dataclasses.replace(default, gluon=1, gluon_grouped=1, gluon_block_t=16)))
-        out.append(("grouped", dataclasses.replace(default, gluon=1, gluon_grouped=1, gluon_block_t=8, gluon_k1=64,
-                                                   gluon_k2=64)))
-        out.append(("grouped", dataclasses.replace(default, gluon=1, gluon_grouped=1, gluon_block_t=8, gluon_split1=4)))
-        # GEMM2 over one 64-row block a program, and over seven (16-pair blocks, 64-code steps)
-        out.append(("grouped", dataclasses.replace(default, gluon=1, gluon_grouped=1, gluon_block_t=8, gluon_blocks2=1)))
-        out.append(("grouped", dataclasses.replace(default, gluon=1, gluon_grouped=1, gluon_block_t=16, gluon_k2=64,
-                                                   gluon_blocks2=7)))
-        # the intermediate rows in the other order (fragment order, or plain)
-        out.append(("grouped", dataclasses.replace(default, gluon=1, gluon_grouped=1, gluon_frag=1 - default.gluon_frag)))
-        # both GEMMs' x operands masked (where the default leaves GEMM1's unmasked) or neither (where it masks it)
+        else:
+            out.append(("grouped", dataclasses.replace(default, gluon=1, gluon_grouped=1)))
+        out.append(("grouped", dataclasses.replace(default, gluon=1, gluon_grouped=1, gluon_k1=64, gluon_k2=64)))
+        out.append(("grouped", dataclasses.replace(default, gluon=1, gluon_grouped=1, gluon_split1=4)))
+        # GEMM2 over one 64-row block a program, and over seven (64-code steps)
+        out.append(("grouped", dataclasses.replace(default, gluon=1, gluon_grouped=1, gluon_blocks2=1)))
+        out.append(("grouped", dataclasses.replace(default, gluon=1, gluon_grouped=1, gluon_k2=64, gluon_blocks2=7)))
+        # GEMM1's x operand masked where the default leaves it unmasked, or unmasked where it masks it
         out.append(("grouped", dataclasses.replace(default, gluon=1, gluon_grouped=1,
-                                                   gluon_xmask=3 if grouped_masks(default, I) == 0 else 0)))
-        # GEMM1's x tile the other way (shared by the warps through shared memory, or each warp's own)
-        out.append(("grouped", dataclasses.replace(default, gluon=1, gluon_grouped=1,
-                                                   gluon_xshare=default.gluon_xshare ^ 1)))
+                                                   gluon_xmask=1 - grouped_masks(default, I))))
         # GEMM2 over one row block a program of the other row count (64 or 128)
         out.append(("grouped", dataclasses.replace(default, gluon=1, gluon_grouped=1, gluon_blocks2=1,
                                                    gluon_rows2=64 if gluon_rows2(default, H, I, 128 if I % 128 == 0
                                                                                  else 64) > 64 else 128)))
         out.append(("grouped", dataclasses.replace(default, gluon=1, gluon_grouped=1, gluon_blocks2=4, gluon_rows2=64)))
-        # GEMM2 and the k-sum kernel launched the other way (as programmatic dependents of the kernel before, or after
-        # it), with one row block a program and four
-        for blocks2 in (1, 4):
-            out.append(("grouped", dataclasses.replace(default, gluon=1, gluon_grouped=1, gluon_blocks2=blocks2,
-                                                       gluon_grouped_pdl=int(not default.gluon_grouped_pdl),
-                                                       gluon_sum_pdl=1 - default.gluon_sum_pdl)))
-        # and the chain from the align on, or only from GEMM1 (the other of 2 and 1)
-        out.append(("grouped", dataclasses.replace(default, gluon=1, gluon_grouped=1,
-                                                   gluon_grouped_pdl=1 if default.gluon_grouped_pdl == 2 else 2)))
         # and both K loops the other way (GEMM2 over one row block a program, where the loop choice applies), uncapped
         out.append(("grouped", dataclasses.replace(default, gluon=1, gluon_grouped=1, gluon_blocks2=1,
                                                    **_other_loops(default, True, H, I, E, T * k, T))))
@@ -384,18 +365,13 @@ def main() -> int:
                 r2 = gluon_rows2(cfg, H, I, blocks[1]) if blocks[3] == 1 else 64
                 loops = _loops(cfg, True, blocks[0], r2, grouped_programs1(T, k, E, I, blocks[2]), device_sms(dev),
                                HOPPER_ORDERS[layout])
-                path = (f"gluon grouped bt{cfg.gluon_block_t} k{blocks[0]}/{blocks[1]} s{blocks[2]} b{blocks[3]}"
-                        f"{'' if cfg.gluon_frag else ' plainrows'} xmask{grouped_masks(cfg, I)} r{r2}"
-                        f" pdl{cfg.gluon_grouped_pdl}{'' if cfg.gluon_sum_pdl else ' nosumpdl'}"
-                        f"{loops}")
+                path = (f"gluon grouped k{blocks[0]}/{blocks[1]} s{blocks[2]} b{blocks[3]} xmask{grouped_masks(cfg, I)}"
+                        f" r{r2}{loops}")
             elif plan:
                 r2 = gluon_rows2(cfg, H, I, plan[1])
                 loops = _loops(cfg, False, plan[0], r2, I // 64 * T * k * plan[2], device_sms(dev), HOPPER_ORDERS[layout])
-                path = (f"gluon k{plan[0]}/{plan[1]} s{plan[2]}/{plan[3]}{f' pdl{cfg.gluon_pdl}' if cfg.gluon_pdl else ''}"
-                        f"{' ksum' if sum2_by_kernel(cfg, I, plan) else ''}"
-                        f"{'' if cfg.gluon_sum_pdl or not sum2_by_kernel(cfg, I, plan) else ' nosumpdl'}"
-                        f"{'' if cfg.gluon_frag else ' plainrows'}"
-                        f" r{r2}{loops}")
+                path = (f"gluon k{plan[0]}/{plan[1]} s{plan[2]}/{plan[3]}"
+                        f"{' ksum' if sum2_by_kernel(cfg, I, plan) else ''} r{r2}{loops}")
             else:
                 path = path_name(cfg, T, k, E, dtype, layout)
             label = f"{name} [{path}{' splitK' if vname == 'split' else ''}]"

@@ -6,8 +6,8 @@ routing.
 Checked first: both outputs against a float64 computation from the bytes (silu, situ, and
 swigluoai with biases), and that each is deterministic. Then per kernel (torch profiler, L2
 flushed before each call, no PDL) over K steps and splits of each GEMM, the other GEMM held at
-the default; then the default, the fastest of the sweep, and that with GEMM2 launched as a
-programmatic dependent of GEMM1 two ways, each timed by CUDA-graph replay, each
+the default; then the default, the fastest of the sweep without PDL and with it (GEMM2 a
+programmatic dependent of GEMM1, as fused_moe_triton runs it), each timed by CUDA-graph replay, each
 call routing the tokens to other experts (so L2 holds no weights), interleaved round by round with
 the hopper_mma kernels; ratio = median gluon / hopper_mma.
 
@@ -17,6 +17,7 @@ the hopper_mma kernels; ratio = median gluon / hopper_mma.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import os
 import statistics
@@ -33,6 +34,7 @@ from benchmarks.moe_bench import SHAPES, graph_time_us, make_weights  # noqa: E4
 from mxfp4conv.codec import dequantize_mxfp4  # noqa: E402
 from mxfp4conv.runtime.activations import resolve_activation  # noqa: E402
 from mxfp4conv.kernels.triton_moe import LAYOUT_SETS, fused_moe_triton, select_config  # noqa: E402
+from mxfp4conv.kernels.triton_moe import hopper_kernels as HK  # noqa: E402
 from mxfp4conv.kernels.triton_moe.gluon_choice import gluon_plan  # noqa: E402
 from mxfp4conv.shuffle import get_layout  # noqa: E402
 
@@ -50,6 +52,17 @@ def reference(x, w13, s13, w2, s2, ids, tw, activation="silu", params=None, b13=
             y = dequantize_mxfp4(w2[e], s2[e]).double() @ act(g, u).bfloat16().double()
             out[t] += tw[t, j].double() * (y + (b2[e].double() if b2 is not None else 0))
     return out
+
+
+@contextlib.contextmanager
+def pdl(on: bool):
+    """The Gluon kernels launched as programmatic dependents (where Triton has it) or not, as this Triton without it."""
+    has = HK.HAS_GDC
+    HK.HAS_GDC = has and on
+    try:
+        yield
+    finally:
+        HK.HAS_GDC = has
 
 
 # activations checked besides silu (each with biases once): K3's situ, gpt-oss's swigluoai
@@ -89,17 +102,18 @@ def bench(name, T, rounds, log):
             f"{bool(torch.equal(g[0], g[1]))}), hopper_mma {rel(h, ref):.2e}, between them {rel(g[0], h.double()):.2e}")
     flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
 
-    def per_kernel(cfg):
-        return dict(kernel_times(lambda: moe(cfg), 20, flush=flush))
+    def per_kernel(cfg, chained=False):
+        with pdl(chained):
+            return dict(kernel_times(lambda: moe(cfg), 20, flush=flush))
 
     log("  hopper_mma kernels (us, L2 flushed, mean of 20): "
-        + ", ".join(f"{n[:24]} {t:.1f}" for n, t in per_kernel(hopper).items()))
+        + ", ".join(f"{n[:24]} {t:.1f}" for n, t in per_kernel(hopper, True).items()))
     sweep = []
     for gemm, knob_k, knob_s, steps, splits in (("few_gemm1", "gluon_k1", "gluon_split1", (64, 128), (1, 2, 4, 7, 8, 14, 16)),
                                                  ("few_gemm2", "gluon_k2", "gluon_split2", (64, 128), (1, 2, 4))):
         for kk in steps:
             for sp in splits:
-                cfg = dataclasses.replace(default, gluon=1, gluon_pdl=0, **{knob_k: kk, knob_s: sp})
+                cfg = dataclasses.replace(default, gluon=1, **{knob_k: kk, knob_s: sp})
                 plan = gluon_plan(cfg, xs[0], w, k, "hopper_mma_rot")
                 if plan[0 if gemm == "few_gemm1" else 1] != kk or plan[2 if gemm == "few_gemm1" else 3] != sp:
                     continue  # lowered to another configuration
@@ -107,19 +121,22 @@ def bench(name, T, rounds, log):
                 sweep.append((gemm, kk, sp, t.get(gemm, float("nan")), cfg))
                 log(f"  {gemm} {kk} codes a step, {sp} splits: {t.get(gemm, float('nan')):.1f} us")
     best = {g: min((r for r in sweep if r[0] == g), key=lambda r: r[3]) for g in ("few_gemm1", "few_gemm2")}
-    fastest = dataclasses.replace(default, gluon=1, gluon_pdl=0, gluon_k1=best["few_gemm1"][1],
+    fastest = dataclasses.replace(default, gluon=1, gluon_k1=best["few_gemm1"][1],
                                   gluon_split1=best["few_gemm1"][2], gluon_k2=best["few_gemm2"][1],
                                   gluon_split2=best["few_gemm2"][2])
     rows = []
-    for label, cfg in (("default", dataclasses.replace(default, gluon=1)), ("fastest of sweep, no PDL", fastest),
-                       ("its GEMM2 PDL from GEMM1's start", dataclasses.replace(fastest, gluon_pdl=1)),
-                       ("its GEMM2 PDL after GEMM1's loop", dataclasses.replace(fastest, gluon_pdl=2))):
+    for label, cfg, chained in (("default", dataclasses.replace(default, gluon=1), True),
+                                ("fastest of sweep, no PDL", fastest, False),
+                                ("its GEMM2 PDL after GEMM1's loop", fastest, True)):
         plan = gluon_plan(cfg, xs[0], w, k, "hopper_mma_rot")
-        if cfg.gluon_pdl:  # the same sums in the same order: bit-equal outputs
-            label += f" (bit-equal without: {bool(torch.equal(moe(cfg), moe(dataclasses.replace(cfg, gluon_pdl=0))))})"
+        if chained and cfg is fastest:  # the same sums in the same order: bit-equal outputs
+            with pdl(False):
+                unchained = moe(cfg)
+            label += f" (bit-equal without: {bool(torch.equal(moe(cfg), unchained))})"
         tg, th = [], []
         for _ in range(rounds):
-            tg.append(graph_time_us([lambda c=c: moe(cfg, c) for c in range(calls)]))
+            with pdl(chained):
+                tg.append(graph_time_us([lambda c=c: moe(cfg, c) for c in range(calls)]))
             th.append(graph_time_us([lambda c=c: moe(hopper, c) for c in range(calls)]))
         ratio = statistics.median(a / b for a, b in zip(tg, th))
         rows.append((name, T, label, plan, statistics.median(tg), statistics.median(th), ratio))

@@ -69,100 +69,41 @@ class MoEConfig:
     # multiply-add per two) or one at a time (0: an add and a shift each; select_config's choice past 64 pairs an
     # expert, where pairs gained nothing)
     factor_pairs: int = 1
-    # up to gluon_max_tokens tokens over hopper_mma_xor / _rot with bf16 x: the Gluon MMA v2 kernels of
-    # gluon_few_tokens, a program per (token, expert) pair (1 on where they can run, 0 off, -1 automatic: on
-    # GPUs of compute capability 9.x, where they were measured), codes a K step of their GEMM1 / GEMM2
-    # (64 or 128; 64 where K is no multiple; GEMM1's 0: 64 at one token, 128 from two but see short_steps_fit) and K
-    # splits (0: automatic, see gluon_tiles; each lowered to a divisor of the K steps)
+    # up to gluon_max_tokens bf16 tokens over hopper_mma_xor / _rot: the Gluon MMA v2 kernels of gluon_few_tokens, a
+    # program per (token, expert) pair (1 on where they can run, 0 off, -1: on compute capability 9.x, where measured);
+    # codes a K step of GEMM1 / GEMM2 (64 or 128; GEMM1's 0: gluon_tiles) and K splits (0: gluon_tiles)
     gluon: int = -1
     gluon_k1: int = 0
     gluon_k2: int = 128
     gluon_split1: int = 0
     gluon_split2: int = 0
-    # and their GEMM2 a programmatic dependent of GEMM1 where Triton has it, released after GEMM1's K loops
-    # (2: 0.970-0.985 / 0.951-0.962 of the time without, DSV3- / K3-like, T = 1), from its start
-    # (1: 1.027-1.034 / 0.987-0.992), or not (0)
-    gluon_pdl: int = 2
-    # and the sum over a token's pairs in GEMM2's last program of each of its row blocks (1), or in the Triton k-sum
-    # kernel launched after GEMM2 over its fp32 partials (0: GEMM2 counts no arrivals), or automatic (-1:
-    # sum2_by_kernel)
+    # the per-pair GEMM2's sum over a token's pairs in its last program of a row block (1) or in the k-sum kernel
+    # after it (0); -1: sum2_by_kernel
     gluon_sum2: int = -1
-    # and both Gluon paths' GEMM1 storing its rows in GEMM2's fragment order, so that GEMM2 loads a lane's B operand
-    # of a step in 16-byte words (1), or in 32-bit ones from rows in plain order (0); bit-equal outputs. On an H200,
-    # 1 against 0: per pair DSV3-like T = 1 / 2 / 4 0.985 / 0.990 / 0.988, K3-like T = 1 / 2 / 4 / 8 1.000 / 0.992 /
-    # 0.994 / 0.979; expert blocks DSV3-like T = 8-16 0.987-0.993, K3-like T = 12-192 0.972-0.987
-    gluon_frag: int = 1
-    # they read an expert's weights once a pair: of the hopper_mma kernels' time at T = 1 / 2 / 4 / 8, DSV3-like
-    # 0.92 / 0.860 / 0.887 / 0.955, K3-like 0.94 / 0.767 / 0.812 / 0.898; at T = 16 (the earlier plans) 1.106 / 1.069.
-    # Against the expert blocks past 8 tokens, K3-like (under gluon_pair_share to T = 11): T = 9 0.938 / 0.972, T = 10
-    # 1.020 / 1.020, T = 11 0.998 (two runs, the second with the K loops over pairs in both); with GEMM1's grid in one
-    # wave of 64-code steps (short_steps_fit) T = 10 / 11 0.945 / 0.912
+    # an expert is read once a pair there, so from two tokens only while the pairs number under gluon_pair_share x
+    # the experts (benchmarks/results/performance-notebook.md: "GEMM1 in 64-code steps where that fits a wave")
     gluon_max_tokens: int = 11
-    # and from two tokens only while the pairs number under gluon_pair_share x the experts; past that, tokens share
-    # enough experts for the expert blocks below, which read each touched expert once, to win. Their time over the
-    # per-pair kernels' (pairs / experts in brackets): DSV3-like T = 8 (0.25) 0.950, T = 7 (0.22) 0.937, T = 6
-    # (0.19) 1.025, T = 5 (0.16) 1.022; K3-like T = 8 (0.14) 1.053-1.115, T = 6 (0.11) 1.047-1.129
     gluon_pair_share: float = 0.2
-    # where those do not take a call: the Gluon kernels on expert blocks of gluon_block_t (8 or 16) pairs, their
-    # GEMM1 in steps of gluon_k1 codes (0: 128) and gluon_split1 K splits (0: none); gluon_grouped 1 on where they can
-    # run, 0 off, -1 automatic (grouped_takes): at up to gluon_grouped_pairs pairs an expert on average. On an H200
-    # (pairs an expert in brackets), 128-code steps against the default of 64 then: DSV3-like T = 12 / 16 / 32 / 64
-    # (0.4-2) 0.959 / 0.936 / 0.942 / 0.941 (64-code steps: 0.903-0.953 of the hopper_mma time); against the
-    # hopper_mma kernels: DSV3-like T = 96 (3) 0.908, T = 128 (4) 0.992 / 0.974, T = 160 / 192 (5 / 6) 1.075 / 1.204;
-    # K3-like T = 32 / 64 / 96 / 128 / 160 (0.6-2.9) 0.948 / 0.958 / 0.961 / 0.980 / 0.983; with GEMM2 over 4 row
-    # blocks K3-like T = 192 (3.4) 0.947 / 0.950, T = 224 / 256 (4 / 4.6) 1.028 / 1.053; 16-pair blocks 1.18-1.47
-    # (DSV3-like T = 16-256). With GEMM2's B operand in 16-byte words (gluon_frag), against the hopper_mma kernels:
-    # K3-like T = 208 / 224 / 240 / 256 (3.7-4.6) 0.963 / 0.975 / 0.982 / 0.987, DSV3-like T = 128 / 144 (4 / 4.5)
-    # 0.911 / 0.898, past that DSV3-like T = 176 / 208 / 224 / 256 (5.5-8) 1.000 / 1.011 / 1.009 / 1.028. With GEMM1's
-    # x tile shared (gluon_xshare), against them: DSV3-like T = 160 (5) 0.880 / 0.935 (two runs), T = 176 / 192 / 208 /
-    # 224 / 256 (5.5-8) 0.969 / 1.007 / 1.063 / 1.104 / 1.151; K3-like T = 288 / 320 / 352 (5.1 / 5.7 / 6.3) 0.969 /
-    # 0.973 / 1.064
+    # past those, the expert-block kernels of gluon_grouped (8-pair blocks) at up to gluon_grouped_pairs pairs an
+    # expert (1 on, 0 off, -1: grouped_takes; the notebook's "Expert blocks: GEMM1's x tile shared")
     gluon_grouped: int = -1
     gluon_grouped_pairs: float = 5.5
-    gluon_block_t: int = 8
-    # and their GEMM2 in programs of gluon_blocks2 64-row blocks (0: automatic, grouped_tiles; lowered to a divisor
-    # of H / 64)
+    # their GEMM2's 64-row blocks a program (0: grouped_tiles; lowered to a divisor of H / 64)
     gluon_blocks2: int = 0
-    # and which of their GEMMs mask the x operand's padding slots to 0 (bit 1 GEMM1, bit 2 GEMM2; -1 automatic,
-    # grouped_masks); unmasked, a padding slot reads row 0, whose column is never stored: bit-equal outputs. On an
-    # H200, GEMM2 unmasked (1 against 3): K3-like T = 10-256 0.991-1.002 (median 0.996), DSV3-like T = 8 / 12 0.998 /
-    # 0.997. GEMM1 unmasked too (0 against 1) drops it to 74 registers from 84 (6 programs an SM, not 5), which moves
-    # the last partial wave: DSV3-like (32 row blocks a pair block) T = 8-64 0.958-1.002 (two runs; T = 12 / 24 / 32
-    # 0.986 / 0.986 / 0.975); K3-like (6) T = 16 / 64 / 224 0.957 / 0.983-0.992 / 0.986-1.003 but T = 10 / 12 / 24
-    # 1.048 / 1.033-1.038 / 1.010-1.017
+    # their GEMM1's x operand masked at the padding slots (1) or not (0: a padding slot reads row 0, whose column is
+    # never stored; bit-equal); -1: grouped_masks. GEMM2's is never masked (notebook: "without x-operand masks")
     gluon_xmask: int = -1
-    # and their GEMM1's x tile loaded once a program, a quarter by each warp in 16-byte words, and read by the four
-    # through shared memory (1), or by each warp from L1 / L2 in 4-byte ones (0); bit-equal outputs, about the same
-    # instructions a step (x's 24-40 loads a lane become 9-10 beside 4-8 ldmatrix and a store). On an H200, 1 against
-    # 0: DSV3-like T = 8 / 16 / 32 / 64 / 128 0.995 / 0.984 / 1.001 / 0.948 / 0.948, K3-like T = 10 / 12 / 16 / 24 / 64
-    # / 192 / 224 / 256 0.993 / 0.996 / 0.981 / 0.996 / 0.989 / 0.965 / 0.952 / 0.954. Bit 2: GEMM2's B operand the
-    # same way (from rows in plain order: with gluon_frag 0); 3 with gluon_frag 0 against the default: DSV3-like T = 8-160
-    # 1.014-1.088, K3-like T = 12-288 0.992-1.012
-    gluon_xshare: int = 1
-    # both Gluon paths' GEMM2 in programs of gluon_rows2 rows (64; 128 / 256: each warp two / four 16-row slabs on
-    # the same B operand; 64 where H is no multiple; 0 automatic, see gluon_rows2), the expert blocks' only with one
-    # row block a program (gluon_blocks2; automatically, with more than 64 rows, one below _GROUPED_PROGRAMS2_WIDE)
+    # both Gluon paths' GEMM2 rows a program (64, 128 or 256; 0: gluon_rows2)
     gluon_rows2: int = 0
-    # both Gluon paths' GEMM1 / GEMM2 K loops over single steps (1) or pairs of steps (2: each pair's second words
-    # loaded into registers of their own, so no register copies between steps; the expert blocks' GEMM2 only with one
-    # row block a program; 0 automatic), and their register caps (0 none, -1 automatic); see loop_tuning
+    # both Gluon paths' K loops over single steps (1) or pairs of steps (2; 0: loop_tuning) and their register caps
+    # (0 none, -1: loop_tuning)
     gluon_unroll1: int = 0
     gluon_unroll2: int = 0
     gluon_maxnreg1: int = -1
     gluon_maxnreg2: int = -1
-    # the per-pair kernels' arrival counters from the device's buffer that they leave zero (1: no fill launch before
-    # them; calls on one device must not overlap in time, see counters.py), or zeroed for each call (0)
+    # the per-pair kernels' arrival counters from the device's buffer that they leave zero (1: no fill launch), or
+    # zeroed for each call (0: for calls on one device that overlap in time on two streams; see counters.py)
     gluon_counters: int = 1
-    # the Triton k-sum kernel after either Gluon GEMM2 launched as its programmatic dependent, released from GEMM2's
-    # start (1), or not (0). On an H200, 0 against 1 per pair K3-like T = 8 / 9 / 10 1.011 / 1.005 / 1.012
-    gluon_sum_pdl: int = 1
-    # the expert blocks' GEMM2 a programmatic dependent of their GEMM1, released after GEMM1's K loops, waiting for
-    # the intermediate after its first weight loads (1; 2: and GEMM1 one of the align, waiting for it at its start),
-    # or not (0). With the k-sum's, both off against 1: K3-like T = 12 / 16 1.014 / 1.015, DSV3-like T = 8 / 16
-    # 1.004 / 1.002 (T = 64 within the power limit's drift); 2 against 1: K3-like T = 12 / 16 / 24 / 64 0.997 / 0.996
-    # / 0.995 / 0.996, T = 160 / 256 1.006 / 1.000 (within their rounds' spread), DSV3-like T = 8 / 16 / 64 0.993 /
-    # 0.999 / 0.998
-    gluon_grouped_pdl: int = 2
     # GEMM1 of expert blocks of up to 64 pairs in gluon_wgmma's kernel where it can run (wgmma1_runs; 1 on, 0: in
     # moe_hgemm1_kernel): warpgroup MMAs, the weight words and x through a cp.async ring, bit-equal outputs.
     # select_config asks for it on 32-pair blocks (1.01-1.08x faster on an H100 / H200) and on DSV3-like 64-pair ones

@@ -87,11 +87,10 @@ def _pairs_run(c: _Call, plan):
     H, i_pad, num_pairs = c.x.shape[1], c.w13.shape[1] // 2, c.topk_ids.numel()
     cfg, order = c.cfg, HOPPER_ORDERS[c.layout]
     rows2 = gluon_rows2(cfg, H, i_pad, plan[1])
-    return _gluon_forward(*c.tensors, c.act, c.out, plan, cfg.gluon == 1, cfg.gluon_pdl,
-                          sum2_by_kernel(cfg, i_pad, plan), cfg.gluon_frag == 1, rows2,
+    return _gluon_forward(*c.tensors, c.act, c.out, plan, cfg.gluon == 1, sum2_by_kernel(cfg, i_pad, plan), rows2,
                           loop_tuning(cfg, False, plan[0], rows2, i_pad // 64 * num_pairs * plan[2],
                                       device_sms(c.x.device), order),
-                          cfg.gluon_counters == 1, cfg.gluon_sum_pdl == 1, order=order)
+                          cfg.gluon_counters == 1, order=order)
 
 
 def _grouped_run(c: _Call, plan):

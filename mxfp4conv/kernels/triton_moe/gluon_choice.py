@@ -73,6 +73,12 @@ _GLUON_ROWS2_SHORT = 128
 _GROUPED_PROGRAMS2_WIDE = 12288
 
 
+# The expert-block kernels' pairs a block: 16-pair blocks (an n16 tile, twice the MMAs and B loads for blocks holding
+# 1-2 pairs) ran 1.16-1.47x the hopper_mma kernels' time at T = 16-256 on both layers, 8-pair ones 0.918-1.011 at
+# T = 16-64 (benchmarks/results/performance-notebook.md, "Past 8 tokens: the same decode on expert blocks")
+GROUPED_BLOCK_T = 8
+
+
 # Their GEMM1 reads x unmasked (74 registers, 6 programs an SM) where a pair block's rows make this many 64-row
 # blocks or more (DSV3-like 32: its tiles fill many waves), masked (84, 5 an SM) below (K3-like 6, where the last
 # wave's fill decides, and most often for the masked kernel); see MoEConfig.gluon_xmask
@@ -168,23 +174,13 @@ def _check_gluon_knobs(cfg: MoEConfig) -> None:
     for name, k in (("gluon_k1", cfg.gluon_k1), ("gluon_k2", cfg.gluon_k2)):
         if k not in (64, 128) and not (name == "gluon_k1" and k == 0):
             raise RuntimeInputError(f"fused_moe_triton: {name} must be 64 or 128, got {k}.")
-    if cfg.gluon_frag not in (0, 1):
-        raise RuntimeInputError(f"fused_moe_triton: gluon_frag must be 0 or 1, got {cfg.gluon_frag}.")
-    if cfg.gluon_xmask not in (-1, 0, 1, 2, 3):
-        raise RuntimeInputError(f"fused_moe_triton: gluon_xmask must be -1, 0, 1, 2 or 3, got {cfg.gluon_xmask}.")
-    if cfg.gluon_sum2 not in (-1, 0, 1):
-        raise RuntimeInputError(f"fused_moe_triton: gluon_sum2 must be -1, 0 or 1, got {cfg.gluon_sum2}.")
-    if cfg.gluon_xshare not in (0, 1, 2, 3):
-        raise RuntimeInputError(f"fused_moe_triton: gluon_xshare must be 0, 1, 2 or 3, got {cfg.gluon_xshare}.")
+    for name in ("gluon_xmask", "gluon_sum2"):
+        if getattr(cfg, name) not in (-1, 0, 1):
+            raise RuntimeInputError(f"fused_moe_triton: {name} must be -1, 0 or 1, got {getattr(cfg, name)}.")
     if cfg.gluon_rows2 not in (0, 64, 128, 256):
         raise RuntimeInputError(f"fused_moe_triton: gluon_rows2 must be 0, 64, 128 or 256, got {cfg.gluon_rows2}.")
-    if cfg.gluon_block_t not in (8, 16):
-        raise RuntimeInputError(f"fused_moe_triton: gluon_block_t must be 8 or 16, got {cfg.gluon_block_t}.")
-    if cfg.gluon_grouped_pdl not in (0, 1, 2):
-        raise RuntimeInputError(f"fused_moe_triton: gluon_grouped_pdl must be 0, 1 or 2, got {cfg.gluon_grouped_pdl}.")
-    for name in ("gluon_counters", "gluon_sum_pdl"):
-        if getattr(cfg, name) not in (0, 1):
-            raise RuntimeInputError(f"fused_moe_triton: {name} must be 0 or 1, got {getattr(cfg, name)}.")
+    if cfg.gluon_counters not in (0, 1):
+        raise RuntimeInputError(f"fused_moe_triton: gluon_counters must be 0 or 1, got {cfg.gluon_counters}.")
     for name in ("gluon_unroll1", "gluon_unroll2"):
         if getattr(cfg, name) not in (0, 1, 2):
             raise RuntimeInputError(f"fused_moe_triton: {name} must be 0, 1 or 2, got {getattr(cfg, name)}.")
@@ -206,7 +202,7 @@ def grouped_takes(cfg: MoEConfig, T: int, num_pairs: int, E: int) -> bool:
     grid axis 1."""
     if pairs_take(cfg, T, num_pairs, E) or cfg.gluon_grouped == 0:
         return False
-    if num_pairs // cfg.gluon_block_t + min(E, num_pairs) >= 65535:
+    if num_pairs // GROUPED_BLOCK_T + min(E, num_pairs) >= 65535:
         return False
     return cfg.gluon_grouped == 1 or num_pairs <= cfg.gluon_grouped_pairs * E
 
@@ -230,8 +226,8 @@ def grouped_tiles(cfg: MoEConfig, H: int, i_pad: int, pairs: int, E: int) -> tup
 
 
 def grouped_masks(cfg: MoEConfig, i_pad: int) -> int:
-    """The expert-block GEMMs' x masks (bit 1 GEMM1, bit 2 GEMM2): cfg.gluon_xmask, or automatically GEMM2
-    unmasked, and GEMM1 too where a pair block's rows make at least _GROUPED_UNMASKED_ROWS 64-row blocks (its
+    """Whether the expert blocks' GEMM1 masks its x operand (1) or not (0; their GEMM2 never does): cfg.gluon_xmask,
+    or automatically unmasked where a pair block's rows make at least _GROUPED_UNMASKED_ROWS 64-row blocks (its
     tiles then fill enough waves for the sixth program an SM to win over the last wave's fill)."""
     _check_gluon_knobs(cfg)
     if cfg.gluon_xmask >= 0:

@@ -3,8 +3,7 @@ a program per (token, expert) pair: the path of fused_moe_triton for up to gluon
 tokens whose pairs number under gluon_pair_share x the experts (pairs_take) on NVIDIA GPUs
 (measured on an H200 against the hopper_mma kernels and the expert blocks on the same bytes:
 benchmarks/probes/gluon_moe.py, benchmarks/moe_bench.py, benchmarks/results/performance-notebook.md). An expert is
-read once
-a pair, so this pays while tokens rarely share an expert.
+read once a pair, so this pays while tokens rarely share an expert.
 
 Why Gluon: it states every layout, so each lane's int32 words of a 16 x 64 hopper_mma_w_xor (or _rot) block
 decode (with the hopper kernels' PTX) straight into its m16n8k16 A fragment, and one token takes an
@@ -16,6 +15,9 @@ arrive sums the fp32 partials in split order and applies the bias and the activa
 program per (64-row block, pair, K split); the last of a token's row block's top_k x splits
 programs sums their weighted partials, pairs then splits in index order, and writes its output row
 (or, where the caller asks, each program only stores its partial and the k-sum kernel sums them).
+GEMM1 stores its rows in fragment_order, so GEMM2 loads a lane's B operand in 16-byte words, and releases GEMM2
+(a programmatic dependent) once its K loops are done: each measured faster than its alternative (rows in plain
+order; GEMM2 released at GEMM1's start, or not chained) in benchmarks/results/performance-notebook.md.
 Every sum is taken in a fixed order, so results are deterministic. A pair whose expert id is negative (not on
 this rank) contributes nothing.
 
@@ -155,10 +157,9 @@ def _x_load(ptrs, mask, MASKED: gl.constexpr):
 
 
 @gluon.jit
-def _fragments(ptrs, mask, KB: gl.constexpr, MASKED: gl.constexpr):
-    """One step's [64 KB, N] B operand (B_OP) from _fragment_ptrs' [N, 4, 16 KB] pointers (MASKED: columns
-    mask [N, 1, 1], the others read as 0)."""
-    v = _x_load(ptrs, mask, MASKED)
+def _fragments(ptrs, KB: gl.constexpr):
+    """One step's [64 KB, N] B operand (B_OP) from _fragment_ptrs' [N, 4, 16 KB] pointers."""
+    v = gl.load(ptrs)
     N: gl.constexpr = ptrs.shape[0]
     return gl.convert_layout(v.reshape(N, 4, 4 * KB, 2, 2).permute(2, 3, 1, 4, 0).reshape(64 * KB, N), B_OP)
 
@@ -175,16 +176,14 @@ def _k_loop(w_ptr, s_ptr, x_ptr, x_mask, K, k_lo, K_SPLIT, up_w, up_s, KB: gl.co
             WAIT: gl.constexpr, MASKED: gl.constexpr, FRAG: gl.constexpr = False, SHARED: gl.constexpr = False,
             NB: gl.constexpr = 4, UNROLL: gl.constexpr = 1, WPTX: gl.constexpr = None):
     """acc (and with GATE_UP the up rows' acc) [16 NB, N] of 16 NB rows (NB slabs from w_ptr / s_ptr, a warp's
-    NB / 4 of them slabs w, w + 4, ...) times
-    x over codes [k_lo, k_lo + K_SPLIT): x_ptr the [64 KB, N] B operand's pointers at code 0 (with
-    MASKED, its columns x_mask, the others read as 0), the next step's words loaded before this
-    step's decode (the last step loads its own again: nothing past the split is read; UNROLL 2: in a loop over
-    pairs of steps, _k_loop_pairs). WAIT: x is
-    the output of the kernel this one depends on programmatically; it is waited for after the first
-    step's weight loads are issued. FRAG: x is stored in fragment_order and x_ptr holds its
-    _fragment_ptrs (x_mask [N, 1, 1] with MASKED). SHARED: x_ptr in shared_x_layout, each warp loading a
-    quarter of the step's B operand (the next step's before this step's decode), which the four warps then
-    read through shared memory (convert_layout), not each from L1 / L2. WPTX: the words' decode (WORDS32_PTX)."""
+    NB / 4 of them slabs w, w + 4, ...) times x over codes [k_lo, k_lo + K_SPLIT): x_ptr the [64 KB, N] B operand's
+    pointers at code 0, the next step's words loaded before this step's decode (the last step loads its own again:
+    nothing past the split is read; UNROLL 2: in a loop over pairs of steps, _k_loop_pairs). WAIT: x is the output
+    of the kernel this one depends on programmatically; it is waited for after the first step's weight loads are
+    issued. FRAG: x is stored in fragment_order and x_ptr holds its _fragment_ptrs. SHARED: x_ptr in
+    shared_x_layout, each warp loading a quarter of the step's B operand (the next step's before this step's
+    decode), which the four warps then read through shared memory (convert_layout), not each from L1 / L2; with
+    MASKED, its columns x_mask, the others read as 0. WPTX: the words' decode (WORDS32_PTX)."""
     w_off, s_off = _offsets(K, NB, KB)
     N: gl.constexpr = x_ptr.shape[0] if FRAG else x_ptr.shape[1]
     acc_g = gl.zeros([16 * NB, N], gl.float32, layout=MMA)
@@ -224,18 +223,18 @@ def _x_operand(x_ptr, x_mask, xs, k, k_next, KB: gl.constexpr, MASKED: gl.conste
         xs_next = _x_load(x_ptr + k_next, x_mask, MASKED)
         x = gl.convert_layout(xs, B_OP)
     else:
-        x = _x_step(x_ptr, x_mask, k, KB, MASKED, FRAG)
+        x = _x_step(x_ptr, k, KB, FRAG)
         xs_next = xs
     return x, xs_next
 
 
 @gluon.jit
-def _x_step(x_ptr, x_mask, k, KB: gl.constexpr, MASKED: gl.constexpr, FRAG: gl.constexpr):
+def _x_step(x_ptr, k, KB: gl.constexpr, FRAG: gl.constexpr):
     """The B operand of the step at code k (from fragment_order rows with FRAG)."""
     if FRAG:
-        x = _fragments(x_ptr + k, x_mask, KB, MASKED)
+        x = _fragments(x_ptr + k, KB)
     else:
-        x = _x_load(x_ptr + k, x_mask, MASKED)
+        x = gl.load(x_ptr + k)
     return x
 
 
@@ -319,34 +318,30 @@ def _column0(acc):
 @gluon.jit
 def _gemm1_tail(g, u, e, j, rows, b_ptr, inter_ptr, I, p0, p1, ACT: gl.constexpr, HAS_LIMIT: gl.constexpr,
                 HAS_LINEAR: gl.constexpr, HAS_BIAS: gl.constexpr, FRAG_KB: gl.constexpr):
-    """Bias, activation and the bf16 intermediate row of a tile's complete gate / up sums (FRAG_KB > 0: in
-    fragment_order for GEMM2 steps of 64 FRAG_KB codes)."""
+    """Bias, activation and the bf16 intermediate row of a tile's complete gate / up sums, in fragment_order for
+    GEMM2 steps of 64 FRAG_KB codes."""
     if HAS_BIAS:
         g += gl.load(b_ptr + e * (2 * I) + rows).to(gl.float32)
         u += gl.load(b_ptr + e * (2 * I) + I + rows).to(gl.float32)
-    if FRAG_KB:
-        rows = fragment_order(rows, FRAG_KB)
+    rows = fragment_order(rows, FRAG_KB)
     gl.store(inter_ptr + j * I + rows, _activate(g, u, p0, p1, ACT, HAS_LIMIT, HAS_LINEAR).to(gl.bfloat16))
 
 
 @gluon.jit
 def few_gemm1(w_ptr, s_ptr, x_ptr, ids_ptr, b_ptr, inter_ptr, part_ptr, cnt_ptr, K, I, K_SPLIT, TOP_K, p0, p1,
               KB: gl.constexpr, ACT: gl.constexpr, HAS_LIMIT: gl.constexpr, HAS_LINEAR: gl.constexpr,
-              HAS_BIAS: gl.constexpr, SPLITS: gl.constexpr, PDL: gl.constexpr, FRAG_KB: gl.constexpr = 0,
+              HAS_BIAS: gl.constexpr, SPLITS: gl.constexpr, PDL: gl.constexpr, FRAG_KB: gl.constexpr,
               UNROLL: gl.constexpr = 1, WPTX: gl.constexpr = None):
     """inter[j, rows] = act(gate . x + b, up . x + b) for pair j (token j // TOP_K) and its expert,
-    rows [64 rb, 64 rb + 64) (b13 [E, 2 I] with HAS_BIAS). PDL 1 / 2: GEMM2's programs may launch
-    from this program's start / once its K loop is done. FRAG_KB > 0: the rows stored in
-    fragment_order for GEMM2 steps of 64 FRAG_KB codes. UNROLL: the K loop over single steps (1) or pairs (2). WPTX:
-    the words' decode (WORDS32_PTX)."""
-    if PDL == 1:
-        _gdc_launch()
+    rows [64 rb, 64 rb + 64) (b13 [E, 2 I] with HAS_BIAS), stored in fragment_order for GEMM2 steps of 64 FRAG_KB
+    codes. PDL: GEMM2's programs may launch once this program's K loop is done. UNROLL: the K loop over single steps
+    (1) or pairs (2). WPTX: the words' decode (WORDS32_PTX)."""
     rb, j, sp, e, w_ptr, s_ptr = _program(w_ptr, s_ptr, ids_ptr, 2 * I, K)
     if e >= 0:
         acc_g, acc_u = _k_loop(w_ptr, s_ptr, _x_operand_ptrs(x_ptr + (j // TOP_K) * K, KB), 0, K, sp * K_SPLIT,
                                K_SPLIT, (I // 16) * (2 * K), (I // 16) * (K // 8), KB, True, False, False,
                                UNROLL=UNROLL, WPTX=WPTX)
-        if PDL == 2:
+        if PDL:
             _gdc_launch()
         g = _column0(acc_g)
         u = _column0(acc_u)
@@ -372,12 +367,13 @@ def few_gemm1(w_ptr, s_ptr, x_ptr, ids_ptr, b_ptr, inter_ptr, part_ptr, cnt_ptr,
 @gluon.jit
 def few_gemm2(w_ptr, s_ptr, inter_ptr, ids_ptr, b_ptr, tw_ptr, part_ptr, cnt_ptr, out_ptr, K, N, K_SPLIT, TOP_K,
               KB: gl.constexpr, HAS_BIAS: gl.constexpr, SPLITS: gl.constexpr, PDL: gl.constexpr,
-              SUM: gl.constexpr, FRAG: gl.constexpr = False, NB: gl.constexpr = 4, UNROLL: gl.constexpr = 1,
-              RELEASE: gl.constexpr = False, WPTX: gl.constexpr = None):
+              SUM: gl.constexpr, NB: gl.constexpr = 4, UNROLL: gl.constexpr = 1, RELEASE: gl.constexpr = False,
+              WPTX: gl.constexpr = None):
     """out[t, rows] = sum over token t's pairs j of tw[j] * (w2[e_j] rows . inter[j] + b2[e_j] rows),
-    rows [16 NB rb, 16 NB rb + 16 NB) (NB 4, 8 or 16 slabs a program): with SUM the last of the TOP_K x SPLITS
-    programs of a token's row block sums their partials, pairs then splits in index order (the bias in split 0's);
-    without, each program only stores its partial (the caller sums them). PDL: launched as a programmatic
+    rows [16 NB rb, 16 NB rb + 16 NB) (NB 4, 8 or 16 slabs a program; inter's rows in fragment_order): with SUM the
+    last of the TOP_K x SPLITS programs of a token's row block sums their partials, pairs then splits in index order
+    (the bias in split 0's); without, each program only stores its partial (the caller sums them). PDL: launched as a
+    programmatic
     dependent of GEMM1, whose output is waited for after the first weight loads. UNROLL: the K loop over single
     steps (1) or pairs (2). RELEASE: the kernel after it (a programmatic dependent) may launch from its start. WPTX:
     the words' decode (WORDS32_PTX)."""
@@ -388,11 +384,8 @@ def few_gemm2(w_ptr, s_ptr, inter_ptr, ids_ptr, b_ptr, tw_ptr, part_ptr, cnt_ptr
     rows = rb * (16 * NB) + gl.arange(0, 16 * NB, layout=ROWS)
     v = gl.zeros([16 * NB], gl.float32, layout=ROWS)
     if e >= 0:
-        if FRAG:
-            x_ptrs = _fragment_ptrs(inter_ptr + j * K + gl.zeros([8], gl.int32, layout=_frag_cols(KB)), KB)  # 8 x row j
-        else:
-            x_ptrs = _x_operand_ptrs(inter_ptr + j * K, KB)
-        acc, _ = _k_loop(w_ptr, s_ptr, x_ptrs, 0, K, sp * K_SPLIT, K_SPLIT, 0, 0, KB, False, PDL, False, FRAG,
+        x_ptrs = _fragment_ptrs(inter_ptr + j * K + gl.zeros([8], gl.int32, layout=_frag_cols(KB)), KB)  # 8 x row j
+        acc, _ = _k_loop(w_ptr, s_ptr, x_ptrs, 0, K, sp * K_SPLIT, K_SPLIT, 0, 0, KB, False, PDL, False, True,
                          NB=NB, UNROLL=UNROLL, WPTX=WPTX)
         v = _column0(acc)
         if HAS_BIAS:
@@ -430,16 +423,16 @@ def _words(t: torch.Tensor) -> torch.Tensor:
 
 
 def forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias, act, out, *,
-            k1: int, k2: int, splits1: int, splits2: int, pdl: int = 0, k_sum=None, frag: bool = False,
-            rows2: int = 64, unroll: tuple[int, int] = (1, 1), maxnreg: tuple[int, int] = (0, 0),
+            k1: int, k2: int, splits1: int, splits2: int, pdl: bool = False, k_sum=None, rows2: int = 64,
+            unroll: tuple[int, int] = (1, 1), maxnreg: tuple[int, int] = (0, 0),
             reuse_counters: bool = True, release2: bool = False, order: str) -> torch.Tensor:
     """out [T, H] bf16 = the layer for a few tokens x [T, H] bf16, programs per (token, expert) pair (contiguous tensors
     of the hopper_mma layout whose words are in ``order``, "xor" or "rot" (WORDS32_PTX), scales <= 2; k1 / k2 codes a
-    K step of GEMM1 / GEMM2, 64 or 128, splits dividing H / I into whole steps; the caller checks these; pdl: 0, or
-    GEMM2 launched as a programmatic dependent of GEMM1 from the start (1) or the end of GEMM1's K loops (2), where
-    Triton has it; k_sum: None, GEMM2's last program of a token's row block sums it, or a callable that sums GEMM2's
-    fp32 partials [splits2, pairs, H] into out; frag: the intermediate rows in fragment_order, GEMM2's B operand
-    loaded in 16-byte words; rows2: GEMM2's rows a program, 64, 128 or 256 dividing H; unroll: GEMM1's / GEMM2's K
+    K step of GEMM1 / GEMM2, 64 or 128, splits dividing H / I into whole steps; the caller checks these; the
+    intermediate rows in fragment_order, GEMM2's B operand loaded in 16-byte words; pdl: GEMM2 launched as a
+    programmatic dependent of GEMM1, released once GEMM1's K loops are done (where Triton has it); k_sum: None,
+    GEMM2's last program of a token's row block sums it, or a callable that sums GEMM2's fp32 partials
+    [splits2, pairs, H] into out; rows2: GEMM2's rows a program, 64, 128 or 256 dividing H; unroll: GEMM1's / GEMM2's K
     loop over single steps (1) or pairs (2); maxnreg: their register caps, 0 none; reuse_counters: the arrival
     counters from counters.zeroed_counters' buffer for the device, which the kernels leave zero, else zeroed for this
     call; release2: k_sum's kernel launched as a programmatic dependent of GEMM2, which releases it from its start)."""
@@ -459,11 +452,11 @@ def forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w
         _words(w13), _words(w13_scale), x, ids, w13_bias if w13_bias is not None else part1, inter, part1, cnt,
         H, I, H // splits1, k, act["p0"], act["p1"], KB=k1 // 64, ACT=act["ACT"], HAS_LIMIT=act["HAS_LIMIT"],
         HAS_LINEAR=act["HAS_LINEAR"], HAS_BIAS=w13_bias is not None, SPLITS=splits1, PDL=pdl,
-        FRAG_KB=k2 // 64 if frag else 0, UNROLL=unroll[0], WPTX=WORDS32_PTX[order], num_warps=4, **_cap(maxnreg[0]))
+        FRAG_KB=k2 // 64, UNROLL=unroll[0], WPTX=WORDS32_PTX[order], num_warps=4, **_cap(maxnreg[0]))
     few_gemm2[(H // rows2, pairs, splits2)](
         _words(w2), _words(w2_scale), inter, ids, w2_bias if w2_bias is not None else part2, tw, part2,
         cnt[pairs * (I // 64) * (splits1 > 1):], out, I, H, I // splits2, k, KB=k2 // 64,
-        HAS_BIAS=w2_bias is not None, SPLITS=splits2, PDL=bool(pdl), SUM=k_sum is None, FRAG=frag, NB=rows2 // 16,
+        HAS_BIAS=w2_bias is not None, SPLITS=splits2, PDL=pdl, SUM=k_sum is None, NB=rows2 // 16,
         UNROLL=unroll[1], RELEASE=release2 and k_sum is not None, WPTX=WORDS32_PTX[order], num_warps=4,
         **_cap(maxnreg[1]),
         **({"launch_pdl": True} if pdl else {}))

@@ -6,33 +6,30 @@ from __future__ import annotations
 
 from mxfp4conv.kernels.triton_moe import hopper_kernels as HK
 from mxfp4conv.kernels.triton_moe.gluon_load import _compiled_or_none, _gluon_grouped_module, _gluon_module
-from mxfp4conv.kernels.triton_moe.gluon_choice import (device_sms, gluon_rows2, grouped_masks, grouped_programs1,
-                                                     loop_tuning)
+from mxfp4conv.kernels.triton_moe.gluon_choice import (GROUPED_BLOCK_T, device_sms, gluon_rows2, grouped_masks,
+                                                     grouped_programs1, loop_tuning)
 from mxfp4conv.kernels.triton_moe.launch import _contiguous, _sum_launch, moe_align
 
 
 def _gluon_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias, act, out, plan,
-                   required, pdl=0, by_kernel=False, frag=False, rows2=64, tune=None, reuse_counters=True,
-                   sum_pdl=False, *, order):
+                   required, by_kernel=False, rows2=64, tune=None, reuse_counters=True, *, order):
     """The layer in the few-token Gluon kernels; None (the caller runs the hopper_mma kernels) where
     they fail to compile and were not required: a Triton whose Gluon differs from the one they were
-    written for. The failure is warned about once. by_kernel: the sum over k in the k-sum kernel; frag: the
-    intermediate rows in fragment order; rows2: GEMM2's rows a program; tune: loop_tuning's unroll and maxnreg;
-    reuse_counters: the arrival counters from the device's buffer (counters.zeroed_counters); sum_pdl: the k-sum kernel
-    a programmatic dependent of GEMM2; order: the weight words' bit order (GLUON_SETS')."""
+    written for. The failure is warned about once. by_kernel: the sum over k in the k-sum kernel; rows2: GEMM2's rows
+    a program; tune: loop_tuning's unroll and maxnreg; reuse_counters: the arrival counters from the device's buffer
+    (counters.zeroed_counters); order: the weight words' bit order (GLUON_SETS'). GEMM2 and the k-sum kernel run as
+    programmatic dependents of the kernel before them where Triton has it (HK.HAS_GDC)."""
     k1, k2, s1, s2 = plan
     tensors = _contiguous(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias)
-    sum_pdl = sum_pdl and HK.HAS_GDC  # (k_sum runs only with by_kernel; forward releases it only then)
 
     def k_sum(part2):
-        _sum_launch(part2, tensors[6], out, x.shape[1], topk_ids.shape[1], w13.shape[0], s2, sum_pdl)
+        _sum_launch(part2, tensors[6], out, x.shape[1], topk_ids.shape[1], w13.shape[0], s2, HK.HAS_GDC)
         return out
 
     return _compiled_or_none(lambda: _gluon_module().forward(*tensors, act, out, k1=k1, k2=k2, splits1=s1, splits2=s2,
-                                                             pdl=pdl if HK.HAS_GDC else 0,
-                                                             k_sum=k_sum if by_kernel else None,
-                                                             frag=frag, rows2=rows2, reuse_counters=reuse_counters,
-                                                             release2=sum_pdl, order=order,
+                                                             pdl=HK.HAS_GDC, k_sum=k_sum if by_kernel else None,
+                                                             rows2=rows2, reuse_counters=reuse_counters,
+                                                             release2=HK.HAS_GDC, order=order,
                                                              **(tune or {})), required)
 
 
@@ -43,20 +40,17 @@ def _gluon_grouped_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_i
     H, E, top_k = x.shape[1], w13.shape[0], topk_ids.shape[1]
     k1, k2, splits1, blocks2 = plan
     rows2 = gluon_rows2(cfg, H, w13.shape[1] // 2, k2)
-    pdl = cfg.gluon_grouped_pdl if HK.HAS_GDC else 0
-    sum_pdl = cfg.gluon_sum_pdl == 1 and HK.HAS_GDC
 
     tensors = _contiguous(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13_bias, w2_bias)
 
     def k_sum(pair_out):  # (nothing launched between GEMM2 and it: the ids are made contiguous before)
-        _sum_launch(pair_out, tensors[6], out, H, top_k, E, 1, sum_pdl)
+        _sum_launch(pair_out, tensors[6], out, H, top_k, E, 1, HK.HAS_GDC)
         return out
 
     return _compiled_or_none(lambda: _gluon_grouped_module().forward(
-        *tensors, act, lambda bt: moe_align(topk_ids, E, bt, cfg.align, pdl == 2), k_sum, k1=k1, k2=k2,
-        block_t=cfg.gluon_block_t, splits1=splits1, blocks2=blocks2, frag=cfg.gluon_frag == 1,
-        masks=grouped_masks(cfg, w13.shape[1] // 2), shared=bool(cfg.gluon_xshare & 1),
-        shared2=bool(cfg.gluon_xshare & 2), rows2=rows2, pdl=pdl, release2=sum_pdl, order=order,
+        *tensors, act, lambda bt: moe_align(topk_ids, E, bt, cfg.align, HK.HAS_GDC), k_sum, k1=k1, k2=k2,
+        block_t=GROUPED_BLOCK_T, splits1=splits1, blocks2=blocks2, masked=bool(grouped_masks(cfg, w13.shape[1] // 2)),
+        rows2=rows2, pdl=HK.HAS_GDC, release2=HK.HAS_GDC, order=order,
         **loop_tuning(cfg, True, k1, rows2 if blocks2 == 1 else 64,
                       grouped_programs1(x.shape[0], top_k, E, w13.shape[1] // 2, splits1), device_sms(x.device),
                       order)),
