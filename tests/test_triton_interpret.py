@@ -483,8 +483,8 @@ def test_hopper_rows_first_program_order(rows2, stages2):
     assert rel_err(out, ref) < 1e-5
 
 
-@pytest.mark.parametrize("split,tail2", [(1, -1), (2, -1), (2, 0)], ids=["one-split", "split-k", "gemm1-only"])
-def test_hopper_small_tiles_for_partly_filled_blocks(split, tail2):
+@pytest.mark.parametrize("split", [1, 2], ids=["one-split", "split-k"])
+def test_hopper_small_tiles_for_partly_filled_blocks(split):
     # tail_t: a block of at most tail_t pairs runs both GEMMs on [rows, tail_t] tiles. Expert 0 has
     # 40 pairs (a full 32-pair block, then a block of 8: small tiles), expert 1 20 (more than
     # tail_t: full tiles), expert 2 5 (small tiles), expert 3 none; bias on both GEMMs.
@@ -496,7 +496,7 @@ def test_hopper_small_tiles_for_partly_filled_blocks(split, tail2):
     x, w13, s13, w2, s2, tw, ids, b13, b2 = make_problem(11, T, H, I, E, k, bias=True, ids=ids)
     ref = reference(x, w13, s13, w2, s2, tw, ids, "silu", {}, b13, b2)
     cfg = triton_moe.MoEConfig(block_t=32, block_n1=64, block_n2=64, block_k=64, split_k1=split, split_k2=split,
-                               tail_t=16, tail_t2=tail2, rows_first1=1, rows_first2=1)
+                               tail_t=16, rows_first1=1, rows_first2=1)
     out = triton_moe.fused_moe_triton(x, *_hopper(w13, s13, w2, s2), tw, ids, activation="silu",
                                       activation_params={}, w13_bias=b13, w2_bias=b2, config=cfg,
                                       layout=HOP)
@@ -556,7 +556,7 @@ def test_absorb_where_measured():
         (0, 0), (0, 0), (32, 16), (32, 16)]
     for T, shape in ((4096, DSV3), (8192, K3)):  # the widths fit the tails they absorb into
         cfg = _pick(T, shape)
-        assert cfg.absorb <= cfg.tail_t and cfg.absorb2 <= (cfg.tail_t if cfg.tail_t2 < 0 else cfg.tail_t2)
+        assert cfg.absorb <= cfg.tail_t and cfg.absorb2 <= cfg.tail_t
 
 
 def test_quarter_tiles_where_measured():
@@ -642,6 +642,4 @@ def test_gluon_two_tiles_are_checked_before_launch():
     assert rel_err(run(cfg), ref) < 1e-5
     with pytest.raises(RuntimeInputError, match="wgmma_dual 2 needs tail_t of 32 or more"):
         run(dataclasses.replace(cfg, block_t=32, tail_t=16, dual=0))
-    # GEMM2 runs in moe_hgemm2_kernel: wgmma_dual asks nothing of its tail
-    assert rel_err(run(dataclasses.replace(cfg, tail_t2=16, dual=0)), ref) < 1e-5
     assert rel_err(run(dataclasses.replace(cfg, block_t=32, tail_t=16, dual=0, wgmma_dual=1)), ref) < 1e-5

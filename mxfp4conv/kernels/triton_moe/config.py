@@ -59,10 +59,9 @@ class MoEConfig:
     # up to 1.25 tail_t (a tile's empty slots cost the MMAs what full ones do; needs tail_t >= 64: with 8-pair
     # second tiles Triton 3.6's kernels gave wrong, unrepeatable outputs on an H100 and ran 1.2-1.4x slower)
     dual: int = 0
-    tail_t2: int = -1  # GEMM2's tail_t where it differs (-1: tail_t; 0: none)
     # with tail_t: an expert's last block of at most absorb pairs (absorb2 in GEMM2) run as a second [rows, absorb]
     # tile in the program of the expert's block before it, on the weights that program decodes anyway (0 off, else a
-    # power of two from 16 up to that GEMM's tail_t)
+    # power of two from 16 up to tail_t)
     absorb: int = 0
     absorb2: int = 0
     # hopper_mma decode: the e8m0 factors of scales <= 2 two to a word (1: a byte permute and a

@@ -28,11 +28,6 @@ def hopper_options(cfg: MoEConfig, T: int, num_pairs: int, cuda: bool) -> tuple[
     return direct, fused, pdl
 
 
-def gemm2_tail(cfg: MoEConfig) -> int:
-    """GEMM2's tail_t (MoEConfig.tail_t2, or tail_t where that is -1)."""
-    return cfg.tail_t if cfg.tail_t2 < 0 else cfg.tail_t2
-
-
 def hopper_constants(cfg: MoEConfig, T: int, top_k: int, H: int, i_pad: int, dtype, asm: bool, fact: int, acts: dict,
                      bias13: bool, bias2: bool, rot: int = 0) -> tuple[dict, dict, tuple[bool, bool, int]]:
     """The compile-time arguments of moe_hgemm1_kernel and moe_hgemm2_kernel for one call (all but
@@ -40,7 +35,7 @@ def hopper_constants(cfg: MoEConfig, T: int, top_k: int, H: int, i_pad: int, dty
     direct, fused, pdl = hopper_options(cfg, T, T * top_k, asm)
     rows2 = 1 if fused else max(1, cfg.rows2)
     tail = 0 if direct or fused else cfg.tail_t
-    tail2 = 0 if direct or fused or rows2 > 1 else gemm2_tail(cfg)
+    tail2 = 0 if direct or fused or rows2 > 1 else cfg.tail_t
     common = dict(BLOCK_T=cfg.block_t, BLOCK_K=cfg.block_k, DTYPE=dtype, ASM=asm, FACT=fact, DIRECT=direct,
                   FUSED=fused, PDL=pdl, ROT=rot)
     c1 = dict(common, **acts, HAS_BIAS=bias13, BLOCK_N=cfg.block_n1, TAIL_T=tail, DUAL=cfg.dual if tail else 0,
@@ -97,25 +92,21 @@ def _hopper_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, w13
         raise RuntimeInputError(
             f"fused_moe_triton: the hopper_mma kernels need block_k a multiple of 64 and block_n1/block_n2 "
             f"multiples of 16, got {cfg.block_k}, {cfg.block_n1}, {cfg.block_n2}.")
-    tails = (("tail_t", cfg.tail_t), ("tail_t2", gemm2_tail(cfg)))
-    for name, t in tails:
-        if t and (t < 16 or t & (t - 1) or t >= cfg.block_t):
-            raise RuntimeInputError(
-                f"fused_moe_triton: {name} must be 0 or a power of two from 16 to below block_t ({cfg.block_t}), "
-                f"got {t}.")
+    t = cfg.tail_t
+    if t and (t < 16 or t & (t - 1) or t >= cfg.block_t):
+        raise RuntimeInputError(
+            f"fused_moe_triton: tail_t must be 0 or a power of two from 16 to below block_t ({cfg.block_t}), got {t}.")
     # two-tile blocks' second tiles (tail_t / 4 with 2, else tail_t / 2): tl.dot's at least 16 pairs wide, the
     # warpgroup MMAs' 8 (gluon_wgmma's GEMM1, where asked for)
-    for (name, t), wg_dual in zip(tails, (cfg.wgmma_dual if cfg.wgmma1 else 0, 0)):
-        for option, dual, least in (("dual", cfg.dual, 16), ("wgmma_dual", wg_dual, 8)):
-            need = least * (4 if dual == 2 else 2)
-            if dual and t and t < need:
-                raise RuntimeInputError(f"fused_moe_triton: {option}{' 2' if dual == 2 else ''} needs {name} of "
-                                        f"{need} or more (second tiles of at least {least} pairs), got {t}.")
-    for name, a, t in (("absorb", cfg.absorb, tails[0][1]), ("absorb2", cfg.absorb2, tails[1][1])):
+    for option, dual, least in (("dual", cfg.dual, 16), ("wgmma_dual", cfg.wgmma_dual if cfg.wgmma1 else 0, 8)):
+        need = least * (4 if dual == 2 else 2)
+        if dual and t and t < need:
+            raise RuntimeInputError(f"fused_moe_triton: {option}{' 2' if dual == 2 else ''} needs tail_t of "
+                                    f"{need} or more (second tiles of at least {least} pairs), got {t}.")
+    for name, a in (("absorb", cfg.absorb), ("absorb2", cfg.absorb2)):
         if a and t and (a < 16 or a & (a - 1) or a > t):
             raise RuntimeInputError(
-                f"fused_moe_triton: {name} must be 0 or a power of two from 16 up to that GEMM's tail_t ({t}), "
-                f"got {a}.")
+                f"fused_moe_triton: {name} must be 0 or a power of two from 16 up to tail_t ({t}), got {a}.")
     x = x.contiguous()
     w13, w13_scale, w2, w2_scale = (t.contiguous() for t in (w13, w13_scale, w2, w2_scale))
     acts = dict(ACT=act["ACT"], HAS_LIMIT=act["HAS_LIMIT"], HAS_LINEAR=act["HAS_LINEAR"])
