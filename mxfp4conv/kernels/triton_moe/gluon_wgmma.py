@@ -197,23 +197,26 @@ def _ring_k_loop(w_ptr, s_ptr, x_ptrs, x_mask, xs, w_off, s_off, up_w, up_s, ste
         hopper.fence_async_shared()
         st = i % STAGES
         x = xs.index(st)
-        a_g = gl.convert_layout(_decode(wgs.index(st).load(w_off.type.layout), sgs.index(st).load(s_off.type.layout),
-                                        4, KB, WPTX, _FPTX), A_OP)
-        acc_g = hopper.warpgroup_mma(a_g, x, acc_g, is_async=True)
-        if BT2 > 0:
-            acc_g2 = hopper.warpgroup_mma(gl.convert_layout(a_g, a_layout(BT2)), xs2.index(st), acc_g2, is_async=True)
-            acc_g, acc_g2 = hopper.warpgroup_mma_wait(0, deps=[acc_g, acc_g2])
-        else:
-            acc_g = hopper.warpgroup_mma_wait(0, deps=[acc_g])
-        a_u = gl.convert_layout(_decode(wus.index(st).load(w_off.type.layout), sus.index(st).load(s_off.type.layout),
-                                        4, KB, WPTX, _FPTX), A_OP)
-        acc_u = hopper.warpgroup_mma(a_u, x, acc_u, is_async=True)
-        if BT2 > 0:
-            acc_u2 = hopper.warpgroup_mma(gl.convert_layout(a_u, a_layout(BT2)), xs2.index(st), acc_u2, is_async=True)
-            acc_u, acc_u2 = hopper.warpgroup_mma_wait(0, deps=[acc_u, acc_u2])
-        else:
-            acc_u = hopper.warpgroup_mma_wait(0, deps=[acc_u])
+        acc_g, acc_g2 = _matrix_mmas(wgs.index(st), sgs.index(st), w_off, s_off, x, xs2, st, acc_g, acc_g2, KB, A_OP,
+                                     WPTX, BT2)
+        acc_u, acc_u2 = _matrix_mmas(wus.index(st), sus.index(st), w_off, s_off, x, xs2, st, acc_u, acc_u2, KB, A_OP,
+                                     WPTX, BT2)
     return acc_g, acc_u, acc_g2, acc_u2
+
+
+@gluon.jit
+def _matrix_mmas(ws, ss, w_off, s_off, x, xs2, st, acc, acc2, KB: gl.constexpr, A_OP: gl.constexpr,
+                 WPTX: gl.constexpr, BT2: gl.constexpr):
+    """One matrix's (gate or up) step: its words and scales of ring stage st decoded into A fragments, their MMAs on
+    the x tile and, with BT2 > 0, on the second tile's (xs2's stage st), waited for at once."""
+    a = gl.convert_layout(_decode(ws.load(w_off.type.layout), ss.load(s_off.type.layout), 4, KB, WPTX, _FPTX), A_OP)
+    acc = hopper.warpgroup_mma(a, x, acc, is_async=True)
+    if BT2 > 0:
+        acc2 = hopper.warpgroup_mma(gl.convert_layout(a, a_layout(BT2)), xs2.index(st), acc2, is_async=True)
+        acc, acc2 = hopper.warpgroup_mma_wait(0, deps=[acc, acc2])
+    else:
+        acc = hopper.warpgroup_mma_wait(0, deps=[acc])
+    return acc, acc2
 
 
 @gluon.jit
