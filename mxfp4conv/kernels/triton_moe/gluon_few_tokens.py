@@ -373,10 +373,9 @@ def few_gemm2(w_ptr, s_ptr, inter_ptr, ids_ptr, b_ptr, tw_ptr, part_ptr, cnt_ptr
     rows [16 NB rb, 16 NB rb + 16 NB) (NB 4, 8 or 16 slabs a program; inter's rows in fragment_order): with SUM the
     last of the TOP_K x SPLITS programs of a token's row block sums their partials, pairs then splits in index order
     (the bias in split 0's); without, each program only stores its partial (the caller sums them). PDL: launched as a
-    programmatic
-    dependent of GEMM1, whose output is waited for after the first weight loads. UNROLL: the K loop over single
-    steps (1) or pairs (2). RELEASE: the kernel after it (a programmatic dependent) may launch from its start. WPTX:
-    the words' decode (WORDS32_PTX)."""
+    programmatic dependent of GEMM1, whose output is waited for after the first weight loads. UNROLL: the K loop over
+    single steps (1) or pairs (2). RELEASE: the kernel after it (a programmatic dependent) may launch from its start.
+    WPTX: the words' decode (WORDS32_PTX)."""
     if RELEASE:
         _gdc_launch()
     rb, j, sp, e, w_ptr, s_ptr = _program(w_ptr, s_ptr, ids_ptr, N, K, NB)

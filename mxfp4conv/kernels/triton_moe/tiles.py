@@ -11,6 +11,7 @@ E 256, k 8) and K3-like (H 3584, I 384, E 896, k 16) layers.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Callable, Mapping, Union
 
@@ -170,6 +171,7 @@ def rows_of(call: Call) -> tuple[Path, list[Tiles]]:
     return path, [row for row in TILES if row.path == path.name and row.when(call)]
 
 
+@functools.lru_cache(maxsize=4096)  # a pure function of a few ints, asked at every call that brings no config
 def select_config(num_pairs: int, num_experts: int, hidden: int, inter: int, layout: str = "identity") -> MoEConfig:
     """The default MoEConfig of a call routing num_pairs (token, expert) pairs over num_experts experts of a layer
     (hidden, inter) whose weights are in ``layout``: the fields of its path's rows in TILES."""
